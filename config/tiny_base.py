@@ -1,0 +1,18 @@
+# Base model for the tiny GRPO / TracIn demos: trains in about a minute on a 2-core CPU.
+# python train_base.py config/tiny_base.py
+# Deliberately stopped early: greedy test accuracy lands well below 100 %, leaving room for RL.
+out_dir = "out/base"
+task_steps = 2
+task_max_operand = 20
+task_ops = "+-"
+n_layer = 4
+n_head = 4
+n_embd = 64
+block_size = 96
+batch_size = 64
+max_iters = 600
+learning_rate = 3e-3
+min_lr = 3e-4
+warmup_iters = 100
+eval_interval = 300
+eval_n = 500

@@ -1,0 +1,111 @@
+"""
+Hand-rolled LoRA (Hu et al. 2021): a frozen linear map W plus a trainable low-rank update,
+
+    out = W x + s * B (A x),     A: (r, in) random,  B: (out, r) zeros,  s = alpha / r
+
+so a fresh adapter changes nothing (B = 0) and only r * (in + out) numbers per layer train.
+`lora_A` and `lora_B` are plain nn.Linear modules on purpose: TracIn's hooks (tracin.py) attach
+to them and read x, h = A x and the gradients at h and at B h.
+"""
+import re
+from contextlib import contextmanager
+
+import torch
+import torch.nn as nn
+
+from configurator import UserError
+
+
+class LoRALinear(nn.Module):
+    def __init__(self, base: nn.Linear, r: int, alpha: float, dropout: float = 0.0):
+        super().__init__()
+        if r <= 0:
+            raise UserError(f"LoRA rank r must be a positive integer, got r={r}")
+        self.base = base
+        self.lora_A = nn.Linear(base.in_features, r, bias=False)   # kaiming-uniform init (nn.Linear's)
+        self.lora_B = nn.Linear(r, base.out_features, bias=False)
+        nn.init.zeros_(self.lora_B.weight)                         # B = 0: the adapter starts as a no-op
+        self.lora_dropout = nn.Dropout(dropout)
+        self.r, self.alpha, self.scaling = r, alpha, alpha / r
+        self.disabled = False                                      # set by disable_lora()
+        self.lora_A.to(base.weight.device, base.weight.dtype)
+        self.lora_B.to(base.weight.device, base.weight.dtype)
+
+    def forward(self, x):
+        out = self.base(x)
+        if self.disabled:
+            return out                                             # the base model, exactly
+        return out + self.lora_B(self.lora_A(self.lora_dropout(x))) * self.scaling
+
+
+def apply_lora(model, r=8, alpha=16, dropout=0.0, targets=("c_attn", "c_proj", "c_fc")):
+    """Wrap every nn.Linear whose name's last part is in `targets` (or whose full name matches a
+    target used as a regex) in a LoRALinear; freeze every other parameter. Returns the names."""
+    if r <= 0:
+        raise UserError(f"LoRA rank r must be a positive integer, got r={r}")
+    targets = [targets] if isinstance(targets, str) else list(targets)
+    names = [n for n, m in model.named_modules() if isinstance(m, nn.Linear)
+             and not n.split(".")[-1].startswith("lora_")
+             and any(n.split(".")[-1] == t or re.fullmatch(t, n) for t in targets)]
+    if not names:
+        linear = sorted({n.split(".")[-1] for n, m in model.named_modules() if isinstance(m, nn.Linear)})
+        raise UserError(f"LoRA targets {targets} match no nn.Linear in the model (its linear layers: {linear})")
+    for p in model.parameters():
+        p.requires_grad_(False)
+    for name in names:
+        parent_name, _, child = name.rpartition(".")
+        parent = model.get_submodule(parent_name)
+        setattr(parent, child, LoRALinear(getattr(parent, child), r, alpha, dropout))
+    return names
+
+
+def lora_modules(model):
+    return [m for m in model.modules() if isinstance(m, LoRALinear)]
+
+
+def lora_parameters(model):
+    return [p for n, p in model.named_parameters() if ".lora_" in n]
+
+
+def lora_state_dict(model):
+    """Only the adapter: a few hundred KB instead of the whole model."""
+    return {k: v.detach().clone() for k, v in model.state_dict().items() if ".lora_" in k}
+
+
+def load_lora_state_dict(model, sd):
+    own = lora_state_dict(model)
+    if set(own) != set(sd):
+        missing, extra = sorted(set(own) - set(sd)), sorted(set(sd) - set(own))
+        raise UserError(f"LoRA weights do not fit this model: missing {missing[:3]}, unexpected {extra[:3]} "
+                        f"(were they saved with other lora_targets?)")
+    for k, v in sd.items():
+        if own[k].shape != v.shape:
+            raise UserError(f"LoRA weight {k} has shape {tuple(v.shape)}, model expects "
+                            f"{tuple(own[k].shape)} (another lora_r?)")
+    model.load_state_dict(sd, strict=False)
+
+
+@contextmanager
+def disable_lora(model):
+    """Run the base model through the same module objects: GRPO's reference policy costs no
+    second copy of the weights."""
+    mods = lora_modules(model)
+    previous = [m.disabled for m in mods]
+    for m in mods:
+        m.disabled = True
+    try:
+        yield model
+    finally:
+        for m, d in zip(mods, previous):
+            m.disabled = d
+
+
+@torch.no_grad()
+def merge_lora(model):
+    """Fold W <- W + s * B A into each base layer and drop the adapters (for fast inference)."""
+    for name, m in list(model.named_modules()):
+        if isinstance(m, LoRALinear):
+            m.base.weight += (m.lora_B.weight @ m.lora_A.weight) * m.scaling
+            parent_name, _, child = name.rpartition(".")
+            setattr(model.get_submodule(parent_name), child, m.base)
+    return model

@@ -1,0 +1,225 @@
+"""
+A GPT in the nanoGPT mould (GPT-2 names: wte, wpe, c_attn, c_proj, c_fc, lm_head), with
+  - F.scaled_dot_product_attention,
+  - left-padded batches: `pad_left[b]` pad tokens precede row b's prompt; they are masked out
+    as keys and positions restart at 0 on the first real token, so a row's numbers do not
+    depend on what else is in the batch,
+  - a KV cache for decoding (KVCache): each new token attends to the cached keys/values
+    instead of recomputing the whole prefix,
+  - `keep_last=k`: the LM head runs on the last k positions only (GRPO needs completion
+    logits only; the head is the largest matmul and logits the largest activation),
+  - optional gradient checkpointing per block,
+plus checkpoint I/O (atomic writes, weights_only loads, one-line errors).
+"""
+import math
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint as activation_checkpoint
+
+from configurator import UserError
+
+
+@dataclass
+class GPTConfig:
+    block_size: int = 128
+    vocab_size: int = 395
+    n_layer: int = 4
+    n_head: int = 4
+    n_embd: int = 128
+    dropout: float = 0.0
+    bias: bool = False
+    grad_checkpoint: bool = False  # recompute each block's activations in backward
+
+
+class KVCache:
+    """Keys/values of every layer for a batch, preallocated to `max_len` columns.
+
+    Column j of the cache holds the token at column j of the (left-padded) input. `pos` is the
+    number of filled columns; `pad_left` (B,) says where each row's real tokens start.
+    """
+
+    def __init__(self, n_layer, B, n_head, max_len, head_dim, pad_left, device, dtype):
+        self.k = torch.zeros(n_layer, B, n_head, max_len, head_dim, device=device, dtype=dtype)
+        self.v = torch.zeros_like(self.k)
+        self.pad_left = pad_left
+        self.pos = 0
+
+    def repeat_interleave(self, n):
+        """Each row becomes n rows: the prompt's prefill is shared by its n samples, not recomputed."""
+        self.k = self.k.repeat_interleave(n, dim=1)
+        self.v = self.v.repeat_interleave(n, dim=1)
+        self.pad_left = self.pad_left.repeat_interleave(n)
+
+
+def attention_mask(pad_left, q_start, Tq, Tk, device):
+    """(B, 1, Tq, Tk) bool: query column q_start+i may see key column j iff j <= q_start+i and
+    j is not padding. A padding query also sees itself, so no softmax row is empty (an empty
+    row gives NaN, and NaN * 0 would leak into the real rows through the values)."""
+    q = torch.arange(q_start, q_start + Tq, device=device)[:, None]      # (Tq, 1)
+    k = torch.arange(Tk, device=device)[None, :]                         # (1, Tk)
+    real = k[None] >= pad_left[:, None, None]                            # (B, 1, Tk)
+    return (((k <= q)[None] & real) | (k == q)[None])[:, None]            # (B, 1, Tq, Tk)
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        assert config.n_embd % config.n_head == 0, "n_embd must be divisible by n_head"
+        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
+        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
+        self.resid_dropout = nn.Dropout(config.dropout)
+        self.n_head, self.n_embd, self.dropout = config.n_head, config.n_embd, config.dropout
+
+    def forward(self, x, mask=None, cache=None, layer=0):
+        B, T, C = x.size()
+        q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
+        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
+        if cache is not None:  # write this step's keys/values, then attend over all filled columns
+            cache.k[layer, :, :, cache.pos:cache.pos + T] = k
+            cache.v[layer, :, :, cache.pos:cache.pos + T] = v
+            k = cache.k[layer, :, :, :cache.pos + T]
+            v = cache.v[layer, :, :, :cache.pos + T]
+        dropout_p = self.dropout if self.training else 0.0
+        if mask is None:  # no padding, no cache: the fused causal kernel
+            y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+        y = y.transpose(1, 2).contiguous().view(B, T, C)
+        return self.resid_dropout(self.c_proj(y))
+
+
+class MLP(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
+        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x):
+        return self.dropout(self.c_proj(F.gelu(self.c_fc(x))))
+
+
+class Block(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.attn = CausalSelfAttention(config)
+        self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.mlp = MLP(config)
+
+    def forward(self, x, mask=None, cache=None, layer=0):
+        x = x + self.attn(self.ln_1(x), mask, cache, layer)
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        self.transformer = nn.ModuleDict(dict(
+            wte=nn.Embedding(config.vocab_size, config.n_embd),
+            wpe=nn.Embedding(config.block_size, config.n_embd),
+            drop=nn.Dropout(config.dropout),
+            h=nn.ModuleList([Block(config) for _ in range(config.n_layer)]),
+            ln_f=nn.LayerNorm(config.n_embd, bias=config.bias),
+        ))
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.transformer.wte.weight = self.lm_head.weight  # weight tying, as in GPT-2
+        self.apply(self._init_weights)
+        for pn, p in self.named_parameters():  # GPT-2: scale residual projections by depth
+            if pn.endswith("c_proj.weight"):
+                torch.nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
+
+    def _init_weights(self, module):
+        if isinstance(module, nn.Linear):
+            torch.nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            if module.bias is not None:
+                torch.nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            torch.nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    def num_params(self):
+        return sum(p.numel() for p in self.parameters()) - self.transformer.wpe.weight.numel()
+
+    def new_cache(self, B, max_len, pad_left=None):
+        c, p = self.config, next(self.parameters())
+        if pad_left is None:
+            pad_left = torch.zeros(B, dtype=torch.long, device=p.device)
+        dtype = torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else p.dtype
+        return KVCache(c.n_layer, B, c.n_head, max_len, c.n_embd // c.n_head, pad_left, p.device, dtype)
+
+    def forward(self, idx, targets=None, pad_left=None, cache=None, keep_last=None):
+        """idx (B, T) token ids.
+        targets (B, T) with -1 = ignore: returns (logits (B, T, V), mean cross-entropy).
+        Otherwise returns (logits of the last `keep_last` positions (B, keep_last, V), None);
+        keep_last defaults to 1, the only position sampling needs.
+        pad_left (B,): left padding per row. cache: a KVCache to read from and append to."""
+        B, T = idx.size()
+        start = cache.pos if cache is not None else 0
+        if start + T > self.config.block_size:
+            raise UserError(f"sequence of {start + T} tokens exceeds the context of "
+                            f"{self.config.block_size} (block_size)")
+        if cache is not None:
+            pad_left = cache.pad_left
+        cols = torch.arange(start, start + T, device=idx.device)
+        if pad_left is None and cache is None:
+            pos, mask = cols[None], None  # (1, T); no mask -> the fused causal kernel
+        else:
+            pos = (cols[None] - pad_left[:, None]).clamp(min=0)  # (B, T): 0 at the first real token
+            mask = attention_mask(pad_left, start, T, start + T, idx.device)
+        x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
+        for i, block in enumerate(self.transformer.h):
+            if self.config.grad_checkpoint and self.training and torch.is_grad_enabled():
+                # store only the block's input; recompute its insides during backward
+                x = activation_checkpoint(block, x, mask, cache, i, use_reentrant=False)
+            else:
+                x = block(x, mask, cache, i)
+        if cache is not None:
+            cache.pos += T
+        x = self.transformer.ln_f(x)
+        if targets is not None:
+            logits = self.lm_head(x)  # (B, T, V)
+            loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
+            return logits, loss
+        return self.lm_head(x[:, -(keep_last or 1):]), None  # (B, keep_last, V)
+
+
+# ---------------------------------------------------------------------------------------------
+# checkpoint I/O shared by every script
+
+def save_checkpoint(obj, path):
+    """Write atomically: a crash mid-write leaves the previous file intact, never half a file."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = path + ".tmp"
+    torch.save(obj, tmp)
+    os.replace(tmp, path)  # atomic rename on POSIX and Windows
+
+
+def load_checkpoint(path, map_location="cpu"):
+    """torch.load with weights_only=True (no arbitrary code), with one-line errors."""
+    if not os.path.exists(path):
+        raise UserError(f"checkpoint not found: {path}")
+    try:
+        return torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as e:
+        raise UserError(f"checkpoint {path} is corrupt or not a checkpoint ({type(e).__name__}: "
+                        f"{str(e).splitlines()[0][:120]})") from None
+
+
+def model_from_checkpoint(ckpt, path="checkpoint", **overrides):
+    """Build a GPT from a base checkpoint's model_args and weights; a mismatch is a clear error."""
+    if "model_args" not in ckpt or "model" not in ckpt:
+        raise UserError(f"{path} is not a base model checkpoint (no model_args/model)")
+    args = {**ckpt["model_args"], **overrides}
+    model = GPT(GPTConfig(**args))
+    sd = {k.removeprefix("_orig_mod."): v for k, v in ckpt["model"].items()}
+    try:
+        model.load_state_dict(sd)
+    except RuntimeError as e:
+        raise UserError(f"{path} does not match the GPT architecture {ckpt['model_args']}: "
+                        f"{str(e).splitlines()[1].strip() if len(str(e).splitlines()) > 1 else e}") from None
+    return model

@@ -1,0 +1,162 @@
+"""
+Batched KV-cache sampling: GRPO's pass 1. Returns token ids and a completion mask, never logits.
+
+    python sample.py --ckpt=out/base/ckpt.pt --question="Mia has 3 apples. ..." --num_samples=4
+    python sample.py --ckpt=out/grpo/ckpt.pt          # a GRPO run: LoRA applied on its base model
+
+Layout of a batch (prompts of different lengths are left-padded, so every completion starts at
+the same column P and the cache advances one column per step for all rows):
+
+    row 0:  [pad pad q q q q | c c c EOT pad]
+    row 1:  [q q q q q q     | c c c c   c  ]
+             pad_left = (2, 0)      completion_mask = (1 1 1 1 0), (1 1 1 1 1)
+"""
+import os
+import sys
+
+import torch
+
+from configurator import UserError, configure, cli_main
+
+
+def pad_prompts(prompts, pad_id, device):
+    """Left-pad token lists into one (B, P) tensor; returns (idx, pad_left)."""
+    if not prompts or any(len(p) == 0 for p in prompts):
+        raise UserError("every prompt must have at least one token (got an empty prompt)")
+    P = max(len(p) for p in prompts)
+    idx = torch.full((len(prompts), P), pad_id, dtype=torch.long)
+    for i, p in enumerate(prompts):
+        idx[i, P - len(p):] = torch.tensor(p, dtype=torch.long)
+    pad_left = torch.tensor([P - len(p) for p in prompts], dtype=torch.long)
+    return idx.to(device), pad_left.to(device)
+
+
+def sample_next(logits, temperature, top_k, top_p, generator):
+    """logits (N, V) of the last position only -> next token ids (N,)."""
+    if temperature == 0:
+        return logits.argmax(dim=-1)                      # greedy
+    logits = logits.float() / temperature
+    if top_k is not None and top_k < logits.size(-1):
+        kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None and top_p < 1.0:                 # nucleus: smallest set with mass >= top_p
+        sorted_logits, order = torch.sort(logits, descending=True, dim=-1)
+        cum = sorted_logits.softmax(-1).cumsum(-1)
+        drop = cum - sorted_logits.softmax(-1) >= top_p   # tokens entirely beyond the nucleus
+        logits = logits.masked_fill(torch.zeros_like(drop).scatter(-1, order, drop), float("-inf"))
+    probs = logits.softmax(dim=-1)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+
+@torch.no_grad()  # pass 1 needs no graph: no activations are stored for backward
+def generate(model, prompts, max_new_tokens, eot_id, num_samples=1, temperature=1.0,
+             top_k=None, top_p=None, seed=None, generator=None):
+    """prompts: list of token-id lists (any lengths). Each prompt gets `num_samples` completions.
+
+    Returns (idx, pad_left, completion_mask):
+      idx (B*num_samples, P + T) prompt (left-padded) followed by the completion, rows of one
+          prompt adjacent; after a row's end-of-text every token is eot_id (padding),
+      pad_left (B*num_samples,), completion_mask (B*num_samples, T) 1 on generated tokens up to
+          and including end-of-text.
+    Only the last position's logits (N, V) exist at any step; none are returned."""
+    device = next(model.parameters()).device
+    idx, pad_left = pad_prompts(prompts, eot_id, device)
+    B, P = idx.shape
+    if P + max_new_tokens > model.config.block_size:
+        raise UserError(f"prompt of {P} tokens + max_new_tokens={max_new_tokens} exceeds the context "
+                        f"of {model.config.block_size} tokens; shorten the prompt or max_new_tokens")
+    if generator is None and seed is not None:
+        generator = torch.Generator(device=device).manual_seed(seed)
+    was_training = model.training
+    model.eval()
+    cache = model.new_cache(B, P + max_new_tokens, pad_left)
+    logits, _ = model(idx, cache=cache)                   # prefill once per prompt: (B, 1, V)
+    cache.repeat_interleave(num_samples)                  # share the prefill among the samples
+    logits = logits[:, -1].repeat_interleave(num_samples, dim=0)   # (N, V)
+    N = B * num_samples
+    out = torch.full((N, max_new_tokens), eot_id, dtype=torch.long, device=device)
+    done = torch.zeros(N, dtype=torch.bool, device=device)
+    for t in range(max_new_tokens):
+        nxt = sample_next(logits, temperature, top_k, top_p, generator)
+        del logits                                        # the only logits alive; nothing keeps them
+        nxt = nxt.masked_fill(done, eot_id)               # finished rows only emit padding
+        out[:, t] = nxt
+        done |= nxt == eot_id
+        if t + 1 == max_new_tokens or bool(done.all()):
+            break
+        logits, _ = model(nxt[:, None], cache=cache)      # one new column for every row
+        logits = logits[:, -1]
+    if was_training:
+        model.train()
+    # mask: 1 up to and including the first end-of-text of each row
+    is_eot = (out == eot_id).long()
+    after_eot = (is_eot.cumsum(1) - is_eot) > 0           # strictly after the first EOT
+    mask = (~after_eot).long()
+    return torch.cat([idx.repeat_interleave(num_samples, dim=0), out], dim=1), \
+        pad_left.repeat_interleave(num_samples), mask
+
+
+def decode_completions(enc, idx, mask):
+    """Text of each completion, end-of-text and padding removed. idx: (N, P+T), mask: (N, T)."""
+    T = mask.size(1)
+    texts = []
+    for row, m in zip(idx[:, -T:].tolist(), mask.tolist()):
+        toks = [t for t, keep in zip(row, m) if keep and t != enc.eot_token]
+        texts.append(enc.decode(toks))
+    return texts
+
+
+# -----------------------------------------------------------------------------
+# CLI: sample from a base checkpoint or a GRPO run (LoRA weights applied on their base model)
+defaults = dict(
+    ckpt="out/base/ckpt.pt",  # base checkpoint, or a GRPO checkpoint (holds lora + base_ckpt)
+    question="",              # empty: use the first questions of the test split
+    num_questions=3,
+    num_samples=2,
+    max_new_tokens=48,
+    temperature=0.8,
+    top_k=0,                  # 0 = off
+    top_p=1.0,
+    seed=1337,
+    device="cpu",
+)
+
+
+def load_policy(ckpt_path, device="cpu"):
+    """(model, tokenizer, data_dir) from a base or a GRPO checkpoint."""
+    from model import load_checkpoint, model_from_checkpoint
+    from data.gsm_synth.prepare import load_tokenizer
+    ckpt = load_checkpoint(ckpt_path)
+    lora_sd = None
+    if "lora" in ckpt:  # GRPO checkpoint: the adapter on top of the base it was trained from
+        from lora import apply_lora, load_lora_state_dict
+        lora_sd, cfg = ckpt["lora"], ckpt["config"]
+        base_path = ckpt["base_ckpt"]
+        ckpt = load_checkpoint(base_path)
+    model = model_from_checkpoint(ckpt, ckpt_path)
+    if lora_sd is not None:
+        apply_lora(model, cfg["lora_r"], cfg["lora_alpha"], 0.0, cfg["lora_targets"])
+        load_lora_state_dict(model, lora_sd)
+    data_dir = ckpt["data_dir"]
+    return model.to(device).eval(), load_tokenizer(data_dir), data_dir
+
+
+def main(argv):
+    cfg = configure(defaults, argv)
+    from data.gsm_synth.prepare import load_split, prompt_text
+    model, enc, data_dir = load_policy(cfg["ckpt"], cfg["device"])
+    questions = [cfg["question"]] if cfg["question"] else \
+        [e["question"] for e in load_split(data_dir, "test")[:cfg["num_questions"]]]
+    prompts = [enc.encode(prompt_text(q)) for q in questions]
+    idx, _, mask = generate(model, prompts, cfg["max_new_tokens"], enc.eot_token, cfg["num_samples"],
+                            cfg["temperature"], cfg["top_k"] or None, cfg["top_p"], seed=cfg["seed"])
+    texts = decode_completions(enc, idx, mask)
+    for i, q in enumerate(questions):
+        print(f"--- {q}")
+        for s in range(cfg["num_samples"]):
+            print(texts[i * cfg["num_samples"] + s].replace("\n", " | "))
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    cli_main(main)

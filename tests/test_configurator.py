@@ -1,0 +1,143 @@
+# Tests for configurator.py. Hermetic (temporary config files only, no torch).
+# Run with: python -m pytest tests/test_configurator.py -q
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import pytest
+
+from configurator import UserError, cli_main, configure
+
+DEFAULTS = {
+    "learning_rate": 1e-3,
+    "batch_size": 8,
+    "compile": False,
+    "out_dir": "out",
+    "init_from": None,
+    "lora_targets": ("c_attn",),
+}
+
+
+def write(tmp_path, text, name="cfg.py"):
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+def test_config_file_overrides_and_prints(tmp_path, capsys):
+    path = write(tmp_path, "batch_size = 32\nout_dir = 'out/run1'\n")
+    cfg = configure(DEFAULTS, [path])
+    assert cfg["batch_size"] == 32 and cfg["out_dir"] == "out/run1"
+    assert cfg["learning_rate"] == 1e-3                       # untouched keys keep their defaults
+    out = capsys.readouterr().out
+    assert "Overriding: batch_size = 32" in out
+    assert "Overriding: out_dir = out/run1" in out
+
+
+def test_cli_after_file_wins(tmp_path):
+    path = write(tmp_path, "batch_size = 32\n")
+    assert configure(DEFAULTS, [path, "--batch_size=4"])["batch_size"] == 4
+    assert configure(DEFAULTS, ["--batch_size=4", path])["batch_size"] == 32   # strictly left to right
+
+
+def test_int_accepted_for_float_becomes_float():
+    cfg = configure(DEFAULTS, ["--learning_rate=1"])
+    assert cfg["learning_rate"] == 1.0 and type(cfg["learning_rate"]) is float
+
+
+def test_float_rejected_for_int():
+    with pytest.raises(UserError, match=r"batch_size.*expects int.*2\.5.*float"):
+        configure(DEFAULTS, ["--batch_size=2.5"])
+
+
+def test_bool_strictness():
+    assert configure(DEFAULTS, ["--compile=True"])["compile"] is True
+    with pytest.raises(UserError, match="compile.*expects bool"):
+        configure(DEFAULTS, ["--compile=1"])
+    with pytest.raises(UserError, match="batch_size.*expects int"):
+        configure(DEFAULTS, ["--batch_size=True"])             # bool is an int subclass, still rejected
+    with pytest.raises(UserError, match="learning_rate.*expects float"):
+        configure(DEFAULTS, ["--learning_rate=False"])
+
+
+def test_str_without_quotes_and_none_default_accepts_anything():
+    cfg = configure(DEFAULTS, ["--out_dir=out/run1", "--init_from=resume"])
+    assert cfg["out_dir"] == "out/run1" and cfg["init_from"] == "resume"
+    assert configure(DEFAULTS, ["--out_dir='7'"])["out_dir"] == "7"   # quoted literal stays a str
+    with pytest.raises(UserError, match="out_dir.*expects str"):
+        configure(DEFAULTS, ["--out_dir=7"])                   # an unquoted number is an int
+
+
+def test_list_accepted_for_tuple_default():
+    cfg = configure(DEFAULTS, ["--lora_targets=['c_attn','c_proj']"])
+    assert cfg["lora_targets"] == ("c_attn", "c_proj")         # converted to the default's type
+
+
+def test_unknown_cli_key_suggests_closest():
+    with pytest.raises(UserError) as e:
+        configure(DEFAULTS, ["--learning_rat=0.1"])
+    msg = str(e.value)
+    assert "unknown config key 'learning_rat' (from command line)" in msg
+    assert "did you mean: learning_rate?" in msg
+
+
+def test_unknown_key_without_close_match():
+    with pytest.raises(UserError) as e:
+        configure(DEFAULTS, ["--zzzzzz=1"])
+    assert "did you mean" not in str(e.value)
+    assert "see the defaults at the top of the script" in str(e.value)
+
+
+def test_missing_config_file(tmp_path):
+    missing = str(tmp_path / "nope.py")
+    with pytest.raises(UserError, match="config file not found: .*nope.py"):
+        configure(DEFAULTS, [missing])
+
+
+def test_config_file_with_typo_key_names_file(tmp_path):
+    path = write(tmp_path, "batch_sise = 16\n")
+    with pytest.raises(UserError) as e:
+        configure(DEFAULTS, [path])
+    assert f"unknown config key 'batch_sise' (from {path}); did you mean: batch_size?" in str(e.value)
+
+
+def test_config_file_syntax_error_names_file_and_line(tmp_path):
+    path = write(tmp_path, "batch_size = 4\nout_dir = (\n")
+    with pytest.raises(UserError, match=r"cfg\.py, line 2"):
+        configure(DEFAULTS, [path])
+
+
+def test_config_file_may_import_math(tmp_path):
+    path = write(tmp_path, "import math\n_base = 2\nlearning_rate = math.pow(10, -_base)\n")
+    cfg = configure(DEFAULTS, [path])                          # neither `math` nor `_base` is a key
+    assert cfg["learning_rate"] == pytest.approx(0.01)
+
+
+def test_key_without_value_is_an_error():
+    with pytest.raises(UserError, match="--key=value"):
+        configure(DEFAULTS, ["--compile"])
+
+
+def test_defaults_not_mutated(tmp_path):
+    before = dict(DEFAULTS)
+    cfg = configure(DEFAULTS, [write(tmp_path, "batch_size = 64\n"), "--compile=True"])
+    assert cfg is not DEFAULTS and cfg["batch_size"] == 64
+    assert DEFAULTS == before
+
+
+def test_cli_main_exits_2_with_one_line_error(capsys):
+    def main(argv):
+        configure(DEFAULTS, argv)
+    with pytest.raises(SystemExit) as e:
+        cli_main(main, ["--learning_rat=0.1"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: unknown config key 'learning_rat'")
+    assert err.count("\n") == 1                                # exactly one line, no traceback
+
+
+def test_cli_main_passes_argv_and_lets_success_through():
+    seen = []
+    cli_main(seen.append, ["--batch_size=3"])
+    assert seen == [["--batch_size=3"]]
