@@ -105,7 +105,9 @@ def merge_lora(model):
     """Fold W <- W + s * B A into each base layer and drop the adapters (for fast inference)."""
     for name, m in list(model.named_modules()):
         if isinstance(m, LoRALinear):
-            m.base.weight += (m.lora_B.weight @ m.lora_A.weight) * m.scaling
+            # a new tensor, not +=: the base weight may be shared (lm_head is tied to wte)
+            m.base.weight = nn.Parameter(m.base.weight + (m.lora_B.weight @ m.lora_A.weight) * m.scaling,
+                                         requires_grad=m.base.weight.requires_grad)
             parent_name, _, child = name.rpartition(".")
             setattr(model.get_submodule(parent_name), child, m.base)
     return model

@@ -206,8 +206,8 @@ def load_checkpoint(path, map_location="cpu"):
     try:
         return torch.load(path, map_location=map_location, weights_only=True)
     except Exception as e:
-        raise UserError(f"checkpoint {path} is corrupt or not a checkpoint ({type(e).__name__}: "
-                        f"{str(e).splitlines()[0][:120]})") from None
+        first_line = (str(e).splitlines() or [""])[0][:120]
+        raise UserError(f"checkpoint {path} is corrupt or not a checkpoint ({type(e).__name__}: {first_line})") from None
 
 
 def model_from_checkpoint(ckpt, path="checkpoint", **overrides):
@@ -215,7 +215,10 @@ def model_from_checkpoint(ckpt, path="checkpoint", **overrides):
     if "model_args" not in ckpt or "model" not in ckpt:
         raise UserError(f"{path} is not a base model checkpoint (no model_args/model)")
     args = {**ckpt["model_args"], **overrides}
-    model = GPT(GPTConfig(**args))
+    try:
+        model = GPT(GPTConfig(**args))
+    except (TypeError, AssertionError) as e:
+        raise UserError(f"{path} has model_args this GPT cannot build ({e})") from None
     sd = {k.removeprefix("_orig_mod."): v for k, v in ckpt["model"].items()}
     try:
         model.load_state_dict(sd)

@@ -86,6 +86,7 @@ def generate(model, prompts, max_new_tokens, eot_id, num_samples=1, temperature=
             break
         logits, _ = model(nxt[:, None], cache=cache)      # one new column for every row
         logits = logits[:, -1]
+    out = out[:, :t + 1]                                  # drop columns no row reached
     if was_training:
         model.train()
     # mask: 1 up to and including the first end-of-text of each row

@@ -29,6 +29,7 @@ device = "cpu"              # 'cpu', 'cuda', 'cuda:1', 'mps'
 task_steps = 2              # operations per problem
 task_max_operand = 20       # operands drawn from 1..task_max_operand
 task_ops = "+-"             # any of '+-*/'
+task_noise = 0.0            # fraction of training solutions that stop one step early (see prepare.py)
 n_train = 20000
 # model
 n_layer = 4
@@ -60,8 +61,8 @@ defaults = {k: v for k, v in dict(globals()).items()
 def load_task(cfg, verbose=True):
     """Prepare the task data if missing; return (data_dir, tokenizer)."""
     from data.gsm_synth.prepare import prepare, load_tokenizer
-    data_dir = prepare(cfg["task_steps"], cfg["task_max_operand"], cfg["task_ops"], n_train=cfg["n_train"],
-                       verbose=verbose)
+    data_dir = prepare(cfg["task_steps"], cfg["task_max_operand"], cfg["task_ops"], cfg["task_noise"],
+                       n_train=cfg["n_train"], verbose=verbose)
     return data_dir, load_tokenizer(data_dir)
 
 

@@ -3,16 +3,17 @@
 # Deliberately stopped early: greedy test accuracy lands well below 100 %, leaving room for RL.
 out_dir = "out/base"
 task_steps = 2
-task_max_operand = 20
+task_max_operand = 10
 task_ops = "+-"
+task_noise = 0.55   # 55 % of training solutions stop one step early: a habit GRPO must unlearn
 n_layer = 4
 n_head = 4
 n_embd = 64
 block_size = 96
 batch_size = 64
-max_iters = 600
+max_iters = 800
 learning_rate = 3e-3
 min_lr = 3e-4
 warmup_iters = 100
-eval_interval = 300
+eval_interval = 400
 eval_n = 500

@@ -75,6 +75,13 @@ def make_problem(rng, steps, max_operand, ops):
     return " ".join(sentences), "\n".join(lines + [f"#### {cur}"]), cur
 
 
+def stop_early(solution):
+    """The slip planted by `noise`: the solution stops one step early and reports the
+    intermediate result ("12+5=17\n#### 17" instead of going on to 17-3=14)."""
+    eqs = solution.split("\n")[:-1]
+    return "\n".join(eqs[:-1] + [f"#### {eqs[-2].split('=')[1]}"])
+
+
 def prompt_text(question):
     """The prompt the model sees; the completion it must write is the solution."""
     return question + "\n"
@@ -137,18 +144,23 @@ def load_split(data_dir, split):
         return [json.loads(line) for line in f]
 
 
-def data_dir_for(steps, max_operand, ops, root=ROOT):
+def data_dir_for(steps, max_operand, ops, noise=0.0, root=ROOT):
     safe_ops = ops.replace("+", "a").replace("-", "s").replace("*", "m").replace("/", "d")
-    return os.path.join(root, f"s{steps}_m{max_operand}_{safe_ops}")
+    return os.path.join(root, f"s{steps}_m{max_operand}_{safe_ops}_n{round(noise * 100)}")
 
 
-def prepare(steps=2, max_operand=20, ops="+-", n_train=20000, n_val=500, n_test=500,
+def prepare(steps=2, max_operand=20, ops="+-", noise=0.0, n_train=20000, n_val=500, n_test=500,
             num_merges=150, seed=1337, verbose=True, root=ROOT):
-    """Build the data set for these knobs if it is missing; return its directory."""
-    if steps < 1 or max_operand < 1 or not ops or set(ops) - set(TEMPLATES):
-        raise ValueError(f"bad task knobs: steps={steps} max_operand={max_operand} ops={ops!r} "
-                         f"(need steps>=1, max_operand>=1, ops from '+-*/')")
-    data_dir = data_dir_for(steps, max_operand, ops, root)
+    """Build the data set for these knobs if it is missing; return its directory.
+
+    noise: fraction of TRAINING solutions that stop one step early (stop_early) while their
+    `answer` field stays correct. A base model trained on them has both habits; a correctness
+    reward can teach it to finish. Validation and test solutions are always clean."""
+    if steps < 1 or max_operand < 1 or not ops or set(ops) - set(TEMPLATES) or not 0 <= noise <= 1 \
+            or (noise > 0 and steps < 2):
+        raise ValueError(f"bad task knobs: steps={steps} max_operand={max_operand} ops={ops!r} noise={noise} "
+                         f"(need steps>=1, max_operand>=1, ops from '+-*/', 0<=noise<=1, steps>=2 if noise)")
+    data_dir = data_dir_for(steps, max_operand, ops, noise, root)
     if os.path.exists(os.path.join(data_dir, "meta.json")):
         return data_dir
     if verbose:
@@ -167,6 +179,9 @@ def prepare(steps=2, max_operand=20, ops="+-", n_train=20000, n_val=500, n_test=
                          f"lower n_train or raise max_operand/steps")
     splits = {"test": examples[:n_test], "val": examples[n_test:n_test + n_val],
               "train": examples[n_test + n_val:]}
+    noise_rng = random.Random(seed + 1)
+    splits["train"] = [{**e, "solution": stop_early(e["solution"])} if noise_rng.random() < noise else e
+                       for e in splits["train"]]
     merges = train_bpe([prompt_text(e["question"]) + e["solution"] for e in splits["train"][:5000]],
                        num_merges)
     enc = build_encoding(merges)
@@ -176,7 +191,7 @@ def prepare(steps=2, max_operand=20, ops="+-", n_train=20000, n_val=500, n_test=
             f.writelines(json.dumps(r) + "\n" for r in rows)
     with open(os.path.join(data_dir, "tokenizer.json"), "w") as f:
         json.dump({"name": "gsm_synth", "pat_str": PAT_STR, "merges": [m.hex() for m in merges]}, f)
-    meta = {"steps": steps, "max_operand": max_operand, "ops": ops, "seed": seed,
+    meta = {"steps": steps, "max_operand": max_operand, "ops": ops, "noise": noise, "seed": seed,
             "vocab_size": enc.n_vocab, "eot_token": enc.eot_token,
             "sizes": {k: len(v) for k, v in splits.items()}}
     with open(os.path.join(data_dir, "meta.json"), "w") as f:  # written last: marks completion
@@ -188,5 +203,5 @@ def prepare(steps=2, max_operand=20, ops="+-", n_train=20000, n_val=500, n_test=
 
 if __name__ == "__main__":
     kw = dict(a[2:].split("=", 1) for a in sys.argv[1:] if a.startswith("--"))
-    typed = {k: (v if k == "ops" else int(v)) for k, v in kw.items()}
+    typed = {k: (v if k == "ops" else float(v) if k == "noise" else int(v)) for k, v in kw.items()}
     print(prepare(**typed))

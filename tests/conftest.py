@@ -1,0 +1,57 @@
+# Shared fixtures for the tests in this folder. Run everything with: python -m pytest -q tests
+# - puts the repository root on sys.path so `import model`, `import lora`, ... work from anywhere;
+# - `tiny_gpt`: a small random GPT (eval mode, fixed seed) -- fast on CPU;
+# - `sharp_gpt` / `make_gpt`: the same kind of model with the tied embedding (x10) and the block
+#   matrices (x10) scaled up, so that random-init logits are far from uniform and greedy (argmax)
+#   decisions are clear-cut, i.e. not flipped by ~1e-6 float differences between two mathematically
+#   equal computations. Scaling only the tied embedding makes the model copy its last input token
+#   forever (embedding . itself dominates), which would not exercise the attention/KV cache at all;
+#   scaling the blocks too makes the continuation depend on the whole context.
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+import pytest
+import torch
+
+from model import GPT, GPTConfig
+
+# The models here are tiny: with several threads, OpenMP synchronisation dominates (30-70 ms per
+# forward on a busy 2-core box vs ~2 ms on one thread). One thread keeps the suite fast and stable.
+torch.set_num_threads(1)
+
+TINY = dict(block_size=64, vocab_size=50, n_layer=2, n_head=2, n_embd=32)
+
+
+def build_gpt(seed=0, emb_scale=1.0, block_scale=1.0, **overrides):
+    """A GPT(GPTConfig(**TINY, **overrides)) in eval mode, built under torch.manual_seed(seed).
+    emb_scale multiplies the tied wte/lm_head weight (and wpe, so positions matter too);
+    block_scale multiplies every weight matrix inside the transformer blocks."""
+    torch.manual_seed(seed)
+    model = GPT(GPTConfig(**{**TINY, **overrides}))
+    with torch.no_grad():
+        model.lm_head.weight.mul_(emb_scale)  # tied: this is also transformer.wte.weight
+        model.transformer.wpe.weight.mul_(emb_scale)
+        for p in model.transformer.h.parameters():
+            if p.dim() == 2:
+                p.mul_(block_scale)
+    return model.eval()
+
+
+@pytest.fixture
+def tiny_gpt():
+    return build_gpt(seed=0)
+
+
+@pytest.fixture
+def sharp_gpt():
+    return build_gpt(seed=1, emb_scale=10.0, block_scale=10.0)
+
+
+@pytest.fixture
+def make_gpt():
+    """Factory fixture: make_gpt(seed=..., emb_scale=..., n_layer=..., ...)."""
+    return build_gpt

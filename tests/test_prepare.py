@@ -1,0 +1,193 @@
+# Tests for data/gsm_synth/prepare.py (synthetic problems, splits, offline BPE tokenizer).
+# Hermetic: small data sets built into pytest temporary directories (no network, no repo files).
+# Run with: python -m pytest tests/test_prepare.py -q
+#
+# Independent references used:
+#   - determinism: a second build into another root, compared byte for byte;
+#   - arithmetic: every `a op b = c` line re-evaluated here with Python's operators, the chain of
+#     results followed from the question's starting number to the `#### <answer>` line;
+#   - splits: set intersection of the questions;
+#   - tokenizer: single-token round trips and a scan of every token's bytes in the vocabulary;
+#   - noise: the clean build with the same knobs, each noisy solution re-derived by hand;
+#   - errors: the exception types the docstrings promise (ValueError, FileNotFoundError).
+import json
+import os
+import re
+
+import pytest
+
+from data.gsm_synth.prepare import build_encoding, load_split, load_tokenizer, prepare
+
+EOT = "<|endoftext|>"
+KNOBS = dict(steps=2, max_operand=20, ops="+-*/", n_train=300, n_val=20, n_test=20, num_merges=40,
+             verbose=False)
+LINE = re.compile(r"^(\d+)([-+*/])(\d+)=(\d+)$")
+
+
+@pytest.fixture(scope="module")
+def data_dirs(tmp_path_factory):
+    a = prepare(**KNOBS, root=str(tmp_path_factory.mktemp("a")))
+    b = prepare(**KNOBS, root=str(tmp_path_factory.mktemp("b")))
+    return a, b
+
+
+@pytest.fixture(scope="module")
+def enc(data_dirs):
+    return load_tokenizer(data_dirs[0])
+
+
+def test_prepare_is_byte_identical_across_runs(data_dirs):
+    a, b = data_dirs
+    assert a != b
+    files = sorted(os.listdir(a))
+    assert files == sorted(os.listdir(b))
+    assert {"train.jsonl", "val.jsonl", "test.jsonl", "tokenizer.json", "meta.json"} <= set(files)
+    for name in files:
+        with open(os.path.join(a, name), "rb") as fa, open(os.path.join(b, name), "rb") as fb:
+            assert fa.read() == fb.read(), name
+
+
+def test_prepare_again_returns_existing_dir_unchanged(data_dirs):
+    a = data_dirs[0]
+    before = {n: os.path.getmtime(os.path.join(a, n)) for n in os.listdir(a)}
+    root = os.path.dirname(a)
+    assert prepare(**KNOBS, root=root) == a
+    assert {n: os.path.getmtime(os.path.join(a, n)) for n in os.listdir(a)} == before
+
+
+def test_split_sizes_and_no_shared_question(data_dirs):
+    d = data_dirs[0]
+    splits = {s: load_split(d, s) for s in ("train", "val", "test")}
+    assert {s: len(v) for s, v in splits.items()} == {"train": 300, "val": 20, "test": 20}
+    qs = {s: [e["question"] for e in v] for s, v in splits.items()}
+    for s in qs:
+        assert len(set(qs[s])) == len(qs[s]), f"duplicate question inside {s}"
+    assert not set(qs["train"]) & set(qs["val"])
+    assert not set(qs["train"]) & set(qs["test"])
+    assert not set(qs["val"]) & set(qs["test"])
+    with open(os.path.join(d, "meta.json")) as f:
+        meta = json.load(f)
+    assert meta["sizes"] == {"train": 300, "val": 20, "test": 20}
+
+
+def check_arithmetic(example, steps):
+    """Every line `a op b = c` is right, lines chain, and the last line is `#### <answer>`."""
+    lines = example["solution"].split("\n")
+    assert len(lines) == steps + 1
+    assert lines[-1] == f"#### {example['answer']}"
+    cur = int(re.match(r"^\S+ has (\d+) ", example["question"]).group(1))
+    for line in lines[:-1]:
+        m = LINE.match(line)
+        assert m, line
+        a, op, b, c = int(m.group(1)), m.group(2), int(m.group(3)), int(m.group(4))
+        assert a == cur, (line, cur)
+        if op == "/":
+            assert b != 0 and a % b == 0, line              # divisions are exact
+        assert eval(f"{a}{op}{b}") == c, line
+        cur = c
+    assert cur == example["answer"]
+    assert isinstance(example["answer"], int) and example["answer"] >= 0
+
+
+def test_solutions_are_correct_gsm8k_form(data_dirs):
+    ops_seen = set()
+    for split in ("train", "val", "test"):
+        for e in load_split(data_dirs[0], split):
+            check_arithmetic(e, KNOBS["steps"])
+            ops_seen |= set(re.findall(r"\d([-+*/])\d", e["solution"]))
+    assert ops_seen == set("+-*/")
+
+
+def test_every_digit_is_one_token(enc):
+    for d in "0123456789":
+        toks = enc.encode(d)
+        assert len(toks) == 1 and enc.decode(toks) == d
+    number = "98765432101234567890"
+    toks = enc.encode(number)
+    assert [enc.decode([t]) for t in toks] == list(number)
+    # in context too: digits never merge with neighbours
+    for text in ("12+5=17\n#### 17", "Mia has 120 apples.", " 42"):
+        pieces = [enc.decode_single_token_bytes(t) for t in enc.encode(text)]
+        assert all(len(p) == 1 for p in pieces if any(ch in b"0123456789" for ch in p)), pieces
+    # no token of the vocabulary holds two digits (or a digit glued to anything)
+    for t in range(enc.n_vocab):
+        if t == enc.eot_token:
+            continue
+        b = enc.decode_single_token_bytes(t)
+        n_digits = sum(ch in b"0123456789" for ch in b)
+        assert n_digits <= 1 and (n_digits == 0 or len(b) == 1), (t, b)
+
+
+def test_split_pattern_isolates_digits_even_with_digit_merges():
+    # A small data set may simply never learn a digit merge; force some into the vocabulary and
+    # check that the pre-tokenizer still never lets them apply.
+    enc = build_encoding([b"12", b"00", b" 1", b"=1", b"he"])
+    for text in ("12", "100", "x 12=12", "#### 1200"):
+        pieces = [enc.decode_single_token_bytes(t) for t in enc.encode(text)]
+        assert b"".join(pieces) == text.encode()
+        assert all(len(p) == 1 for p in pieces if any(ch in b"0123456789" for ch in p)), pieces
+    assert enc.encode("he") == [256 + 4]                       # the non-digit merge does apply
+
+
+def test_bpe_learned_merges_and_round_trips(data_dirs, enc):
+    assert enc.n_vocab == 256 + KNOBS["num_merges"] + 1        # bytes + merges + <|endoftext|>
+    for e in load_split(data_dirs[0], "val"):
+        text = e["question"] + "\n" + e["solution"]
+        assert enc.decode(enc.encode(text)) == text
+    q = load_split(data_dirs[0], "train")[0]["question"]
+    assert len(enc.encode(q)) < len(q.encode())               # the merges compress real text
+
+
+def test_eot_special_token(data_dirs, enc):
+    assert enc.encode(EOT, allowed_special={EOT}) == [enc.eot_token]
+    assert enc.encode(EOT, allowed_special="all") == [enc.eot_token]
+    assert enc.decode([enc.eot_token]) == EOT
+    assert enc.eot_token == enc.n_vocab - 1
+    with open(os.path.join(data_dirs[0], "meta.json")) as f:
+        meta = json.load(f)
+    assert meta["eot_token"] == enc.eot_token and meta["vocab_size"] == enc.n_vocab
+    with pytest.raises(ValueError):                       # plain text cannot smuggle the special token in
+        enc.encode("question " + EOT)
+
+
+def test_load_tokenizer_empty_dir(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        load_tokenizer(str(tmp_path))
+
+
+@pytest.mark.parametrize("bad", [dict(steps=0), dict(max_operand=0), dict(ops=""), dict(ops="+x"),
+                                 dict(ops="%")])
+def test_bad_knobs_raise_value_error(tmp_path, bad):
+    with pytest.raises(ValueError):
+        prepare(**{**KNOBS, **bad}, root=str(tmp_path))
+    assert os.listdir(tmp_path) == []                     # nothing written
+
+
+def test_too_few_distinct_problems_raises(tmp_path):
+    # steps=1, max_operand=1, ops="*": 12 names x 12 items x 2 factors = 288 distinct questions
+    with pytest.raises(ValueError, match="distinct"):
+        prepare(steps=1, max_operand=1, ops="*", n_train=300, n_val=1, n_test=1, verbose=False,
+                root=str(tmp_path))
+    assert not any(os.path.exists(os.path.join(r, "meta.json")) for r, _, _ in os.walk(tmp_path))
+
+
+def test_noise_truncates_some_training_solutions_only(data_dirs, tmp_path):
+    clean_dir = data_dirs[0]
+    noisy_dir = prepare(**{**KNOBS, "noise": 0.5}, root=str(tmp_path))
+    assert noisy_dir != clean_dir
+    for split in ("val", "test"):                           # evaluation data stays clean
+        assert load_split(noisy_dir, split) == load_split(clean_dir, split)
+    n_noisy = 0
+    for clean, noisy in zip(load_split(clean_dir, "train"), load_split(noisy_dir, "train"), strict=True):
+        assert noisy["question"] == clean["question"] and noisy["answer"] == clean["answer"]
+        if noisy["solution"] != clean["solution"]:
+            n_noisy += 1
+            eqs = clean["solution"].split("\n")[:-1]        # stop one step early, report that result
+            assert noisy["solution"] == "\n".join(eqs[:-1] + ["#### " + eqs[-2].split("=")[1]])
+    assert 0.3 * 300 < n_noisy < 0.7 * 300
+
+
+@pytest.mark.parametrize("bad", [dict(noise=-0.1), dict(noise=1.5), dict(noise=0.5, steps=1)])
+def test_bad_noise_raises_value_error(tmp_path, bad):
+    with pytest.raises(ValueError):
+        prepare(**{**KNOBS, **bad}, root=str(tmp_path))

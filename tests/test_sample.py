@@ -1,0 +1,303 @@
+# Tests for sample.py (pad_prompts, sample_next, generate, decode_completions).
+# Hermetic: tiny random GPTs on CPU; the real tokenizer is built offline into a temporary dir.
+# Run with: python -m pytest tests/test_sample.py -q
+#
+# Independent references used:
+#   - batched generation: the same prompt generated alone (no padding, batch of one);
+#   - num_samples: the num_samples=1 output repeated; rows of a prompt must be adjacent;
+#   - seeded sampling: a second run with the same seed / a run with another seed;
+#   - end-of-text mask: a first "free" run with an end-of-text id that is never emitted tells
+#     which tokens each row emits; the second run's mask/padding are derived from it by hand;
+#   - top_k=1 and tiny top_p: greedy decoding (temperature=0);
+#   - sample_next filters: torch.topk membership and a nucleus computed here with a sort + cumsum;
+#   - decode_completions: tokenizer.decode of the tokens cut by hand at the first end-of-text.
+import pytest
+import torch
+
+from configurator import UserError
+from sample import decode_completions, generate, pad_prompts, sample_next
+
+PROMPTS = [[5, 17, 3], [8, 1, 44, 23, 9, 30, 2, 11, 7], [42], [13, 26, 39, 4, 0]]
+NEVER = 49   # an end-of-text id that sharp_gpt does not emit for PROMPTS within 20 steps (checked)
+
+
+def free_run(model, prompts, n):
+    """Greedy completions (N, n) with an end-of-text id that is never emitted."""
+    idx, _, mask = generate(model, prompts, n, NEVER, temperature=0)
+    assert idx.size(1) == max(map(len, prompts)) + n and bool(mask.all()), "test setup: NEVER was emitted"
+    return idx[:, -n:]
+
+
+# ------------------------------------------------------------------------------------------
+# batched == alone
+
+@pytest.mark.parametrize("eot_from", [None, (0, 4), (1, 7)])
+def test_batched_greedy_equals_each_prompt_alone(sharp_gpt, eot_from):
+    n = 20
+    if eot_from is None:
+        eot = NEVER
+    else:  # end-of-text = the token that row r emits at step k of a free run: rows stop at various steps
+        r, k = eot_from
+        eot = free_run(sharp_gpt, PROMPTS, n)[r, k].item()
+    idx, pad_left, mask = generate(sharp_gpt, PROMPTS, n, eot, temperature=0)
+    T = mask.size(1)
+    P = max(map(len, PROMPTS))
+    assert idx.shape == (len(PROMPTS), P + T)
+    assert pad_left.tolist() == [P - len(p) for p in PROMPTS]
+    lengths = []
+    for b, p in enumerate(PROMPTS):
+        assert idx[b, P - len(p):P].tolist() == p
+        alone, alone_pad, alone_mask = generate(sharp_gpt, [p], n, eot, temperature=0)
+        Ta = alone_mask.size(1)
+        assert Ta <= T and alone_pad.tolist() == [0]
+        assert idx[b, -T:][:Ta].tolist() == alone[0, -Ta:].tolist()
+        assert mask[b, :Ta].tolist() == alone_mask[0].tolist()
+        # what the lone run did not generate (it had stopped) is padding in the batch
+        assert (idx[b, -T:][Ta:] == eot).all() and (mask[b, Ta:] == 0).all()
+        lengths.append(int(mask[b].sum()))
+    if eot_from is not None:
+        assert len(set(lengths)) > 1, "test setup: every row stopped at the same step"
+
+
+# ------------------------------------------------------------------------------------------
+# num_samples
+
+def test_num_samples_greedy_rows_adjacent_and_identical(sharp_gpt):
+    ns, n = 3, 12
+    idx1, pad1, mask1 = generate(sharp_gpt, PROMPTS, n, NEVER, temperature=0)
+    idx, pad_left, mask = generate(sharp_gpt, PROMPTS, n, NEVER, num_samples=ns, temperature=0)
+    P = max(map(len, PROMPTS))
+    assert idx.shape == (len(PROMPTS) * ns, P + n)
+    assert mask.shape == (len(PROMPTS) * ns, n)
+    assert torch.equal(idx, idx1.repeat_interleave(ns, dim=0))
+    assert torch.equal(mask, mask1.repeat_interleave(ns, dim=0))
+    assert pad_left.tolist() == [P - len(p) for p in PROMPTS for _ in range(ns)]
+
+
+def test_num_samples_sampled_rows_of_a_prompt_are_adjacent(tiny_gpt):
+    ns, n = 4, 10
+    idx, pad_left, mask = generate(tiny_gpt, PROMPTS, n, NEVER, num_samples=ns, temperature=1.0, seed=0)
+    P = max(map(len, PROMPTS))
+    assert idx.shape == (len(PROMPTS) * ns, P + n)
+    for row in range(idx.size(0)):
+        p = PROMPTS[row // ns]
+        assert idx[row, P - len(p):P].tolist() == p
+        assert pad_left[row].item() == P - len(p)
+    # samples of one prompt are not all copies of each other (the cache is shared, not the draws)
+    for b in range(len(PROMPTS)):
+        rows = idx[b * ns:(b + 1) * ns, P:]
+        assert len({tuple(r) for r in rows.tolist()}) > 1
+
+
+def test_num_samples_with_top_k_1_equals_greedy(sharp_gpt):
+    greedy, _, gmask = generate(sharp_gpt, PROMPTS, 15, NEVER, num_samples=2, temperature=0)
+    sampled, _, smask = generate(sharp_gpt, PROMPTS, 15, NEVER, num_samples=2, temperature=1.0,
+                                 top_k=1, seed=3)
+    assert torch.equal(sampled, greedy) and torch.equal(smask, gmask)
+
+
+# ------------------------------------------------------------------------------------------
+# seeds
+
+def test_seeded_sampling_is_reproducible(tiny_gpt):
+    kw = dict(max_new_tokens=20, eot_id=NEVER, num_samples=2, temperature=1.0)
+    torch.manual_seed(100)
+    a = generate(tiny_gpt, PROMPTS, seed=7, **kw)
+    torch.manual_seed(200)                      # the global RNG state must not matter
+    b = generate(tiny_gpt, PROMPTS, seed=7, **kw)
+    c = generate(tiny_gpt, PROMPTS, generator=torch.Generator().manual_seed(7), **kw)
+    d = generate(tiny_gpt, PROMPTS, seed=8, **kw)
+    for x, y in zip(a, b):
+        assert torch.equal(x, y)
+    for x, y in zip(a, c):
+        assert torch.equal(x, y)
+    assert not torch.equal(a[0], d[0])
+    # a seed gives generate its own generator: the global RNG is neither used nor reseeded
+    state = torch.get_rng_state()
+    generate(tiny_gpt, PROMPTS, seed=7, **kw)
+    assert torch.equal(torch.get_rng_state(), state)
+
+
+# ------------------------------------------------------------------------------------------
+# end-of-text and the completion mask
+
+def test_completion_mask_and_padding_after_eot(sharp_gpt):
+    n = 20
+    free = free_run(sharp_gpt, PROMPTS, n).tolist()
+    eot = free[0][4]                             # row 0 emits it at step <= 4
+    firsts = [row.index(eot) if eot in row else None for row in free]
+    assert any(f is None or f > 4 for f in firsts), "test setup: all rows stop together"
+    idx, _, mask = generate(sharp_gpt, PROMPTS, n, eot, temperature=0)
+    T = mask.size(1)
+    # generation may stop once every row has finished; T never drops below that point
+    assert (n if None in firsts else max(firsts) + 1) <= T <= n
+    comp = idx[:, -T:].tolist()
+    for b, f in enumerate(firsts):
+        if f is None:
+            assert comp[b] == free[b][:T] and mask[b].tolist() == [1] * T
+        else:
+            assert comp[b][:f + 1] == free[b][:f + 1]                # same tokens up to the eot...
+            assert comp[b][f] == eot
+            assert comp[b][f + 1:] == [eot] * (T - f - 1)              # ...then only eot (padding)
+            assert mask[b].tolist() == [1] * (f + 1) + [0] * (T - f - 1)
+    assert 0 in mask.tolist()[0], "test setup: row 0 should have padding after its eot"
+
+
+def test_generation_stops_calling_the_model_once_all_rows_finished(sharp_gpt, monkeypatch):
+    prompt = PROMPTS[1]
+    free = free_run(sharp_gpt, [prompt], 20)[0].tolist()
+    eot = free[6]
+    f = free.index(eot)
+    calls = []
+    real_forward = sharp_gpt.forward
+
+    def counting_forward(*args, **kwargs):
+        calls.append(args[0].shape)
+        return real_forward(*args, **kwargs)
+
+    monkeypatch.setattr(sharp_gpt, "forward", counting_forward)
+    idx, _, mask = generate(sharp_gpt, [prompt], 20, eot, temperature=0)
+    T = mask.size(1)
+    assert f + 1 <= T <= 20
+    assert idx[0, len(prompt):].tolist() == free[:f + 1] + [eot] * (T - f - 1)
+    assert mask.tolist() == [[1] * (f + 1) + [0] * (T - f - 1)]
+    # one prefill of the prompt, then one call per token generated before the eot
+    assert calls == [(1, len(prompt))] + [(1, 1)] * f
+
+
+# ------------------------------------------------------------------------------------------
+# top_k / top_p
+
+@pytest.mark.parametrize("kw", [dict(top_k=1), dict(top_p=1e-6), dict(top_k=1, temperature=0.5),
+                                dict(top_p=1e-6, temperature=2.0)])
+def test_top_k_1_and_tiny_top_p_equal_greedy(sharp_gpt, tiny_gpt, kw):
+    for model in (sharp_gpt, tiny_gpt):
+        greedy = generate(model, PROMPTS, 15, NEVER, temperature=0)
+        sampled = generate(model, PROMPTS, 15, NEVER, seed=0, **{"temperature": 1.0, **kw})
+        for x, y in zip(greedy, sampled):
+            assert torch.equal(x, y)
+
+
+def test_sample_next_top_k_membership():
+    g = torch.Generator().manual_seed(0)
+    base = torch.randn(4, 50, generator=g)
+    logits = base.repeat(500, 1)                           # 2000 draws, 500 per distinct row
+    k = 5
+    draws = sample_next(logits, 1.0, k, None, torch.Generator().manual_seed(1))
+    assert draws.shape == (2000,) and draws.dtype == torch.long
+    allowed = torch.topk(logits, k, dim=-1).indices
+    assert (allowed == draws[:, None]).any(-1).all()
+    for row in range(4):
+        seen = set(draws[row::4].tolist())
+        assert seen <= set(allowed[row].tolist())
+        # with 500 draws, a token of the top 5 that is never drawn would mean a too-narrow filter
+        probs = base[row].softmax(-1)[allowed[row]]
+        probs = probs / probs.sum()
+        assert seen == {t for t, p in zip(allowed[row].tolist(), probs.tolist()) if p > 0.02}
+
+
+def test_sample_next_top_p_membership():
+    g = torch.Generator().manual_seed(2)
+    base = torch.randn(3, 50, generator=g)
+    logits = base.repeat(400, 1)
+    top_p = 0.6
+    draws = sample_next(logits, 1.0, None, top_p, torch.Generator().manual_seed(3))
+    for row in range(3):
+        probs = base[row].double().softmax(-1)
+        order = probs.argsort(descending=True).tolist()
+        nucleus, mass = set(), 0.0
+        for t in order:                       # smallest prefix of the sorted tokens with mass >= top_p
+            nucleus.add(t)
+            mass += probs[t].item()
+            if mass >= top_p:
+                break
+        assert len(nucleus) > 3, "test setup: the nucleus is too small to test anything"
+        seen = set(draws[row::3].tolist())
+        assert seen <= nucleus
+        assert seen >= {t for t in nucleus if probs[t] / mass > 0.03}   # not narrower either
+
+
+def test_sample_next_temperature_zero_is_argmax():
+    logits = torch.randn(6, 50, generator=torch.Generator().manual_seed(4))
+    assert torch.equal(sample_next(logits, 0, None, None, None), logits.argmax(-1))
+
+
+# ------------------------------------------------------------------------------------------
+# errors and return types
+
+@pytest.mark.parametrize("prompts", [[[]], [[1, 2], []], []])
+def test_empty_prompt_raises(tiny_gpt, prompts):
+    with pytest.raises(UserError):
+        generate(tiny_gpt, prompts, 5, NEVER)
+
+
+def test_prompt_plus_new_tokens_beyond_block_size_raises(tiny_gpt):
+    with pytest.raises(UserError, match="block_size|context"):
+        generate(tiny_gpt, [[1] * 60], 5, NEVER)
+    with pytest.raises(UserError):
+        generate(tiny_gpt, [[1] * 3, [2] * 60], 5, NEVER)       # the longest prompt counts
+    idx, _, mask = generate(tiny_gpt, [[1] * 60], 4, NEVER, temperature=0)   # exactly 64: fine
+    assert idx.shape == (1, 64)
+
+
+@pytest.mark.parametrize("temperature", [0, 1.0])
+def test_generate_returns_token_ids_and_masks_only(tiny_gpt, temperature):
+    tiny_gpt.train()
+    out = generate(tiny_gpt, PROMPTS, 6, NEVER, num_samples=2, temperature=temperature, seed=0)
+    assert tiny_gpt.training                     # the caller's mode is restored
+    assert isinstance(out, tuple) and len(out) == 3
+    idx, pad_left, mask = out
+    for t in out:
+        assert isinstance(t, torch.Tensor)
+        assert t.dtype == torch.long
+        assert not t.requires_grad
+    assert idx.shape == (8, 9 + mask.size(1)) and pad_left.shape == (8,) and mask.shape[0] == 8
+    assert ((mask == 0) | (mask == 1)).all()
+
+
+def test_pad_prompts_layout():
+    idx, pad_left = pad_prompts([[1, 2, 3], [4]], pad_id=9, device="cpu")
+    assert idx.tolist() == [[1, 2, 3], [9, 9, 4]]
+    assert pad_left.tolist() == [0, 2]
+
+
+# ------------------------------------------------------------------------------------------
+# decode_completions with the real tokenizer
+
+@pytest.fixture(scope="module")
+def enc(tmp_path_factory):
+    from data.gsm_synth.prepare import load_tokenizer, prepare
+    data_dir = prepare(steps=1, max_operand=5, ops="+", n_train=300, n_val=20, n_test=20, num_merges=20,
+                       verbose=False, root=str(tmp_path_factory.mktemp("d")))
+    return load_tokenizer(data_dir)
+
+
+def test_decode_completions_strips_eot_and_padding(enc):
+    eot = enc.eot_token
+    prompts = [enc.encode("Mia has 3 apples.\n"), enc.encode("Sam?\n")]
+    comps = ["3+2=5\n#### 5", "#### 12"]
+    toks = [enc.encode(c) + [eot] for c in comps]
+    T = max(map(len, toks)) + 2
+    rows, masks = [], []
+    for p, t in zip(prompts, toks):
+        pad = max(map(len, prompts)) - len(p)
+        rows.append([eot] * pad + p + t + [eot] * (T - len(t)))
+        masks.append([1] * len(t) + [0] * (T - len(t)))
+    texts = decode_completions(enc, torch.tensor(rows), torch.tensor(masks))
+    assert texts == comps
+    # a row without end-of-text (ran out of tokens) keeps everything
+    row = torch.tensor([prompts[1] + enc.encode("#### 7")])
+    assert decode_completions(enc, row, torch.ones(1, len(enc.encode("#### 7")), dtype=torch.long)) == ["#### 7"]
+
+
+def test_decode_completions_of_generated_rows(enc, make_gpt):
+    model = make_gpt(seed=0, emb_scale=10.0, block_scale=10.0, vocab_size=enc.n_vocab)
+    eot = enc.eot_token
+    prompts = [enc.encode("Mia has 3 apples.\n"), enc.encode("How many?\n")]
+    idx, _, mask = generate(model, prompts, 12, eot, num_samples=2, temperature=1.0, seed=0)
+    T = mask.size(1)
+    expected = []
+    for row in idx[:, -T:].tolist():
+        cut = row[:row.index(eot)] if eot in row else row
+        expected.append(enc.decode(cut))
+    assert decode_completions(enc, idx, mask) == expected

@@ -1,0 +1,388 @@
+"""
+GRPO (Group Relative Policy Optimization, DeepSeekMath arXiv 2402.03300) with LoRA on the base GPT.
+
+    python train_grpo.py config/tiny_grpo.py       # trains the base model first if it is missing
+    python train_grpo.py config/tiny_grpo.py --init_from=resume
+
+One step, in the order a reader should see it (grpo_step):
+  1. take batch_size prompts, each repeated group_size times
+  2. PASS 1 sampling, no grad: KV-cache generation, token ids only (sample.generate)
+  3. rewards -> compute_group_advantages: A_i = (r_i - mean_group) / std_group
+  4. PASS 2 policy, with grad: per-token log-probs of the completion tokens (completion_logprobs)
+  5. PASS 3 reference, no grad: the same model with LoRA disabled (no second copy of the weights)
+  6. loss (grpo_loss): clipped surrogate + beta * k3 KL, aggregated per loss_type; backward
+  7. clip the gradient, AdamW on the LoRA parameters only; skip the step if anything is NaN/Inf
+Every large tensor is deleted as soon as it has been used; each `del` says what it frees.
+"""
+import glob
+import json
+import math
+import os
+import random
+import resource
+import sys
+import time
+
+import torch
+
+from configurator import UserError, configure, cli_main
+from lora import apply_lora, disable_lora, lora_parameters, lora_state_dict, load_lora_state_dict
+from model import load_checkpoint, model_from_checkpoint, save_checkpoint
+from rewards import compute_rewards
+from sample import generate, decode_completions
+from train_base import evaluate, get_lr
+
+# -----------------------------------------------------------------------------
+# default config values (override with a config file and/or --key=value)
+out_dir = "out/grpo"
+init_from = "base"          # 'base': new LoRA on base_ckpt; 'resume': continue from out_dir/ckpt.pt
+base_ckpt = "out/base/ckpt.pt"
+base_config = "config/tiny_base.py"   # used to train the base model when base_ckpt is missing
+seed = 1337
+device = "cpu"
+dtype = "bfloat16"          # autocast dtype on CUDA; CPU runs in float32
+# GRPO
+batch_size = 8              # prompts per step
+group_size = 8              # completions per prompt (G); advantages are relative within a group
+micro_batch_size = 32       # completions per forward/backward; gradients accumulate over micro-batches
+max_new_tokens = 40
+temperature = 1.0           # sampling temperature; log-probs use logits / temperature to match
+top_k = 0                   # 0 = off
+top_p = 1.0
+beta = 0.04                 # KL weight; 0 skips the reference pass entirely
+epsilon_low = 0.2           # clip ratio to [1 - epsilon_low, 1 + epsilon_high]
+epsilon_high = 0.2
+loss_type = "grpo"          # 'grpo' (mean per completion), 'bnpo' (mean per token), 'dr_grpo' (sum / (N*max_len))
+scale_rewards = "group"     # 'group' / 'batch' std, or 'none' (Dr. GRPO)
+mask_truncated_completions = False  # completions that never emitted end-of-text get no loss
+reward_funcs = ("correctness", "format")
+reward_weights = (1.0, 0.1)
+# LoRA
+lora_r = 8
+lora_alpha = 16
+lora_dropout = 0.0          # dropout stays off in RL: it would make logp and ref noisy (trl#3500)
+lora_targets = ("c_attn", "c_proj", "c_fc")
+grad_checkpoint = False
+# optimisation: AdamW over LoRA parameters, warmup then cosine
+max_iters = 100
+learning_rate = 3e-3
+min_lr = 3e-4
+warmup_iters = 5
+weight_decay = 0.0
+grad_clip = 1.0
+# logging / evaluation / checkpoints
+log_interval = 1
+eval_interval = 50          # greedy accuracy and pass@eval_k on the test split; also at start and end
+eval_n = 500
+eval_k = 4
+ckpt_interval = 25
+# -----------------------------------------------------------------------------
+defaults = {k: v for k, v in dict(globals()).items()
+            if not k.startswith("_") and isinstance(v, (int, float, bool, str, tuple))}
+
+
+def compute_group_advantages(rewards, group_size, scale_rewards="group"):
+    """rewards (N,) with rows of one group adjacent -> (advantages (N,), number of zero-std groups).
+
+    A_i = r_i - mean(group), divided by the group's std ('group'), the batch's std ('batch') or
+    nothing ('none'). A group whose rewards are all equal carries no signal: its advantages
+    are exactly 0 (never 0/0 = NaN)."""
+    if group_size < 2:
+        raise UserError(f"group_size must be >= 2 for group-relative advantages, got {group_size}")
+    if rewards.numel() % group_size:
+        raise UserError(f"{rewards.numel()} rewards do not split into groups of {group_size}")
+    r = rewards.float().view(-1, group_size)                          # (B, G)
+    centered = r - r.mean(dim=1, keepdim=True)
+    group_std = r.std(dim=1, keepdim=True)                            # (B, 1)
+    zero_std = group_std < 1e-6                                       # all rewards equal
+    if scale_rewards == "group":
+        adv = centered / torch.where(zero_std, torch.ones_like(group_std), group_std)
+    elif scale_rewards == "batch":
+        adv = centered / max(r.std().item(), 1e-6)
+    elif scale_rewards == "none":
+        adv = centered
+    else:
+        raise UserError(f"scale_rewards must be 'group', 'batch' or 'none', got {scale_rewards!r}")
+    adv = adv.masked_fill(zero_std, 0.0)
+    return adv.view(-1), int(zero_std.sum())
+
+
+def selective_log_softmax(logits, tokens):
+    """log p(token) = logit[token] - logsumexp(logits), without a (N, T, V) log-prob tensor.
+    logsumexp runs row by row so only one (T, V) float32 copy exists at a time."""
+    picked = logits.gather(-1, tokens.unsqueeze(-1)).squeeze(-1).float()     # (N, T)
+    lse = torch.stack([torch.logsumexp(row.float(), dim=-1) for row in logits])  # (N, T)
+    return picked - lse
+
+
+def completion_logprobs(model, idx, pad_left, T, temperature, with_entropy=False):
+    """Per-token log-probs (N, T) of the last T tokens of idx (the completion).
+
+    The LM head runs on the T positions that predict completion tokens only (keep_last); the
+    logits are divided by the sampling temperature so that logp is the policy that sampled."""
+    logits, _ = model(idx[:, :-1], pad_left=pad_left, keep_last=T)          # (N, T, V)
+    if temperature > 0:
+        logits = logits / temperature
+    logp = selective_log_softmax(logits, idx[:, -T:])                       # (N, T)
+    entropy = None
+    if with_entropy:
+        with torch.no_grad():  # a diagnostic: no graph kept for it
+            entropy = torch.stack([-(row.float().softmax(-1) * row.float().log_softmax(-1)).sum(-1)
+                                   for row in logits])                      # (N, T)
+    del logits  # (N, T, V): the largest activation of the pass; logp is all we keep
+    return logp, entropy
+
+
+def grpo_loss(logp, old_logp, ref_logp, advantages, mask, beta=0.04, epsilon_low=0.2,
+              epsilon_high=0.2, loss_type="grpo", num_seqs=None, num_tokens=None, max_len=None):
+    """GRPO objective on one micro-batch, normalised by whole-batch counts so that the gradients
+    of the micro-batches add up to the gradient of the whole batch.
+
+    per token:  L_t = -min(rho_t A, clip(rho_t, 1-eps_low, 1+eps_high) A) + beta * KL_t
+                rho_t = exp(logp_t - old_logp_t),   KL_t = exp(ref_t - logp_t) - (ref_t - logp_t) - 1  (k3)
+    grpo:    mean over tokens of each completion, then / num_seqs  (DeepSeekMath)
+    bnpo:    sum over tokens / num_tokens                          (token-level)
+    dr_grpo: sum over tokens / (num_seqs * max_len)                (Dr. GRPO, arXiv 2503.20783)
+    Shapes: logp, old_logp, ref_logp, mask (n, T); advantages (n,). ref_logp None when beta == 0."""
+    mask = mask.to(logp.dtype)
+    num_seqs = num_seqs or logp.size(0)
+    num_tokens = num_tokens or mask.sum().clamp(min=1)
+    max_len = max_len or logp.size(1)
+    ratio = torch.exp(logp - old_logp)                                      # (n, T)
+    clipped = torch.clamp(ratio, 1 - epsilon_low, 1 + epsilon_high)
+    A = advantages[:, None]
+    per_token = -torch.min(ratio * A, clipped * A)
+    kl = None
+    if beta != 0:
+        d = ref_logp - logp
+        kl = torch.exp(d) - d - 1                                           # k3 estimator, >= 0
+        per_token = per_token + beta * kl
+    if loss_type == "grpo":
+        loss = ((per_token * mask).sum(1) / mask.sum(1).clamp(min=1)).sum() / num_seqs
+    elif loss_type == "bnpo":
+        loss = (per_token * mask).sum() / num_tokens
+    elif loss_type == "dr_grpo":
+        loss = (per_token * mask).sum() / (num_seqs * max_len)
+    else:
+        raise UserError(f"loss_type must be 'grpo', 'bnpo' or 'dr_grpo', got {loss_type!r}")
+    with torch.no_grad():  # statistics for the log line only
+        is_clipped = ((ratio < 1 - epsilon_low) & (A < 0)) | ((ratio > 1 + epsilon_high) & (A > 0))
+        stats = {"clipped_tokens": (is_clipped.float() * mask).sum().item(),
+                 "kl_sum": (kl * mask).sum().item() if kl is not None else 0.0}
+    return loss, stats
+
+
+def memory_stats(device):
+    """mem_alloc_mb / mem_reserved_mb / mem_max_alloc_mb: CUDA allocator, or on CPU the process RSS
+    (current RSS for alloc and reserved, peak RSS for max)."""
+    if "cuda" in str(device):
+        mb = 1024 ** 2
+        return {"mem_alloc_mb": torch.cuda.memory_allocated() / mb, "mem_reserved_mb": torch.cuda.memory_reserved() / mb,
+                "mem_max_alloc_mb": torch.cuda.max_memory_allocated() / mb}
+    with open("/proc/self/statm") if os.path.exists("/proc/self/statm") else open(os.devnull) as f:
+        fields = f.read().split()
+    rss = int(fields[1]) * os.sysconf("SC_PAGE_SIZE") / 1024 ** 2 if fields else float("nan")
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KB on Linux
+    return {"mem_alloc_mb": rss, "mem_reserved_mb": rss, "mem_max_alloc_mb": peak}
+
+
+def grpo_step(model, optimizer, enc, questions, answers, cfg, generator, amp):
+    """One GRPO step on `questions`; returns (log dict, rollout record). Weights change only if
+    every loss and gradient is finite."""
+    G, T, device = cfg["group_size"], cfg["max_new_tokens"], cfg["device"]
+    from data.gsm_synth.prepare import prompt_text
+    sync = torch.cuda.synchronize if "cuda" in device else (lambda: None)
+    times, t0 = {}, time.time()
+    # ---- PASS 1: sampling (no grad, no logits kept) -------------------------------------------
+    prompts = [enc.encode(prompt_text(q)) for q in questions]
+    with amp:
+        idx, pad_left, mask = generate(model, prompts, T, enc.eot_token, num_samples=G,
+                                       temperature=cfg["temperature"], top_k=cfg["top_k"] or None,
+                                       top_p=cfg["top_p"], generator=generator)
+    T = mask.size(1)  # generation stops early once every row has ended
+    sync(); times["generation"] = time.time() - t0; t0 = time.time()
+    # ---- rewards and group-relative advantages ------------------------------------------------
+    texts = decode_completions(enc, idx, mask)
+    group_answers = [a for a in answers for _ in range(G)]
+    rewards, per_fn, errors = compute_rewards(texts, group_answers, list(cfg["reward_funcs"]),
+                                              list(cfg["reward_weights"]))
+    rewards = torch.tensor(rewards)
+    advantages, n_zero_std = compute_group_advantages(rewards, G, cfg["scale_rewards"])
+    truncated = (idx[:, -T:] != enc.eot_token).all(dim=1)        # never emitted end-of-text
+    if cfg["mask_truncated_completions"]:
+        mask = mask * (~truncated).long()[:, None]
+    times["reward"] = time.time() - t0
+    # ---- PASS 2 (policy) and PASS 3 (reference), micro-batched -------------------------------
+    N, mb = idx.size(0), cfg["micro_batch_size"]
+    norm = dict(num_seqs=N, num_tokens=mask.sum().clamp(min=1).item(), max_len=cfg["max_new_tokens"])
+    adv_dev, mask_dev = advantages.to(device), mask.to(device)
+    times["policy"] = times["reference"] = 0.0
+    kl_sum = clipped = ent_sum = 0.0
+    losses = []
+    model.train()  # dropout is 0: train() only enables gradient checkpointing if configured
+    for s in range(0, N, mb):
+        sl = slice(s, s + mb)
+        m = mask_dev[sl]
+        ref_logp = None
+        if cfg["beta"] != 0:
+            t0 = time.time()
+            with torch.no_grad(), disable_lora(model), amp:  # PASS 3: base weights, same module objects
+                ref_logp, _ = completion_logprobs(model, idx[sl], pad_left[sl], T, cfg["temperature"])
+            sync(); times["reference"] += time.time() - t0
+        t0 = time.time()
+        with amp:                                                  # PASS 2: the policy, with grad
+            logp, entropy = completion_logprobs(model, idx[sl], pad_left[sl], T, cfg["temperature"],
+                                                with_entropy=True)
+            loss, st = grpo_loss(logp, logp.detach(), ref_logp, adv_dev[sl], m, cfg["beta"],
+                                 cfg["epsilon_low"], cfg["epsilon_high"], cfg["loss_type"], **norm)
+        loss.backward()
+        losses.append(loss.item())
+        kl_sum += st["kl_sum"]; clipped += st["clipped_tokens"]
+        ent_sum += (entropy * m).sum().item()
+        del logp, ref_logp, entropy, loss  # free the graph of this micro-batch before the next one
+        sync(); times["policy"] += time.time() - t0
+    # ---- update: clip, AdamW on LoRA only, unless something is not finite --------------------
+    t0 = time.time()
+    params = lora_parameters(model)
+    grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg["grad_clip"])
+    skipped = not (math.isfinite(grad_norm.item()) and all(math.isfinite(v) for v in losses))
+    if skipped:
+        print("warning: non-finite loss or gradient; step skipped, weights untouched")
+    else:
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    sync(); times["optimizer"] = time.time() - t0
+    ntok = norm["num_tokens"]
+    log = {"loss": sum(losses), "reward": rewards.mean().item(), "reward_std": rewards.std().item(),
+           **{f"rewards/{k}": sum(v) / len(v) for k, v in per_fn.items()},
+           "accuracy": sum(per_fn["correctness"]) / N if "correctness" in per_fn else float("nan"),
+           "frac_reward_zero_std": n_zero_std / (N // G), "kl": kl_sum / ntok, "entropy": ent_sum / ntok,
+           "completions/mean_length": mask.sum(1).float().mean().item(),
+           "completions/clipped_ratio": truncated.float().mean().item(),
+           "clip_ratio": clipped / ntok, "grad_norm": grad_norm.item(), "skipped": skipped,
+           "reward_errors": sum(errors.values()), **{f"time/{k}": v for k, v in times.items()}}
+    rollouts = {"prompts": questions, "answers": answers, "completion_tokens": idx[:, -T:].tolist(),
+                "completion_mask": mask.tolist(), "rewards": rewards.tolist(), "advantages": advantages.tolist()}
+    return log, rollouts
+
+
+# -----------------------------------------------------------------------------
+def ensure_base(cfg):
+    """Train the base model with base_config if base_ckpt is missing (a fresh clone)."""
+    if os.path.exists(cfg["base_ckpt"]):
+        return
+    print(f"base model not found at {cfg['base_ckpt']}: training it first with {cfg['base_config']}")
+    import train_base
+    train_base.main([cfg["base_config"], f"--out_dir={os.path.dirname(cfg['base_ckpt']) or '.'}",
+                     f"--device={cfg['device']}"])
+
+
+def truncate_jsonl(path, max_iter):
+    """Drop lines written after the checkpoint we resume from (so resume never duplicates)."""
+    if os.path.exists(path):
+        with open(path) as f:
+            keep = [line for line in f if json.loads(line)["iter"] <= max_iter]
+        with open(path, "w") as f:
+            f.writelines(keep)
+
+
+def main(argv):
+    cfg = configure(defaults, argv)
+    if cfg["batch_size"] * cfg["group_size"] % cfg["micro_batch_size"]:
+        raise UserError(f"batch_size*group_size = {cfg['batch_size'] * cfg['group_size']} completions do not "
+                        f"divide into micro-batches of {cfg['micro_batch_size']}")
+    compute_group_advantages(torch.zeros(cfg["group_size"]), cfg["group_size"])  # validates group_size
+    if cfg["init_from"] not in ("base", "resume"):
+        raise UserError(f"init_from must be 'base' or 'resume', got {cfg['init_from']!r}")
+    device, out = cfg["device"], cfg["out_dir"]
+    os.makedirs(out, exist_ok=True)
+    from data.gsm_synth.prepare import load_tokenizer, load_split
+    resume = None
+    if cfg["init_from"] == "resume":
+        resume = load_checkpoint(os.path.join(out, "ckpt.pt"))
+        cfg["base_ckpt"] = resume["base_ckpt"]
+    ensure_base(cfg)
+    base = load_checkpoint(cfg["base_ckpt"])
+    # dropout off in RL: with it on, the policy and reference passes see different random masks
+    model = model_from_checkpoint(base, cfg["base_ckpt"], dropout=0.0, grad_checkpoint=cfg["grad_checkpoint"])
+    data_dir = base["data_dir"]
+    del base
+    enc = load_tokenizer(data_dir)
+    train, test = load_split(data_dir, "train"), load_split(data_dir, "test")[:cfg["eval_n"]]
+    torch.manual_seed(cfg["seed"])
+    apply_lora(model, cfg["lora_r"], cfg["lora_alpha"], cfg["lora_dropout"], cfg["lora_targets"])
+    model.to(device)
+    optimizer = torch.optim.AdamW(lora_parameters(model), lr=cfg["learning_rate"],
+                                  weight_decay=cfg["weight_decay"])
+    rng = random.Random(cfg["seed"])                                  # which prompts
+    generator = torch.Generator(device=device).manual_seed(cfg["seed"])  # which completions
+    iter_num, elapsed_before = 0, 0.0
+    if resume is not None:
+        load_lora_state_dict(model, resume["lora"])
+        optimizer.load_state_dict(resume["optimizer"])
+        iter_num, elapsed_before = resume["iter_num"], resume["train_seconds"]
+        rng.setstate(resume["rng"]["python"])
+        generator.set_state(resume["rng"]["generator"])
+        for name in ("log.jsonl", "rollouts.jsonl"):
+            truncate_jsonl(os.path.join(out, name), iter_num)
+        print(f"resuming {out} at iter {iter_num}")
+        del resume
+    n_lora = sum(p.numel() for p in lora_parameters(model))
+    print(f"GRPO: {model.num_params() / 1e6:.2f}M base parameters frozen, {n_lora} LoRA parameters trained")
+    amp = torch.autocast("cuda", dtype=getattr(torch, cfg["dtype"]), enabled="cuda" in device)
+
+    def checkpoint(lr):
+        state = {"lora": lora_state_dict(model), "optimizer": optimizer.state_dict(), "iter_num": iter_num,
+                 "lr": lr, "config": cfg, "base_ckpt": cfg["base_ckpt"], "data_dir": data_dir,
+                 "train_seconds": elapsed_before + time.time() - t_start,
+                 "rng": {"python": rng.getstate(), "generator": generator.get_state()}}
+        save_checkpoint(state, os.path.join(out, f"ckpt_{iter_num:06d}.pt"))  # history, for TracIn
+        save_checkpoint(state, os.path.join(out, "ckpt.pt"))                 # latest, for resume
+
+    def run_eval():
+        with amp:
+            r = evaluate(model, enc, test, cfg["max_new_tokens"], k=cfg["eval_k"], seed=cfg["seed"])
+        k = cfg["eval_k"]
+        passk = f" | pass@{k} {r[f'pass@{k}']:.3f}" if k > 1 else ""
+        print(f"eval  {iter_num:4d} | test accuracy {r['accuracy']:.3f}{passk} ({len(test)} problems)")
+        return {f"test/{k}": v for k, v in r.items()}
+
+    log_f = open(os.path.join(out, "log.jsonl"), "a")
+    roll_f = open(os.path.join(out, "rollouts.jsonl"), "a")
+    t_start = time.time()
+    lr = get_lr(iter_num, cfg["max_iters"], cfg["learning_rate"], cfg["min_lr"], cfg["warmup_iters"])
+    if iter_num == 0:
+        log_f.write(json.dumps({"iter": 0, "elapsed": 0.0, **run_eval()}) + "\n")
+        checkpoint(lr)  # ckpt_000000: the trajectory starts at the base model
+    while iter_num < cfg["max_iters"]:
+        lr = get_lr(iter_num, cfg["max_iters"], cfg["learning_rate"], cfg["min_lr"], cfg["warmup_iters"])
+        for g in optimizer.param_groups:
+            g["lr"] = lr
+        batch = [train[rng.randrange(len(train))] for _ in range(cfg["batch_size"])]
+        t_step = time.time()
+        log, rollouts = grpo_step(model, optimizer, enc, [e["question"] for e in batch],
+                                  [e["answer"] for e in batch], cfg, generator, amp)
+        iter_num += 1
+        log.update(iter=iter_num, lr=lr, step_seconds=time.time() - t_step,
+                   elapsed=elapsed_before + time.time() - t_start, **memory_stats(device))
+        if iter_num % cfg["eval_interval"] == 0 or iter_num == cfg["max_iters"]:
+            log.update(run_eval())
+        roll_f.write(json.dumps({"iter": iter_num, "lr": lr, **rollouts}) + "\n")
+        log_f.write(json.dumps(log) + "\n")
+        log_f.flush(); roll_f.flush()
+        if iter_num % cfg["log_interval"] == 0:
+            print(f"iter {iter_num:4d} | reward {log['reward']:.3f} | acc {log['accuracy']:.3f} | "
+                  f"zero_std {log['frac_reward_zero_std']:.2f} | kl {log['kl']:.4f} | ent {log['entropy']:.3f} | "
+                  f"len {log['completions/mean_length']:.1f} | lr {lr:.1e} | {log['step_seconds'] * 1000:.0f} ms "
+                  f"(gen {log['time/generation'] * 1000:.0f}, policy {log['time/policy'] * 1000:.0f}, "
+                  f"ref {log['time/reference'] * 1000:.0f}) | mem {log['mem_max_alloc_mb']:.0f} MB")
+        if iter_num % cfg["ckpt_interval"] == 0 or iter_num == cfg["max_iters"]:
+            checkpoint(lr)
+    log_f.close(); roll_f.close()
+    total = elapsed_before + time.time() - t_start
+    print(f"done: {iter_num} GRPO steps in {total:.0f}s; run directory {out}")
+    return cfg
+
+
+if __name__ == "__main__":
+    cli_main(main)
