@@ -30,6 +30,8 @@ from lora import apply_lora, disable_lora, lora_parameters, lora_state_dict, loa
 from model import load_checkpoint, model_from_checkpoint, save_checkpoint
 from rewards import compute_rewards
 from sample import generate, decode_completions
+from tracin import (compute_ghost_inner_product_matrix, ghost_mode, install_ghost_hooks, select_rollouts,
+                    subset_gradients)
 from train_base import evaluate, get_lr
 
 # -----------------------------------------------------------------------------
@@ -76,6 +78,16 @@ eval_interval = 50          # greedy accuracy and pass@eval_k on the test split;
 eval_n = 500
 eval_k = 4
 ckpt_interval = 25
+# TracIn-GRPO (tracin.py): train only on rollouts whose gradient helps a validation batch
+tracin = False
+tracin_val_batch_size = 4   # validation prompts per step (each sampled group_size times)
+tracin_selection = "positive"  # 'positive': influence > 0; 'topk': the top tracin_topk_frac
+tracin_topk_frac = 0.5
+# a planted defect, to see whether selection matters: this fraction of training prompts carries a
+# wrong reference answer (the result of the FIRST step, i.e. what stopping early gives), and the
+# correctness reward trusts it. The program knows which prompts (logged as selection precision);
+# the selector does not. Validation and test answers stay clean.
+defect_frac = 0.0
 # -----------------------------------------------------------------------------
 defaults = {k: v for k, v in dict(globals()).items()
             if not k.startswith("_") and isinstance(v, (int, float, bool, str, tuple))}
@@ -186,87 +198,136 @@ def memory_stats(device):
     return {"mem_alloc_mb": rss, "mem_reserved_mb": rss, "mem_max_alloc_mb": peak}
 
 
-def grpo_step(model, optimizer, enc, questions, answers, cfg, generator, amp):
-    """One GRPO step on `questions`; returns (log dict, rollout record). Weights change only if
-    every loss and gradient is finite."""
-    G, T, device = cfg["group_size"], cfg["max_new_tokens"], cfg["device"]
+def make_rollouts(model, enc, questions, answers, cfg, generator, amp, times):
+    """PASS 1 (sampling, no grad, no logits kept), rewards and group-relative advantages."""
     from data.gsm_synth.prepare import prompt_text
-    sync = torch.cuda.synchronize if "cuda" in device else (lambda: None)
-    times, t0 = {}, time.time()
-    # ---- PASS 1: sampling (no grad, no logits kept) -------------------------------------------
+    G, t0 = cfg["group_size"], time.time()
     prompts = [enc.encode(prompt_text(q)) for q in questions]
     with amp:
-        idx, pad_left, mask = generate(model, prompts, T, enc.eot_token, num_samples=G,
+        idx, pad_left, mask = generate(model, prompts, cfg["max_new_tokens"], enc.eot_token, num_samples=G,
                                        temperature=cfg["temperature"], top_k=cfg["top_k"] or None,
                                        top_p=cfg["top_p"], generator=generator)
-    T = mask.size(1)  # generation stops early once every row has ended
-    sync(); times["generation"] = time.time() - t0; t0 = time.time()
-    # ---- rewards and group-relative advantages ------------------------------------------------
+    _sync(cfg); times["generation"] = times.get("generation", 0.0) + time.time() - t0; t0 = time.time()
     texts = decode_completions(enc, idx, mask)
-    group_answers = [a for a in answers for _ in range(G)]
-    rewards, per_fn, errors = compute_rewards(texts, group_answers, list(cfg["reward_funcs"]),
-                                              list(cfg["reward_weights"]))
+    rewards, per_fn, errors = compute_rewards(texts, [a for a in answers for _ in range(G)],
+                                              list(cfg["reward_funcs"]), list(cfg["reward_weights"]))
     rewards = torch.tensor(rewards)
     advantages, n_zero_std = compute_group_advantages(rewards, G, cfg["scale_rewards"])
+    T = mask.size(1)  # generation stops once every row has ended: T <= max_new_tokens
     truncated = (idx[:, -T:] != enc.eot_token).all(dim=1)        # never emitted end-of-text
     if cfg["mask_truncated_completions"]:
         mask = mask * (~truncated).long()[:, None]
-    times["reward"] = time.time() - t0
-    # ---- PASS 2 (policy) and PASS 3 (reference), micro-batched -------------------------------
-    N, mb = idx.size(0), cfg["micro_batch_size"]
-    norm = dict(num_seqs=N, num_tokens=mask.sum().clamp(min=1).item(), max_len=cfg["max_new_tokens"])
-    adv_dev, mask_dev = advantages.to(device), mask.to(device)
-    times["policy"] = times["reference"] = 0.0
-    kl_sum = clipped = ent_sum = 0.0
-    losses = []
+    times["reward"] = times.get("reward", 0.0) + time.time() - t0
+    return dict(idx=idx, pad_left=pad_left, mask=mask, rewards=rewards, advantages=advantages,
+                per_fn=per_fn, errors=errors, n_zero_std=n_zero_std, truncated=truncated)
+
+
+def policy_backward(model, R, cfg, amp, times, beta):
+    """PASS 2 (policy, with grad) and PASS 3 (reference, no grad) per micro-batch, then backward
+    of the GRPO loss. Gradients accumulate in .grad (or, under ghost hooks, per sample)."""
+    idx, pad_left, T = R["idx"], R["pad_left"], R["mask"].size(1)
+    N, mb, device = idx.size(0), cfg["micro_batch_size"], cfg["device"]
+    norm = dict(num_seqs=N, num_tokens=R["mask"].sum().clamp(min=1).item(), max_len=cfg["max_new_tokens"])
+    adv, mask = R["advantages"].to(device), R["mask"].to(device)
+    st = {"losses": [], "kl_sum": 0.0, "clipped": 0.0, "ent_sum": 0.0, "num_tokens": norm["num_tokens"]}
     model.train()  # dropout is 0: train() only enables gradient checkpointing if configured
     for s in range(0, N, mb):
         sl = slice(s, s + mb)
-        m = mask_dev[sl]
         ref_logp = None
-        if cfg["beta"] != 0:
+        if beta != 0:
             t0 = time.time()
             with torch.no_grad(), disable_lora(model), amp:  # PASS 3: base weights, same module objects
                 ref_logp, _ = completion_logprobs(model, idx[sl], pad_left[sl], T, cfg["temperature"])
-            sync(); times["reference"] += time.time() - t0
+            _sync(cfg); times["reference"] = times.get("reference", 0.0) + time.time() - t0
         t0 = time.time()
         with amp:                                                  # PASS 2: the policy, with grad
             logp, entropy = completion_logprobs(model, idx[sl], pad_left[sl], T, cfg["temperature"],
                                                 with_entropy=True)
-            loss, st = grpo_loss(logp, logp.detach(), ref_logp, adv_dev[sl], m, cfg["beta"],
+            loss, ls = grpo_loss(logp, logp.detach(), ref_logp, adv[sl], mask[sl], beta,
                                  cfg["epsilon_low"], cfg["epsilon_high"], cfg["loss_type"], **norm)
         loss.backward()
-        losses.append(loss.item())
-        kl_sum += st["kl_sum"]; clipped += st["clipped_tokens"]
-        ent_sum += (entropy * m).sum().item()
-        del logp, ref_logp, entropy, loss  # free the graph of this micro-batch before the next one
-        sync(); times["policy"] += time.time() - t0
-    # ---- update: clip, AdamW on LoRA only, unless something is not finite --------------------
+        st["losses"].append(loss.item())
+        st["kl_sum"] += ls["kl_sum"]; st["clipped"] += ls["clipped_tokens"]
+        st["ent_sum"] += (entropy * mask[sl]).sum().item()
+        del logp, ref_logp, entropy, loss  # free this micro-batch's graph before the next one
+        _sync(cfg); times["policy"] = times.get("policy", 0.0) + time.time() - t0
+    return st
+
+
+def _sync(cfg):
+    if "cuda" in cfg["device"]:
+        torch.cuda.synchronize()  # so per-phase times measure the GPU work, not the launch
+
+
+def grpo_step(model, optimizer, enc, questions, answers, cfg, generator, amp, val=None):
+    """One GRPO step; returns (log dict, rollout record). With cfg['tracin'], `val` = (questions,
+    answers) of a validation batch and only rollouts whose gradient helps it are trained on.
+    Weights change only if every loss and gradient is finite."""
+    times = {"generation": 0.0, "reward": 0.0, "policy": 0.0, "reference": 0.0}
+    R = make_rollouts(model, enc, questions, answers, cfg, generator, amp, times)
+    N, G = R["idx"].size(0), cfg["group_size"]
+    extra = {}
+    if not cfg["tracin"]:
+        st = policy_backward(model, R, cfg, amp, times, cfg["beta"])
+    else:
+        V = make_rollouts(model, enc, val[0], val[1], cfg, generator, amp, times)
+        with install_ghost_hooks(model) as hooks, ghost_mode(optimizer):
+            t0 = time.time()
+            st = policy_backward(model, R, cfg, amp, times, cfg["beta"])   # per-sample train gradients
+            times["grad_capture_train"] = time.time() - t0
+            hooks.split, t0 = "val", time.time()
+            policy_backward(model, V, cfg, amp, times, 0.0)                   # val: policy-gradient part only
+            times["grad_capture_val"] = time.time() - t0
+            train_c, val_c = hooks.collect("train"), hooks.collect("val")
+        t0 = time.time()
+        ip = compute_ghost_inner_product_matrix(train_c, val_c)             # (N, N_val)
+        influence = ip.sum(1)          # <g_i, sum_j g_val_j>: validation GRADIENTS are summed
+        keep = select_rollouts(influence, cfg["tracin_selection"], cfg["tracin_topk_frac"])
+        subset_gradients(model, train_c, keep)  # the update from the hooks' buffers: no 4th pass
+        del train_c, val_c, ip  # the per-sample activations/gradients of every LoRA layer
+        times["influence"] = time.time() - t0
+        extra = {"selection_rate": keep.float().mean().item(), "n_selected": int(keep.sum()),
+                 "influence/mean": influence.mean().item(), "influence/std": influence.std().item(),
+                 "influence/min": influence.min().item(), "influence/max": influence.max().item(),
+                 "val/reward": V["rewards"].mean().item()}
+        R["influence"], R["selected"] = influence.tolist(), keep.tolist()
+    # ---- update: clip, AdamW on LoRA only, unless something is not finite or nothing is kept --
     t0 = time.time()
     params = lora_parameters(model)
-    grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg["grad_clip"])
-    skipped = not (math.isfinite(grad_norm.item()) and all(math.isfinite(v) for v in losses))
+    nothing_kept = cfg["tracin"] and extra["n_selected"] == 0
+    grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg["grad_clip"]) if not nothing_kept else torch.tensor(0.0)
+    skipped = not (math.isfinite(grad_norm.item()) and all(math.isfinite(v) for v in st["losses"]))
     if skipped:
         print("warning: non-finite loss or gradient; step skipped, weights untouched")
+    elif nothing_kept:
+        print("tracin: no rollout has positive influence; no update this step")
     else:
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    sync(); times["optimizer"] = time.time() - t0
-    ntok = norm["num_tokens"]
-    log = {"loss": sum(losses), "reward": rewards.mean().item(), "reward_std": rewards.std().item(),
+    _sync(cfg); times["optimizer"] = time.time() - t0
+    ntok, rewards, per_fn, mask = st["num_tokens"], R["rewards"], R["per_fn"], R["mask"]
+    log = {"loss": sum(st["losses"]), "reward": rewards.mean().item(), "reward_std": rewards.std().item(),
            **{f"rewards/{k}": sum(v) / len(v) for k, v in per_fn.items()},
            "accuracy": sum(per_fn["correctness"]) / N if "correctness" in per_fn else float("nan"),
-           "frac_reward_zero_std": n_zero_std / (N // G), "kl": kl_sum / ntok, "entropy": ent_sum / ntok,
-           "completions/mean_length": mask.sum(1).float().mean().item(),
-           "completions/clipped_ratio": truncated.float().mean().item(),
-           "clip_ratio": clipped / ntok, "grad_norm": grad_norm.item(), "skipped": skipped,
-           "reward_errors": sum(errors.values()), **{f"time/{k}": v for k, v in times.items()}}
-    rollouts = {"prompts": questions, "answers": answers, "completion_tokens": idx[:, -T:].tolist(),
-                "completion_mask": mask.tolist(), "rewards": rewards.tolist(), "advantages": advantages.tolist()}
+           "frac_reward_zero_std": R["n_zero_std"] / (N // G), "kl": st["kl_sum"] / ntok,
+           "entropy": st["ent_sum"] / ntok, "completions/mean_length": mask.sum(1).float().mean().item(),
+           "completions/clipped_ratio": R["truncated"].float().mean().item(),
+           "clip_ratio": st["clipped"] / ntok, "grad_norm": grad_norm.item(), "skipped": skipped,
+           "reward_errors": sum(R["errors"].values()), **extra, **{f"time/{k}": v for k, v in times.items()}}
+    T = mask.size(1)
+    rollouts = {"prompts": questions, "answers": answers, "completion_tokens": R["idx"][:, -T:].tolist(),
+                "completion_mask": mask.tolist(), "rewards": rewards.tolist(),
+                "advantages": R["advantages"].tolist(),
+                **({"influence": R["influence"], "selected": R["selected"]} if cfg["tracin"] else {})}
     return log, rollouts
 
 
 # -----------------------------------------------------------------------------
+def first_step_result(example):
+    """The planted wrong answer: the result of the solution's first equation ("8-7=1" -> 1)."""
+    return int(example["solution"].split("\n")[0].split("=")[1])
+
+
 def ensure_base(cfg):
     """Train the base model with base_config if base_ckpt is missing (a fresh clone)."""
     if os.path.exists(cfg["base_ckpt"]):
@@ -292,6 +353,9 @@ def main(argv):
         raise UserError(f"batch_size*group_size = {cfg['batch_size'] * cfg['group_size']} completions do not "
                         f"divide into micro-batches of {cfg['micro_batch_size']}")
     compute_group_advantages(torch.zeros(cfg["group_size"]), cfg["group_size"])  # validates group_size
+    if cfg["tracin"] and (cfg["grad_checkpoint"] or cfg["lora_dropout"] > 0):
+        raise UserError("tracin=True needs grad_checkpoint=False and lora_dropout=0: the hooks must see "
+                        "each activation once, exactly as the gradient used it")
     if cfg["init_from"] not in ("base", "resume"):
         raise UserError(f"init_from must be 'base' or 'resume', got {cfg['init_from']!r}")
     device, out = cfg["device"], cfg["out_dir"]
@@ -309,6 +373,8 @@ def main(argv):
     del base
     enc = load_tokenizer(data_dir)
     train, test = load_split(data_dir, "train"), load_split(data_dir, "test")[:cfg["eval_n"]]
+    val_split = load_split(data_dir, "val")
+    defective = set(random.Random(cfg["seed"] + 7).sample(range(len(train)), int(cfg["defect_frac"] * len(train))))
     torch.manual_seed(cfg["seed"])
     apply_lora(model, cfg["lora_r"], cfg["lora_alpha"], cfg["lora_dropout"], cfg["lora_targets"])
     model.to(device)
@@ -358,11 +424,23 @@ def main(argv):
         lr = get_lr(iter_num, cfg["max_iters"], cfg["learning_rate"], cfg["min_lr"], cfg["warmup_iters"])
         for g in optimizer.param_groups:
             g["lr"] = lr
-        batch = [train[rng.randrange(len(train))] for _ in range(cfg["batch_size"])]
+        picks = [rng.randrange(len(train)) for _ in range(cfg["batch_size"])]
+        batch = [{**train[i], "answer": first_step_result(train[i])} if i in defective else train[i] for i in picks]
         t_step = time.time()
+        val = None
+        if cfg["tracin"]:
+            vb = [val_split[rng.randrange(len(val_split))] for _ in range(cfg["tracin_val_batch_size"])]
+            val = ([e["question"] for e in vb], [e["answer"] for e in vb])
         log, rollouts = grpo_step(model, optimizer, enc, [e["question"] for e in batch],
-                                  [e["answer"] for e in batch], cfg, generator, amp)
+                                  [e["answer"] for e in batch], cfg, generator, amp, val)
         iter_num += 1
+        if cfg["defect_frac"] > 0:  # selection precision: are the kept rollouts the clean ones?
+            clean = torch.tensor([i not in defective for i in picks]).repeat_interleave(cfg["group_size"])
+            log["defect/clean_base_rate"] = clean.float().mean().item()
+            if cfg["tracin"] and log["n_selected"] > 0:
+                kept = torch.tensor(rollouts["selected"])
+                log["defect/selection_precision"] = clean[kept].float().mean().item()
+            rollouts["defective"] = [i in defective for i in picks]
         log.update(iter=iter_num, lr=lr, step_seconds=time.time() - t_step,
                    elapsed=elapsed_before + time.time() - t_start, **memory_stats(device))
         if iter_num % cfg["eval_interval"] == 0 or iter_num == cfg["max_iters"]:
@@ -375,7 +453,9 @@ def main(argv):
                   f"zero_std {log['frac_reward_zero_std']:.2f} | kl {log['kl']:.4f} | ent {log['entropy']:.3f} | "
                   f"len {log['completions/mean_length']:.1f} | lr {lr:.1e} | {log['step_seconds'] * 1000:.0f} ms "
                   f"(gen {log['time/generation'] * 1000:.0f}, policy {log['time/policy'] * 1000:.0f}, "
-                  f"ref {log['time/reference'] * 1000:.0f}) | mem {log['mem_max_alloc_mb']:.0f} MB")
+                  f"ref {log['time/reference'] * 1000:.0f}) | mem {log['mem_max_alloc_mb']:.0f} MB"
+                  + (f" | selected {log['n_selected']}/{len(rollouts['rewards'])} "
+                     f"(infl {log['influence/mean']:+.2e})" if cfg["tracin"] else ""))
         if iter_num % cfg["ckpt_interval"] == 0 or iter_num == cfg["max_iters"]:
             checkpoint(lr)
     log_f.close(); roll_f.close()

@@ -1,0 +1,20 @@
+# TracIn-GRPO on the tiny task, on a 2-core CPU: each step also samples a validation batch,
+# captures per-sample LoRA gradients with hooks, and trains only on rollouts whose gradient
+# has a positive inner product with the summed validation gradient.
+# python train_grpo.py config/tiny_tracin.py   (trains the base model first if out/base is missing)
+out_dir = "out/tracin"
+base_ckpt = "out/base/ckpt.pt"
+base_config = "config/tiny_base.py"
+tracin = True
+tracin_val_batch_size = 4
+tracin_selection = "positive"
+batch_size = 8
+group_size = 8
+micro_batch_size = 64
+max_new_tokens = 40
+max_iters = 150
+learning_rate = 2e-3
+beta = 0.0          # no KL term: then a zero-advantage rollout has exactly zero gradient and influence
+eval_interval = 75
+eval_n = 500
+ckpt_interval = 25

@@ -1,0 +1,446 @@
+"""
+TracIn with ghost-gradient hooks on the LoRA layers (Pruthi et al. 2020; ghost norms: Li et al. 2021).
+
+    python tracin.py --out_dir=out/tracin --question="Mia has 3 apples. ..."   # post-hoc attribution
+
+For a linear map y_t = W x_t applied at every position t of a sample, with output gradient
+g_t = dL/dy_t, the sample's weight gradient is  G = sum_t g_t x_t^T.  For LoRA (lora.py):
+
+    h = A x          ->  dL/dA = sum_t gA_t x_t^T,   gA = dL/dh          (r x d_in)
+    u = B h          ->  dL/dB = sum_t gB_t h_t^T,   gB = dL/du          (d_out x r)
+    out = W x + s u      (the hook on u sees dL/du = s dL/dout: the scaling is already in gB)
+
+So a forward hook that keeps x and h, and tensor hooks that keep gA and gB, give every
+sample's LoRA gradient from ONE ordinary batched backward. Two samples' gradient inner
+product needs no materialised gradient at all (the "ghost" form):
+
+    <G, G'> = sum_{t,s} (g_t . g'_s) (x_t . x'_s)          cost O(T^2 (d + p)) per pair
+    or, materialised,  G = g^T x  then a dot product       cost O(T d p) per sample
+and ghost wins when 2 T^2 < d p (private-transformers' rule).
+
+Gradients are exact over ALL positions of a sample, prompt included: LoRA acts on prompt
+tokens too, and their hidden states reach the completion's log-probs through attention.
+Padding positions get exactly zero gradient (no real token attends to them), so they add 0.
+"""
+import glob
+import json
+import os
+from contextlib import contextmanager
+
+import torch
+
+from configurator import UserError, configure, cli_main
+from lora import LoRALinear
+
+
+class GhostHooks:
+    """Forward/backward hooks on every lora_A / lora_B. Buffers (dicts: layer name -> list of
+    per-micro-batch tensors, rows = samples) follow the seed's names:
+        train: _train_xs, _train_hs, _train_gAs, _train_gBs      validation: _xs, _hs, _gAs, _gBs
+    Set `.split` to 'train' or 'val' before each capture; `.remove()` detaches every hook."""
+
+    def __init__(self, model):
+        self._train_xs, self._train_hs, self._train_gAs, self._train_gBs = {}, {}, {}, {}
+        self._xs, self._hs, self._gAs, self._gBs = {}, {}, {}, {}
+        self.split = "train"
+        self.handles = []
+        self.names = []
+        for name, m in model.named_modules():
+            if isinstance(m, LoRALinear):
+                if m.lora_dropout.p > 0 and m.training:
+                    raise UserError("ghost hooks need lora_dropout=0 (a dropped x is not the x the gradient used)")
+                self.names.append(name)
+                self.handles.append(m.lora_A.register_forward_hook(self._hook_A(name)))
+                self.handles.append(m.lora_B.register_forward_hook(self._hook_B(name)))
+        if not self.names:
+            raise UserError("no LoRA layers to hook: call lora.apply_lora(model, ...) first")
+
+    def buffers(self, split=None):
+        """(xs, hs, gAs, gBs) dicts of the given split."""
+        if (split or self.split) == "train":
+            return self._train_xs, self._train_hs, self._train_gAs, self._train_gBs
+        return self._xs, self._hs, self._gAs, self._gBs
+
+    def _hook_A(self, name):
+        def hook(module, inputs, h):
+            if not (torch.is_grad_enabled() and h.requires_grad):
+                return  # sampling / reference passes: nothing to capture
+            xs, hs, gAs, _ = self.buffers()
+            xs.setdefault(name, []).append(inputs[0].detach())       # x  (n, T, d_in)
+            hs.setdefault(name, []).append(h.detach())               # h = A x  (n, T, r)
+            h.register_hook(lambda g: gAs.setdefault(name, []).append(g.detach()))  # gA = dL/dh
+        return hook
+
+    def _hook_B(self, name):
+        def hook(module, inputs, u):
+            if torch.is_grad_enabled() and u.requires_grad:
+                _, _, _, gBs = self.buffers()
+                u.register_hook(lambda g: gBs.setdefault(name, []).append(g.detach()))  # gB = dL/d(B h)
+        return hook
+
+    def collect(self, split):
+        """{layer: (x, gA, h, gB)} with micro-batches concatenated along the sample axis."""
+        xs, hs, gAs, gBs = self.buffers(split)
+        if not xs:
+            raise RuntimeError(f"nothing captured for split {split!r}: run a forward+backward first")
+        # backward visits micro-batches in the order their forwards ran, so list positions pair up
+        return {n: (torch.cat(xs[n]), torch.cat(gAs[n]), torch.cat(hs[n]), torch.cat(gBs[n])) for n in xs}
+
+    def clear(self, split=None):
+        for d in self.buffers(split):
+            d.clear()
+
+    def remove(self):
+        for h in self.handles:
+            h.remove()
+        self.handles = []
+        self.clear("train"), self.clear("val")
+
+
+@contextmanager
+def install_ghost_hooks(model):
+    hooks = GhostHooks(model)
+    try:
+        yield hooks
+    finally:
+        hooks.remove()  # the model behaves exactly as before
+
+
+@contextmanager
+def ghost_mode(optimizer):
+    """Gradient capture without a weight update: optimizer.step() raises inside, and the .grad
+    that existed before (e.g. accumulated micro-batches) is put back afterwards, so capture
+    neither updates weights nor disturbs accumulation (GREATS issue #6)."""
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    saved = [p.grad for p in params]
+    for p in params:
+        p.grad = None
+    step = optimizer.step
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError("optimizer.step() called inside ghost_mode: capture must not update weights")
+    optimizer.step = refuse
+    try:
+        yield
+    finally:
+        optimizer.step = step
+        for p, g in zip(params, saved):
+            p.grad = g  # capture's gradients are dropped; what was there before comes back
+
+
+# ---------------------------------------------------------------------------------------------
+# inner products
+
+def per_sample_grad(x, g):
+    """Materialised per-sample gradient of a linear map: sum_t g_t x_t^T.  (n, T, d), (n, T, p) -> (n, p, d)"""
+    return torch.einsum("ntp,ntd->npd", g.float(), x.float())
+
+
+def ghost_inner_products(x1, g1, x2, g2, chunk=16):
+    """<G1_i, G2_j> = sum_{t,s} (g1_it . g2_js)(x1_it . x2_js) without forming G. -> (n1, n2)"""
+    x2, g2 = x2.float(), g2.float()
+    out = []
+    for i in range(0, x1.size(0), chunk):  # chunks bound the (c, n2, T, T) intermediate
+        gg = torch.einsum("itp,jsp->ijts", g1[i:i + chunk].float(), g2)
+        xx = torch.einsum("itd,jsd->ijts", x1[i:i + chunk].float(), x2)
+        out.append((gg * xx).sum(dim=(2, 3)))
+        del gg, xx  # (c, n2, T, T) each
+    return torch.cat(out)
+
+
+def linear_inner_products(x1, g1, x2, g2, method="auto"):
+    """(n1, n2) gradient inner products of one linear map, ghost or materialised by cost."""
+    T, d, p = max(x1.size(1), x2.size(1)), x1.size(2), g1.size(2)
+    if method == "ghost" or (method == "auto" and 2 * T * T < d * p):
+        return ghost_inner_products(x1, g1, x2, g2)
+    return per_sample_grad(x1, g1).flatten(1) @ per_sample_grad(x2, g2).flatten(1).T
+
+
+def compute_ghost_inner_product_matrix(train, val, method="auto", layer_filter=None):
+    """[n_train, n_val] matrix of <grad L(train_i), grad L(val_j)> over every (filtered) LoRA
+    parameter. train / val: GhostHooks.collect() dicts {layer: (x, gA, h, gB)}. float32."""
+    names = [n for n in train if layer_filter is None or layer_filter in n]
+    if not names:
+        raise UserError(f"layer_filter {layer_filter!r} matches no LoRA layer (layers: {list(train)[:4]} ...)")
+    total = None
+    for n in names:
+        x, gA, h, gB = train[n]
+        vx, vgA, vh, vgB = val[n]
+        ip = linear_inner_products(x, gA, vx, vgA, method) + linear_inner_products(h, gB, vh, vgB, method)
+        total = ip if total is None else total + ip
+    if not torch.isfinite(total).all():
+        raise FloatingPointError("non-finite gradient inner product (NaN/Inf in captured gradients)")
+    return total
+
+
+def subset_gradients(model, captured, weights):
+    """Write sum_i weights_i * grad L(sample_i) into each LoRA parameter's .grad, from the hooks'
+    buffers alone: the update for the selected rollouts needs no extra forward or backward."""
+    w = weights.float()
+    for name, m in model.named_modules():
+        if isinstance(m, LoRALinear):
+            x, gA, h, gB = captured[name]
+            wd = w.to(x.device)
+            m.lora_A.weight.grad = torch.einsum("n,ntr,ntd->rd", wd, gA.float(), x.float()).to(m.lora_A.weight.dtype)
+            m.lora_B.weight.grad = torch.einsum("n,nto,ntr->or", wd, gB.float(), h.float()).to(m.lora_B.weight.dtype)
+
+
+def select_rollouts(influence, rule="positive", topk_frac=0.5):
+    """Boolean mask of rollouts to train on. 'positive': influence > 0 (training on it lowers
+    the validation loss, to first order). 'topk': the top fraction by influence."""
+    if rule == "positive":
+        return influence > 0
+    if rule == "topk":
+        k = max(1, int(round(topk_frac * influence.numel())))
+        mask = torch.zeros_like(influence, dtype=torch.bool)
+        mask[torch.topk(influence, k).indices] = True
+        return mask
+    raise UserError(f"tracin_selection must be 'positive' or 'topk', got {rule!r}")
+
+
+# ---------------------------------------------------------------------------------------------
+# post-hoc attribution over a finished run's checkpoints (Pruthi et al. 2020, seed 001)
+#
+#   TracIn(z_test, z_train) = sum_t eta_t < grad L(z_test, theta_t), grad L(z_train, theta_t) >
+#
+# Sign convention: positive = a gradient step on z_train lowers the test loss (it helps).
+# Train loss of a rollout: its GRPO policy-gradient loss, -A_i * mean_t log pi(y_t) (ratio 1, no KL).
+# Test loss: the negative log-likelihood of the test completion, -mean_t log pi(y_t).
+
+def rollout_batch(enc, samples, device):
+    """samples: dicts with 'prompt' (text), 'completion_tokens', 'completion_mask', 'advantage'
+    -> (idx (n, P+T), pad_left (n,), mask (n, T), advantages (n,)) laid out as sample.generate does."""
+    from data.gsm_synth.prepare import prompt_text
+    from sample import pad_prompts
+    idx, pad_left = pad_prompts([enc.encode(prompt_text(s["prompt"])) for s in samples], enc.eot_token, device)
+    T = max(len(s["completion_tokens"]) for s in samples)
+    comp = torch.full((len(samples), T), enc.eot_token, dtype=torch.long)
+    mask = torch.zeros(len(samples), T, dtype=torch.long)
+    for i, s in enumerate(samples):
+        comp[i, :len(s["completion_tokens"])] = torch.tensor(s["completion_tokens"])
+        mask[i, :len(s["completion_mask"])] = torch.tensor(s["completion_mask"])
+    adv = torch.tensor([float(s["advantage"]) for s in samples])
+    return torch.cat([idx, comp.to(device)], 1), pad_left, mask.to(device), adv.to(device)
+
+
+def sample_losses(model, idx, pad_left, mask, advantages, temperature=1.0):
+    """Sum over samples of each sample's own loss (per-sample mean over its completion tokens,
+    times -A); backward of this sum gives every sample its own gradient in the hooks."""
+    from train_grpo import completion_logprobs, grpo_loss
+    logp, _ = completion_logprobs(model, idx, pad_left, mask.size(1), temperature)
+    loss, _ = grpo_loss(logp, logp.detach(), None, advantages, mask, beta=0.0, num_seqs=1)
+    return loss
+
+
+def capture_grads(model, hooks, split, batch, temperature, micro_batch=64):
+    """Per-sample LoRA gradients of `batch` via the hooks: {layer: (x, gA, h, gB)}."""
+    idx, pad_left, mask, adv = batch
+    hooks.clear(split)
+    hooks.split = split
+    for s in range(0, idx.size(0), micro_batch):
+        sl = slice(s, s + micro_batch)
+        sample_losses(model, idx[sl], pad_left[sl], mask[sl], adv[sl], temperature).backward()
+    return hooks.collect(split)
+
+
+def sq_norms(captured, layer_filter=None):
+    """||grad L(z_i)||^2 per sample, from materialised per-sample LoRA gradients."""
+    total = 0.0
+    for n, (x, gA, h, gB) in captured.items():
+        if layer_filter is None or layer_filter in n:
+            total = total + per_sample_grad(x, gA).pow(2).sum((1, 2)) + per_sample_grad(h, gB).pow(2).sum((1, 2))
+    return total
+
+
+def loop_inner_products(model, train_batch, test_batch, temperature, layer_filter=None):
+    """Reference path (seed 001's method): one autograd.grad per sample, flattened, dot products."""
+    params = [(n, p) for n, p in model.named_parameters() if ".lora_" in n
+              and (layer_filter is None or layer_filter in n)]
+
+    def flat_grads(batch):
+        idx, pad_left, mask, adv = batch
+        out = []
+        for i in range(idx.size(0)):
+            loss = sample_losses(model, idx[i:i + 1], pad_left[i:i + 1], mask[i:i + 1], adv[i:i + 1], temperature)
+            out.append(torch.cat([g.float().flatten() for g in torch.autograd.grad(loss, [p for _, p in params])]))
+        return torch.stack(out)
+    return flat_grads(train_batch) @ flat_grads(test_batch).T
+
+
+def find_critical_samples(model, checkpoints, train_samples, test_samples, enc, mode="memory_efficient",
+                          learning_rates=None, layer_filter=None, n_probe=None, top_k=5, temperature=1.0,
+                          gradient_method="hooks", micro_batch=64, normalize=False, self_influence=False):
+    """Score training rollouts by their influence on test samples across checkpoints.
+
+    checkpoints: paths of GRPO checkpoints (each holds 'lora' and 'lr'), or, for mode='full',
+        already loaded LoRA state dicts are accepted too.
+    mode: 'simple'           one checkpoint (the last), no learning-rate weight: plain gradient alignment
+          'full'             every checkpoint loaded into memory first, then sum_t eta_t <g_test, g_train>
+          'memory_efficient' one checkpoint at a time from disk, each loaded exactly once
+    learning_rates: eta_t per checkpoint; default: the 'lr' stored in each checkpoint.
+    n_probe: score only the first n_probe training rollouts (None: all).
+    Returns the seed's result dictionary (see README)."""
+    from lora import load_lora_state_dict
+    from model import load_checkpoint
+    if mode not in ("simple", "full", "memory_efficient"):
+        raise UserError(f"mode must be 'simple', 'full' or 'memory_efficient', got {mode!r}")
+    if not checkpoints:
+        raise UserError("no checkpoints to attribute over")
+    if mode == "simple":
+        checkpoints = checkpoints[-1:]
+        learning_rates = [1.0]
+    if learning_rates is not None and len(learning_rates) != len(checkpoints):
+        raise UserError(f"{len(checkpoints)} checkpoints but {len(learning_rates)} learning rates")
+    if not train_samples or not test_samples:
+        raise UserError("need at least one training rollout and one test sample")
+    train_samples = train_samples[:n_probe] if n_probe else train_samples
+    device = next(model.parameters()).device
+    train_batch = rollout_batch(enc, train_samples, device)
+    test_batch = rollout_batch(enc, test_samples, device)
+    states = [load_checkpoint(c) if isinstance(c, str) else c for c in checkpoints] if mode == "full" else None
+    n = len(train_samples)
+    scores = torch.zeros(n, dtype=torch.float64)          # float64 accumulation across checkpoints
+    cosine = torch.zeros(n, dtype=torch.float64)
+    selfinf = torch.zeros(n, dtype=torch.float64)
+    contributions = []
+    model.train()
+    for t, ckpt in enumerate(checkpoints):
+        state = states[t] if states is not None else (load_checkpoint(ckpt) if isinstance(ckpt, str) else ckpt)
+        load_lora_state_dict(model, state["lora"] if "lora" in state else state)
+        eta = learning_rates[t] if learning_rates is not None else float(state.get("lr", 1.0))
+        if gradient_method == "loop":
+            ip = loop_inner_products(model, train_batch, test_batch, temperature, layer_filter)
+            tr_norm = te_norm = None
+        elif gradient_method == "hooks":
+            with install_ghost_hooks(model) as hooks:
+                test_c = capture_grads(model, hooks, "val", test_batch, temperature, micro_batch)
+                te_norm = sq_norms(test_c, layer_filter).sum().sqrt()
+                ip_rows, tr_norms = [], []
+                for s in range(0, n, micro_batch):      # train chunk by chunk: buffers stay small
+                    chunk = tuple(b[s:s + micro_batch] for b in train_batch)
+                    train_c = capture_grads(model, hooks, "train", chunk, temperature, micro_batch)
+                    ip_rows.append(compute_ghost_inner_product_matrix(train_c, test_c, layer_filter=layer_filter))
+                    if normalize or self_influence:
+                        tr_norms.append(sq_norms(train_c, layer_filter))
+                    del train_c  # this chunk's activations and gradients
+                ip = torch.cat(ip_rows)
+                tr_norm = torch.cat(tr_norms) if tr_norms else None
+            model.zero_grad(set_to_none=True)  # capture's .grad is not an update
+        else:
+            raise UserError(f"gradient_method must be 'hooks' or 'loop', got {gradient_method!r}")
+        if not torch.isfinite(ip).all():
+            raise FloatingPointError(f"NaN/Inf in gradient inner products at checkpoint {t}")
+        contrib = eta * ip.sum(1).double()              # summed over test samples: (n,)
+        scores += contrib
+        contributions.append(contrib)
+        if normalize and tr_norm is not None:
+            cosine += eta * ip.sum(1).double() / (tr_norm.sqrt().double() * te_norm.double()).clamp(min=1e-12)
+        if self_influence and tr_norm is not None:
+            selfinf += eta * tr_norm.double()
+        del state
+    per_sample = []
+    for i, s in enumerate(train_samples):
+        entry = {**{k: s[k] for k in s if k not in ("completion_tokens", "completion_mask")},
+                 "index": i, "tracin_score": scores[i].item(),
+                 "checkpoint_contributions": [c[i].item() for c in contributions]}
+        if normalize:
+            entry["cosine_score"] = cosine[i].item()
+        if self_influence:
+            entry["self_influence"] = selfinf[i].item()
+        per_sample.append(entry)
+    order = sorted(range(n), key=lambda i: scores[i].item(), reverse=True)
+    positive = [per_sample[i] for i in order[:top_k] if scores[i] > 0]
+    negative = [per_sample[i] for i in reversed(order[-top_k:]) if scores[i] < 0]
+    return {"mode": mode, "num_checkpoints": len(checkpoints), "num_train_samples": n,
+            "critical_samples": sorted(per_sample, key=lambda e: -abs(e["tracin_score"]))[:top_k],
+            "most_influential_positive": positive, "most_influential_negative": negative,
+            "most_helpful": positive, "most_harmful": negative,
+            "mean_influence_score": scores.mean().item(), "max_influence_score": scores.max().item(),
+            "scores": per_sample}
+
+
+# ---------------------------------------------------------------------------------------------
+# CLI: which training rollouts of a finished run helped or hurt the model's answer to a question?
+defaults = dict(
+    out_dir="out/tracin",      # a train_grpo.py run directory (ckpt_*.pt and rollouts.jsonl)
+    question="",               # the test question
+    completion="",             # the answer text to attribute; empty: the final model's greedy answer
+    mode="memory_efficient",   # 'simple' / 'full' / 'memory_efficient'
+    n_probe=512,               # score the first n_probe rollouts with nonzero advantage (0: all)
+    top_k=5,
+    layer_filter="",           # only LoRA layers whose name contains this ('' = all)
+    normalize=True,            # also report cosine-normalised scores (rankings not dominated by gradient norm)
+    self_influence=False,
+    device="cpu",
+    out_json="",               # default: <out_dir>/tracin_attribution.json
+)
+
+
+def load_rollouts(path, enc):
+    """Every recorded rollout with nonzero advantage (zero advantage = zero gradient = zero influence)."""
+    if not os.path.exists(path):
+        raise UserError(f"no recorded rollouts at {path}: was this run made by train_grpo.py?")
+    samples = []
+    with open(path) as f:
+        for line in f:
+            r = json.loads(line)
+            G = len(r["rewards"]) // len(r["prompts"])
+            for j, (toks, m) in enumerate(zip(r["completion_tokens"], r["completion_mask"])):
+                if r["advantages"][j] == 0:
+                    continue
+                n = sum(m)
+                samples.append({"iter": r["iter"], "prompt": r["prompts"][j // G], "answer": r["answers"][j // G],
+                                "completion": enc.decode([t for t in toks[:n] if t != enc.eot_token]),
+                                "reward": r["rewards"][j], "advantage": r["advantages"][j],
+                                "completion_tokens": toks[:n], "completion_mask": m[:n]})
+    if not samples:
+        raise UserError(f"{path} holds no rollout with a nonzero advantage: nothing to attribute")
+    return samples
+
+
+def main(argv):
+    cfg = configure(defaults, argv)
+    from data.gsm_synth.prepare import prompt_text
+    from sample import generate, load_policy
+    run = cfg["out_dir"]
+    ckpts = sorted(glob.glob(os.path.join(run, "ckpt_[0-9]*.pt")))
+    if not ckpts:
+        raise UserError(f"no checkpoints ckpt_NNNNNN.pt in {run}: run train_grpo.py with out_dir={run} first")
+    if not cfg["question"]:
+        raise UserError('give the question to attribute: --question="Mia has 3 apples. ..."')
+    model, enc, _ = load_policy(ckpts[-1], cfg["device"])
+    prompt = enc.encode(prompt_text(cfg["question"]))
+    if cfg["completion"]:
+        completion = enc.encode(cfg["completion"])
+    else:  # the final model's own greedy answer
+        if len(prompt) >= model.config.block_size:
+            raise UserError(f"question of {len(prompt)} tokens does not fit the context of {model.config.block_size}")
+        idx, _, mask = generate(model, [prompt], min(64, model.config.block_size - len(prompt)), enc.eot_token,
+                                temperature=0)
+        completion = [t for t in idx[0, -mask.size(1):].tolist()[:int(mask.sum())] if t != enc.eot_token]
+    if len(prompt) + len(completion) + 1 > model.config.block_size:
+        raise UserError(f"question + completion ({len(prompt) + len(completion) + 1} tokens) exceed the "
+                        f"context of {model.config.block_size}")
+    test = [{"prompt": cfg["question"], "completion_tokens": completion + [enc.eot_token],
+             "completion_mask": [1] * (len(completion) + 1), "advantage": 1.0}]  # A=1: loss = NLL
+    train = load_rollouts(os.path.join(run, "rollouts.jsonl"), enc)
+    print(f"attributing {enc.decode(completion)!r} over {len(ckpts)} checkpoints and "
+          f"{min(len(train), cfg['n_probe'] or len(train))} of {len(train)} rollouts ({cfg['mode']})")
+    res = find_critical_samples(model, ckpts, train, test, enc, mode=cfg["mode"],
+                                layer_filter=cfg["layer_filter"] or None, n_probe=cfg["n_probe"] or None,
+                                top_k=cfg["top_k"], normalize=cfg["normalize"],
+                                self_influence=cfg["self_influence"])
+    res.update(question=cfg["question"], completion=enc.decode(completion))
+    for title, key in (("most helpful", "most_helpful"), ("most harmful", "most_harmful")):
+        print(f"--- {title} training rollouts (TracIn score; positive = lowered this answer's loss)")
+        for e in res[key]:
+            print(f"{e['tracin_score']:+.3e} | iter {e['iter']} | reward {e['reward']:.2f} | "
+                  f"{e['prompt'][:60]}... -> {e['completion']!r}")
+    path = cfg["out_json"] or os.path.join(run, "tracin_attribution.json")
+    with open(path, "w") as f:
+        json.dump(res, f, indent=1)
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    cli_main(main)
