@@ -22,7 +22,11 @@ def load(run):
 
 def mean(xs):
     xs = [x for x in xs if x is not None]
-    return sum(xs) / len(xs) if xs else float("nan")
+    return sum(xs) / len(xs) if xs else None
+
+
+def fmt(x):
+    return "-" if x is None else f"{x:.2f}"
 
 
 def main(runs):
@@ -40,7 +44,7 @@ def main(runs):
         prec = mean([l.get("defect/selection_precision") for l in steps])
         base = mean([l.get("defect/clean_base_rate") for l in steps])
         print(f"| {r} | {ev[0][2]:.3f} | {ev[-1][2]:.3f} ({ev[-1][1]}) | {at_budget[2]:.3f} ({at_budget[1]}) "
-              f"| {mean([l['step_seconds'] for l in steps]):.2f} | {sel:.2f} | {prec:.2f} / {base:.2f} |")
+              f"| {fmt(mean([l['step_seconds'] for l in steps]))} | {fmt(sel)} | {fmt(prec)} / {fmt(base)} |")
 
 
 if __name__ == "__main__":
