@@ -293,6 +293,9 @@ def find_critical_samples(model, checkpoints, train_samples, test_samples, enc, 
         raise UserError(f"{len(checkpoints)} checkpoints but {len(learning_rates)} learning rates")
     if not train_samples or not test_samples:
         raise UserError("need at least one training rollout and one test sample")
+    layers = [n for n, m in model.named_modules() if isinstance(m, LoRALinear)]
+    if layer_filter is not None and not any(layer_filter in n for n in layers):
+        raise UserError(f"layer_filter {layer_filter!r} matches no LoRA layer (layers: {layers[:4]} ...)")
     train_samples = train_samples[:n_probe] if n_probe else train_samples
     device = next(model.parameters()).device
     train_batch = rollout_batch(enc, train_samples, device)
@@ -314,7 +317,7 @@ def find_critical_samples(model, checkpoints, train_samples, test_samples, enc, 
         elif gradient_method == "hooks":
             with install_ghost_hooks(model) as hooks:
                 test_c = capture_grads(model, hooks, "val", test_batch, temperature, micro_batch)
-                te_norm = sq_norms(test_c, layer_filter).sum().sqrt()
+                te_norm = sq_norms(test_c, layer_filter).sum().sqrt() if normalize else None
                 ip_rows, tr_norms = [], []
                 for s in range(0, n, micro_batch):      # train chunk by chunk: buffers stay small
                     chunk = tuple(b[s:s + micro_batch] for b in train_batch)

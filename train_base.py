@@ -43,6 +43,7 @@ batch_size = 64
 max_iters = 2000
 learning_rate = 3e-3
 min_lr = 3e-4
+lr_decay_iters = 0          # cosine reaches min_lr here; 0 = max_iters (set it to stop early and resume later)
 warmup_iters = 100
 weight_decay = 0.1
 beta1, beta2 = 0.9, 0.99
@@ -167,7 +168,8 @@ def main(argv):
     t_start = t_log = time.time()
     metrics = {}
     while iter_num < cfg["max_iters"]:
-        lr = get_lr(iter_num, cfg["max_iters"], cfg["learning_rate"], cfg["min_lr"], cfg["warmup_iters"])
+        lr = get_lr(iter_num, cfg["lr_decay_iters"] or cfg["max_iters"], cfg["learning_rate"], cfg["min_lr"],
+                    cfg["warmup_iters"])
         for g in optimizer.param_groups:
             g["lr"] = lr
         x, y = get_batch(train_pairs, cfg["batch_size"], rng, device)

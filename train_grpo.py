@@ -69,6 +69,7 @@ grad_checkpoint = False
 max_iters = 100
 learning_rate = 3e-3
 min_lr = 3e-4
+lr_decay_iters = 0          # cosine reaches min_lr here; 0 = max_iters (set it to stop early and resume later)
 warmup_iters = 5
 weight_decay = 0.0
 grad_clip = 1.0
@@ -416,12 +417,15 @@ def main(argv):
     log_f = open(os.path.join(out, "log.jsonl"), "a")
     roll_f = open(os.path.join(out, "rollouts.jsonl"), "a")
     t_start = time.time()
-    lr = get_lr(iter_num, cfg["max_iters"], cfg["learning_rate"], cfg["min_lr"], cfg["warmup_iters"])
+    def lr_at(it):
+        return get_lr(it, cfg["lr_decay_iters"] or cfg["max_iters"], cfg["learning_rate"], cfg["min_lr"],
+                      cfg["warmup_iters"])
+    lr = lr_at(iter_num)
     if iter_num == 0:
         log_f.write(json.dumps({"iter": 0, "elapsed": 0.0, **run_eval()}) + "\n")
         checkpoint(lr)  # ckpt_000000: the trajectory starts at the base model
     while iter_num < cfg["max_iters"]:
-        lr = get_lr(iter_num, cfg["max_iters"], cfg["learning_rate"], cfg["min_lr"], cfg["warmup_iters"])
+        lr = lr_at(iter_num)
         for g in optimizer.param_groups:
             g["lr"] = lr
         picks = [rng.randrange(len(train)) for _ in range(cfg["batch_size"])]

@@ -1,0 +1,306 @@
+# Tests for train_grpo.py. Run: python -m pytest tests/test_train_grpo.py -q
+# References: the GRPO formulas written out by hand with Python loops (advantages, loss per
+# loss_type, clipping), an independent full-forward log_softmax path (REINFORCE gradient,
+# reference log-probs), and whole runs of main() on a tiny task (resume, NaN skip, only LoRA trains).
+import copy
+import json
+import math
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import train_grpo as tg
+from configurator import UserError
+from data.gsm_synth.prepare import prepare, load_tokenizer
+from lora import apply_lora, disable_lora, lora_parameters
+from model import GPT, GPTConfig, save_checkpoint, load_checkpoint
+from sample import generate
+
+
+# ---------------------------------------------------------------------------- advantages
+def test_group_advantages_match_formula():
+    r = torch.tensor([1.0, 0.0, 0.0, 1.0, 0.5, 0.5, 0.5, 0.5, 0.2, 0.9, 0.1, 0.4])
+    adv, n_zero = tg.compute_group_advantages(r, 4, "group")
+    for g in range(3):
+        xs = r[4 * g:4 * g + 4].tolist()
+        m = sum(xs) / 4
+        sd = math.sqrt(sum((x - m) ** 2 for x in xs) / 3)  # unbiased, as torch.std
+        for k in range(4):
+            want = 0.0 if sd < 1e-6 else (xs[k] - m) / sd
+            assert adv[4 * g + k].item() == pytest.approx(want, abs=1e-6)
+    assert n_zero == 1
+    assert torch.isfinite(adv).all() and (adv[4:8] == 0).all()
+
+
+def test_group_advantages_batch_and_none():
+    r = torch.tensor([1.0, 0.0, 3.0, 3.0, 2.0, 6.0])
+    centered = torch.tensor([0.5, -0.5, 0.0, 0.0, -2.0, 2.0])
+    adv, n_zero = tg.compute_group_advantages(r, 2, "none")
+    assert torch.allclose(adv, centered) and n_zero == 1
+    adv, _ = tg.compute_group_advantages(r, 2, "batch")
+    assert torch.allclose(adv, centered / r.std())
+
+
+def test_group_advantages_errors():
+    with pytest.raises(UserError, match="group_size"):
+        tg.compute_group_advantages(torch.zeros(4), 1)
+    with pytest.raises(UserError, match="groups of 3"):
+        tg.compute_group_advantages(torch.zeros(4), 3)
+    with pytest.raises(UserError, match="scale_rewards"):
+        tg.compute_group_advantages(torch.zeros(4), 2, "nope")
+
+
+# ---------------------------------------------------------------------------- loss
+def hand_loss(logp, old, ref, adv, mask, beta, el, eh, loss_type, max_len):
+    """The GRPO objective with plain Python loops over sequences and tokens."""
+    n, T = len(logp), len(logp[0])
+    seq_terms, total, ntok = [], 0.0, 0
+    for i in range(n):
+        s, cnt = 0.0, 0
+        for t in range(T):
+            if not mask[i][t]:
+                continue
+            rho = math.exp(logp[i][t] - old[i][t])
+            rho_c = min(max(rho, 1 - el), 1 + eh)
+            term = -min(rho * adv[i], rho_c * adv[i])
+            if beta:
+                d = ref[i][t] - logp[i][t]
+                term += beta * (math.exp(d) - d - 1)
+            s += term
+            cnt += 1
+        seq_terms.append(s / max(cnt, 1))
+        total += s
+        ntok += cnt
+    return {"grpo": sum(seq_terms) / n, "bnpo": total / max(ntok, 1), "dr_grpo": total / (n * max_len)}[loss_type]
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dr_grpo"])
+@pytest.mark.parametrize("beta", [0.0, 0.1])
+def test_grpo_loss_matches_hand_formula(loss_type, beta):
+    torch.manual_seed(0)
+    n, T = 4, 5
+    old = torch.randn(n, T).double()
+    # ratios well outside [0.8, 1.2] on both sides, and inside, for both signs of A
+    logp = (old + torch.tensor([[0.5, -0.5, 0.05, 0.3, -0.4]] * n).double()).requires_grad_(True)
+    ref = torch.randn(n, T).double()
+    adv = torch.tensor([1.0, -1.0, 0.5, -2.0]).double()
+    mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0], [1, 1, 1, 1, 0], [1, 0, 0, 0, 0]])
+    loss, st = tg.grpo_loss(logp, old, ref if beta else None, adv, mask, beta, 0.2, 0.2, loss_type, max_len=8)
+    L, O, R, A, M = logp.tolist(), old.tolist(), ref.tolist(), adv.tolist(), mask.tolist()
+    want = hand_loss(L, O, R, A, M, beta, 0.2, 0.2, loss_type, 8)
+    assert loss.item() == pytest.approx(want, rel=1e-9)
+    # gradient: central differences of the hand formula
+    g, = torch.autograd.grad(loss, logp)
+    eps = 1e-6
+    for i, t in [(0, 0), (0, 1), (1, 2), (2, 3), (3, 0), (1, 4)]:
+        Lp = copy.deepcopy(L); Lp[i][t] += eps
+        Lm = copy.deepcopy(L); Lm[i][t] -= eps
+        fd = (hand_loss(Lp, O, R, A, M, beta, 0.2, 0.2, loss_type, 8)
+              - hand_loss(Lm, O, R, A, M, beta, 0.2, 0.2, loss_type, 8)) / (2 * eps)
+        assert g[i, t].item() == pytest.approx(fd, abs=1e-7)
+    # clipped tokens: rho = e^0.5 > 1.2 with A > 0, rho = e^-0.5 or e^-0.4 < 0.8 with A < 0
+    want_clip = sum(1 for i in range(n) for t in range(T) if M[i][t] and (
+        (math.exp(L[i][t] - O[i][t]) > 1.2 and A[i] > 0) or (math.exp(L[i][t] - O[i][t]) < 0.8 and A[i] < 0)))
+    assert want_clip >= 2 and st["clipped_tokens"] == want_clip
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dr_grpo"])
+def test_micro_batches_add_up(loss_type):
+    torch.manual_seed(1)
+    logp, ref = torch.randn(6, 7), torch.randn(6, 7)
+    adv = torch.randn(6)
+    mask = (torch.rand(6, 7) > 0.3).long()
+    full, _ = tg.grpo_loss(logp, logp, ref, adv, mask, 0.04, loss_type=loss_type, max_len=7)
+    norm = dict(num_seqs=6, num_tokens=mask.sum().item(), max_len=7)
+    parts = sum(tg.grpo_loss(logp[s], logp[s], ref[s], adv[s], mask[s], 0.04, loss_type=loss_type, **norm)[0]
+                for s in (slice(0, 2), slice(2, 6)))
+    assert parts.item() == pytest.approx(full.item(), rel=1e-6)
+
+
+def test_bad_loss_type():
+    with pytest.raises(UserError, match="loss_type"):
+        tg.grpo_loss(torch.zeros(1, 2), torch.zeros(1, 2), None, torch.zeros(1), torch.ones(1, 2), 0.0, loss_type="x")
+
+
+# ---------------------------------------------------------------------------- log-probs
+@pytest.fixture
+def lora_gpt():
+    torch.manual_seed(0)
+    m = GPT(GPTConfig(block_size=64, vocab_size=50, n_layer=2, n_head=2, n_embd=32))
+    base = copy.deepcopy(m)
+    apply_lora(m, r=4, alpha=8, targets=("c_attn", "c_proj", "c_fc"))
+    with torch.no_grad():
+        for n, p in m.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.1)
+    return m, base
+
+
+def rollouts(m, n_prompts=3, G=2, seed=0):
+    prompts = [[1, 2, 3], [4, 5, 6, 7, 8], [9]][:n_prompts]
+    return generate(m, prompts, 10, eot_id=0, num_samples=G, temperature=1.0, seed=seed)
+
+
+def reference_logprobs(m, idx, pad_left, T, temperature=1.0):
+    logits, _ = m(idx[:, :-1], targets=torch.zeros_like(idx[:, :-1]), pad_left=pad_left)  # full logits
+    lp = F.log_softmax(logits / temperature, dim=-1)
+    return lp[:, -T:].gather(-1, idx[:, -T:, None]).squeeze(-1)
+
+
+def test_selective_log_softmax():
+    x = torch.randn(3, 4, 11)
+    tok = torch.randint(0, 11, (3, 4))
+    want = F.log_softmax(x, -1).gather(-1, tok[..., None]).squeeze(-1)
+    assert torch.allclose(tg.selective_log_softmax(x, tok), want, atol=1e-6)
+
+
+def test_completion_logprobs_temperature(lora_gpt):
+    m, _ = lora_gpt
+    idx, pl, mask = rollouts(m)
+    T = mask.size(1)
+    got, _ = tg.completion_logprobs(m, idx, pl, T, 0.5)
+    assert torch.allclose(got, reference_logprobs(m, idx, pl, T, 0.5), atol=1e-5)
+
+
+def test_reference_logprobs_equal_base_model(lora_gpt):
+    m, base = lora_gpt
+    idx, pl, mask = rollouts(m)
+    T = mask.size(1)
+    with torch.no_grad(), disable_lora(m):
+        ref, _ = tg.completion_logprobs(m, idx, pl, T, 1.0)
+    with torch.no_grad():
+        want, _ = tg.completion_logprobs(base, idx, pl, T, 1.0)
+        pol, _ = tg.completion_logprobs(m, idx, pl, T, 1.0)
+    assert torch.equal(ref, want)
+    assert not torch.allclose(pol, want)  # the adapter is active outside the context
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "dr_grpo"])
+def test_beta0_gradient_is_reinforce(lora_gpt, loss_type):
+    m, _ = lora_gpt
+    idx, pl, mask = rollouts(m)
+    N, T = mask.shape
+    adv = torch.randn(N)
+    params = lora_parameters(m)
+    logp, _ = tg.completion_logprobs(m, idx, pl, T, 1.0)
+    loss, _ = tg.grpo_loss(logp, logp.detach(), None, adv, mask, 0.0, loss_type=loss_type, max_len=T)
+    g = torch.autograd.grad(loss, params)
+    lp = reference_logprobs(m, idx, pl, T) * mask
+    if loss_type == "grpo":  # -(1/N) sum_i A_i (1/|o_i|) sum_t log pi
+        ref_obj = -(adv * lp.sum(1) / mask.sum(1).clamp(min=1)).sum() / N
+    else:                    # -(1/(N*T)) sum_i A_i sum_t log pi
+        ref_obj = -(adv * lp.sum(1)).sum() / (N * T)
+    g_ref = torch.autograd.grad(ref_obj, params)
+    for a, b in zip(g, g_ref):
+        assert torch.allclose(a, b, atol=1e-6, rtol=1e-4)
+    assert any(a.abs().max() > 1e-4 for a in g)
+
+
+# ---------------------------------------------------------------------------- whole runs
+@pytest.fixture(scope="module")
+def tiny_setup(tmp_path_factory):
+    root = tmp_path_factory.mktemp("data")
+    data_dir = prepare(steps=1, max_operand=5, ops="+", n_train=300, n_val=20, n_test=20, num_merges=20,
+                       verbose=False, root=str(root))
+    enc = load_tokenizer(data_dir)
+    torch.manual_seed(0)
+    args = dict(block_size=128, vocab_size=enc.n_vocab, n_layer=1, n_head=2, n_embd=32, dropout=0.0, bias=False)
+    model = GPT(GPTConfig(**args))
+    path = str(tmp_path_factory.mktemp("base") / "ckpt.pt")
+    save_checkpoint({"model": model.state_dict(), "model_args": args, "data_dir": data_dir, "iter_num": 0,
+                     "config": {}, "train_seconds": 0.0, "metrics": {}}, path)
+    return path
+
+
+@pytest.fixture(autouse=True)
+def chars_reward(monkeypatch):
+    """A reward that varies even for an untrained model (text length), so groups have nonzero
+    advantages and the runs below really update the adapter."""
+    import rewards
+    monkeypatch.setitem(rewards.REWARD_FUNCS, "chars", lambda completion, answer: len(completion) / 10)
+
+
+def run(base, out, *extra):
+    return tg.main([f"--base_ckpt={base}", f"--out_dir={out}", "--batch_size=2", "--group_size=4",
+                    "--micro_batch_size=4", "--max_new_tokens=8", "--eval_n=4", "--eval_k=2",
+                    "--ckpt_interval=1", "--eval_interval=100", "--learning_rate=0.01", "--warmup_iters=1", "--lr_decay_iters=4",
+                    "--reward_funcs=('correctness','format','chars')", "--reward_weights=(1.0,0.5,1.0)", *extra])
+
+
+def test_two_iterations_change_only_lora(tiny_setup, tmp_path):
+    out = tmp_path / "run"
+    run(tiny_setup, out, "--max_iters=2")
+    base_sd = load_checkpoint(tiny_setup)["model"]
+    ck = load_checkpoint(str(out / "ckpt_000002.pt"))
+    assert ck["iter_num"] == 2 and ck["base_ckpt"] == tiny_setup
+    assert set(ck["lora"]) and all(".lora_" in k for k in ck["lora"])
+    assert any(v.abs().sum() > 0 for k, v in ck["lora"].items() if "lora_B" in k)  # B left zero
+    assert torch.equal(load_checkpoint(tiny_setup)["model"]["lm_head.weight"], base_sd["lm_head.weight"])
+    for i in range(3):
+        assert (out / f"ckpt_{i:06d}.pt").exists()
+    logs = [json.loads(l) for l in open(out / "log.jsonl")]
+    step = logs[-1]
+    for k in ["reward", "reward_std", "rewards/correctness", "rewards/format", "rewards/chars", "accuracy",
+              "frac_reward_zero_std", "kl", "entropy", "completions/mean_length", "clip_ratio", "lr",
+              "time/generation", "time/reward", "time/policy", "time/reference", "time/optimizer",
+              "mem_alloc_mb", "mem_reserved_mb", "mem_max_alloc_mb", "test/accuracy", "test/pass@2"]:
+        assert k in step, k
+    rolls = [json.loads(l) for l in open(out / "rollouts.jsonl")]
+    assert [r["iter"] for r in rolls] == [1, 2]
+    assert len(rolls[0]["completion_tokens"]) == 8 and len(rolls[0]["advantages"]) == 8
+
+
+def test_resume_is_exact(tiny_setup, tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    run(tiny_setup, a, "--max_iters=4")
+    run(tiny_setup, b, "--max_iters=2")
+    run(tiny_setup, b, "--max_iters=4", "--init_from=resume")
+    la, lb = load_checkpoint(str(a / "ckpt.pt"))["lora"], load_checkpoint(str(b / "ckpt.pt"))["lora"]
+    assert all(torch.equal(la[k], lb[k]) for k in la)
+    l2 = load_checkpoint(str(a / "ckpt_000002.pt"))["lora"]
+    assert not all(torch.equal(la[k], l2[k]) for k in la)  # steps 3-4 did change the weights
+    assert [json.loads(l)["iter"] for l in open(b / "rollouts.jsonl")] == [1, 2, 3, 4]
+
+
+def test_nan_loss_skips_step(tiny_setup, tmp_path, monkeypatch):
+    real = tg.grpo_loss
+
+    def nan_loss(*a, **k):
+        loss, st = real(*a, **k)
+        return loss * float("nan"), st
+    monkeypatch.setattr(tg, "grpo_loss", nan_loss)
+    out = tmp_path / "nan"
+    run(tiny_setup, out, "--max_iters=1")
+    ck0, ck1 = load_checkpoint(str(out / "ckpt_000000.pt")), load_checkpoint(str(out / "ckpt_000001.pt"))
+    assert all(torch.equal(ck0["lora"][k], ck1["lora"][k]) for k in ck0["lora"])
+    assert json.loads(open(out / "log.jsonl").readlines()[-1])["skipped"] is True
+
+
+def test_tracin_run_logs_selection(tiny_setup, tmp_path):
+    out = tmp_path / "tr"
+    run(tiny_setup, out, "--max_iters=2", "--tracin=True", "--tracin_val_batch_size=2", "--beta=0.0",
+        "--defect_frac=0.5")
+    step = json.loads(open(out / "log.jsonl").readlines()[-1])
+    for k in ["selection_rate", "n_selected", "influence/mean", "time/grad_capture_train",
+              "time/grad_capture_val", "time/influence", "defect/clean_base_rate"]:
+        assert k in step, k
+    roll = json.loads(open(out / "rollouts.jsonl").readlines()[-1])
+    assert len(roll["influence"]) == len(roll["selected"]) == 8
+    for a, inf, s in zip(roll["advantages"], roll["influence"], roll["selected"]):
+        if a == 0:  # zero advantage, beta 0: zero gradient, zero influence, never kept
+            assert inf == 0 and not s
+        assert s == (inf > 0)
+
+
+@pytest.mark.parametrize("args, match", [
+    (["--group_size=1", "--micro_batch_size=2"], "group_size"),
+    (["--micro_batch_size=3"], "micro-batches"),
+    (["--init_from=resume"], "checkpoint not found"),
+    (["--loss_type=nope"], "loss_type"),
+    (["--tracin=True", "--grad_checkpoint=True"], "tracin"),
+])
+def test_bad_config(tiny_setup, tmp_path, args, match):
+    with pytest.raises(UserError, match=match):
+        run(tiny_setup, tmp_path / "bad", "--max_iters=1", *args)
