@@ -327,3 +327,21 @@ def test_posthoc_errors(setup, tmp_path):
 def test_cli_errors(tmp_path):
     with pytest.raises(UserError, match="no checkpoints"):
         tracin.main([f"--out_dir={tmp_path}", "--question=hi"])
+
+
+def test_memory_efficient_loads_each_checkpoint_once(setup, tmp_path, monkeypatch):
+    m, _ = setup
+    paths, lrs, train, test = posthoc_setup(tmp_path, m)
+    import model
+    loads = []
+    real = model.load_checkpoint
+    monkeypatch.setattr(model, "load_checkpoint", lambda p, *a, **k: loads.append(p) or real(p, *a, **k))
+    res = tracin.find_critical_samples(m, paths, train, test, ByteEnc(), mode="memory_efficient", micro_batch=2)
+    assert sorted(loads) == sorted(paths)  # each exactly once, even with several train chunks
+    assert [e["checkpoint_contributions"][0] for e in res["scores"]] != [0.0] * len(train)
+
+
+def test_cli_needs_rollouts(tmp_path):
+    save_checkpoint({"lora": {}, "lr": 0.1}, str(tmp_path / "ckpt_000000.pt"))
+    with pytest.raises(UserError, match="rollouts"):
+        tracin.load_rollouts(str(tmp_path / "rollouts.jsonl"), ByteEnc())

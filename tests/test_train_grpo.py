@@ -304,3 +304,18 @@ def test_tracin_run_logs_selection(tiny_setup, tmp_path):
 def test_bad_config(tiny_setup, tmp_path, args, match):
     with pytest.raises(UserError, match=match):
         run(tiny_setup, tmp_path / "bad", "--max_iters=1", *args)
+
+
+def test_mask_truncated_completions(tiny_setup, tmp_path):
+    out = tmp_path / "trunc"
+    run(tiny_setup, out, "--max_iters=1", "--max_new_tokens=3", "--mask_truncated_completions=True")
+    roll = json.loads(open(out / "rollouts.jsonl").readline())
+    eot = load_tokenizer(load_checkpoint(tiny_setup)["data_dir"]).eot_token
+    n_trunc = 0
+    for toks, m in zip(roll["completion_tokens"], roll["completion_mask"]):
+        if eot not in toks:          # never ended: no token of it may carry loss
+            assert sum(m) == 0
+            n_trunc += 1
+        else:                        # ended: 1 up to and including the end-of-text
+            assert m == [1] * (toks.index(eot) + 1) + [0] * (len(toks) - toks.index(eot) - 1)
+    assert n_trunc > 0
