@@ -94,7 +94,8 @@ class GhostHooks:
         for h in self.handles:
             h.remove()
         self.handles = []
-        self.clear("train"), self.clear("val")
+        self.clear("train")
+        self.clear("val")
 
 
 @contextmanager

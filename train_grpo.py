@@ -363,6 +363,9 @@ def main(argv):
     os.makedirs(out, exist_ok=True)
     from data.gsm_synth.prepare import load_tokenizer, load_split
     resume = None
+    if cfg["init_from"] == "base" and os.path.exists(os.path.join(out, "ckpt.pt")):
+        raise UserError(f"{out} already holds a run: continue it with --init_from=resume, or start a new one "
+                        f"with another --out_dir (or delete {out})")
     if cfg["init_from"] == "resume":
         resume = load_checkpoint(os.path.join(out, "ckpt.pt"))
         cfg["base_ckpt"] = resume["base_ckpt"]

@@ -299,11 +299,17 @@ def test_tracin_run_logs_selection(tiny_setup, tmp_path):
     (["--micro_batch_size=3"], "micro-batches"),
     (["--init_from=resume"], "checkpoint not found"),
     (["--loss_type=nope"], "loss_type"),
+    (["--max_iters=1"], "already holds a run"),
     (["--tracin=True", "--grad_checkpoint=True"], "tracin"),
 ])
 def test_bad_config(tiny_setup, tmp_path, args, match):
+    if match == "already holds a run":
+        run(tiny_setup, tmp_path / "bad", "--max_iters=1")
+        before = open(tmp_path / "bad" / "rollouts.jsonl").read()
     with pytest.raises(UserError, match=match):
         run(tiny_setup, tmp_path / "bad", "--max_iters=1", *args)
+    if match == "already holds a run":  # nothing of the first run was lost
+        assert open(tmp_path / "bad" / "rollouts.jsonl").read() == before
 
 
 def test_mask_truncated_completions(tiny_setup, tmp_path):
