@@ -325,3 +325,17 @@ def test_mask_truncated_completions(tiny_setup, tmp_path):
         else:                        # ended: 1 up to and including the end-of-text
             assert m == [1] * (toks.index(eot) + 1) + [0] * (len(toks) - toks.index(eot) - 1)
     assert n_trunc > 0
+
+
+def test_sample_cli_loads_grpo_checkpoint(tiny_setup, tmp_path, capsys):
+    import sample
+    out = tmp_path / "cli"
+    run(tiny_setup, out, "--max_iters=1")
+    model, enc, _ = sample.load_policy(str(out / "ckpt.pt"))
+    assert any(".lora_" in n for n, _ in model.named_parameters())  # the adapter is applied
+    lora = load_checkpoint(str(out / "ckpt.pt"))["lora"]
+    assert all(torch.equal(dict(model.named_parameters())[k], v) for k, v in lora.items())
+    capsys.readouterr()
+    sample.main([f"--ckpt={out / 'ckpt.pt'}", "--num_questions=2", "--num_samples=2", "--max_new_tokens=4"])
+    printed = capsys.readouterr().out
+    assert printed.count("--- ") == 2 and len(printed.strip().splitlines()) >= 6
