@@ -11,7 +11,6 @@ out_dir/ckpt.pt atomically (a crash mid-write never leaves half a checkpoint).
 import math
 import os
 import random
-import sys
 import time
 
 import torch

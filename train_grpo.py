@@ -14,13 +14,11 @@ One step, in the order a reader should see it (grpo_step):
   7. clip the gradient, AdamW on the LoRA parameters only; skip the step if anything is NaN/Inf
 Every large tensor is deleted as soon as it has been used; each `del` says what it frees.
 """
-import glob
 import json
 import math
 import os
 import random
 import resource
-import sys
 import time
 
 import torch

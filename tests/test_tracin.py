@@ -3,11 +3,10 @@
 # the hooks; brute-force flattened gradient dot products for the ghost / materialised matrices;
 # a second backward over the selected rows alone for subset_gradients; a plain autograd loop
 # over checkpoints and samples for post-hoc TracIn.
-import copy
 
 import pytest
 import torch
-from torch.func import functional_call, grad, vmap
+from torch.func import functional_call, grad
 
 import tracin
 from configurator import UserError
@@ -200,7 +199,6 @@ def test_hooks_removed_leave_model_unchanged(setup):
 
 def test_zero_advantage_zero_gradient_and_influence(setup):
     m, data = setup
-    N = data[0].size(0)
     adv = torch.tensor([1.0, 0.0, -1.0, 0.0, 0.5, 0.0])
     tr = capture(m, data, adv)
     va = capture(m, tuple(t[:2] for t in data), torch.tensor([1.0, -1.0]))
