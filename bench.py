@@ -8,6 +8,8 @@ Speed claims measured side by side in one process (same inputs, warm-up, median 
 Rows so far (issue 4/4 lists more: step cost, memory, throughput):
   sampling   KV-cache generation vs nanoGPT-style full recompute of the whole prefix per token;
              tokens/s, ratio, and whether the greedy tokens are identical.
+  step cost  one TracIn-GRPO step / one standard GRPO step on the same prompts, per phase
+             (seed 000's timing table: generation, reward, grad capture train/val, influence, training)
   influence  train x val gradient inner products: the hooks (ghost / materialised by cost) vs a
              per-sample autograd loop (seed 001's method) vs torch.func vmap; time and max
              relative error against the loop.
@@ -29,6 +31,10 @@ defaults = dict(
     n_train=64,           # influence: train rollouts
     n_val=16,             # influence: validation rollouts
     seq_lens=(64, 256),   # influence: completion lengths T
+    base_ckpt="out/base/ckpt.pt",  # step cost: this base model if it exists, else random weights
+    step_batch_size=8,    # step cost: prompts x group_size 8, as config/tiny_tracin.py
+    step_val_batch_size=16,
+    data_root="",         # step cost without a base model: where to build the task data ('' = data/gsm_synth)
     seed=0,
 )
 
@@ -149,12 +155,63 @@ def bench_influence(cfg):
     return rows
 
 
+def bench_step_cost(cfg):
+    """Standard vs TracIn grpo_step on the same prompts with the same sampling seed, per phase."""
+    import os
+    import random
+    import train_grpo as tg
+    from lora import apply_lora, lora_parameters
+    from model import load_checkpoint, model_from_checkpoint
+    from data.gsm_synth.prepare import load_tokenizer, load_split
+    dev = cfg["device"]
+    if os.path.exists(cfg["base_ckpt"]):
+        ck = load_checkpoint(cfg["base_ckpt"])
+        model, data_dir, what = model_from_checkpoint(ck), ck["data_dir"], cfg["base_ckpt"]
+    else:  # random weights on the tiny task: same shapes, garbage completions
+        from data.gsm_synth.prepare import prepare, ROOT
+        data_dir = prepare(2, 10, "+-", 0.55, verbose=False, root=cfg["data_root"] or ROOT)
+        model, what = bench_model(dev, 96), "random weights"
+    enc = load_tokenizer(data_dir)
+    apply_lora(model, 8, 16, 0.0, ("c_attn", "c_proj", "c_fc"))
+    model.to(dev)
+    rng = random.Random(cfg["seed"])
+    train, val = load_split(data_dir, "train"), load_split(data_dir, "val")
+    tb = [train[rng.randrange(len(train))] for _ in range(cfg["step_batch_size"])]
+    vb = [val[rng.randrange(len(val))] for _ in range(cfg["step_val_batch_size"])]
+    amp = torch.autocast("cuda", dtype=torch.bfloat16, enabled="cuda" in dev)
+    phases = {}
+    for tracin_on in (False, True):
+        c = {**tg.defaults, "device": dev, "beta": 0.0, "tracin": tracin_on, "micro_batch_size": 64}
+        runs = []
+        for r in range(cfg["repeats"] + 1):  # the first is a warm-up
+            opt = torch.optim.AdamW(lora_parameters(model), lr=0.0)  # lr 0: the weights stay as they are
+            gen = torch.Generator(device=dev).manual_seed(cfg["seed"])
+            t0 = time.perf_counter()
+            log, _ = tg.grpo_step(model, opt, enc, [e["question"] for e in tb], [e["answer"] for e in tb], c, gen,
+                                  amp, ([e["question"] for e in vb], [e["answer"] for e in vb]) if tracin_on else None)
+            log["total"] = time.perf_counter() - t0
+            runs.append(log)
+        phases[tracin_on] = {k: statistics.median(l.get(k, 0.0) for l in runs[1:])
+                             for k in ("time/generation", "time/reward", "time/grad_capture_train",
+                                       "time/grad_capture_val", "time/influence", "time/policy",
+                                       "time/optimizer", "total")}
+    s, t = phases[False], phases[True]
+    ratio = t["total"] / s["total"]
+    detail = (f"{what}; standard: generation {s['time/generation']:.2f} s, training (pass 2 + backward + AdamW) "
+              f"{s['time/policy'] + s['time/optimizer']:.2f} s, total {s['total']:.2f} s; TracIn: generation "
+              f"{t['time/generation']:.2f} s, grad capture train {t['time/grad_capture_train']:.2f} s, val "
+              f"{t['time/grad_capture_val']:.2f} s, influence {t['time/influence']:.3f} s, training "
+              f"{t['time/optimizer']:.3f} s, total {t['total']:.2f} s")
+    return [("step cost", detail, f"{ratio:.2f}x", "<= 1.3x (seed: 2.0x)", "met" if ratio <= 1.3 else "MISSED")]
+
+
 def main(argv):
     cfg = configure(defaults, argv)
     if cfg["quick"]:
-        cfg.update(n_seq=4, new_tokens=16, n_train=4, n_val=2, seq_lens=(8,), repeats=1)
+        cfg.update(n_seq=4, new_tokens=16, n_train=4, n_val=2, seq_lens=(8,), repeats=1, step_batch_size=2,
+                   step_val_batch_size=2)
     torch.manual_seed(cfg["seed"])
-    rows = bench_sampling(cfg) + bench_influence(cfg)
+    rows = bench_sampling(cfg) + bench_step_cost(cfg) + bench_influence(cfg)
     dev_name = torch.cuda.get_device_name() if "cuda" in cfg["device"] else "CPU"
     lines = [f"bench.py on {dev_name}, torch {torch.__version__}, {time.strftime('%Y-%m-%d')}", "",
              "| row | measured | ratio | target | verdict |", "| --- | --- | --- | --- | --- |"]

@@ -8,11 +8,12 @@ import torch
 import bench
 
 
-def test_quick_bench_rows(capsys):
-    rows = bench.main(["--quick=True"])
-    assert [r[0] for r in rows] == ["sampling", "influence T=8"]
+def test_quick_bench_rows(capsys, tmp_path):
+    rows = bench.main(["--quick=True", f"--base_ckpt={tmp_path / 'none.pt'}", f"--data_root={tmp_path}"])
+    assert [r[0] for r in rows] == ["sampling", "step cost", "influence T=8"]
+    assert "random weights" in rows[1][1] and float(rows[1][2].rstrip("x")) > 0
     assert "identical greedy tokens: True" in rows[0][1]
-    err = float(re.search(r"hooks max rel err vs loop ([0-9.e+-]+)", rows[1][1]).group(1))
+    err = float(re.search(r"hooks max rel err vs loop ([0-9.e+-]+)", rows[2][1]).group(1))
     assert err <= 1e-5
     assert all(r[4] in ("met", "MISSED") for r in rows)
     assert "| sampling |" in capsys.readouterr().out
