@@ -68,15 +68,22 @@ class GhostHooks:
             xs, hs, gAs, _ = self.buffers()
             xs.setdefault(name, []).append(inputs[0].detach())       # x  (n, T, d_in)
             hs.setdefault(name, []).append(h.detach())               # h = A x  (n, T, r)
-            h.register_hook(lambda g: gAs.setdefault(name, []).append(g.detach()))  # gA = dL/dh
+            h.register_hook(self._keep(gAs, name))                   # gA = dL/dh
         return hook
 
     def _hook_B(self, name):
         def hook(module, inputs, u):
             if torch.is_grad_enabled() and u.requires_grad:
                 _, _, _, gBs = self.buffers()
-                u.register_hook(lambda g: gBs.setdefault(name, []).append(g.detach()))  # gB = dL/d(B h)
+                u.register_hook(self._keep(gBs, name))               # gB = dL/d(B h)
         return hook
+
+    def _keep(self, store, name):
+        # a tensor hook lives as long as its graph: after remove() a late backward must not refill buffers
+        def keep(g):
+            if self.handles:
+                store.setdefault(name, []).append(g.detach())
+        return keep
 
     def collect(self, split):
         """{layer: (x, gA, h, gB)} with micro-batches concatenated along the sample axis."""

@@ -1,78 +1,134 @@
-# Tests for tracin.py. Run: python -m pytest tests/test_tracin.py -q
-# References: torch.func per-sample gradients (functional_call + grad, each sample alone) for
-# the hooks; brute-force flattened gradient dot products for the ghost / materialised matrices;
-# a second backward over the selected rows alone for subset_gradients; a plain autograd loop
-# over checkpoints and samples for post-hoc TracIn.
-
+# Tests for tracin.py.  Run from the repository root:
+#     python -m pytest tests/test_tracin.py -q        (about 5 s on one CPU thread)
+#
+# Independent reference used by each test:
+#   test_hooks_match_torch_func (beta 0 and > 0)  torch.func: functional_call on a LoRA-only parameter
+#       dict, each sample run ALONE as a batch of 1 with its own pad_left, loss = grpo_loss on that row
+#       with num_seqs=N; per-sample gradients by torch.func.jacrev (which vmaps the backward over the
+#       samples' losses). vmap(grad(...)) itself cannot be used: the model forward vmaps fine, but
+#       grpo_loss calls .item() for its log statistics, which vmap refuses (checked in
+#       test_vmap_grad_refuses_grpo_loss, so the choice stays documented by a test).
+#   test_val_split_buffers_with_beta      the same torch.func reference for the val split; snapshots of
+#       the train buffers taken before the val capture.
+#   test_ghost_equals_materialised_and_bruteforce  brute force: flattened torch.func per-sample gradients,
+#       train @ val^T; the three method paths against each other; a call counter on the ghost kernel.
+#   test_influence_sums_validation_gradients  <g_i, sum_j g_val_j> from the torch.func gradients, and a
+#       deliberately wrong "sum the validation activations first" ghost product that must differ.
+#   test_subset_gradients_equal_backward_on_subset  a second code path: zero grads, forward the kept rows
+#       only, ordinary backward (num_seqs = full N).
+#   test_ghost_mode_*                     snapshots (clones and object identity) of weights and .grad.
+#   test_hooks_removed_*                  outputs recorded before installation; module._forward_hooks.
+#   test_backward_after_exit_*            a backward after the context exits leaves the buffers empty.
+#   test_zero_advantage_*                 exact zeros (the GRPO loss of a row with A = 0 is constant).
+#   test_select_rollouts                  hand-written expected masks; sorted() for the top-k set.
+#   test_layer_filter_*                   per-layer matrices computed one layer at a time and summed, and
+#       brute force restricted to the filtered parameters.
+#   test_nan_in_captured_gradient_raises  a NaN written by hand into x / gA / gB (train and val sides).
+#   test_batch_layout                     the batch really has left padding and eot-padded ended rows.
+#   test_hooks_need_lora                  UserError by hand.
+#   test_posthoc_*                        a plain torch.autograd.grad loop over checkpoints and samples.
 import pytest
 import torch
-from torch.func import functional_call, grad
+from torch.func import functional_call, grad, jacrev, vmap
 
 import tracin
 from configurator import UserError
-from lora import apply_lora, lora_parameters
+from lora import apply_lora, disable_lora, lora_parameters
 from model import GPT, GPTConfig, save_checkpoint
 from sample import generate
 from train_grpo import completion_logprobs, grpo_loss
 
-N_LAYER = 2
+# functorch notes that SDPA has no batching rule on CPU (a slower fallback): not a test concern
+pytestmark = pytest.mark.filterwarnings("ignore:There is a performance drop")
+
+EOT = 0
+TRAIN_PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8, 9], [10, 11]]     # 3 prompts x 2 samples = 6 rollouts
+VAL_PROMPTS = [[12, 13, 14, 15], [16], [17, 18, 19], [20, 21, 22, 23, 24]]
+TRAIN_ADV = torch.tensor([-1.5, 0.8, -0.3, 1.2, 2.0, -0.7])    # nonzero, all different
+VAL_ADV = torch.tensor([1.0, -0.6, 0.4, 1.3])
+LAYERS = 8  # c_attn, attn.c_proj, c_fc, mlp.c_proj in each of 2 blocks
 
 
-@pytest.fixture
-def setup():
+def make_model():
     torch.manual_seed(0)
-    m = GPT(GPTConfig(block_size=64, vocab_size=50, n_layer=N_LAYER, n_head=2, n_embd=32))
+    m = GPT(GPTConfig(block_size=64, vocab_size=50, n_layer=2, n_head=2, n_embd=32))
     apply_lora(m, r=4, alpha=8, targets=("c_attn", "c_proj", "c_fc"))
     with torch.no_grad():
         for n, p in m.named_parameters():
             if "lora_B" in n:
-                p.normal_(0, 0.1)
-    # prompts of different lengths -> left padding; eot=0 ends some rows early -> right padding
-    idx, pl, mask = generate(m, [[1, 2, 3], [4, 5, 6, 7, 8, 9], [10, 11]], 8, eot_id=0, num_samples=2,
-                             temperature=1.5, seed=3)
+                p.normal_(0, 0.1)  # B != 0, so lora_A gets a nonzero gradient
+    return m.float()
+
+
+def make_batch(m, prompts, num_samples, seed, end_early=()):
+    """A batch laid out as sample.generate lays it out. Rows in end_early=(row, k) get an end-of-text
+    at completion step k and eot padding after it (mask 0), as generate writes a finished row."""
+    idx, pl, mask = generate(m, prompts, 8, EOT, num_samples=num_samples, temperature=1.5, seed=seed)
     P = idx.size(1) - mask.size(1)
-    for r, k in [(0, 2), (3, 4)]:  # rows 0 and 3 end early: eot at step k, padding after
-        idx[r, P + k:] = 0
+    for r, k in end_early:
+        idx[r, P + k:] = EOT
         mask[r] = (torch.arange(mask.size(1)) <= k).long()
     m.train()
-    return m, (idx, pl, mask)
+    return idx, pl, mask
 
 
-def batch_loss(m, idx, pl, mask, adv, N, beta=0.0, ref=None):
+@pytest.fixture
+def world():
+    """(model, train batch, val batch); fresh for every test (0.03 s)."""
+    m = make_model()
+    train = make_batch(m, TRAIN_PROMPTS, 2, seed=3, end_early=[(0, 2), (3, 4)])
+    val = make_batch(m, VAL_PROMPTS, 1, seed=4, end_early=[(1, 1), (2, 5)])
+    return m, train, val
+
+
+def ref_logps(m, data):
+    with torch.no_grad(), disable_lora(m):
+        return completion_logprobs(m, data[0], data[1], data[2].size(1), 1.0)[0]
+
+
+def batch_loss(m, data, adv, beta=0.0, ref=None, N=None):
+    idx, pl, mask = data
     logp, _ = completion_logprobs(m, idx, pl, mask.size(1), 1.0)
-    return grpo_loss(logp, logp.detach(), ref, adv, mask, beta, num_seqs=N)[0]
+    return grpo_loss(logp, logp.detach(), ref, adv, mask, beta, loss_type="grpo", num_seqs=N or idx.size(0))[0]
 
 
-def capture(m, data, adv, split="train", hooks=None):
-    idx, pl, mask = data
-    own = hooks is None
-    hooks = hooks or tracin.GhostHooks(m)
+def capture(m, hooks, split, data, adv, beta=0.0, ref=None):
     hooks.split = split
-    batch_loss(m, idx, pl, mask, adv, idx.size(0)).backward()
-    out = hooks.collect(split)
+    batch_loss(m, data, adv, beta, ref).backward()
+    return hooks.collect(split)
+
+
+def capture_both(m, train, val, train_adv=TRAIN_ADV, val_adv=VAL_ADV):
+    with tracin.install_ghost_hooks(m) as hooks:
+        tr = capture(m, hooks, "train", train, train_adv)
+        va = capture(m, hooks, "val", val, val_adv)
     m.zero_grad(set_to_none=True)
-    if own:
-        hooks.remove()
-    return out
+    return tr, va
 
 
-def func_per_sample_grads(m, data, adv):
-    """{param name: (n, *shape)} per-sample LoRA gradients with torch.func, each sample alone."""
+def func_per_sample_grads(m, data, adv, beta=0.0, ref=None):
+    """Reference: {lora param name: (N, *shape)}, sample i run alone (batch of 1, its own pad_left),
+    loss_i = grpo_loss of row i with num_seqs=N; d loss_i / d params by torch.func.jacrev."""
     idx, pl, mask = data
-    N = idx.size(0)
+    N, T = idx.size(0), mask.size(1)
     params = {n: p.detach() for n, p in m.named_parameters() if ".lora_" in n}
 
-    def loss_one(p, i):
-        logp, _ = functional_call(m, p, (idx[i:i + 1, :-1],), {"pad_left": pl[i:i + 1], "keep_last": mask.size(1)})
-        from train_grpo import selective_log_softmax
-        lp = selective_log_softmax(logp, idx[i:i + 1, -mask.size(1):])
-        return grpo_loss(lp, lp.detach(), None, adv[i:i + 1], mask[i:i + 1], 0.0, num_seqs=N)[0]
-    grads = [grad(loss_one)(params, i) for i in range(N)]
-    return {n: torch.stack([g[n] for g in grads]) for n in params}
+    def losses(p):
+        def fwd(*a, **k):
+            return functional_call(m, p, a, k)
+        out = []
+        for i in range(N):
+            s = slice(i, i + 1)
+            lp, _ = completion_logprobs(fwd, idx[s], pl[s], T, 1.0)
+            out.append(grpo_loss(lp, lp.detach(), None if ref is None else ref[s], adv[s], mask[s], beta,
+                                 loss_type="grpo", num_seqs=N)[0])
+        return torch.stack(out)
+    with torch.no_grad():  # the per-sample losses add up to the batch loss the hooks see
+        assert torch.allclose(losses(params).sum(), batch_loss(m, data, adv, beta, ref), rtol=1e-5, atol=1e-7)
+    return jacrev(losses)(params)
 
 
 def materialised(captured):
-    """{param name: (n, *shape)} from the hook buffers."""
     out = {}
     for layer, (x, gA, h, gB) in captured.items():
         out[f"{layer}.lora_A.weight"] = tracin.per_sample_grad(x, gA)
@@ -80,167 +136,301 @@ def materialised(captured):
     return out
 
 
+def flat(grads, keep=lambda name: True):
+    return torch.cat([grads[k].flatten(1) for k in sorted(grads) if keep(k)], 1)
+
+
 def rel_err(a, b):
     return ((a - b).abs().max() / b.abs().max()).item()
 
 
-def test_hooks_match_torch_func(setup):
-    m, data = setup
-    N = data[0].size(0)
-    assert (data[1] > 0).any() and (data[2] == 0).any()  # left padding and ended rows are present
-    adv = torch.linspace(-1.5, 2.0, N)
-    ref = func_per_sample_grads(m, data, adv)
-    got = materialised(capture(m, data, adv))
-    assert set(got) == set(ref) and len(got) == 2 * 4 * N_LAYER  # A and B of c_attn, attn.c_proj, c_fc, mlp.c_proj
-    for k in ref:
-        assert rel_err(got[k], ref[k]) <= 1e-5, k
-        assert ref[k].abs().max() > 0
+def test_batch_layout(world):
+    _, (idx, pl, mask), (vidx, vpl, vmask) = world
+    for p, m_ in ((pl, mask), (vpl, vmask)):
+        assert (p > 0).any() and (p == 0).any()           # left-padded and unpadded rows
+        assert (m_[:, -1] == 0).any() and (m_[:, -1] == 1).any()  # rows ended early, rows running
+    T = mask.size(1)
+    assert (idx[0, -T:][mask[0] == 0] == EOT).all()       # eot padding after the end
 
 
-def test_val_split_and_beta(setup):
-    m, data = setup
-    idx, pl, mask = data
-    N = idx.size(0)
-    from lora import disable_lora
-    with torch.no_grad(), disable_lora(m):
-        ref_logp, _ = completion_logprobs(m, idx, pl, mask.size(1), 1.0)
+def test_vmap_grad_refuses_grpo_loss(world):
+    """Why the reference uses jacrev: vmap(grad(.)) through grpo_loss hits its .item() statistics."""
+    m, (idx, pl, mask), _ = world
+    params = {n: p.detach() for n, p in m.named_parameters() if ".lora_" in n}
+
+    def one(p, row, pl1, m1, a1):
+        lp, _ = completion_logprobs(lambda *a, **k: functional_call(m, p, a, k), row[None], pl1[None],
+                                    mask.size(1), 1.0)
+        return grpo_loss(lp, lp.detach(), None, a1[None], m1[None], 0.0, num_seqs=idx.size(0), num_tokens=1)[0]
+    with pytest.raises(RuntimeError, match="item"):
+        vmap(grad(one), in_dims=(None, 0, 0, 0, 0))(params, idx, pl, mask, TRAIN_ADV)
+
+
+@pytest.mark.parametrize("beta", [0.0, 0.1])
+def test_hooks_match_torch_func(world, beta):
+    m, train, _ = world
+    N = train[0].size(0)
+    ref = ref_logps(m, train) if beta else None
     with tracin.install_ghost_hooks(m) as hooks:
-        batch_loss(m, idx, pl, mask, torch.ones(N), N, beta=0.1, ref=ref_logp).backward()
-        train_before = {k: [t.clone() for t in v] for k, v in hooks._train_gAs.items()}
-        hooks.split = "val"
-        batch_loss(m, idx[:3], pl[:3], mask[:3], -torch.ones(3), 3).backward()
-        assert hooks._xs and hooks._hs and hooks._gAs and hooks._gBs
-        assert all(len(v) == 1 and v[0].size(0) == 3 for v in hooks._gAs.values())
-        for k, v in hooks._train_gAs.items():
-            assert len(v) == 1 and torch.equal(v[0], train_before[k][0])
+        got = materialised(capture(m, hooks, "train", train, TRAIN_ADV, beta, ref))
         assert all(v[0].size(0) == N for v in hooks._train_xs.values())
+    want = func_per_sample_grads(m, train, TRAIN_ADV, beta, ref)
+    assert set(got) == set(want) and len(got) == 2 * LAYERS
+    for k in want:
+        assert got[k].shape == want[k].shape == (N, *dict(m.named_parameters())[k].shape), k
+        assert want[k].abs().max() > 0, k
+        assert rel_err(got[k], want[k]) <= 1e-5, (k, rel_err(got[k], want[k]))
+        for i in range(N):  # every sample's own gradient, not only the largest entries
+            assert rel_err(got[k][i], want[k][i]) <= 1e-5, (k, i)
 
 
-def test_ghost_equals_materialised_equals_bruteforce(setup):
-    m, data = setup
-    N = data[0].size(0)
-    adv = torch.linspace(-1.0, 1.0, N) + 0.1
-    tr = capture(m, data, adv)
-    val_data = tuple(t[:3] for t in data)
-    va = capture(m, val_data, torch.tensor([1.0, -0.5, 0.7]))
+def test_val_split_buffers_with_beta(world):
+    m, train, val = world
+    ref = ref_logps(m, train)
+    with tracin.install_ghost_hooks(m) as hooks:
+        tr = capture(m, hooks, "train", train, TRAIN_ADV, beta=0.1, ref=ref)
+        before = [{k: [t.clone() for t in v] for k, v in d.items()} for d in hooks.buffers("train")]
+        assert not any(hooks.buffers("val"))  # nothing in val yet
+        va = capture(m, hooks, "val", val, VAL_ADV)
+        nv = val[0].size(0)
+        for d in (hooks._xs, hooks._hs, hooks._gAs, hooks._gBs):
+            assert len(d) == LAYERS and all(len(v) == 1 and v[0].size(0) == nv for v in d.values())
+        after = (hooks._train_xs, hooks._train_hs, hooks._train_gAs, hooks._train_gBs)
+        for b, a in zip(before, after):
+            assert b.keys() == a.keys() and len(b) == LAYERS
+            for k in b:
+                assert len(a[k]) == 1 and torch.equal(a[k][0], b[k][0])
+    for got, want in ((materialised(tr), func_per_sample_grads(m, train, TRAIN_ADV, 0.1, ref)),
+                      (materialised(va), func_per_sample_grads(m, val, VAL_ADV))):
+        for k in want:
+            assert rel_err(got[k], want[k]) <= 1e-5, k
+
+
+def test_ghost_equals_materialised_and_bruteforce(world, monkeypatch):
+    m, train, val = world
+    tr, va = capture_both(m, train, val)
+    calls = []
+    real = tracin.ghost_inner_products
+    monkeypatch.setattr(tracin, "ghost_inner_products", lambda *a, **k: calls.append(1) or real(*a, **k))
     ghost = tracin.compute_ghost_inner_product_matrix(tr, va, method="ghost")
+    assert len(calls) == 2 * LAYERS
+    calls.clear()
     mat = tracin.compute_ghost_inner_product_matrix(tr, va, method="materialise")
-    auto = tracin.compute_ghost_inner_product_matrix(tr, va)
-    g_tr = torch.cat([v.flatten(1) for v in func_per_sample_grads(m, data, adv).values()], 1)
-    g_va = torch.cat([v.flatten(1) for v in func_per_sample_grads(m, val_data, torch.tensor([1.0, -0.5, 0.7])).values()], 1)
-    brute = g_tr @ g_va.T
-    assert ghost.shape == (N, 3)
+    assert not calls  # any method other than 'ghost'/'auto' takes the materialised path
+    auto = tracin.compute_ghost_inner_product_matrix(tr, va, method="auto")
+    assert 0 < len(calls) < 2 * LAYERS  # at these sizes 'auto' mixes both paths
+    brute = flat(func_per_sample_grads(m, train, TRAIN_ADV)) @ flat(func_per_sample_grads(m, val, VAL_ADV)).T
+    assert ghost.shape == (train[0].size(0), val[0].size(0)) and ghost.dtype == torch.float32
+    scale = brute.abs().max().item()
+    assert scale > 0
+    assert torch.allclose(ghost, mat, rtol=1e-5, atol=1e-6 * scale)
+    assert torch.allclose(auto, mat, rtol=1e-5, atol=1e-6 * scale)
     for x in (ghost, mat, auto):
-        assert torch.allclose(x, brute, rtol=1e-4, atol=1e-7 * brute.abs().max().item())
-    # validation GRADIENTS summed: influence = <g_i, sum_j g_val_j>
-    assert torch.allclose(ghost.sum(1), g_tr @ g_va.sum(0), rtol=1e-4, atol=1e-9)
-    # summing validation ACTIVATIONS first (GhostSuite issue #8) gives something else
-    wrong = 0
+        assert torch.allclose(x, brute, rtol=1e-5, atol=1e-5 * scale)
+
+
+def test_influence_sums_validation_gradients(world):
+    m, train, val = world
+    tr, va = capture_both(m, train, val)
+    assert val[0].size(0) >= 3
+    influence = tracin.compute_ghost_inner_product_matrix(tr, va).sum(1)
+    g_tr = flat(func_per_sample_grads(m, train, TRAIN_ADV))
+    g_va = flat(func_per_sample_grads(m, val, VAL_ADV))
+    want = g_tr @ g_va.sum(0)
+    scale = want.abs().max().item()
+    assert torch.allclose(influence, want, rtol=1e-5, atol=1e-5 * scale)
+    wrong = 0  # summing validation activations and output gradients first (GhostSuite issue #8)
     for layer, (x, gA, h, gB) in tr.items():
         vx, vgA, vh, vgB = va[layer]
         wrong = wrong + tracin.ghost_inner_products(x, gA, vx.sum(0, keepdim=True), vgA.sum(0, keepdim=True))[:, 0]
         wrong = wrong + tracin.ghost_inner_products(h, gB, vh.sum(0, keepdim=True), vgB.sum(0, keepdim=True))[:, 0]
-    assert (wrong - ghost.sum(1)).abs().max() > 0.1 * ghost.sum(1).abs().max()
+    assert (wrong - want).abs().max() > 0.1 * scale
 
 
-def test_subset_gradients_equal_backward_on_subset(setup):
-    m, data = setup
-    idx, pl, mask = data
-    N = idx.size(0)
-    adv = torch.linspace(-1.0, 1.0, N) + 0.05
-    keep = torch.tensor([True, False, True, True, False, False])
-    opt = torch.optim.SGD(lora_parameters(m), lr=0.1)
+def test_subset_gradients_equal_backward_on_subset(world):
+    m, train, _ = world
+    N = train[0].size(0)
+    keep = torch.tensor([True, False, True, True, False, False])  # rows with and without padding
+    assert train[1][keep].unique().numel() > 1 and (train[2][keep] == 0).any()
+    opt = torch.optim.AdamW(lora_parameters(m), lr=0.1)
     with tracin.install_ghost_hooks(m) as hooks, tracin.ghost_mode(opt):
-        batch_loss(m, idx, pl, mask, adv, N).backward()
-        captured = hooks.collect("train")
+        captured = capture(m, hooks, "train", train, TRAIN_ADV)
     tracin.subset_gradients(m, captured, keep)
     got = {n: p.grad.clone() for n, p in m.named_parameters() if ".lora_" in n}
+    # second path: zero grads, forward the kept rows only, backward; num_seqs = full N
     m.zero_grad(set_to_none=True)
-    batch_loss(m, idx[keep], pl[keep], mask[keep], adv[keep], N).backward()  # second path: subset alone
+    batch_loss(m, tuple(t[keep] for t in train), TRAIN_ADV[keep], N=N).backward()
+    want = {n: p.grad.clone() for n, p in m.named_parameters() if ".lora_" in n}
+    m.zero_grad(set_to_none=True)
+    batch_loss(m, train, TRAIN_ADV).backward()
+    full = {n: p.grad.clone() for n, p in m.named_parameters() if ".lora_" in n}
+    assert len(got) == 2 * LAYERS
+    for n in want:
+        assert want[n].abs().max() > 0
+        assert torch.allclose(got[n], want[n], rtol=1e-5, atol=1e-5 * want[n].abs().max().item()), n
+    assert any(not torch.allclose(want[n], full[n], rtol=1e-3) for n in want)  # the subset matters
+    tracin.subset_gradients(m, captured, torch.ones(N, dtype=torch.bool))  # all kept: the full gradient
     for n, p in m.named_parameters():
         if ".lora_" in n:
-            assert torch.allclose(got[n], p.grad, rtol=1e-5, atol=1e-8), n
+            assert torch.allclose(p.grad, full[n], rtol=1e-5, atol=1e-5 * full[n].abs().max().item()), n
 
 
-def test_ghost_mode_blocks_updates_and_restores_grads(setup):
-    m, data = setup
-    idx, pl, mask = data
+def test_ghost_mode_blocks_updates_and_restores_grads(world):
+    m, train, _ = world
     params = lora_parameters(m)
-    opt = torch.optim.SGD(params, lr=1.0)
-    before = [p.detach().clone() for p in params]
-    for p in params:
-        p.grad = torch.full_like(p, 3.0)  # accumulated gradients from earlier micro-batches
+    opt = torch.optim.AdamW(params, lr=1.0)
+    weights = [p.detach().clone() for p in params]
+    torch.manual_seed(7)
+    for i, p in enumerate(params):  # accumulated micro-batch gradients on half; None on the others
+        p.grad = torch.randn_like(p) if i % 2 == 0 else None
+    saved = [p.grad for p in params]
+    snap = [None if g is None else g.clone() for g in saved]
     with tracin.ghost_mode(opt):
-        batch_loss(m, idx, pl, mask, torch.ones(idx.size(0)), idx.size(0)).backward()
+        assert all(p.grad is None for p in params)  # capture starts from clean .grad
+        with tracin.install_ghost_hooks(m) as hooks:
+            capture(m, hooks, "train", train, TRAIN_ADV)
+        assert all(p.grad is not None and p.grad.abs().max() > 0 for p in params)
         with pytest.raises(RuntimeError, match="ghost_mode"):
             opt.step()
-    assert all(torch.equal(p, b) for p, b in zip(params, before))
-    assert all(torch.equal(p.grad, torch.full_like(p, 3.0)) for p in params)
-    opt.step()  # works again outside
-    assert not all(torch.equal(p, b) for p, b in zip(params, before))
+    assert all(torch.equal(p, w) for p, w in zip(params, weights))
+    assert not opt.state  # no optimizer state was created either
+    for p, g, s in zip(params, saved, snap):
+        assert p.grad is g  # the very tensor that was there, or None: capture's grads dropped
+        assert s is None or torch.equal(p.grad, s)
+    opt.step()  # step works again outside
+    assert not all(torch.equal(p, w) for p, w in zip(params, weights))
 
 
-def test_hooks_removed_leave_model_unchanged(setup):
-    m, data = setup
-    idx, pl, mask = data
+def test_ghost_mode_restores_on_exception(world):
+    m, train, _ = world
+    params = lora_parameters(m)
+    opt = torch.optim.SGD(params, lr=1.0)
+    for p in params:
+        p.grad = torch.full_like(p, 2.0)
+    with pytest.raises(KeyError):
+        with tracin.ghost_mode(opt):
+            batch_loss(m, train, TRAIN_ADV).backward()
+            raise KeyError("boom")
+    assert all(torch.equal(p.grad, torch.full_like(p, 2.0)) for p in params)
+    before = [p.detach().clone() for p in params]
+    opt.step()  # the real step is back
+    assert all(torch.equal(p, b - 2.0) for p, b in zip(params, before))
+
+
+def test_hooks_removed_leave_model_unchanged(world):
+    m, train, _ = world
+    idx, pl, mask = train
+    loras = [mod for n, mod in m.named_modules() if n.endswith(("lora_A", "lora_B"))]
+    assert len(loras) == 2 * LAYERS and all(not mod._forward_hooks for mod in loras)
     with torch.no_grad():
-        out0, _ = m(idx, pad_left=pl, keep_last=5)
+        out0, _ = m(idx, pad_left=pl, keep_last=mask.size(1))
     with tracin.install_ghost_hooks(m) as hooks:
-        batch_loss(m, idx, pl, mask, torch.ones(idx.size(0)), idx.size(0)).backward()
-    assert not hooks._train_xs  # cleared on removal
-    for mod in m.modules():
-        assert not mod._forward_hooks
-    batch_loss(m, idx, pl, mask, torch.ones(idx.size(0)), idx.size(0)).backward()
-    assert not hooks._train_xs and not hooks._train_gAs
+        assert all(len(mod._forward_hooks) == 1 for mod in loras)
+        with torch.no_grad():
+            assert torch.equal(m(idx, pad_left=pl, keep_last=mask.size(1))[0], out0)
+        capture(m, hooks, "train", train, TRAIN_ADV)
+        hooks.split = "val"
+        batch_loss(m, train, TRAIN_ADV).backward()
+        bufs = hooks.buffers("train") + hooks.buffers("val")
+        assert all(len(d) == LAYERS for d in bufs)
+    assert all(not mod._forward_hooks for mod in m.modules())
+    assert all(not d for d in bufs)  # cleared on removal
     with torch.no_grad():
-        out1, _ = m(idx, pad_left=pl, keep_last=5)
+        out1, _ = m(idx, pad_left=pl, keep_last=mask.size(1))
     assert torch.equal(out0, out1)
+    m.zero_grad(set_to_none=True)
+    batch_loss(m, train, TRAIN_ADV).backward()  # forward + backward outside the context
+    assert all(not d for d in bufs)
+    assert all(p.grad is not None for p in lora_parameters(m))
 
 
-def test_zero_advantage_zero_gradient_and_influence(setup):
-    m, data = setup
-    adv = torch.tensor([1.0, 0.0, -1.0, 0.0, 0.5, 0.0])
-    tr = capture(m, data, adv)
-    va = capture(m, tuple(t[:2] for t in data), torch.tensor([1.0, -1.0]))
-    for g in materialised(tr).values():
-        assert torch.all(g[adv == 0] == 0)
-    infl = tracin.compute_ghost_inner_product_matrix(tr, va).sum(1)
-    assert torch.all(infl[adv == 0] == 0) and torch.all(infl[adv != 0] != 0)
+def test_backward_after_exit_does_not_fill_old_buffers(world):
+    m, train, _ = world
+    with tracin.install_ghost_hooks(m) as hooks:
+        loss = batch_loss(m, train, TRAIN_ADV)  # forward inside ...
+    loss.backward()                             # ... backward after removal
+    assert not hooks._train_gAs and not hooks._train_gBs
+
+
+def test_zero_advantage_zero_gradient_and_influence(world):
+    m, train, val = world
+    adv = torch.tensor([1.0, 0.0, -1.0, 0.0, 0.5, 0.0])  # zero rows: with and without padding
+    assert train[1][adv == 0].unique().numel() > 1
+    tr, va = capture_both(m, train, val, train_adv=adv)
+    for k, g in materialised(tr).items():
+        assert torch.all(g[adv == 0] == 0), k
+        assert (g[adv != 0].flatten(1).abs().amax(1) > 0).all(), k
+    for layer, (x, gA, h, gB) in tr.items():
+        assert torch.all(gA[adv == 0] == 0) and torch.all(gB[adv == 0] == 0)
+    for method in ("ghost", "materialise", "auto"):
+        infl = tracin.compute_ghost_inner_product_matrix(tr, va, method=method).sum(1)
+        assert torch.all(infl[adv == 0] == 0) and torch.all(infl[adv != 0] != 0), method
     assert not tracin.select_rollouts(infl)[adv == 0].any()
 
 
 def test_select_rollouts():
     infl = torch.tensor([0.5, -0.1, 0.0, 2.0, -3.0, 0.2, 0.1, -0.2])
-    assert tracin.select_rollouts(infl).tolist() == [True, False, False, True, False, True, True, False]
-    top = tracin.select_rollouts(infl, "topk", 0.25)
-    assert top.sum() == 2 and top[3] and top[0]
+    pos = tracin.select_rollouts(infl, "positive")
+    assert pos.dtype == torch.bool
+    assert pos.tolist() == [True, False, False, True, False, True, True, False]  # 0 is not kept
+    assert tracin.select_rollouts(infl).tolist() == pos.tolist()  # the default rule
+    for n in (6, 8, 14):  # 0.25 n = 1.5, 2, 3.5: rounded, not floored
+        torch.manual_seed(n)
+        x = torch.randn(n)
+        top = tracin.select_rollouts(x, "topk", 0.25)
+        k = round(0.25 * n)
+        assert int(top.sum()) == k
+        assert set(torch.nonzero(top).flatten().tolist()) == set(sorted(range(n), key=lambda i: -x[i])[:k])
     with pytest.raises(UserError):
         tracin.select_rollouts(infl, "nope")
 
 
-def test_layer_filter_and_nan(setup):
-    m, data = setup
-    adv = torch.linspace(-1, 1, data[0].size(0)) + 0.1
-    tr = capture(m, data, adv)
-    va = capture(m, tuple(t[:2] for t in data), torch.tensor([1.0, -1.0]))
-    only = tracin.compute_ghost_inner_product_matrix(tr, va, layer_filter="h.1.mlp")
-    sub = {k: v for k, v in tr.items() if "h.1.mlp" in k}
-    assert len(sub) == 2  # c_fc and c_proj of block 1's MLP
-    assert torch.allclose(only, tracin.compute_ghost_inner_product_matrix(sub, va))
-    assert not torch.allclose(only, tracin.compute_ghost_inner_product_matrix(tr, va))
+def test_layer_filter_restricts_matrix(world):
+    m, train, val = world
+    tr, va = capture_both(m, train, val)
+    g_tr = func_per_sample_grads(m, train, TRAIN_ADV)
+    g_va = func_per_sample_grads(m, val, VAL_ADV)
+    full = tracin.compute_ghost_inner_product_matrix(tr, va)
+    for filt, n_layers in (("h.1.mlp", 2), ("attn", 4), ("c_fc", 2)):
+        layers = [k for k in tr if filt in k]
+        assert len(layers) == n_layers
+        got = tracin.compute_ghost_inner_product_matrix(tr, va, layer_filter=filt)
+        separate = sum(tracin.compute_ghost_inner_product_matrix({k: tr[k]}, {k: va[k]}) for k in layers)
+        brute = flat(g_tr, lambda n: filt in n) @ flat(g_va, lambda n: filt in n).T
+        scale = brute.abs().max().item()
+        assert torch.allclose(got, separate, rtol=1e-5, atol=1e-6 * scale), filt
+        assert torch.allclose(got, brute, rtol=1e-5, atol=1e-5 * scale), filt
+        assert not torch.allclose(got, full, rtol=1e-3), filt
     with pytest.raises(UserError, match="layer_filter"):
         tracin.compute_ghost_inner_product_matrix(tr, va, layer_filter="nothing")
-    name = next(iter(tr))
-    x, gA, h, gB = tr[name]
-    gA = gA.clone(); gA[0, -1, 0] = float("nan")
-    tr[name] = (x, gA, h, gB)
-    with pytest.raises(FloatingPointError):
-        tracin.compute_ghost_inner_product_matrix(tr, va)
+
+
+@pytest.mark.parametrize("where", ["train_gA", "val_gB", "train_x"])
+def test_nan_in_captured_gradient_raises(world, where):
+    m, train, val = world
+    tr, va = capture_both(m, train, val)
+    assert torch.isfinite(tracin.compute_ghost_inner_product_matrix(tr, va)).all()
+    side, part = where.split("_")
+    d = tr if side == "train" else va
+    name = sorted(d)[3]
+    x, gA, h, gB = (t.clone() for t in d[name])
+    {"gA": gA, "gB": gB, "x": x}[part][1, -1, 0] = float("nan")
+    d[name] = (x, gA, h, gB)
+    for method in ("ghost", "materialise", "auto"):
+        with pytest.raises(FloatingPointError):
+            tracin.compute_ghost_inner_product_matrix(tr, va, method=method)
 
 
 def test_hooks_need_lora():
+    plain = GPT(GPTConfig(block_size=16, vocab_size=10, n_layer=1, n_head=1, n_embd=8))
     with pytest.raises(UserError, match="LoRA"):
-        tracin.GhostHooks(GPT(GPTConfig(block_size=16, vocab_size=10, n_layer=1, n_head=1, n_embd=8)))
+        tracin.GhostHooks(plain)
+    with pytest.raises(UserError, match="LoRA"):
+        with tracin.install_ghost_hooks(plain):
+            pass
+    apply_lora(plain, r=2, alpha=4, dropout=0.1)  # dropout in training mode: x is not what A saw
+    with pytest.raises(UserError, match="dropout"):
+        tracin.GhostHooks(plain.train())
 
 
 # ---------------------------------------------------------------------------- post-hoc TracIn
@@ -271,8 +461,8 @@ def posthoc_setup(tmp_path, m):
     return paths, lrs, train, test
 
 
-def test_posthoc_full_equals_loop_over_checkpoints(setup, tmp_path):
-    m, _ = setup
+def test_posthoc_full_equals_loop_over_checkpoints(world, tmp_path):
+    m = world[0]
     paths, lrs, train, test = posthoc_setup(tmp_path, m)
     enc = ByteEnc()
     full = tracin.find_critical_samples(m, paths, train, test, enc, mode="full", top_k=2, normalize=True,
@@ -310,8 +500,8 @@ def test_posthoc_full_equals_loop_over_checkpoints(setup, tmp_path):
     assert simple["num_checkpoints"] == 1
 
 
-def test_posthoc_errors(setup, tmp_path):
-    m, _ = setup
+def test_posthoc_errors(world, tmp_path):
+    m = world[0]
     paths, lrs, train, test = posthoc_setup(tmp_path, m)
     enc = ByteEnc()
     with pytest.raises(UserError, match="learning rates"):
@@ -322,13 +512,16 @@ def test_posthoc_errors(setup, tmp_path):
         tracin.find_critical_samples(m, paths, train, test, enc, layer_filter="nothing")
 
 
-def test_cli_errors(tmp_path):
+def test_posthoc_cli_errors(tmp_path):
     with pytest.raises(UserError, match="no checkpoints"):
         tracin.main([f"--out_dir={tmp_path}", "--question=hi"])
+    save_checkpoint({"lora": {}, "lr": 0.1}, str(tmp_path / "ckpt_000000.pt"))
+    with pytest.raises(UserError, match="rollouts"):
+        tracin.load_rollouts(str(tmp_path / "rollouts.jsonl"), ByteEnc())
 
 
-def test_memory_efficient_loads_each_checkpoint_once(setup, tmp_path, monkeypatch):
-    m, _ = setup
+def test_posthoc_memory_efficient_loads_each_checkpoint_once(world, tmp_path, monkeypatch):
+    m = world[0]
     paths, lrs, train, test = posthoc_setup(tmp_path, m)
     import model
     loads = []
@@ -337,9 +530,3 @@ def test_memory_efficient_loads_each_checkpoint_once(setup, tmp_path, monkeypatc
     res = tracin.find_critical_samples(m, paths, train, test, ByteEnc(), mode="memory_efficient", micro_batch=2)
     assert sorted(loads) == sorted(paths)  # each exactly once, even with several train chunks
     assert [e["checkpoint_contributions"][0] for e in res["scores"]] != [0.0] * len(train)
-
-
-def test_cli_needs_rollouts(tmp_path):
-    save_checkpoint({"lora": {}, "lr": 0.1}, str(tmp_path / "ckpt_000000.pt"))
-    with pytest.raises(UserError, match="rollouts"):
-        tracin.load_rollouts(str(tmp_path / "rollouts.jsonl"), ByteEnc())
