@@ -79,7 +79,9 @@ eval_k = 4
 ckpt_interval = 25
 # TracIn-GRPO (tracin.py): train only on rollouts whose gradient helps a validation batch
 tracin = False
-tracin_val_batch_size = 4   # validation prompts per step (each sampled group_size times)
+tracin_val_batch_size = 4   # validation prompts per step
+tracin_val_loss = "pg"      # 'pg': sample each val prompt group_size times, GRPO policy-gradient loss (seed 000)
+                            # 'nll': negative log-likelihood of the val prompts' clean reference solutions
 tracin_selection = "positive"  # 'positive': influence > 0; 'topk': the top tracin_topk_frac
 tracin_topk_frac = 0.5
 # a planted defect, to see whether selection matters: this fraction of training prompts carries a
@@ -197,28 +199,49 @@ def memory_stats(device):
     return {"mem_alloc_mb": rss, "mem_reserved_mb": rss, "mem_max_alloc_mb": peak}
 
 
-def make_rollouts(model, enc, questions, answers, cfg, generator, amp, times):
-    """PASS 1 (sampling, no grad, no logits kept), rewards and group-relative advantages."""
+def make_rollouts(model, enc, batches, cfg, generator, amp, times):
+    """PASS 1 (sampling, no grad, no logits kept), rewards and group-relative advantages.
+
+    batches: a list of (questions, answers); all are sampled in ONE generate call (TracIn's train and
+    validation prompts share the per-token cost) and scored separately: one rollout dict per batch."""
     from data.gsm_synth.prepare import prompt_text
     G, t0 = cfg["group_size"], time.time()
-    prompts = [enc.encode(prompt_text(q)) for q in questions]
+    prompts = [enc.encode(prompt_text(q)) for qs, _ in batches for q in qs]
     with amp:
         idx, pad_left, mask = generate(model, prompts, cfg["max_new_tokens"], enc.eot_token, num_samples=G,
                                        temperature=cfg["temperature"], top_k=cfg["top_k"] or None,
                                        top_p=cfg["top_p"], generator=generator)
     _sync(cfg); times["generation"] = times.get("generation", 0.0) + time.time() - t0; t0 = time.time()
-    texts = decode_completions(enc, idx, mask)
-    rewards, per_fn, errors = compute_rewards(texts, [a for a in answers for _ in range(G)],
-                                              list(cfg["reward_funcs"]), list(cfg["reward_weights"]))
-    rewards = torch.tensor(rewards)
-    advantages, n_zero_std = compute_group_advantages(rewards, G, cfg["scale_rewards"])
     T = mask.size(1)  # generation stops once every row has ended: T <= max_new_tokens
-    truncated = (idx[:, -T:] != enc.eot_token).all(dim=1)        # never emitted end-of-text
-    if cfg["mask_truncated_completions"]:
-        mask = mask * (~truncated).long()[:, None]
+    out, start = [], 0
+    for questions, answers in batches:
+        sl = slice(start, start + len(questions) * G)
+        start = sl.stop
+        texts = decode_completions(enc, idx[sl], mask[sl])
+        rewards, per_fn, errors = compute_rewards(texts, [a for a in answers for _ in range(G)],
+                                                  list(cfg["reward_funcs"]), list(cfg["reward_weights"]))
+        rewards = torch.tensor(rewards)
+        advantages, n_zero_std = compute_group_advantages(rewards, G, cfg["scale_rewards"])
+        truncated = (idx[sl, -T:] != enc.eot_token).all(dim=1)  # never emitted end-of-text
+        m = mask[sl] * (~truncated).long()[:, None] if cfg["mask_truncated_completions"] else mask[sl]
+        out.append(dict(idx=idx[sl], pad_left=pad_left[sl], mask=m, rewards=rewards, advantages=advantages,
+                        per_fn=per_fn, errors=errors, n_zero_std=n_zero_std, truncated=truncated))
     times["reward"] = times.get("reward", 0.0) + time.time() - t0
-    return dict(idx=idx, pad_left=pad_left, mask=mask, rewards=rewards, advantages=advantages,
-                per_fn=per_fn, errors=errors, n_zero_std=n_zero_std, truncated=truncated)
+    return out
+
+
+def reference_solutions(enc, examples, device):
+    """The validation batch for tracin_val_loss='nll': each prompt followed by its clean reference
+    solution, laid out as sample.generate lays out rollouts, with advantage +1. The GRPO loss of a
+    row with A = 1 and old = logp.detach() has gradient -grad(mean_t log p(solution_t)): the
+    gradient of the solution's negative log-likelihood, so no sampling is needed."""
+    from tracin import rollout_batch
+    rows = [{"prompt": e["question"], "completion_tokens": enc.encode(e["solution"]) + [enc.eot_token],
+             "advantage": 1.0} for e in examples]
+    for r in rows:
+        r["completion_mask"] = [1] * len(r["completion_tokens"])
+    idx, pad_left, mask, adv = rollout_batch(enc, rows, device)
+    return dict(idx=idx, pad_left=pad_left, mask=mask, advantages=adv)
 
 
 def policy_backward(model, R, cfg, amp, times, beta):
@@ -259,17 +282,20 @@ def _sync(cfg):
 
 
 def grpo_step(model, optimizer, enc, questions, answers, cfg, generator, amp, val=None):
-    """One GRPO step; returns (log dict, rollout record). With cfg['tracin'], `val` = (questions,
-    answers) of a validation batch and only rollouts whose gradient helps it are trained on.
-    Weights change only if every loss and gradient is finite."""
+    """One GRPO step; returns (log dict, rollout record). With cfg['tracin'], `val` = the validation
+    examples (dicts with question, answer, solution) and only rollouts whose gradient helps them
+    are trained on. Weights change only if every loss and gradient is finite."""
     times = {"generation": 0.0, "reward": 0.0, "policy": 0.0, "reference": 0.0}
-    R = make_rollouts(model, enc, questions, answers, cfg, generator, amp, times)
+    extra, val_pg = {}, cfg["tracin"] and cfg["tracin_val_loss"] == "pg"
+    batches = [(questions, answers)] + ([([e["question"] for e in val], [e["answer"] for e in val])] if val_pg else [])
+    R, *V = make_rollouts(model, enc, batches, cfg, generator, amp, times)  # val_pg: train + val, one call
     N, G = R["idx"].size(0), cfg["group_size"]
-    extra = {}
     if not cfg["tracin"]:
         st = policy_backward(model, R, cfg, amp, times, cfg["beta"])
     else:
-        V = make_rollouts(model, enc, val[0], val[1], cfg, generator, amp, times)
+        # the validation loss: the GRPO policy-gradient loss of sampled val rollouts (seed 000), or the
+        # NLL of the val prompts' clean reference solutions (no sampling, one row per prompt)
+        V = V[0] if val_pg else reference_solutions(enc, val, cfg["device"])
         with install_ghost_hooks(model) as hooks, ghost_mode(optimizer):
             t0 = time.time()
             st = policy_backward(model, R, cfg, amp, times, cfg["beta"])   # per-sample train gradients
@@ -288,7 +314,7 @@ def grpo_step(model, optimizer, enc, questions, answers, cfg, generator, amp, va
         extra = {"selection_rate": keep.float().mean().item(), "n_selected": int(keep.sum()),
                  "influence/mean": influence.mean().item(), "influence/std": influence.std().item(),
                  "influence/min": influence.min().item(), "influence/max": influence.max().item(),
-                 "val/reward": V["rewards"].mean().item()}
+                 **({"val/reward": V["rewards"].mean().item()} if val_pg else {})}
         R["influence"], R["selected"] = influence.tolist(), keep.tolist()
     # ---- update: clip, AdamW on LoRA only, unless something is not finite or nothing is kept --
     t0 = time.time()
@@ -355,6 +381,8 @@ def main(argv):
     if cfg["tracin"] and (cfg["grad_checkpoint"] or cfg["lora_dropout"] > 0):
         raise UserError("tracin=True needs grad_checkpoint=False and lora_dropout=0: the hooks must see "
                         "each activation once, exactly as the gradient used it")
+    if cfg["tracin_val_loss"] not in ("pg", "nll"):
+        raise UserError(f"tracin_val_loss must be 'pg' or 'nll', got {cfg['tracin_val_loss']!r}")
     if cfg["init_from"] not in ("base", "resume"):
         raise UserError(f"init_from must be 'base' or 'resume', got {cfg['init_from']!r}")
     device, out = cfg["device"], cfg["out_dir"]
@@ -432,10 +460,8 @@ def main(argv):
         picks = [rng.randrange(len(train)) for _ in range(cfg["batch_size"])]
         batch = [{**train[i], "answer": first_step_result(train[i])} if i in defective else train[i] for i in picks]
         t_step = time.time()
-        val = None
-        if cfg["tracin"]:
-            vb = [val_split[rng.randrange(len(val_split))] for _ in range(cfg["tracin_val_batch_size"])]
-            val = ([e["question"] for e in vb], [e["answer"] for e in vb])
+        val = ([val_split[rng.randrange(len(val_split))] for _ in range(cfg["tracin_val_batch_size"])]
+               if cfg["tracin"] else None)
         log, rollouts = grpo_step(model, optimizer, enc, [e["question"] for e in batch],
                                   [e["answer"] for e in batch], cfg, generator, amp, val)
         iter_num += 1

@@ -2,6 +2,7 @@
 # References: the GRPO formulas written out by hand with Python loops (advantages, loss per
 # loss_type, clipping), an independent full-forward log_softmax path (REINFORCE gradient,
 # reference log-probs), and whole runs of main() on a tiny task (resume, NaN skip, only LoRA trains).
+import contextlib
 import copy
 import json
 import math
@@ -12,7 +13,7 @@ import torch.nn.functional as F
 
 import train_grpo as tg
 from configurator import UserError
-from data.gsm_synth.prepare import prepare, load_tokenizer
+from data.gsm_synth.prepare import prepare, load_tokenizer, load_split, prompt_text
 from lora import apply_lora, disable_lora, lora_parameters
 from model import GPT, GPTConfig, save_checkpoint, load_checkpoint
 from sample import generate
@@ -293,6 +294,73 @@ def test_tracin_run_logs_selection(tiny_setup, tmp_path):
         assert s == (inf > 0)
 
 
+def test_tracin_nll_run_logs_selection(tiny_setup, tmp_path):
+    out = tmp_path / "nll"
+    run(tiny_setup, out, "--max_iters=2", "--tracin=True", "--tracin_val_loss=nll", "--tracin_val_batch_size=3",
+        "--beta=0.0")
+    step = json.loads(open(out / "log.jsonl").readlines()[-1])
+    assert "selection_rate" in step and "val/reward" not in step  # nothing is sampled for validation
+    roll = json.loads(open(out / "rollouts.jsonl").readlines()[-1])
+    assert [s for s in roll["selected"]] == [i > 0 for i in roll["influence"]]
+
+
+def tiny_model_and_data(tiny_setup):
+    ck = load_checkpoint(tiny_setup)
+    enc = load_tokenizer(ck["data_dir"])
+    torch.manual_seed(1)
+    m = GPT(GPTConfig(**ck["model_args"]))
+    apply_lora(m, r=4, alpha=8, targets=("c_attn", "c_proj", "c_fc"))
+    with torch.no_grad():
+        for n, p in m.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.1)
+    return m, enc, load_split(ck["data_dir"], "val")
+
+
+def test_reference_solutions_gradient_is_mean_nll(tiny_setup):
+    """tracin_val_loss='nll': the GRPO loss with A = +1 on the left-padded reference solutions must
+    have the gradient of the plain mean (over examples) of each solution's mean token NLL, computed
+    here one unpadded example at a time with F.cross_entropy."""
+    m, enc, val = tiny_model_and_data(tiny_setup)
+    ex = val[:3]
+    assert len({len(e["question"]) for e in ex}) > 1  # prompts of different lengths: padding is exercised
+    cfg = {**tg.defaults, "micro_batch_size": 2, "max_new_tokens": 40}
+    R = tg.reference_solutions(enc, ex, "cpu")
+    tg.policy_backward(m, R, cfg, contextlib.nullcontext(), {}, 0.0)
+    params = lora_parameters(m)
+    g = [p.grad.clone() for p in params]
+    m.zero_grad(set_to_none=True)
+    ref = 0.0
+    for e in ex:
+        prompt, sol = enc.encode(prompt_text(e["question"])), enc.encode(e["solution"]) + [enc.eot_token]
+        seq = torch.tensor(prompt + sol)[None]
+        logits, _ = m(seq[:, :-1], targets=torch.zeros_like(seq[:, :-1]))  # full logits, no padding
+        ref = ref + F.cross_entropy(logits[0, len(prompt) - 1:], seq[0, len(prompt):]) / len(ex)
+    ref.backward()
+    for a, p in zip(g, params):
+        assert torch.allclose(a, p.grad, atol=1e-6, rtol=1e-4)
+    assert any(a.abs().max() > 1e-4 for a in g)
+
+
+def test_train_and_val_sampled_in_one_call(tiny_setup):
+    """make_rollouts with two batches = one generate call over the concatenated prompts (same
+    generator seed), scored per batch: with scale_rewards='batch' each part uses its own std."""
+    m, enc, val = tiny_model_and_data(tiny_setup)
+    cfg = {**tg.defaults, "group_size": 4, "max_new_tokens": 8, "scale_rewards": "batch",
+           "reward_funcs": ("correctness", "format", "chars"), "reward_weights": (1.0, 0.5, 1.0)}
+    a, b = ([e["question"] for e in val[:2]], [e["answer"] for e in val[:2]]), \
+           ([e["question"] for e in val[2:5]], [e["answer"] for e in val[2:5]])
+    gen = lambda: torch.Generator().manual_seed(3)
+    R, V = tg.make_rollouts(m, enc, [a, b], cfg, gen(), contextlib.nullcontext(), {})
+    (W,) = tg.make_rollouts(m, enc, [(a[0] + b[0], a[1] + b[1])], cfg, gen(), contextlib.nullcontext(), {})
+    assert torch.equal(torch.cat([R["idx"], V["idx"]]), W["idx"]) and torch.equal(torch.cat([R["mask"], V["mask"]]), W["mask"])
+    assert torch.equal(torch.cat([R["rewards"], V["rewards"]]), W["rewards"])
+    for P in (R, V):
+        adv, _ = tg.compute_group_advantages(P["rewards"], 4, "batch")
+        assert torch.equal(P["advantages"], adv)
+    assert not torch.equal(torch.cat([R["advantages"], V["advantages"]]), W["advantages"])
+
+
 @pytest.mark.parametrize("args, match", [
     (["--group_size=1", "--micro_batch_size=2"], "group_size"),
     (["--micro_batch_size=3"], "micro-batches"),
@@ -300,6 +368,7 @@ def test_tracin_run_logs_selection(tiny_setup, tmp_path):
     (["--loss_type=nope"], "loss_type"),
     (["--max_iters=1"], "already holds a run"),
     (["--tracin=True", "--grad_checkpoint=True"], "tracin"),
+    (["--tracin=True", "--tracin_val_loss=mse"], "tracin_val_loss"),
 ])
 def test_bad_config(tiny_setup, tmp_path, args, match):
     if match == "already holds a run":
