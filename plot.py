@@ -1,0 +1,127 @@
+"""
+Plot train_grpo.py runs from their log.jsonl: reward, test accuracy, TracIn selection rate and
+seconds per step, each against steps (left) and against wall time (right), all runs on the same axes.
+
+    python plot.py out/cmpB/grpo_s1 out/cmpB/tracin_s1 [--out=plot.png] [--labels=grpo,tracin]
+
+Standard GRPO runs are solid blue lines, TracIn runs (those that log a selection_rate) dashed
+orange-red ones; several seeds of a kind get several shades. Labels default to the directory names.
+Needs matplotlib, which requirements.txt leaves optional: pip install matplotlib.
+"""
+import json
+import os
+
+from configurator import UserError, cli_main
+
+SMOOTH = 10  # reward, selection rate and step time are noisy step to step: also draw their moving average
+ROWS = [("reward", "reward"), ("test/accuracy", "test accuracy"),
+        ("selection_rate", "selection rate"), ("step_seconds", "step time (s)")]
+COLS = [("iter", "step"), ("elapsed", "wall time (s, evaluations included)")]
+
+
+def load_log(run_dir):
+    """The list of dicts in run_dir/log.jsonl, one per line."""
+    if not os.path.isdir(run_dir):
+        raise UserError(f"{run_dir} is not a directory: pass the --out_dir of train_grpo.py runs")
+    path = os.path.join(run_dir, "log.jsonl")
+    if not os.path.isfile(path):
+        raise UserError(f"no log.jsonl in {run_dir}: is it the --out_dir of a train_grpo.py run?")
+    with open(path) as f:
+        lines = f.readlines()
+    # a run still writing may have flushed half a line: plot what is complete
+    if lines and not lines[-1].endswith("\n"):
+        lines.pop()
+    if not lines:
+        raise UserError(f"{path} is empty: the run logs its first line after the evaluation at step 0")
+    return [json.loads(line) for line in lines]
+
+
+def moving_average(ys, w):
+    """Mean of the last w values at each point (fewer at the start, so the line starts at the first step)."""
+    return [sum(ys[max(0, i - w + 1):i + 1]) / (i + 1 - max(0, i - w + 1)) for i in range(len(ys))]
+
+
+def make_figure(runs):
+    """runs: list of (label, log). Returns a matplotlib Figure with a 4x2 grid of axes (row-major in fig.axes)."""
+    try:
+        from matplotlib import colormaps
+        from matplotlib.figure import Figure
+    except ImportError:
+        raise UserError("plot.py needs matplotlib: pip install matplotlib") from None
+    # a bare Figure (no pyplot) renders with the Agg backend: no display needed, no global figure state
+    fig = Figure(figsize=(12, 12), dpi=100, layout="constrained")
+    axes = fig.subplots(len(ROWS), len(COLS), sharex="col")
+    tracin = [any("selection_rate" in l for l in log) for _, log in runs]
+    # one colour family per kind, one shade per run of that kind, TracIn also dashed: readable in grey too.
+    # (lists, not generators: a generator would read cmap and n only later, after the loop changed them)
+    shades = {}
+    for kind, cmap in ((False, "Blues"), (True, "Oranges")):
+        n = tracin.count(kind)
+        shades[kind] = iter([colormaps[cmap](0.85 - 0.35 * i / max(n - 1, 1)) for i in range(n)])
+    for (label, log), is_tracin in zip(runs, tracin):
+        color, style = next(shades[is_tracin]), "--" if is_tracin else "-"
+        for r, (key, _) in enumerate(ROWS):
+            pts = [l for l in log if key in l]
+            for c, (xkey, _) in enumerate(COLS):
+                ax, xs, ys = axes[r][c], [l[xkey] for l in pts], [l[key] for l in pts]
+                if key == "test/accuracy":  # a handful of evaluations: markers, the step-0 one included
+                    ax.plot(xs, ys, style, marker="o", color=color, label=label)
+                elif xs:
+                    ax.plot(xs, ys, "-", color=color, alpha=0.25, linewidth=0.8, label="_per step")
+                    ax.plot(xs, moving_average(ys, SMOOTH), style, color=color, linewidth=1.8, label=label)
+    for r, (key, ylabel) in enumerate(ROWS):
+        axes[r][0].set_ylabel(ylabel)
+        for c in range(len(COLS)):
+            axes[r][c].grid(alpha=0.3)
+    for c, (_, xlabel) in enumerate(COLS):
+        axes[-1][c].set_xlabel(xlabel)
+        axes[0][c].set_title(f"against {xlabel.split(' (')[0]}")
+    axes[1][0].set_ylim(bottom=0)
+    axes[1][1].set_ylim(bottom=0)
+    if not all(tracin):  # say why the standard runs are missing from the selection-rate row
+        for ax in axes[2]:
+            note, = ax.plot([], [], color=colormaps["Blues"](0.85))
+            ax.legend([note], ["standard GRPO trains on all rollouts (rate 1)"], loc="best", fontsize="small")
+    # one legend for the whole figure (the same runs are in every panel), below: above, it covers the title.
+    # Its handles: the accuracy panel's lines, exactly one per run, in order (drawn even with no evaluation)
+    names = [f"{label} ({'TracIn' if t else 'standard'})" for (label, _), t in zip(runs, tracin)]
+    fig.legend(axes[1][0].get_lines(), names, loc="outside lower center", ncols=min(len(names), 4))
+    fig.suptitle(f"GRPO runs: standard (solid) vs TracIn-guided (dashed)\nfaint lines: each step; "
+                 f"bold: moving average over {SMOOTH} steps; dots: test evaluations")
+    return fig
+
+
+def plot_runs(run_dirs, out_path="plot.png", labels=None):
+    """Draw the runs in run_dirs into out_path (PNG); returns out_path."""
+    if labels is None:  # the directory names, or the paths as given where two runs share a name
+        labels = [os.path.basename(os.path.normpath(d)) for d in run_dirs]
+        if len(set(labels)) < len(labels):
+            labels = list(run_dirs)
+    if len(labels) != len(run_dirs):
+        raise UserError(f"--labels has {len(labels)} names for {len(run_dirs)} run directories: give one per run")
+    fig = make_figure([(label, load_log(d)) for label, d in zip(labels, run_dirs)])
+    os.makedirs(os.path.dirname(out_path) or ".", exist_ok=True)
+    fig.savefig(out_path)
+    return out_path
+
+
+def main(argv):
+    opts = {"out": "plot.png", "labels": None}
+    run_dirs = []
+    for arg in argv:
+        key, _, value = arg[2:].partition("=")
+        if arg.startswith("--") and key in opts and value:
+            opts[key] = value
+        elif arg.startswith("--"):
+            raise UserError(f"bad argument {arg!r}: plot.py takes run directories, --out=FILE.png and --labels=a,b")
+        else:
+            run_dirs.append(arg)
+    if not run_dirs:
+        raise UserError("no run directory given; usage: python plot.py RUN_DIR [RUN_DIR ...] "
+                        "[--out=plot.png] [--labels=a,b]")
+    labels = opts["labels"].split(",") if opts["labels"] else None
+    print(f"wrote {plot_runs(run_dirs, opts['out'], labels)}")
+
+
+if __name__ == "__main__":
+    cli_main(main)

@@ -1,0 +1,119 @@
+# Tests for plot.py. Run: python -m pytest tests/test_plot.py -q
+# Reference: two hand-written log.jsonl files (a standard run and a TracIn run); the figure must show
+# exactly the points written there. matplotlib is optional: the tests that draw skip without it.
+import json
+import sys
+
+import pytest
+
+import plot
+from configurator import UserError
+
+# (iter, elapsed, accuracy) of the evaluations written below: step 0 and every 5 steps
+STD_EVALS = [(0, 0.0, 0.40), (5, 2.5, 0.55), (10, 5.0, 0.62)]  # 0.5 s per step
+TR_EVALS = [(0, 0.0, 0.40), (5, 7.5, 0.50), (10, 15.0, 0.71)]  # 1.5 s per step
+
+
+def fake_log(evals, step_seconds, tracin):
+    acc = {it: a for it, _, a in evals}
+    lines = [{"iter": 0, "elapsed": 0.0, "test/accuracy": acc[0]}]
+    for it in range(1, 11):
+        line = {"iter": it, "elapsed": it * step_seconds, "step_seconds": step_seconds, "reward": 0.1 * (it % 4)}
+        if tracin:
+            line.update(selection_rate=0.3 + 0.01 * it, n_selected=10)
+        if it in acc:
+            line["test/accuracy"] = acc[it]
+        lines.append(line)
+    return lines
+
+
+def write(run, lines, tail="\n"):
+    run.mkdir()
+    (run / "log.jsonl").write_text("\n".join(json.dumps(l) for l in lines) + tail)
+    return str(run)
+
+
+@pytest.fixture
+def runs(tmp_path):
+    return (write(tmp_path / "std_s1", fake_log(STD_EVALS, 0.5, tracin=False)),
+            write(tmp_path / "tr_s1", fake_log(TR_EVALS, 1.5, tracin=True)))
+
+
+def lines_of(ax, label):
+    return [ln for ln in ax.get_lines() if ln.get_label() == label]
+
+
+def test_cli_writes_png(runs, tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    from matplotlib.image import imread
+    out = tmp_path / "fig.png"
+    plot.main([*runs, f"--out={out}", "--labels=a,b"])
+    assert f"wrote {out}" in capsys.readouterr().out
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert imread(str(out)).shape[:2] == (1200, 1200)  # 12 x 12 inches at 100 dpi
+
+
+def test_figure_shows_the_logged_points(runs):
+    pytest.importorskip("matplotlib")
+    fig = plot.make_figure([(name, plot.load_log(d)) for name, d in zip(["std", "tr"], runs)])
+    ax = fig.axes  # row-major: reward, accuracy, selection rate, step time; x = steps, wall time
+    assert len(ax) == 8
+    for label, evals in (("std", STD_EVALS), ("tr", TR_EVALS)):
+        (by_step,), (by_time,) = lines_of(ax[2], label), lines_of(ax[3], label)
+        assert list(by_step.get_xdata()) == [e[0] for e in evals]
+        assert list(by_time.get_xdata()) == [e[1] for e in evals]
+        assert list(by_step.get_ydata()) == pytest.approx([e[2] for e in evals])
+        assert by_step.get_marker() == "o"
+    # standard vs TracIn at a glance: solid blue vs dashed orange
+    (std,), (tr,) = lines_of(ax[0], "std"), lines_of(ax[0], "tr")
+    assert std.get_linestyle() == "-" and tr.get_linestyle() == "--"
+    (r, _, b, _), (r2, _, b2, _) = std.get_color(), tr.get_color()
+    assert b > r and r2 > b2
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == ["std (standard)", "tr (TracIn)"]
+    # selection rate: only the TracIn run has one; the standard run gets a legend note instead
+    assert not lines_of(ax[4], "std")
+    (sel,) = lines_of(ax[4], "tr")
+    assert list(sel.get_xdata()) == list(range(1, 11))
+    assert sel.get_ydata()[0] == pytest.approx(0.31)  # trailing average: the first point is itself
+    assert any("all rollouts" in t.get_text() for t in ax[4].get_legend().get_texts())
+    # reward: a faint per-step line under the moving average, both at steps 1..10
+    raw = [ln for ln in ax[0].get_lines() if ln.get_label() == "_per step" and ln.get_linestyle() == "-"]
+    assert [0.1 * (it % 4) for it in range(1, 11)] in [pytest.approx(list(ln.get_ydata())) for ln in raw]
+
+
+def test_moving_average():
+    assert plot.moving_average([1.0, 2.0, 3.0, 4.0], 2) == [1.0, 1.5, 2.5, 3.5]
+    assert plot.moving_average([2.0, 4.0, 6.0], 10) == [2.0, 3.0, 4.0]
+
+
+def test_bad_input(runs, tmp_path):
+    missing = str(tmp_path / "nope")
+    with pytest.raises(UserError, match="nope is not a directory"):
+        plot.load_log(missing)
+    (tmp_path / "nolog").mkdir()
+    with pytest.raises(UserError, match="no log.jsonl in"):
+        plot.load_log(str(tmp_path / "nolog"))
+    with pytest.raises(UserError, match="is empty"):
+        plot.load_log(write(tmp_path / "empty", [], tail=""))
+    with pytest.raises(UserError, match="2 names for 1 run"):
+        plot.plot_runs([runs[0]], str(tmp_path / "x.png"), labels=["a", "b"])
+    with pytest.raises(UserError, match="bad argument"):
+        plot.main([runs[0], "--outt=x.png"])
+    with pytest.raises(UserError, match="no run directory"):
+        plot.main([])
+
+
+def test_half_written_last_line_is_skipped(tmp_path):
+    run = write(tmp_path / "live", fake_log(STD_EVALS, 0.5, tracin=False))
+    with open(f"{run}/log.jsonl", "a") as f:
+        f.write('{"iter": 11, "rew')  # a run still writing
+    assert [l["iter"] for l in plot.load_log(run)] == list(range(11))
+
+
+def test_without_matplotlib(runs, tmp_path, monkeypatch):
+    # None in sys.modules makes `import matplotlib...` raise ImportError, as if it were not installed
+    for name in ("matplotlib", "matplotlib.figure"):
+        monkeypatch.setitem(sys.modules, name, None)
+    with pytest.raises(UserError, match="pip install matplotlib"):
+        plot.plot_runs(list(runs), str(tmp_path / "x.png"))
+    assert not (tmp_path / "x.png").exists()
