@@ -7,17 +7,8 @@ Per run: test accuracy at the start and at the last step, accuracy at equal wall
 last evaluation no later than the fastest run's total time), mean seconds per step, selection
 rate and selection precision (TracIn runs with a planted defect).
 """
-import json
-import os
-import sys
-
-
-def load(run):
-    path = os.path.join(run, "log.jsonl")
-    if not os.path.exists(path):
-        sys.exit(f"error: no log.jsonl in {run}")
-    with open(path) as f:
-        return [json.loads(line) for line in f]
+from configurator import UserError, cli_main
+from plot import load_log  # the same checks on a run directory (plot.py imports matplotlib only to draw)
 
 
 def mean(xs):
@@ -30,7 +21,9 @@ def fmt(x):
 
 
 def main(runs):
-    logs = {r: load(r) for r in runs}
+    if not runs or any(r.startswith("--") for r in runs):
+        raise UserError("usage: python summarize.py RUN_DIR [RUN_DIR ...] (the --out_dir of train_grpo.py runs)")
+    logs = {r: load_log(r) for r in runs}
     evals = {r: [(l["elapsed"], l["iter"], l["test/accuracy"]) for l in L if "test/accuracy" in l] for r, L in logs.items()}
     budget = min(e[-1][0] for e in evals.values())  # wall time of the fastest run
     print(f"| run | test acc start | test acc end (step) | test acc at {budget:.0f} s (step) | s/step "
@@ -48,6 +41,4 @@ def main(runs):
 
 
 if __name__ == "__main__":
-    if len(sys.argv) < 2:
-        sys.exit(__doc__)
-    main(sys.argv[1:])
+    cli_main(main)

@@ -5,6 +5,7 @@ import json
 import pytest
 
 import summarize
+from configurator import UserError
 
 
 def write(run, lines):
@@ -31,5 +32,7 @@ def test_table(tmp_path, capsys):
 
 
 def test_missing_log(tmp_path):
-    with pytest.raises(SystemExit):
+    with pytest.raises(UserError, match="no log.jsonl"):
         summarize.main([str(tmp_path)])
+    with pytest.raises(UserError, match="usage"):
+        summarize.main([])
