@@ -1,8 +1,12 @@
 # Tests for bench.py. Run: python -m pytest tests/test_bench.py -q
 # Reference: the bench's own second paths: the full-recompute generation must give the KV
-# cache's tokens, and the per-sample autograd loop must give the hooks' inner products.
+# cache's tokens, the per-sample autograd loop must give the hooks' inner products, and the
+# straightforward GRPO step (full log_softmax, deepcopy reference) must give the loss and gradients
+# of train_grpo's completion_logprobs + grpo_loss on the same tokens. predicted_memory is checked
+# against the formulas worked out by hand for tiny sizes.
 import re
 
+import pytest
 import torch
 
 import bench
@@ -10,12 +14,20 @@ import bench
 
 def test_quick_bench_rows(capsys, tmp_path):
     rows = bench.main(["--quick=True", f"--base_ckpt={tmp_path / 'none.pt'}", f"--data_root={tmp_path}"])
-    assert [r[0] for r in rows] == ["sampling", "step cost", "influence T=8"]
-    assert "random weights" in rows[1][1] and float(rows[1][2].rstrip("x")) > 0
+    assert [r[0] for r in rows] == ["sampling", "step cost, TracIn pg", "step cost, TracIn nll", "influence T=8",
+                                    "memory", "throughput"]
+    for r in rows[1:3]:
+        assert "random weights" in r[1] and float(r[2].rstrip("x")) > 0
     assert "identical greedy tokens: True" in rows[0][1]
-    err = float(re.search(r"hooks max rel err vs loop ([0-9.e+-]+)", rows[2][1]).group(1))
+    err = float(re.search(r"hooks max rel err vs loop ([0-9.e+-]+)", rows[3][1]).group(1))
     assert err <= 1e-5
-    assert all(r[4] in ("met", "MISSED") for r in rows)
+    assert all(r[4] in ("met", "MISSED") for r in rows if r[0] != "throughput")
+    assert rows[-1][4] == "n/a (H100 target)"  # the throughput target is an H100's; this is the CPU
+    mem = rows[-2][1]
+    assert "peak RSS (a CPU proxy, not CUDA memory)" in mem and "same tokens: True" in mem
+    losses = re.search(r"loss ([0-9.e+-]+) vs ([0-9.e+-]+)", mem).groups()
+    assert abs(float(losses[0]) - float(losses[1])) <= 1e-5
+    assert "completions/s" in rows[-1][1] and float(rows[-1][2].split("x")[0]) > 0
     assert "| sampling |" in capsys.readouterr().out
 
 
@@ -25,3 +37,47 @@ def test_full_recompute_matches_kv_cache():
     prompts = torch.randint(1, 394, (3, 8), generator=torch.Generator().manual_seed(1))
     idx, _, _ = generate(model, prompts.tolist(), 12, eot_id=-1, temperature=0)
     assert torch.equal(idx, bench.full_recompute_greedy(model, prompts, 12))
+
+
+@pytest.mark.parametrize("eot_id", [-1, 0])
+def test_straightforward_step_matches_project_loss_and_gradients(eot_id):
+    """Same tokens, same loss and LoRA gradients through an independent path: train_grpo's
+    completion_logprobs (keep_last, row-wise logsumexp) and grpo_loss (old = logp.detach())."""
+    import train_grpo as tg
+    from lora import disable_lora, lora_parameters
+    model = bench.lora_gpt(2, 2, 32, 16, 24, seed=3, device="cpu")  # lora_B != 0: policy != reference
+    prompts, adv = bench.step_inputs(2, 3, 6, 16, seed=4)
+    amp = torch.autocast("cuda", enabled=False)
+    opt = torch.optim.AdamW(lora_parameters(model), lr=0.0)         # lr 0: the weights stay as they are
+    loss, idx, mask = bench.straightforward_grpo_step(model, opt, prompts, 3, 10, adv, amp, seed=5, eot_id=eot_id,
+                                                      grad_clip=float("inf"))
+    got = [p.grad.clone() for p in lora_parameters(model)]
+    if eot_id == 0:
+        assert 0 < mask.sum() < mask.numel()  # some completions end early: the mask matters
+    T, pad = mask.size(1), torch.zeros(idx.size(0), dtype=torch.long)
+    with torch.no_grad(), disable_lora(model):
+        ref, _ = tg.completion_logprobs(model, idx, pad, T, 1.0)
+    model.zero_grad(set_to_none=True)
+    logp, _ = tg.completion_logprobs(model, idx, pad, T, 1.0)
+    assert (logp - ref).abs().max() > 1e-3  # the KL term is not zero
+    expected, _ = tg.grpo_loss(logp, logp.detach(), ref, adv, mask, beta=0.04)
+    expected.backward()
+    assert abs(loss - expected.item()) <= 1e-5
+    for g, p in zip(got, lora_parameters(model)):
+        torch.testing.assert_close(g, p.grad, rtol=1e-4, atol=1e-7)
+
+
+def test_predicted_memory_by_hand():
+    # n_params 10, N 2, prompt 3 + 4 new tokens, V 5, 1 layer, 2 wide, group 2, float32 weights:
+    # T = 4, L = 3 + 4 - 1 = 6, S = 7; N*T*V = 40, N*L*V = 60
+    # bf16 (b = 2, activations c = 19): act = 1*2*7*2*19*2 = 1064, KV = 2*1*2*7*2*2 = 112
+    sf = bench.predicted_memory(10, 2, 3, 4, 5, 1, 2, 2, True, group=2)
+    # ref copy 10*4 + KV 112 + sampling logits 2*40*2 + old log_softmax 40*4 + ref 60*(2+4)
+    # + policy 60*(2+4) + backward 2*60*4 + act 1064
+    assert sf["step"] == 40 + 112 + 160 + 160 + 360 + 360 + 480 + 1064 == 2736
+    pr = bench.predicted_memory(10, 2, 3, 4, 5, 1, 2, 2, False, group=2)
+    # sampling 112*(1 + 1/2) + 3*2*5*4 = 288; reference 2*40*2 = 160;
+    # policy 1064 + saved 40*2 + 40*4 + backward 2*40*2 = 1464
+    assert (pr["sampling"], pr["reference"], pr["policy_backward"], pr["step"]) == (288, 160, 1464, 1464)
+    # float32 (b = 4, c = 17): act = 1*2*7*2*17*4 = 1904, saved 40*4 (the rows are views), backward 2*40*4
+    assert bench.predicted_memory(10, 2, 3, 4, 5, 1, 2, 4, False, group=2)["step"] == 1904 + 160 + 320
