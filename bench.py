@@ -381,11 +381,10 @@ def predicted_memory(n_params, N, T_prompt, T_new, V, n_layer, n_embd, bytes_per
     # project: three passes one after the other, each one's tensors freed before the next
     # the cache for the prompts and its group-fold copy, briefly both; one step's logits, float copy, probs
     sampling = kv * (1 + 1 / group) + 3 * N * V * f
-    reference = 2 * ntv * b                                   # keep_last logits and logits / temperature (briefly both)
-    # pass 2 saves logits / temperature (gather, b) and, when b < 4, each row's float32 copy (logsumexp);
-    # in float32 the rows are views. Backward adds a gradient buffer and one select_backward zeros tensor.
-    saved = ntv * b + (ntv * f if b < 4 else 0)
-    policy = act + saved + 2 * ntv * b
+    reference = ntv * b                                       # keep_last logits; log-probs one row at a time
+    # pass 2: SelectiveLogSoftmax saves the logits (b) and an (N, T) logsumexp, no float32 copy; its
+    # backward builds the logits' gradient row by row and stacks it (briefly two N*T*V*b tensors)
+    policy = act + ntv * b + 2 * ntv * b
     terms = dict(sampling=sampling, reference=reference, policy_backward=policy)
     return dict(terms, step=max(terms.values()))
 

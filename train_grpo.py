@@ -120,12 +120,45 @@ def compute_group_advantages(rewards, group_size, scale_rewards="group"):
     return adv.view(-1), int(zero_std.sum())
 
 
-def selective_log_softmax(logits, tokens):
-    """log p(token) = logit[token] - logsumexp(logits), without a (N, T, V) log-prob tensor.
-    logsumexp runs row by row so only one (T, V) float32 copy exists at a time."""
-    picked = logits.gather(-1, tokens.unsqueeze(-1)).squeeze(-1).float()     # (N, T)
-    lse = torch.stack([torch.logsumexp(row.float(), dim=-1) for row in logits])  # (N, T)
-    return picked - lse
+class SelectiveLogSoftmax(torch.autograd.Function):
+    """log p(token) = logit[token] / temp - logsumexp(logits / temp), in float32, from logits (N, T, V).
+
+    Saves for backward only the logits themselves (in their own dtype, bf16 under autocast) and the
+    (N, T) logsumexp: never a (N, T, V) log-prob tensor nor a float32 copy of the logits (autograd's
+    own logsumexp would keep one per row, N*T*V*4 bytes). Backward recomputes one row at a time:
+        d logp_t / d logits_t = (onehot(token_t) - softmax(logits_t / temp)) / temp"""
+
+    generate_vmap_rule = True  # torch.func (vmap / jacrev, used by the tests' references) may batch it
+
+    @staticmethod
+    def forward(logits, tokens, temperature):
+        inv, acc = 1.0 / temperature, torch.promote_types(logits.dtype, torch.float32)  # bf16 -> float32
+        lse = torch.stack([torch.logsumexp(row.to(acc) * inv, dim=-1) for row in logits])    # (N, T)
+        picked = logits.gather(-1, tokens.unsqueeze(-1)).squeeze(-1).to(acc) * inv           # (N, T)
+        return picked - lse, lse
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        logits, tokens, temperature = inputs
+        ctx.save_for_backward(logits, tokens, output[1])
+        ctx.inv = 1.0 / temperature
+        ctx.mark_non_differentiable(output[1])
+
+    @staticmethod
+    def backward(ctx, g, _):                                                                # g (N, T)
+        logits, tokens, lse = ctx.saved_tensors
+        rows = []
+        for i in range(logits.size(0)):  # one (T, V) float32 softmax exists at a time
+            p = torch.exp(logits[i].to(lse.dtype) * ctx.inv - lse[i, :, None])                 # softmax (T, V)
+            gi = (-p * g[i, :, None]).scatter_add(-1, tokens[i, :, None], g[i, :, None])       # (onehot - p) g
+            rows.append((gi * ctx.inv).to(logits.dtype))
+        # out-of-place (vmap-safe); the stack briefly doubles the (N, T, V) gradient in the logits' dtype
+        return torch.stack(rows), None, None
+
+
+def selective_log_softmax(logits, tokens, temperature=1.0):
+    """(N, T) log-probs of `tokens` under softmax(logits / temperature); see SelectiveLogSoftmax."""
+    return SelectiveLogSoftmax.apply(logits, tokens, temperature)[0]
 
 
 def completion_logprobs(model, idx, pad_left, T, temperature, with_entropy=False):
@@ -134,14 +167,13 @@ def completion_logprobs(model, idx, pad_left, T, temperature, with_entropy=False
     The LM head runs on the T positions that predict completion tokens only (keep_last); the
     logits are divided by the sampling temperature so that logp is the policy that sampled."""
     logits, _ = model(idx[:, :-1], pad_left=pad_left, keep_last=T)          # (N, T, V)
-    if temperature > 0:
-        logits = logits / temperature
-    logp = selective_log_softmax(logits, idx[:, -T:])                       # (N, T)
+    temperature = temperature if temperature > 0 else 1.0  # greedy sampling: plain log-probs
+    logp = selective_log_softmax(logits, idx[:, -T:], temperature)          # (N, T); no (N, T, V) copy
     entropy = None
     if with_entropy:
         with torch.no_grad():  # a diagnostic: no graph kept for it
-            entropy = torch.stack([-(row.float().softmax(-1) * row.float().log_softmax(-1)).sum(-1)
-                                   for row in logits])                      # (N, T)
+            entropy = torch.stack([-(r.softmax(-1) * r.log_softmax(-1)).sum(-1)
+                                   for r in (row.float() / temperature for row in logits)])  # (N, T)
     del logits  # (N, T, V): the largest activation of the pass; logp is all we keep
     return logp, entropy
 

@@ -1,12 +1,14 @@
-# TracIn-GRPO on the tiny task, on a 2-core CPU: each step also samples a validation batch,
-# captures per-sample LoRA gradients with hooks, and trains only on rollouts whose gradient
-# has a positive inner product with the summed validation gradient.
+# TracIn-GRPO on the tiny task, on a 2-core CPU: each step also takes a validation batch (16 val
+# prompts with their clean reference solutions), captures per-sample LoRA gradients with hooks,
+# and trains only on rollouts whose gradient has a positive inner product with the summed
+# validation gradient.
 # python train_grpo.py config/tiny_tracin.py   (trains the base model first if out/base is missing)
 out_dir = "out/tracin"
 base_ckpt = "out/base/ckpt.pt"
 base_config = "config/tiny_base.py"
 tracin = True
-tracin_val_batch_size = 16   # 16 prompts x 8 samples: with 4 the influence was mostly noise (README)
+tracin_val_loss = "nll"      # NLL of reference solutions: no validation sampling (README compares 'pg')
+tracin_val_batch_size = 16   # with 4 sampled val prompts the influence was mostly noise (README)
 tracin_selection = "positive"
 batch_size = 8
 group_size = 8

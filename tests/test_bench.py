@@ -76,8 +76,8 @@ def test_predicted_memory_by_hand():
     # + policy 60*(2+4) + backward 2*60*4 + act 1064
     assert sf["step"] == 40 + 112 + 160 + 160 + 360 + 360 + 480 + 1064 == 2736
     pr = bench.predicted_memory(10, 2, 3, 4, 5, 1, 2, 2, False, group=2)
-    # sampling 112*(1 + 1/2) + 3*2*5*4 = 288; reference 2*40*2 = 160;
-    # policy 1064 + saved 40*2 + 40*4 + backward 2*40*2 = 1464
-    assert (pr["sampling"], pr["reference"], pr["policy_backward"], pr["step"]) == (288, 160, 1464, 1464)
-    # float32 (b = 4, c = 17): act = 1*2*7*2*17*4 = 1904, saved 40*4 (the rows are views), backward 2*40*4
+    # sampling 112*(1 + 1/2) + 3*2*5*4 = 288; reference 40*2 = 80;
+    # policy 1064 + saved logits 40*2 (no float32 copy) + backward rows and their stack 2*40*2 = 1304
+    assert (pr["sampling"], pr["reference"], pr["policy_backward"], pr["step"]) == (288, 80, 1304, 1304)
+    # float32 (b = 4, c = 17): act = 1*2*7*2*17*4 = 1904, saved 40*4, backward 2*40*4
     assert bench.predicted_memory(10, 2, 3, 4, 5, 1, 2, 4, False, group=2)["step"] == 1904 + 160 + 320

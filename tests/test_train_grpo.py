@@ -149,11 +149,47 @@ def reference_logprobs(m, idx, pad_left, T, temperature=1.0):
     return lp[:, -T:].gather(-1, idx[:, -T:, None]).squeeze(-1)
 
 
-def test_selective_log_softmax():
-    x = torch.randn(3, 4, 11)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_selective_log_softmax(dtype, temperature):
+    """Values and gradients against the full float64 log_softmax (the formula on paper)."""
+    x = torch.randn(3, 4, 11).to(dtype).requires_grad_()
     tok = torch.randint(0, 11, (3, 4))
-    want = F.log_softmax(x, -1).gather(-1, tok[..., None]).squeeze(-1)
-    assert torch.allclose(tg.selective_log_softmax(x, tok), want, atol=1e-6)
+    g = torch.randn(3, 4)
+    want = F.log_softmax(x.double() / temperature, -1).gather(-1, tok[..., None]).squeeze(-1)
+    (gx_want,) = torch.autograd.grad((want * g.double()).sum(), x)
+    got = tg.selective_log_softmax(x, tok, temperature)
+    assert got.dtype == torch.float32
+    assert torch.allclose(got.double(), want, atol=1e-5)
+    (gx,) = torch.autograd.grad((got * g).sum(), x)
+    assert gx.dtype == dtype
+    assert torch.allclose(gx.double(), gx_want.double(), atol=1e-6 if dtype == torch.float32 else 1e-2)
+
+
+def test_selective_log_softmax_gradcheck():
+    x = torch.randn(2, 3, 7, dtype=torch.float64, requires_grad=True)
+    tok = torch.randint(0, 7, (2, 3))
+    assert torch.autograd.gradcheck(lambda x: tg.selective_log_softmax(x, tok, 0.8), (x,))
+
+
+def test_selective_log_softmax_saves_no_float32_copy():
+    """With bf16 logits (N, T, V), backward keeps the bf16 logits and (N, T) statistics only: no
+    float32 tensor of N*T*V elements. Autograd's own row-wise logsumexp over row.float() would keep
+    one, N*T*V*4 bytes (checked too, so the test can tell the two apart)."""
+    N, T, V = 4, 5, 64
+    x = torch.randn(N, T, V).bfloat16().requires_grad_()
+    tok = torch.randint(0, V, (N, T))
+
+    def saved(fn):
+        kept = []
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: kept.append((t.dtype, t.numel())) or t, lambda t: t):
+            fn()
+        return kept
+    plain = lambda: torch.stack([torch.logsumexp(r.float(), -1) for r in x]) * 1.0
+    assert sum(n for d, n in saved(plain) if d == torch.float32 and n == V * T) == N * T * V
+    ours = saved(lambda: tg.selective_log_softmax(x, tok, 0.7))
+    assert not any(d == torch.float32 and n >= T * V for d, n in ours)
+    assert (torch.bfloat16, N * T * V) in ours
 
 
 def test_completion_logprobs_temperature(lora_gpt):
