@@ -91,7 +91,8 @@ class GhostHooks:
         if not xs:
             raise RuntimeError(f"nothing captured for split {split!r}: run a forward+backward first")
         # backward visits micro-batches in the order their forwards ran, so list positions pair up
-        return {n: (torch.cat(xs[n]), torch.cat(gAs[n]), torch.cat(hs[n]), torch.cat(gBs[n])) for n in xs}
+        cat = lambda ts: ts[0] if len(ts) == 1 else torch.cat(ts)  # one micro-batch: no copy
+        return {n: (cat(xs[n]), cat(gAs[n]), cat(hs[n]), cat(gBs[n])) for n in xs}
 
     def clear(self, split=None):
         for d in self.buffers(split):
