@@ -143,7 +143,8 @@ def test_completion_mask_and_padding_after_eot(sharp_gpt):
     assert 0 in mask.tolist()[0], "test setup: row 0 should have padding after its eot"
 
 
-def test_generation_stops_calling_the_model_once_all_rows_finished(sharp_gpt, monkeypatch):
+@pytest.mark.parametrize("check_every", [1, 8])  # 1: the CPU default; 8: the CUDA default
+def test_generation_stops_calling_the_model_once_all_rows_finished(sharp_gpt, monkeypatch, check_every):
     prompt = PROMPTS[1]
     free = free_run(sharp_gpt, [prompt], 20)[0].tolist()
     eot = free[6]
@@ -156,13 +157,14 @@ def test_generation_stops_calling_the_model_once_all_rows_finished(sharp_gpt, mo
         return real_forward(*args, **kwargs)
 
     monkeypatch.setattr(sharp_gpt, "forward", counting_forward)
-    idx, _, mask = generate(sharp_gpt, [prompt], 20, eot, temperature=0)
-    T = mask.size(1)
-    assert f + 1 <= T <= 20
-    assert idx[0, len(prompt):].tolist() == free[:f + 1] + [eot] * (T - f - 1)
-    assert mask.tolist() == [[1] * (f + 1) + [0] * (T - f - 1)]
-    # one prefill of the prompt, then one call per token generated before the eot
-    assert calls == [(1, len(prompt))] + [(1, 1)] * f
+    idx, _, mask = generate(sharp_gpt, [prompt], 20, eot, temperature=0, check_every=check_every)
+    assert mask.size(1) == f + 1                          # columns after the last eot are dropped
+    assert idx[0, len(prompt):].tolist() == free[:f + 1]
+    assert mask.tolist() == [[1] * (f + 1)]
+    # one prefill of the prompt, then one call per step until the first "all done?" check after the
+    # eot: asked every check_every steps (t = k*check_every - 1), so at most check_every - 1 are wasted
+    t_stop = min(-(-(f + 1) // check_every) * check_every - 1, 19)
+    assert calls == [(1, len(prompt))] + [(1, 1)] * t_stop
 
 
 # ------------------------------------------------------------------------------------------
@@ -301,3 +303,14 @@ def test_decode_completions_of_generated_rows(enc, make_gpt):
         cut = row[:row.index(eot)] if eot in row else row
         expected.append(enc.decode(cut))
     assert decode_completions(enc, idx, mask) == expected
+
+
+def test_check_every_changes_nothing_within_a_call(sharp_gpt):
+    """Asking "all rows done?" every 8 steps (the CUDA default) only adds padding steps after every
+    row has ended: ids, pad_left and mask equal asking every step, greedy and sampled alike."""
+    eot = free_run(sharp_gpt, PROMPTS[:1], 20)[0, 4].item()  # an id some rows emit early
+    for kw in (dict(temperature=0), dict(temperature=1.0, seed=3, num_samples=3)):
+        a = generate(sharp_gpt, PROMPTS, 20, eot, check_every=1, **kw)
+        b = generate(sharp_gpt, PROMPTS, 20, eot, check_every=8, **kw)
+        assert all(torch.equal(x, y) for x, y in zip(a, b))
+        assert a[2].size(1) < 20 or not bool((a[0][:, -1] == eot).all())  # some early stop was exercised
