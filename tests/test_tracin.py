@@ -530,3 +530,28 @@ def test_posthoc_memory_efficient_loads_each_checkpoint_once(world, tmp_path, mo
     res = tracin.find_critical_samples(m, paths, train, test, ByteEnc(), mode="memory_efficient", micro_batch=2)
     assert sorted(loads) == sorted(paths)  # each exactly once, even with several train chunks
     assert [e["checkpoint_contributions"][0] for e in res["scores"]] != [0.0] * len(train)
+
+
+def test_bf16_autocast_influence_and_update_close_to_float32(world):
+    """The CUDA path runs under bf16 autocast; CPU autocast exercises the same dtype mixing (bf16
+    activations and gradients in the hook buffers, float32 LoRA weights). Influences and the subset
+    update must stay close to the float32 ones (bf16 has 8 mantissa bits: ~1e-2 relative) and the
+    .grad written by subset_gradients must be float32 like the weights it belongs to."""
+    m, train, val = world
+    tr32, va32 = capture_both(m, train, val)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        tr16, va16 = capture_both(m, train, val)
+    assert any(v[0].dtype == torch.bfloat16 for v in tr16.values())  # autocast really ran in bf16
+    inf32 = tracin.compute_ghost_inner_product_matrix(tr32, va32).sum(1)
+    inf16 = tracin.compute_ghost_inner_product_matrix(tr16, va16).sum(1)
+    assert inf16.dtype == torch.float32
+    assert (inf16 - inf32).abs().max() <= 0.05 * inf32.abs().max()
+    keep = torch.tensor([True, False, True, True, False, True])
+    grads = {}
+    for name, cap in (("f32", tr32), ("bf16", tr16)):
+        tracin.subset_gradients(m, cap, keep)
+        grads[name] = [p.grad.clone() for p in lora_parameters(m)]
+        m.zero_grad(set_to_none=True)
+    for a, b in zip(grads["f32"], grads["bf16"]):
+        assert b.dtype == torch.float32
+        assert (a - b).abs().max() <= 0.05 * a.abs().max() + 1e-6
