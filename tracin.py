@@ -287,7 +287,7 @@ def find_critical_samples(model, checkpoints, train_samples, test_samples, enc, 
           'full'             every checkpoint loaded into memory first, then sum_t eta_t <g_test, g_train>
           'memory_efficient' one checkpoint at a time from disk, each loaded exactly once
     learning_rates: eta_t per checkpoint; default: the 'lr' stored in each checkpoint.
-    n_probe: score only the first n_probe training rollouts (None: all).
+    n_probe: score only n_probe training rollouts, evenly spaced over the list (None: all).
     Returns the seed's result dictionary (see README)."""
     from lora import load_lora_state_dict
     from model import load_checkpoint
@@ -305,7 +305,8 @@ def find_critical_samples(model, checkpoints, train_samples, test_samples, enc, 
     layers = [n for n, m in model.named_modules() if isinstance(m, LoRALinear)]
     if layer_filter is not None and not any(layer_filter in n for n in layers):
         raise UserError(f"layer_filter {layer_filter!r} matches no LoRA layer (layers: {layers[:4]} ...)")
-    train_samples = train_samples[:n_probe] if n_probe else train_samples
+    if n_probe and n_probe < len(train_samples):  # evenly spaced over the run, not only its first steps
+        train_samples = [train_samples[i * len(train_samples) // n_probe] for i in range(n_probe)]
     device = next(model.parameters()).device
     train_batch = rollout_batch(enc, train_samples, device)
     test_batch = rollout_batch(enc, test_samples, device)
@@ -378,7 +379,7 @@ defaults = dict(
     question="",               # the test question
     completion="",             # the answer text to attribute; empty: the final model's greedy answer
     mode="memory_efficient",   # 'simple' / 'full' / 'memory_efficient'
-    n_probe=512,               # score the first n_probe rollouts with nonzero advantage (0: all)
+    n_probe=512,               # score n_probe rollouts with nonzero advantage, spread over the run (0: all)
     top_k=5,
     layer_filter="",           # only LoRA layers whose name contains this ('' = all)
     normalize=True,            # also report cosine-normalised scores (rankings not dominated by gradient norm)

@@ -555,3 +555,16 @@ def test_bf16_autocast_influence_and_update_close_to_float32(world):
     for a, b in zip(grads["f32"], grads["bf16"]):
         assert b.dtype == torch.float32
         assert (a - b).abs().max() <= 0.05 * a.abs().max() + 1e-6
+
+
+def test_posthoc_n_probe_spreads_over_the_run(world, tmp_path):
+    """n_probe=2 of 4 rollouts scores rollouts 0 and 2 (evenly spaced), exactly as scoring that
+    sub-list by hand does; not the first two."""
+    m = world[0]
+    paths, lrs, train, test = posthoc_setup(tmp_path, m)
+    enc = ByteEnc()
+    got = tracin.find_critical_samples(m, paths, train, test, enc, n_probe=2)
+    want = tracin.find_critical_samples(m, paths, [train[0], train[2]], test, enc)
+    first = tracin.find_critical_samples(m, paths, train[:2], test, enc)
+    scores = lambda r: [e["tracin_score"] for e in r["scores"]]
+    assert scores(got) == scores(want) and scores(got) != scores(first)
