@@ -63,6 +63,8 @@ def generate(model, prompts, max_new_tokens, eot_id, num_samples=1, temperature=
     check_every = check_every or (8 if device.type == "cuda" else 1)  # see "all rows done?" below
     idx, pad_left = pad_prompts(prompts, eot_id, device)
     B, P = idx.shape
+    if max_new_tokens < 1:
+        raise UserError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
     if P + max_new_tokens > model.config.block_size:
         raise UserError(f"prompt of {P} tokens + max_new_tokens={max_new_tokens} exceeds the context "
                         f"of {model.config.block_size} tokens; shorten the prompt or max_new_tokens")

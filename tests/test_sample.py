@@ -233,6 +233,12 @@ def test_empty_prompt_raises(tiny_gpt, prompts):
         generate(tiny_gpt, prompts, 5, NEVER)
 
 
+@pytest.mark.parametrize("n", [0, -3])
+def test_no_new_tokens_raises(tiny_gpt, n):
+    with pytest.raises(UserError, match="max_new_tokens"):
+        generate(tiny_gpt, [[1, 2]], n, NEVER)
+
+
 def test_prompt_plus_new_tokens_beyond_block_size_raises(tiny_gpt):
     with pytest.raises(UserError, match="block_size|context"):
         generate(tiny_gpt, [[1] * 60], 5, NEVER)
