@@ -560,6 +560,8 @@ def bench_throughput(cfg):
 
 def main(argv):
     cfg = configure(defaults, argv)
+    from model import check_device
+    check_device(cfg["device"])
     if cfg["quick"]:
         cfg.update(n_seq=4, new_tokens=16, n_train=4, n_val=2, seq_lens=(8,), repeats=1, step_batch_size=2,
                    step_val_batch_size=2)

@@ -189,7 +189,19 @@ class GPT(nn.Module):
 
 
 # ---------------------------------------------------------------------------------------------
-# checkpoint I/O shared by every script
+# device check and checkpoint I/O shared by every script
+
+def check_device(device, dtype="bfloat16"):
+    """Fail at start-up, with the fix in the message, on a device or autocast dtype that cannot work,
+    and make 'cuda:N' the current device: memory_allocated() and synchronize() read the current one."""
+    if device.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise UserError(f"device={device!r} but torch.cuda.is_available() is False on this machine "
+                            f"(torch {torch.__version__}); use --device=cpu, or install a CUDA build of torch")
+        torch.cuda.set_device(device)
+    if dtype not in ("bfloat16", "float32"):  # float16 would need a GradScaler (loss scaling): not in this project
+        raise UserError(f"dtype must be 'bfloat16' (autocast on CUDA) or 'float32', got {dtype!r}")
+
 
 def save_checkpoint(obj, path):
     """Write atomically: a crash mid-write leaves the previous file intact, never half a file."""

@@ -150,6 +150,8 @@ def load_policy(ckpt_path, device="cpu"):
 
 def main(argv):
     cfg = configure(defaults, argv)
+    from model import check_device
+    check_device(cfg["device"])
     from data.gsm_synth.prepare import load_split, prompt_text
     model, enc, data_dir = load_policy(cfg["ckpt"], cfg["device"])
     questions = [cfg["question"]] if cfg["question"] else \

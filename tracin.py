@@ -343,13 +343,15 @@ def find_critical_samples(model, checkpoints, train_samples, test_samples, enc, 
             raise UserError(f"gradient_method must be 'hooks' or 'loop', got {gradient_method!r}")
         if not torch.isfinite(ip).all():
             raise FloatingPointError(f"NaN/Inf in gradient inner products at checkpoint {t}")
-        contrib = eta * ip.sum(1).double()              # summed over test samples: (n,)
+        # the accumulators are float64 on the CPU, whatever device the model is on
+        ip, tr_norm, te_norm = (None if v is None else v.double().cpu() for v in (ip, tr_norm, te_norm))
+        contrib = eta * ip.sum(1)                       # summed over test samples: (n,)
         scores += contrib
         contributions.append(contrib)
         if normalize and tr_norm is not None:
-            cosine += eta * ip.sum(1).double() / (tr_norm.sqrt().double() * te_norm.double()).clamp(min=1e-12)
+            cosine += eta * ip.sum(1) / (tr_norm.sqrt() * te_norm).clamp(min=1e-12)
         if self_influence and tr_norm is not None:
-            selfinf += eta * tr_norm.double()
+            selfinf += eta * tr_norm
         del state
     per_sample = []
     for i, s in enumerate(train_samples):
@@ -413,6 +415,8 @@ def load_rollouts(path, enc):
 
 def main(argv):
     cfg = configure(defaults, argv)
+    from model import check_device
+    check_device(cfg["device"])
     from data.gsm_synth.prepare import prompt_text
     from sample import generate, load_policy
     run = cfg["out_dir"]

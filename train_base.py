@@ -16,7 +16,7 @@ import time
 import torch
 
 from configurator import UserError, configure, cli_main
-from model import GPT, GPTConfig, load_checkpoint, model_from_checkpoint, save_checkpoint
+from model import GPT, GPTConfig, check_device, load_checkpoint, model_from_checkpoint, save_checkpoint
 
 # -----------------------------------------------------------------------------
 # default config values (override with a config file and/or --key=value)
@@ -119,6 +119,7 @@ def get_batch(pairs, batch_size, rng, device):
 
 def main(argv):
     cfg = configure(defaults, argv)
+    check_device(cfg["device"], cfg["dtype"])
     from data.gsm_synth.prepare import load_split
     torch.manual_seed(cfg["seed"])
     rng = random.Random(cfg["seed"])
@@ -154,7 +155,7 @@ def main(argv):
     if cfg["init_from"] == "resume":
         optimizer.load_state_dict(ckpt["optimizer"])
         del ckpt
-    use_amp = "cuda" in device
+    use_amp = "cuda" in device and cfg["dtype"] != "float32"
     amp = torch.autocast("cuda", dtype=getattr(torch, cfg["dtype"]), enabled=use_amp)
 
     def checkpoint(metrics):

@@ -25,7 +25,7 @@ import torch
 
 from configurator import UserError, configure, cli_main
 from lora import apply_lora, disable_lora, lora_parameters, lora_state_dict, load_lora_state_dict
-from model import load_checkpoint, model_from_checkpoint, save_checkpoint
+from model import check_device, load_checkpoint, model_from_checkpoint, save_checkpoint
 from rewards import compute_rewards
 from sample import generate, decode_completions
 from tracin import (compute_ghost_inner_product_matrix, ghost_mode, install_ghost_hooks, select_rollouts,
@@ -406,6 +406,7 @@ def truncate_jsonl(path, max_iter):
 
 def main(argv):
     cfg = configure(defaults, argv)
+    check_device(cfg["device"], cfg["dtype"])
     if cfg["batch_size"] * cfg["group_size"] % cfg["micro_batch_size"]:
         raise UserError(f"batch_size*group_size = {cfg['batch_size'] * cfg['group_size']} completions do not "
                         f"divide into micro-batches of {cfg['micro_batch_size']}")
@@ -450,20 +451,27 @@ def main(argv):
         optimizer.load_state_dict(resume["optimizer"])
         iter_num, elapsed_before = resume["iter_num"], resume["train_seconds"]
         rng.setstate(resume["rng"]["python"])
-        generator.set_state(resume["rng"]["generator"])
+        saved_on = resume["rng"].get("device", generator.device.type)
+        if saved_on == generator.device.type:
+            generator.set_state(resume["rng"]["generator"])
+        else:  # a CPU generator's state does not fit a CUDA generator (nor back): new sampling stream
+            print(f"warning: run saved on {saved_on}, resumed on {device}: completions are sampled from "
+                  f"seed {cfg['seed'] + iter_num} from here on, so they differ from an uninterrupted run")
+            generator.manual_seed(cfg["seed"] + iter_num)
         for name in ("log.jsonl", "rollouts.jsonl"):
             truncate_jsonl(os.path.join(out, name), iter_num)
         print(f"resuming {out} at iter {iter_num}")
         del resume
     n_lora = sum(p.numel() for p in lora_parameters(model))
     print(f"GRPO: {model.num_params() / 1e6:.2f}M base parameters frozen, {n_lora} LoRA parameters trained")
-    amp = torch.autocast("cuda", dtype=getattr(torch, cfg["dtype"]), enabled="cuda" in device)
+    amp = torch.autocast("cuda", dtype=getattr(torch, cfg["dtype"]), enabled="cuda" in device and cfg["dtype"] != "float32")
 
     def checkpoint(lr):
         state = {"lora": lora_state_dict(model), "optimizer": optimizer.state_dict(), "iter_num": iter_num,
                  "lr": lr, "config": cfg, "base_ckpt": cfg["base_ckpt"], "data_dir": data_dir,
                  "train_seconds": elapsed_before + time.time() - t_start,
-                 "rng": {"python": rng.getstate(), "generator": generator.get_state()}}
+                 "rng": {"python": rng.getstate(), "generator": generator.get_state(),
+                         "device": generator.device.type}}
         save_checkpoint(state, os.path.join(out, f"ckpt_{iter_num:06d}.pt"))  # history, for TracIn
         save_checkpoint(state, os.path.join(out, "ckpt.pt"))                 # latest, for resume
 

@@ -13,7 +13,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 import bench
 import train_grpo as tg
 from data.gsm_synth.prepare import prepare, load_tokenizer
-from model import GPT, GPTConfig, save_checkpoint
+from model import GPT, GPTConfig, load_checkpoint, save_checkpoint
 from sample import generate
 
 
@@ -51,10 +51,11 @@ def test_quick_bench_on_cuda(tmp_path):
     assert rows[names.index("throughput")][4] in ("met", "MISSED")
 
 
-@pytest.mark.parametrize("extra", [[], ["--tracin=True", "--tracin_val_loss=nll", "--beta=0.0"],
-                                   ["--tracin=True", "--tracin_val_loss=pg", "--beta=0.0"]])
-def test_grpo_runs_on_cuda_bf16(tmp_path, extra):
-    """Two GRPO steps on CUDA under bf16 autocast: finite losses, the adapter changes, memory logged."""
+def tiny_run_setup(tmp_path, monkeypatch):
+    """A 1-layer random base model on a tiny task, and a reward that varies even for it (text length),
+    so that groups have nonzero advantages and a step really changes the adapter."""
+    import rewards
+    monkeypatch.setitem(rewards.REWARD_FUNCS, "chars", lambda completion, answer: len(completion) / 10)
     data_dir = prepare(steps=1, max_operand=5, ops="+", n_train=300, n_val=20, n_test=20, num_merges=20,
                        verbose=False, root=str(tmp_path / "data"))
     enc = load_tokenizer(data_dir)
@@ -63,9 +64,48 @@ def test_grpo_runs_on_cuda_bf16(tmp_path, extra):
     base = str(tmp_path / "base.pt")
     save_checkpoint({"model": GPT(GPTConfig(**args)).state_dict(), "model_args": args, "data_dir": data_dir,
                      "iter_num": 0, "config": {}, "train_seconds": 0.0, "metrics": {}}, base)
+    return base
+
+
+def grpo_run(base, out, device, *extra):
+    return tg.main([f"--base_ckpt={base}", f"--out_dir={out}", f"--device={device}", "--batch_size=2",
+                    "--group_size=4", "--micro_batch_size=4", "--max_new_tokens=8", "--eval_n=4", "--eval_k=1",
+                    "--tracin_val_batch_size=2", "--learning_rate=0.01", "--warmup_iters=1",
+                    "--reward_funcs=('correctness','chars')", "--reward_weights=(1.0,1.0)", *extra])
+
+
+@pytest.mark.parametrize("extra", [[], ["--tracin=True", "--tracin_val_loss=nll", "--beta=0.0"],
+                                   ["--tracin=True", "--tracin_val_loss=pg", "--beta=0.0"]])
+def test_grpo_runs_on_cuda_bf16(tmp_path, monkeypatch, extra):
+    """Three GRPO steps on CUDA under bf16 autocast: finite losses, the adapter changes, memory logged."""
+    base = tiny_run_setup(tmp_path, monkeypatch)
     out = tmp_path / "run"
-    tg.main([f"--base_ckpt={base}", f"--out_dir={out}", "--device=cuda", "--batch_size=2", "--group_size=4",
-             "--micro_batch_size=4", "--max_new_tokens=8", "--eval_n=4", "--eval_k=1", "--max_iters=2",
-             "--tracin_val_batch_size=2", *extra])
-    step = json.loads(open(out / "log.jsonl").readlines()[-1])
-    assert not step["skipped"] and step["mem_max_alloc_mb"] > 0
+    grpo_run(base, out, "cuda", "--max_iters=3", *extra)
+    steps = [json.loads(l) for l in open(out / "log.jsonl")][1:]
+    assert not any(s["skipped"] for s in steps) and steps[-1]["mem_max_alloc_mb"] > 0
+    lora = load_checkpoint(str(out / "ckpt.pt"))["lora"]
+    assert any(v.abs().sum() > 0 for k, v in lora.items() if "lora_B" in k)  # B started at zero
+
+
+def test_resume_a_cpu_run_on_cuda(tmp_path, monkeypatch, capsys):
+    """Generator states differ in size between CPU and CUDA: the resumed run warns and reseeds."""
+    base = tiny_run_setup(tmp_path, monkeypatch)
+    out = tmp_path / "run"
+    grpo_run(base, out, "cpu", "--max_iters=1")
+    grpo_run(base, out, "cuda", "--max_iters=2", "--init_from=resume")
+    assert "run saved on cpu, resumed on cuda" in capsys.readouterr().out
+    assert [json.loads(l)["iter"] for l in open(out / "rollouts.jsonl")] == [1, 2]
+
+
+def test_posthoc_attribution_on_cuda_equals_cpu(tmp_path):
+    """find_critical_samples with the model on CUDA (float32): the same scores as on the CPU."""
+    import tracin
+    from test_tracin import ByteEnc, make_model, posthoc_setup
+    m = make_model()
+    paths, _, train, test = posthoc_setup(tmp_path, m)
+    kw = dict(mode="memory_efficient", normalize=True, self_influence=True)
+    want = tracin.find_critical_samples(m, paths, train, test, ByteEnc(), **kw)["scores"]
+    got = tracin.find_critical_samples(m.cuda(), paths, train, test, ByteEnc(), **kw)["scores"]
+    for key in ("tracin_score", "cosine_score", "self_influence"):
+        assert torch.allclose(torch.tensor([e[key] for e in got]), torch.tensor([e[key] for e in want]),
+                              rtol=1e-4, atol=1e-8), key

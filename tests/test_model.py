@@ -323,3 +323,28 @@ def test_model_from_checkpoint_not_a_base_checkpoint():
     with pytest.raises(UserError) as excinfo:
         model_from_checkpoint({"lora": {}}, "grpo.pt")
     assert_one_line_user_error(excinfo)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without CUDA")
+@pytest.mark.parametrize("device", ["cuda", "cuda:1"])
+def test_check_device_without_cuda_says_what_to_do(device):
+    with pytest.raises(UserError, match="--device=cpu"):
+        model_module.check_device(device)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bf16", "int8"])
+def test_check_device_refuses_dtypes_without_a_loss_scaler(dtype):
+    with pytest.raises(UserError, match="bfloat16"):
+        model_module.check_device("cpu", dtype)
+    model_module.check_device("cpu", "bfloat16")
+    model_module.check_device("cpu", "float32")
+
+
+def test_scripts_check_the_device_before_any_work(tmp_path):
+    """--device=cuda on a machine without CUDA (or --dtype=float16) fails at once with the UserError,
+    before data, base model or output directory are touched."""
+    import train_grpo
+    out = tmp_path / "run"
+    with pytest.raises(UserError, match="dtype"):
+        train_grpo.main([f"--out_dir={out}", "--dtype=float16"])
+    assert not out.exists()

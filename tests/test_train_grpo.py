@@ -300,6 +300,22 @@ def test_resume_is_exact(tiny_setup, tmp_path):
     assert [json.loads(l)["iter"] for l in open(b / "rollouts.jsonl")] == [1, 2, 3, 4]
 
 
+def test_resume_on_another_device_type_reseeds(tiny_setup, tmp_path, capsys):
+    """A CUDA generator's state (16 bytes) does not fit a CPU generator (5056 bytes): a run saved on
+    one device type resumes on the other with a warning and a new sampling seed, instead of crashing."""
+    out = tmp_path / "run"
+    run(tiny_setup, out, "--max_iters=2")
+    ck = load_checkpoint(str(out / "ckpt.pt"))
+    with pytest.raises(RuntimeError):  # what set_state would do with the foreign state
+        torch.Generator().set_state(torch.zeros(16, dtype=torch.uint8))
+    ck["rng"] = {**ck["rng"], "generator": torch.zeros(16, dtype=torch.uint8), "device": "cuda"}
+    save_checkpoint(ck, str(out / "ckpt.pt"))
+    run(tiny_setup, out, "--max_iters=3", "--init_from=resume")
+    assert "run saved on cuda, resumed on cpu" in capsys.readouterr().out
+    assert [json.loads(l)["iter"] for l in open(out / "rollouts.jsonl")] == [1, 2, 3]
+    assert load_checkpoint(str(out / "ckpt.pt"))["rng"]["device"] == "cpu"
+
+
 def test_nan_loss_skips_step(tiny_setup, tmp_path, monkeypatch):
     real = tg.grpo_loss
 
