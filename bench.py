@@ -158,8 +158,8 @@ def bench_influence(cfg):
 
         pdict = {n: p.detach() for n, p in model.named_parameters() if ".lora_" in n}
 
-        def one(p, x, a):
-            logits, _ = functional_call(model, p, (x[None, :-1],), {"keep_last": T})
+        def one(p, x, a):  # the same padding-mask attention as the hooks and the loop (pad_left = 0)
+            logits, _ = functional_call(model, p, (x[None, :-1],), {"keep_last": T, "pad_left": pad[:1]})
             lp = selective_log_softmax(logits, x[None, -T:])
             return -(a * lp.mean())
 
