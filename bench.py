@@ -44,6 +44,7 @@ defaults = dict(
     base_ckpt="out/base/ckpt.pt",  # step cost: this base model if it exists, else random weights
     step_batch_size=8,    # step cost: prompts x group_size 8, as config/tiny_tracin.py
     step_val_batch_size=16,
+    step_repeats=7,       # step cost: rounds of (standard, pg, nll); one step is short and the ratio noisy
     data_root="",         # step cost without a base model: where to build the task data ('' = data/gsm_synth)
     mem_n_layer=0,        # memory: 0 = by device (CUDA: GPT-2 small, 12 layers; CPU: 2)
     mem_n_head=0,         # memory: 0 = by device (12 / 2)
@@ -209,12 +210,12 @@ def bench_step_cost(cfg):
     tb = [train[rng.randrange(len(train))] for _ in range(cfg["step_batch_size"])]
     vb = [val[rng.randrange(len(val))] for _ in range(cfg["step_val_batch_size"])]
     amp = torch.autocast("cuda", dtype=torch.bfloat16, enabled="cuda" in dev)
-    phases = {}
-    for mode in ("standard", "pg", "nll"):  # TracIn's validation loss: sampled rollouts, or reference solutions
-        c = {**tg.defaults, "device": dev, "beta": 0.0, "tracin": mode != "standard", "micro_batch_size": 64,
-             "tracin_val_loss": mode if mode != "standard" else "pg"}
-        runs = []
-        for r in range(cfg["repeats"] + 1):  # the first is a warm-up
+    modes = ("standard", "pg", "nll")  # TracIn's validation loss: sampled rollouts, or reference solutions
+    runs = {mode: [] for mode in modes}
+    for r in range(cfg["step_repeats"] + 1):  # the first round is a warm-up
+        for mode in modes:  # interleaved, so that a slow spell of a shared machine hits every mode alike
+            c = {**tg.defaults, "device": dev, "beta": 0.0, "tracin": mode != "standard", "micro_batch_size": 64,
+                 "tracin_val_loss": mode if mode != "standard" else "pg"}
             opt = torch.optim.AdamW(lora_parameters(model), lr=0.0)  # lr 0: the weights stay as they are
             gen = torch.Generator(device=dev).manual_seed(cfg["seed"])
             t0 = time.perf_counter()
@@ -222,11 +223,11 @@ def bench_step_cost(cfg):
                 log, _ = tg.grpo_step(model, opt, enc, [e["question"] for e in tb], [e["answer"] for e in tb], c,
                                       gen, amp, vb if c["tracin"] else None)
             log["total"] = time.perf_counter() - t0
-            runs.append(log)
-        phases[mode] = {k: statistics.median(l.get(k, 0.0) for l in runs[1:])
-                        for k in ("time/generation", "time/reward", "time/grad_capture_train",
-                                  "time/grad_capture_val", "time/influence", "time/policy",
-                                  "time/optimizer", "total")}
+            if r > 0:
+                runs[mode].append(log)
+    phases = {mode: {k: statistics.median(l.get(k, 0.0) for l in runs[mode])
+                     for k in ("time/generation", "time/reward", "time/grad_capture_train", "time/grad_capture_val",
+                               "time/influence", "time/policy", "time/optimizer", "total")} for mode in modes}
     s = phases["standard"]
     rows = []
     for mode, name in (("pg", "val = sampled rollouts (seed 000)"), ("nll", "val = reference solutions")):
@@ -569,8 +570,8 @@ def main(argv):
     from model import check_device
     check_device(cfg["device"])
     if cfg["quick"]:
-        cfg.update(n_seq=4, new_tokens=16, n_train=4, n_val=2, seq_lens=(8,), repeats=1, step_batch_size=2,
-                   step_val_batch_size=2)
+        cfg.update(n_seq=4, new_tokens=16, n_train=4, n_val=2, seq_lens=(8,), repeats=1, step_repeats=1,
+                   step_batch_size=2, step_val_batch_size=2)
         cfg.update(mem_n_layer=1, mem_n_head=2, mem_n_embd=32, mem_vocab=512, mem_prompts=2, mem_group=2,
                    mem_prompt_len=8, mem_new_tokens=8, thr_n_layer=1, thr_n_head=2, thr_n_embd=32, thr_prompts=2,
                    thr_group=2, thr_prompt_len=8, thr_new_tokens=8)
