@@ -7,6 +7,8 @@
 #   equal computations. Scaling only the tied embedding makes the model copy its last input token
 #   forever (embedding . itself dominates), which would not exercise the attention/KV cache at all;
 #   scaling the blocks too makes the continuation depend on the whole context.
+# - `tiny_setup`: a random 1-layer base checkpoint on a tiny task, for whole train_grpo.py runs;
+#   `chars_reward`: a "chars" reward (completion length) that varies even for that model.
 import os
 import sys
 
@@ -55,3 +57,29 @@ def sharp_gpt():
 def make_gpt():
     """Factory fixture: make_gpt(seed=..., emb_scale=..., n_layer=..., ...)."""
     return build_gpt
+
+
+@pytest.fixture(scope="module")
+def tiny_setup(tmp_path_factory):
+    """Path of a random 1-layer base checkpoint on a tiny task (for whole train_grpo.py runs)."""
+    from data.gsm_synth.prepare import prepare, load_tokenizer
+    from model import save_checkpoint
+    root = tmp_path_factory.mktemp("data")
+    data_dir = prepare(steps=1, max_operand=5, ops="+", n_train=300, n_val=20, n_test=20, num_merges=20,
+                       verbose=False, root=str(root))
+    enc = load_tokenizer(data_dir)
+    torch.manual_seed(0)
+    args = dict(block_size=128, vocab_size=enc.n_vocab, n_layer=1, n_head=2, n_embd=32, dropout=0.0, bias=False)
+    model = GPT(GPTConfig(**args))
+    path = str(tmp_path_factory.mktemp("base") / "ckpt.pt")
+    save_checkpoint({"model": model.state_dict(), "model_args": args, "data_dir": data_dir, "iter_num": 0,
+                     "config": {}, "train_seconds": 0.0, "metrics": {}}, path)
+    return path
+
+
+@pytest.fixture
+def chars_reward(monkeypatch):
+    """A reward that varies even for an untrained model (text length), so groups have nonzero
+    advantages and a train_grpo.py run really updates the adapter (use: "chars" in reward_funcs)."""
+    import rewards
+    monkeypatch.setitem(rewards.REWARD_FUNCS, "chars", lambda completion, answer: len(completion) / 10)

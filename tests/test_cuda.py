@@ -8,13 +8,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+pytestmark = [pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+              pytest.mark.usefixtures("chars_reward")]  # conftest: a reward that varies for a random model
 
 import bench
 import train_grpo as tg
-from data.gsm_synth.prepare import prepare, load_tokenizer
-from model import GPT, GPTConfig, load_checkpoint, save_checkpoint
+from model import load_checkpoint
 from sample import generate
+from test_train_grpo import run  # the CPU tests' small train_grpo.py run (tiny_setup: conftest)
 
 
 def test_kv_cache_matches_full_recompute_on_cuda():
@@ -51,48 +52,23 @@ def test_quick_bench_on_cuda(tmp_path):
     assert rows[names.index("throughput")][4] in ("met", "MISSED")
 
 
-def tiny_run_setup(tmp_path, monkeypatch):
-    """A 1-layer random base model on a tiny task, and a reward that varies even for it (text length),
-    so that groups have nonzero advantages and a step really changes the adapter."""
-    import rewards
-    monkeypatch.setitem(rewards.REWARD_FUNCS, "chars", lambda completion, answer: len(completion) / 10)
-    data_dir = prepare(steps=1, max_operand=5, ops="+", n_train=300, n_val=20, n_test=20, num_merges=20,
-                       verbose=False, root=str(tmp_path / "data"))
-    enc = load_tokenizer(data_dir)
-    torch.manual_seed(0)
-    args = dict(block_size=128, vocab_size=enc.n_vocab, n_layer=1, n_head=2, n_embd=32, dropout=0.0, bias=False)
-    base = str(tmp_path / "base.pt")
-    save_checkpoint({"model": GPT(GPTConfig(**args)).state_dict(), "model_args": args, "data_dir": data_dir,
-                     "iter_num": 0, "config": {}, "train_seconds": 0.0, "metrics": {}}, base)
-    return base
-
-
-def grpo_run(base, out, device, *extra):
-    return tg.main([f"--base_ckpt={base}", f"--out_dir={out}", f"--device={device}", "--batch_size=2",
-                    "--group_size=4", "--micro_batch_size=4", "--max_new_tokens=8", "--eval_n=4", "--eval_k=1",
-                    "--tracin_val_batch_size=2", "--learning_rate=0.01", "--warmup_iters=1",
-                    "--reward_funcs=('correctness','chars')", "--reward_weights=(1.0,1.0)", *extra])
-
-
 @pytest.mark.parametrize("extra", [[], ["--tracin=True", "--tracin_val_loss=nll", "--beta=0.0"],
                                    ["--tracin=True", "--tracin_val_loss=pg", "--beta=0.0"]])
-def test_grpo_runs_on_cuda_bf16(tmp_path, monkeypatch, extra):
+def test_grpo_runs_on_cuda_bf16(tiny_setup, tmp_path, extra):
     """Three GRPO steps on CUDA under bf16 autocast: finite losses, the adapter changes, memory logged."""
-    base = tiny_run_setup(tmp_path, monkeypatch)
     out = tmp_path / "run"
-    grpo_run(base, out, "cuda", "--max_iters=3", *extra)
+    run(tiny_setup, out, "--device=cuda", "--max_iters=3", *extra)
     steps = [json.loads(l) for l in open(out / "log.jsonl")][1:]
     assert not any(s["skipped"] for s in steps) and steps[-1]["mem_max_alloc_mb"] > 0
     lora = load_checkpoint(str(out / "ckpt.pt"))["lora"]
     assert any(v.abs().sum() > 0 for k, v in lora.items() if "lora_B" in k)  # B started at zero
 
 
-def test_resume_a_cpu_run_on_cuda(tmp_path, monkeypatch, capsys):
+def test_resume_a_cpu_run_on_cuda(tiny_setup, tmp_path, capsys):
     """Generator states differ in size between CPU and CUDA: the resumed run warns and reseeds."""
-    base = tiny_run_setup(tmp_path, monkeypatch)
     out = tmp_path / "run"
-    grpo_run(base, out, "cpu", "--max_iters=1")
-    grpo_run(base, out, "cuda", "--max_iters=2", "--init_from=resume")
+    run(tiny_setup, out, "--device=cpu", "--max_iters=1")
+    run(tiny_setup, out, "--device=cuda", "--max_iters=2", "--init_from=resume")
     assert "run saved on cpu, resumed on cuda" in capsys.readouterr().out
     assert [json.loads(l)["iter"] for l in open(out / "rollouts.jsonl")] == [1, 2]
 

@@ -13,10 +13,13 @@ import torch.nn.functional as F
 
 import train_grpo as tg
 from configurator import UserError
-from data.gsm_synth.prepare import prepare, load_tokenizer, load_split, prompt_text
+from data.gsm_synth.prepare import load_tokenizer, load_split, prompt_text
 from lora import apply_lora, disable_lora, lora_parameters
 from model import GPT, GPTConfig, save_checkpoint, load_checkpoint
 from sample import generate
+
+# every run here uses a reward that varies even for an untrained model (conftest.chars_reward)
+pytestmark = pytest.mark.usefixtures("chars_reward")
 
 
 # ---------------------------------------------------------------------------- advantages
@@ -235,29 +238,6 @@ def test_beta0_gradient_is_reinforce(lora_gpt, loss_type):
 
 
 # ---------------------------------------------------------------------------- whole runs
-@pytest.fixture(scope="module")
-def tiny_setup(tmp_path_factory):
-    root = tmp_path_factory.mktemp("data")
-    data_dir = prepare(steps=1, max_operand=5, ops="+", n_train=300, n_val=20, n_test=20, num_merges=20,
-                       verbose=False, root=str(root))
-    enc = load_tokenizer(data_dir)
-    torch.manual_seed(0)
-    args = dict(block_size=128, vocab_size=enc.n_vocab, n_layer=1, n_head=2, n_embd=32, dropout=0.0, bias=False)
-    model = GPT(GPTConfig(**args))
-    path = str(tmp_path_factory.mktemp("base") / "ckpt.pt")
-    save_checkpoint({"model": model.state_dict(), "model_args": args, "data_dir": data_dir, "iter_num": 0,
-                     "config": {}, "train_seconds": 0.0, "metrics": {}}, path)
-    return path
-
-
-@pytest.fixture(autouse=True)
-def chars_reward(monkeypatch):
-    """A reward that varies even for an untrained model (text length), so groups have nonzero
-    advantages and the runs below really update the adapter."""
-    import rewards
-    monkeypatch.setitem(rewards.REWARD_FUNCS, "chars", lambda completion, answer: len(completion) / 10)
-
-
 def run(base, out, *extra):
     return tg.main([f"--base_ckpt={base}", f"--out_dir={out}", "--batch_size=2", "--group_size=4",
                     "--micro_batch_size=4", "--max_new_tokens=8", "--eval_n=4", "--eval_k=2",
