@@ -193,7 +193,8 @@ class GPT(nn.Module):
 
 def check_device(device, dtype="bfloat16"):
     """Fail at start-up, with the fix in the message, on a device or autocast dtype that cannot work,
-    and make 'cuda:N' the current device: memory_allocated() and synchronize() read the current one."""
+    and make 'cuda:N' the current device: memory_allocated() and synchronize() read the current one.
+    Returns the scripts' autocast context: `dtype` on CUDA; off on CPU and for float32."""
     if device.startswith("cuda"):
         if not torch.cuda.is_available():
             raise UserError(f"device={device!r} but torch.cuda.is_available() is False on this machine "
@@ -201,6 +202,8 @@ def check_device(device, dtype="bfloat16"):
         torch.cuda.set_device(device)
     if dtype not in ("bfloat16", "float32"):  # float16 would need a GradScaler (loss scaling): not in this project
         raise UserError(f"dtype must be 'bfloat16' (autocast on CUDA) or 'float32', got {dtype!r}")
+    use_amp = device.startswith("cuda") and dtype != "float32"
+    return torch.autocast("cuda", dtype=getattr(torch, dtype), enabled=use_amp)
 
 
 def save_checkpoint(obj, path):

@@ -119,7 +119,7 @@ def get_batch(pairs, batch_size, rng, device):
 
 def main(argv):
     cfg = configure(defaults, argv)
-    check_device(cfg["device"], cfg["dtype"])
+    amp = check_device(cfg["device"], cfg["dtype"])  # bf16 autocast on CUDA, a no-op on CPU
     from data.gsm_synth.prepare import load_split
     torch.manual_seed(cfg["seed"])
     rng = random.Random(cfg["seed"])
@@ -155,8 +155,6 @@ def main(argv):
     if cfg["init_from"] == "resume":
         optimizer.load_state_dict(ckpt["optimizer"])
         del ckpt
-    use_amp = "cuda" in device and cfg["dtype"] != "float32"
-    amp = torch.autocast("cuda", dtype=getattr(torch, cfg["dtype"]), enabled=use_amp)
 
     def checkpoint(metrics):
         save_checkpoint({"model": model.state_dict(), "optimizer": optimizer.state_dict(),

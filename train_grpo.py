@@ -406,7 +406,7 @@ def truncate_jsonl(path, max_iter):
 
 def main(argv):
     cfg = configure(defaults, argv)
-    check_device(cfg["device"], cfg["dtype"])
+    amp = check_device(cfg["device"], cfg["dtype"])  # bf16 autocast on CUDA, a no-op on CPU
     if cfg["batch_size"] * cfg["group_size"] % cfg["micro_batch_size"]:
         raise UserError(f"batch_size*group_size = {cfg['batch_size'] * cfg['group_size']} completions do not "
                         f"divide into micro-batches of {cfg['micro_batch_size']}")
@@ -464,7 +464,6 @@ def main(argv):
         del resume
     n_lora = sum(p.numel() for p in lora_parameters(model))
     print(f"GRPO: {model.num_params() / 1e6:.2f}M base parameters frozen, {n_lora} LoRA parameters trained")
-    amp = torch.autocast("cuda", dtype=getattr(torch, cfg["dtype"]), enabled="cuda" in device and cfg["dtype"] != "float32")
 
     def checkpoint(lr):
         state = {"lora": lora_state_dict(model), "optimizer": optimizer.state_dict(), "iter_num": iter_num,

@@ -336,8 +336,9 @@ def test_check_device_without_cuda_says_what_to_do(device):
 def test_check_device_refuses_dtypes_without_a_loss_scaler(dtype):
     with pytest.raises(UserError, match="bfloat16"):
         model_module.check_device("cpu", dtype)
-    model_module.check_device("cpu", "bfloat16")
-    model_module.check_device("cpu", "float32")
+    for ok in ("bfloat16", "float32"):
+        with model_module.check_device("cpu", ok):  # the returned autocast context is off on CPU
+            assert not torch.is_autocast_enabled("cuda") and not torch.is_autocast_enabled("cpu")
 
 
 def test_scripts_check_the_device_before_any_work(tmp_path):
