@@ -7,6 +7,7 @@ a typo'd key or a wrongly typed value is an error (with a suggestion), not a sil
 import ast
 import difflib
 import sys
+import traceback
 import types
 from pathlib import Path
 
@@ -22,17 +23,28 @@ def _read_config_file(path):
         code = compile(Path(path).read_text(), path, "exec")   # so tracebacks name the config file
     except SyntaxError as e:
         raise UserError(f"syntax error in config file {path}, line {e.lineno}: {e.msg}") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise UserError(f"cannot read config file {path}: {e}") from None
     ns = {}
-    exec(code, ns)
+    try:
+        exec(code, ns)
+    except Exception as e:  # NameError, ZeroDivisionError, ...: name the file's own line, not ours
+        line = [f.lineno for f in traceback.extract_tb(e.__traceback__) if f.filename == path][-1:] or ["?"]
+        raise UserError(f"config file {path}, line {line[0]}: {type(e).__name__}: {e}") from None
     # private names (__builtins__, _helpers) and imported modules (`import math`) are not settings
     return {k: v for k, v in ns.items() if not k.startswith("_") and not isinstance(v, types.ModuleType)}
 
 
-def _parse_cli_value(raw):
+def _parse_cli_value(raw, default):
     try:
-        return ast.literal_eval(raw)            # numbers, bools, None, lists, quoted strings
-    except (ValueError, SyntaxError):
-        return raw                              # so --out_dir=out/run1 needs no quotes
+        value = ast.literal_eval(raw)           # numbers, bools, None, lists, quoted strings
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        value = raw                             # so --out_dir=out/run1 needs no quotes
+    if isinstance(default, str) and not isinstance(value, str):
+        return raw                              # a text key takes the text as typed: --question=1234
+    if isinstance(default, (list, tuple)) and isinstance(value, str):
+        return [_parse_cli_value(v.strip(), None) for v in value.split(",")]  # --reward_funcs=correctness,format
+    return value
 
 
 def _check_type(key, value, default):
@@ -58,15 +70,20 @@ def _check_type(key, value, default):
     return value
 
 
-def configure(defaults: dict, argv: list[str]) -> dict:
-    """Return a new dict: `defaults` with the config files and --key=value overrides in argv applied."""
+def configure(defaults: dict, argv: list[str], saved: dict | None = None) -> dict:
+    """Return a new dict: `defaults` with the config files and --key=value overrides in argv applied.
+
+    saved: a resumed run's config. It replaces the defaults (a resume continues the run as it was
+    configured), and only what argv gives overrides it; each change against the saved run is printed."""
     cfg = dict(defaults)
+    if saved is not None:
+        cfg.update({k: _check_type(k, v, defaults[k]) for k, v in saved.items() if k in defaults})
     for arg in argv:
         if arg.startswith("--"):
             if "=" not in arg:
                 raise UserError(f"bad argument {arg!r}: overrides are written --key=value, e.g. {arg}=<value>")
             key, raw = arg[2:].split("=", 1)
-            overrides, source = {key: _parse_cli_value(raw)}, "command line"
+            overrides, source = {key: _parse_cli_value(raw, defaults.get(key))}, "command line"
         else:
             overrides, source = _read_config_file(arg), arg
         for key, value in overrides.items():
@@ -74,15 +91,46 @@ def configure(defaults: dict, argv: list[str]) -> dict:
                 close = difflib.get_close_matches(key, list(defaults), n=3)
                 hint = f"did you mean: {', '.join(close)}?" if close else "see the defaults at the top of the script"
                 raise UserError(f"unknown config key '{key}' (from {source}); {hint}")
-            cfg[key] = _check_type(key, value, defaults[key])
-            print(f"Overriding: {key} = {cfg[key]}")
+            value = _check_type(key, value, defaults[key])
+            if saved is None:
+                print(f"Overriding: {key} = {value}")
+            elif key in saved and saved[key] != value and key not in ("init_from", "out_dir"):
+                print(f"resume: {key} = {value} (the saved run had {saved[key]})")
+            cfg[key] = value
     return cfg
 
 
+def check(cfg, key, ok, allowed):
+    """Raise a one-line UserError naming the key, its value and what is allowed, unless ok."""
+    if not ok:
+        raise UserError(f"config key '{key}' = {cfg[key]!r} is not allowed: {allowed}")
+
+
+def check_positive(cfg, *keys):
+    for k in keys:
+        check(cfg, k, cfg[k] > 0, "must be > 0")
+
+
+def check_choice(cfg, key, choices):
+    check(cfg, key, cfg[key] in choices, f"must be one of {', '.join(repr(c) for c in choices)}")
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C in a training loop; its message says where the run stopped and how to resume it."""
+
+
 def cli_main(main, argv=None):
-    """Run main(argv); a UserError becomes a one-line `error: ...` on stderr and exit status 2."""
+    """Run main(argv). A UserError, or an OS error (disk full, permission denied), becomes a one-line
+    `error: ...` on stderr and exit status 2; Ctrl-C one line and exit status 130 (128 + SIGINT)."""
     try:
         main(sys.argv[1:] if argv is None else argv)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
+    except OSError as e:
+        where = f" {e.filename}" if e.filename else ""
+        print(f"error:{where}: {e.strerror or e}", file=sys.stderr)
+        sys.exit(2)
+    except KeyboardInterrupt as e:
+        print(f"interrupted: {e}" if str(e) else "interrupted (Ctrl-C)", file=sys.stderr)
+        sys.exit(130)

@@ -13,6 +13,7 @@ plus checkpoint I/O (atomic writes, weights_only loads, one-line errors).
 """
 import math
 import os
+import re
 from dataclasses import dataclass
 
 import torch
@@ -195,10 +196,16 @@ def check_device(device, dtype="bfloat16"):
     """Fail at start-up, with the fix in the message, on a device or autocast dtype that cannot work,
     and make 'cuda:N' the current device: memory_allocated() and synchronize() read the current one.
     Returns the scripts' autocast context: `dtype` on CUDA; off on CPU and for float32."""
+    if not re.fullmatch(r"cpu|cuda(:\d+)?|mps", device):
+        raise UserError(f"unknown device {device!r}: use 'cpu', 'cuda', 'cuda:N' (N = GPU index) or 'mps'")
+    if device == "mps" and not torch.backends.mps.is_available():
+        raise UserError("device='mps' but torch.backends.mps.is_available() is False; use --device=cpu")
     if device.startswith("cuda"):
         if not torch.cuda.is_available():
             raise UserError(f"device={device!r} but torch.cuda.is_available() is False on this machine "
                             f"(torch {torch.__version__}); use --device=cpu, or install a CUDA build of torch")
+        if torch.device(device).index is not None and torch.device(device).index >= torch.cuda.device_count():
+            raise UserError(f"device={device!r} but this machine has {torch.cuda.device_count()} GPU(s)")
         torch.cuda.set_device(device)
     if dtype not in ("bfloat16", "float32"):  # float16 would need a GradScaler (loss scaling): not in this project
         raise UserError(f"dtype must be 'bfloat16' (autocast on CUDA) or 'float32', got {dtype!r}")
@@ -210,8 +217,14 @@ def save_checkpoint(obj, path):
     """Write atomically: a crash mid-write leaves the previous file intact, never half a file."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     tmp = path + ".tmp"
-    torch.save(obj, tmp)
-    os.replace(tmp, path)  # atomic rename on POSIX and Windows
+    try:
+        torch.save(obj, tmp)
+        os.replace(tmp, path)  # atomic rename on POSIX and Windows
+    except (OSError, RuntimeError) as e:  # disk full, read-only: torch.save wraps some OS errors
+        raise UserError(f"cannot write checkpoint {path}: {getattr(e, 'strerror', None) or str(e).splitlines()[0]}") from None
+    finally:
+        if os.path.exists(tmp):  # failed or interrupted (Ctrl-C) mid-write: no half file left behind
+            os.remove(tmp)
 
 
 def load_checkpoint(path, map_location="cpu"):

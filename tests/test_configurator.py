@@ -65,8 +65,8 @@ def test_str_without_quotes_and_none_default_accepts_anything():
     cfg = configure(DEFAULTS, ["--out_dir=out/run1", "--init_from=resume"])
     assert cfg["out_dir"] == "out/run1" and cfg["init_from"] == "resume"
     assert configure(DEFAULTS, ["--out_dir='7'"])["out_dir"] == "7"   # quoted literal stays a str
-    with pytest.raises(UserError, match="out_dir.*expects str"):
-        configure(DEFAULTS, ["--out_dir=7"])                   # an unquoted number is an int
+    assert configure(DEFAULTS, ["--out_dir=7"])["out_dir"] == "7"     # a text key takes the text as typed
+    assert configure(DEFAULTS, ["--out_dir=True"])["out_dir"] == "True"
 
 
 def test_list_accepted_for_tuple_default():

@@ -87,6 +87,16 @@ def prompt_text(question):
     return question + "\n"
 
 
+def encode_text(enc, text):
+    """Token ids of any text. A string that spells a special token ("<|endoftext|>") is encoded as the
+    plain characters it is, never as the special token: a question cannot end its own prompt."""
+    return enc.encode(text, disallowed_special=())
+
+
+def encode_prompt(enc, question):
+    return encode_text(enc, prompt_text(question))
+
+
 def train_bpe(texts, num_merges):
     """Byte-level BPE merges learned from `texts` (deterministic: ties broken by the bytes)."""
     import regex  # tiktoken's own dependency; same pattern semantics as tiktoken

@@ -1,0 +1,129 @@
+"""
+Run directories (out_dir): one process at a time, nothing half-written, logs that survive a crash.
+
+    with run_lock(out_dir):              # a second run in the same out_dir is refused, naming the PID
+        ...
+    rows = read_jsonl(path)              # a line cut off by a crash is dropped with a warning
+    truncate_jsonl(path, max_iter)       # resume: drop lines written after the checkpoint
+    base_fingerprint(state_dict)         # binds a LoRA adapter to the exact base weights it was trained on
+"""
+import hashlib
+import json
+import os
+from contextlib import contextmanager
+
+import torch
+
+from configurator import UserError
+
+LOCK_NAME = "run.lock"
+_held = set()  # lock paths this process holds: a nested lock on the same directory is a no-op
+
+
+def _pid_alive(pid):
+    try:
+        os.kill(pid, 0)  # signal 0: no signal sent, only "does this process exist?"
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # it exists, owned by another user
+    return True
+
+
+def check_writable(out_dir):
+    """Create out_dir and prove a file can be written there, before any work that could be lost."""
+    if not out_dir:
+        raise UserError("out_dir is empty: give a directory, e.g. --out_dir=out/run1")
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+        probe = os.path.join(out_dir, f".write_test_{os.getpid()}")
+        with open(probe, "w") as f:
+            f.write("ok")
+        os.remove(probe)
+    except OSError as e:
+        raise UserError(f"cannot write to out_dir {out_dir}: {e.strerror or e}") from None
+
+
+@contextmanager
+def run_lock(out_dir):
+    """Hold out_dir/run.lock (it holds our PID) for the duration of the block.
+    Held by a live process: refused at once. Left by a dead one (kill -9, power cut): taken over."""
+    check_writable(out_dir)
+    path = os.path.abspath(os.path.join(out_dir, LOCK_NAME))
+    if path in _held:
+        yield
+        return
+    while True:
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)  # atomic: only one process creates it
+            break
+        except FileExistsError:
+            try:
+                with open(path) as f:
+                    pid = int(f.read().strip() or -1)
+            except (OSError, ValueError):
+                pid = -1
+            if pid > 0 and pid != os.getpid() and _pid_alive(pid):
+                raise UserError(f"{out_dir} is in use by another run (PID {pid}); wait for it to end, or use "
+                                f"another --out_dir") from None
+            print(f"warning: stale lock {path} (PID {pid} is not running): taking it over")
+            try:
+                os.remove(path)
+            except FileNotFoundError:
+                pass  # another process took it over first: try again
+    with os.fdopen(fd, "w") as f:
+        f.write(f"{os.getpid()}\n")
+    _held.add(path)
+    try:
+        yield
+    finally:
+        _held.discard(path)
+        try:
+            os.remove(path)
+        except OSError:
+            pass
+
+
+def read_jsonl(path):
+    """The dicts in a JSONL file. A malformed line (a crash cut the last one off, or a hand edit)
+    is dropped with a warning naming it, so one bad line never blocks a resume or a plot."""
+    rows = []
+    with open(path) as f:
+        for n, line in enumerate(f, 1):
+            try:
+                row = json.loads(line)
+                if not isinstance(row, dict):
+                    raise ValueError("not a JSON object")
+            except ValueError as e:
+                cut = "" if line.endswith("\n") else " (cut off: written during a crash?)"
+                print(f"warning: {path} line {n} is not valid JSON{cut}; skipped ({str(e)[:60]})")
+                continue
+            rows.append(row)
+    return rows
+
+
+def truncate_jsonl(path, max_iter):
+    """Keep the lines with iter <= max_iter (those of the checkpoint we resume from), so resume never
+    duplicates a step; rewritten atomically (temp file + rename)."""
+    if not os.path.exists(path):
+        return
+    keep = [r for r in read_jsonl(path) if isinstance(r.get("iter"), int) and r["iter"] <= max_iter]
+    tmp = path + ".tmp"
+    try:
+        with open(tmp, "w") as f:
+            f.writelines(json.dumps(r) + "\n" for r in keep)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def base_fingerprint(state_dict):
+    """sha256 (16 hex digits) of every tensor's name, dtype, shape and bytes: two bases of the same
+    shape but other weights (retrained, another seed) get different fingerprints."""
+    h = hashlib.sha256()
+    for k in sorted(state_dict):
+        t = state_dict[k].detach().cpu().contiguous()
+        h.update(f"{k}|{t.dtype}|{tuple(t.shape)}|".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()[:16]
