@@ -81,7 +81,7 @@ def load_lora_state_dict(model, sd):
     for k, v in sd.items():
         if own[k].shape != v.shape:
             raise UserError(f"LoRA weight {k} has shape {tuple(v.shape)}, model expects "
-                            f"{tuple(own[k].shape)} (another lora_r?)")
+                            f"{tuple(own[k].shape)} (saved with another lora_r, or on a base of another shape?)")
     model.load_state_dict(sd, strict=False)
 
 

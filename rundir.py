@@ -127,3 +127,13 @@ def base_fingerprint(state_dict):
         h.update(f"{k}|{t.dtype}|{tuple(t.shape)}|".encode())
         h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
     return h.hexdigest()[:16]
+
+
+def check_same_base(adapter_ckpt, adapter_path, fingerprint, base_path):
+    """A LoRA adapter is a difference to ONE set of base weights: on another base (retrained, same
+    shape or not) it means nothing. Refuse it, naming the base."""
+    saved = adapter_ckpt.get("base_fingerprint")
+    if saved is not None and saved != fingerprint:
+        raise UserError(f"{adapter_path} was trained on other base weights than {base_path} holds now "
+                        f"(fingerprint {saved}, found {fingerprint}): the base was retrained or replaced; "
+                        f"put the original base back, or train a new adapter on this one")

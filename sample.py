@@ -16,7 +16,11 @@ import sys
 
 import torch
 
-from configurator import UserError, configure, cli_main
+from configurator import UserError, check, check_positive, configure, cli_main
+
+
+class NonFiniteLogits(FloatingPointError):
+    """The model produced NaN/Inf logits while sampling: its weights have diverged."""
 
 
 def pad_prompts(prompts, pad_id, device):
@@ -43,6 +47,7 @@ def sample_next(logits, temperature, top_k, top_p, generator):
         sorted_logits, order = torch.sort(logits, descending=True, dim=-1)
         cum = sorted_logits.softmax(-1).cumsum(-1)
         drop = cum - sorted_logits.softmax(-1) >= top_p   # tokens entirely beyond the nucleus
+        drop[:, 0] = False                                # the most likely token always stays, for any top_p
         logits = logits.masked_fill(torch.zeros_like(drop).scatter(-1, order, drop), float("-inf"))
     probs = logits.softmax(dim=-1)
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
@@ -79,7 +84,11 @@ def generate(model, prompts, max_new_tokens, eot_id, num_samples=1, temperature=
     N = B * num_samples
     out = torch.full((N, max_new_tokens), eot_id, dtype=torch.long, device=device)
     done = torch.zeros(N, dtype=torch.bool, device=device)
+    nonfinite = torch.zeros(N, dtype=torch.bool, device=device)
     for t in range(max_new_tokens):
+        bad = ~torch.isfinite(logits).all(-1)             # NaN/Inf: recorded without a host sync,
+        nonfinite |= bad                                  # raised once at the end (below)
+        logits = logits.masked_fill(bad[:, None], 0.0)    # so multinomial gets valid probabilities meanwhile
         nxt = sample_next(logits, temperature, top_k, top_p, generator)
         del logits                                        # the only logits alive; nothing keeps them
         nxt = nxt.masked_fill(done, eot_id)               # finished rows only emit padding
@@ -92,13 +101,15 @@ def generate(model, prompts, max_new_tokens, eot_id, num_samples=1, temperature=
             break
         logits, _ = model(nxt[:, None], cache=cache)      # one new column for every row
         logits = logits[:, -1]
+    if was_training:
+        model.train()
+    if bool(nonfinite.any()):
+        raise NonFiniteLogits(f"NaN/Inf logits in {int(nonfinite.sum())} of {N} sampled rows")
     # mask: 1 up to and including the first end-of-text of each row
     is_eot = (out[:, :t + 1] == eot_id).long()
     mask = ((is_eot.cumsum(1) - is_eot) == 0).long()      # 0 strictly after the first EOT
     T = int(mask.sum(0).nonzero().max()) + 1              # drop columns no row reached (all padding)
     out, mask = out[:, :T], mask[:, :T]
-    if was_training:
-        model.train()
     return torch.cat([idx.repeat_interleave(num_samples, dim=0), out], dim=1), \
         pad_left.repeat_interleave(num_samples), mask
 
@@ -133,15 +144,17 @@ def load_policy(ckpt_path, device="cpu"):
     """(model, tokenizer, data_dir) from a base or a GRPO checkpoint."""
     from model import load_checkpoint, model_from_checkpoint
     from data.gsm_synth.prepare import load_tokenizer
+    from rundir import base_fingerprint, check_same_base
     ckpt = load_checkpoint(ckpt_path)
     lora_sd = None
     if "lora" in ckpt:  # GRPO checkpoint: the adapter on top of the base it was trained from
         from lora import apply_lora, load_lora_state_dict
-        lora_sd, cfg = ckpt["lora"], ckpt["config"]
+        adapter, lora_sd, cfg = ckpt, ckpt["lora"], ckpt["config"]
         base_path = ckpt["base_ckpt"]
         ckpt = load_checkpoint(base_path)
-    model = model_from_checkpoint(ckpt, ckpt_path)
+    model = model_from_checkpoint(ckpt, ckpt_path if lora_sd is None else base_path)
     if lora_sd is not None:
+        check_same_base(adapter, ckpt_path, base_fingerprint(model.state_dict()), base_path)
         apply_lora(model, cfg["lora_r"], cfg["lora_alpha"], 0.0, cfg["lora_targets"])
         load_lora_state_dict(model, lora_sd)
     data_dir = ckpt["data_dir"]
@@ -150,13 +163,18 @@ def load_policy(ckpt_path, device="cpu"):
 
 def main(argv):
     cfg = configure(defaults, argv)
+    check(cfg, "ckpt", cfg["ckpt"] != "", "give a checkpoint, e.g. --ckpt=out/grpo/ckpt.pt")
+    check_positive(cfg, "num_questions", "num_samples", "max_new_tokens")
+    check(cfg, "temperature", cfg["temperature"] >= 0, "must be >= 0 (0 = greedy)")
+    check(cfg, "top_k", cfg["top_k"] >= 0, "must be >= 0 (0 = off)")
+    check(cfg, "top_p", 0 < cfg["top_p"] <= 1, "must be in (0, 1] (1 = off)")
     from model import check_device
     check_device(cfg["device"])
-    from data.gsm_synth.prepare import load_split, prompt_text
+    from data.gsm_synth.prepare import load_split, encode_prompt
     model, enc, data_dir = load_policy(cfg["ckpt"], cfg["device"])
     questions = [cfg["question"]] if cfg["question"] else \
         [e["question"] for e in load_split(data_dir, "test")[:cfg["num_questions"]]]
-    prompts = [enc.encode(prompt_text(q)) for q in questions]
+    prompts = [encode_prompt(enc, q) for q in questions]
     idx, _, mask = generate(model, prompts, cfg["max_new_tokens"], enc.eot_token, cfg["num_samples"],
                             cfg["temperature"], cfg["top_k"] or None, cfg["top_p"], seed=cfg["seed"])
     texts = decode_completions(enc, idx, mask)

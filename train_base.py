@@ -11,12 +11,15 @@ out_dir/ckpt.pt atomically (a crash mid-write never leaves half a checkpoint).
 import math
 import os
 import random
+import shlex
 import time
 
 import torch
 
-from configurator import UserError, configure, cli_main
+from configurator import Interrupted, UserError, check, check_choice, check_positive, configure, cli_main
+from data.gsm_synth.prepare import TEMPLATES, encode_prompt, encode_text
 from model import GPT, GPTConfig, check_device, load_checkpoint, model_from_checkpoint, save_checkpoint
+from rundir import run_lock
 
 # -----------------------------------------------------------------------------
 # default config values (override with a config file and/or --key=value)
@@ -77,13 +80,12 @@ def get_lr(it, max_iters, learning_rate, min_lr, warmup_iters):
 @torch.no_grad()
 def evaluate(model, enc, examples, max_new_tokens, k=1, temperature=1.0, batch=100, seed=0):
     """Greedy accuracy on `examples`; with k > 1 also pass@k (any of k samples correct)."""
-    from data.gsm_synth.prepare import prompt_text
     from rewards import extract_answer
     from sample import generate, decode_completions
     greedy, passk = 0, 0
     for i in range(0, len(examples), batch):
         chunk = examples[i:i + batch]
-        prompts = [enc.encode(prompt_text(e["question"])) for e in chunk]
+        prompts = [encode_prompt(enc, e["question"]) for e in chunk]
         idx, _, mask = generate(model, prompts, max_new_tokens, enc.eot_token, temperature=0)
         texts = decode_completions(enc, idx, mask)
         greedy += sum(extract_answer(t) == e["answer"] for t, e in zip(texts, chunk))
@@ -99,8 +101,7 @@ def evaluate(model, enc, examples, max_new_tokens, k=1, temperature=1.0, batch=1
 
 def tokenize_examples(enc, examples):
     """(prompt ids, completion ids + EOT) per example."""
-    from data.gsm_synth.prepare import prompt_text
-    return [(enc.encode(prompt_text(e["question"])), enc.encode(e["solution"]) + [enc.eot_token])
+    return [(encode_prompt(enc, e["question"]), encode_text(enc, e["solution"]) + [enc.eot_token])
             for e in examples]
 
 
@@ -117,10 +118,43 @@ def get_batch(pairs, batch_size, rng, device):
     return x.to(device), y.to(device)
 
 
+def validate(cfg):
+    """Every knob, before any work or file is written (one line: key, value, what is allowed)."""
+    check(cfg, "out_dir", cfg["out_dir"] != "", "give a directory, e.g. --out_dir=out/base")
+    check_choice(cfg, "init_from", ("scratch", "resume"))
+    check_positive(cfg, "batch_size", "learning_rate", "grad_clip", "log_interval", "eval_interval", "eval_n",
+                   "max_new_tokens", "n_layer", "n_head", "n_embd", "block_size", "n_train", "task_steps",
+                   "task_max_operand")
+    for k in ("max_iters", "min_lr", "warmup_iters", "lr_decay_iters", "weight_decay"):
+        check(cfg, k, cfg[k] >= 0, "must be >= 0")
+    check(cfg, "n_embd", cfg["n_embd"] % cfg["n_head"] == 0, f"must be a multiple of n_head={cfg['n_head']}")
+    for k in ("dropout", "beta1", "beta2"):
+        check(cfg, k, 0 <= cfg[k] < 1, "must be in [0, 1)")
+    check(cfg, "task_ops", cfg["task_ops"] != "" and set(cfg["task_ops"]) <= set(TEMPLATES),
+          f"one or more of the operations {''.join(TEMPLATES)!r}, e.g. '+-'")
+    check(cfg, "task_noise", 0 <= cfg["task_noise"] <= 1, "must be in [0, 1]")
+    check(cfg, "task_noise", cfg["task_noise"] == 0 or cfg["task_steps"] >= 2,
+          "needs task_steps >= 2 (a noisy solution stops one step early)")
+
+
 def main(argv):
     cfg = configure(defaults, argv)
+    ckpt = None
+    if cfg["init_from"] == "resume":  # the saved run's config; only what argv gives overrides it
+        ckpt = load_checkpoint(os.path.join(cfg["out_dir"], "ckpt.pt"))
+        cfg = configure(defaults, argv, saved=ckpt.get("config", {}))
+    validate(cfg)
     amp = check_device(cfg["device"], cfg["dtype"])  # bf16 autocast on CUDA, a no-op on CPU
+    with run_lock(cfg["out_dir"]):  # a second run in this out_dir is refused from here on
+        return train(cfg, amp, ckpt)
+
+
+def train(cfg, amp, ckpt):
     from data.gsm_synth.prepare import load_split
+    ckpt_path = os.path.join(cfg["out_dir"], "ckpt.pt")
+    if ckpt is None and os.path.exists(ckpt_path):
+        raise UserError(f"{ckpt_path} exists: continue that run with --init_from=resume, or train a new base "
+                        f"with another --out_dir (or delete {ckpt_path})")
     torch.manual_seed(cfg["seed"])
     rng = random.Random(cfg["seed"])
     data_dir, enc = load_task(cfg)
@@ -130,21 +164,17 @@ def main(argv):
     if longest > cfg["block_size"]:
         raise UserError(f"training sequences reach {longest} tokens but block_size={cfg['block_size']}")
     device = cfg["device"]
-    ckpt_path = os.path.join(cfg["out_dir"], "ckpt.pt")
     model_args = dict(block_size=cfg["block_size"], vocab_size=enc.n_vocab, n_layer=cfg["n_layer"],
                       n_head=cfg["n_head"], n_embd=cfg["n_embd"], dropout=cfg["dropout"], bias=cfg["bias"])
     iter_num, elapsed_before = 0, 0.0
-    if cfg["init_from"] == "resume":
-        ckpt = load_checkpoint(ckpt_path)
+    if ckpt is not None:
         model = model_from_checkpoint(ckpt, ckpt_path)
         iter_num, elapsed_before = ckpt["iter_num"], ckpt.get("train_seconds", 0.0)
         torch.set_rng_state(ckpt["rng"]["torch"])
         rng.setstate(ckpt["rng"]["python"])
         print(f"resuming from {ckpt_path} at iter {iter_num}")
-    elif cfg["init_from"] == "scratch":
-        model = GPT(GPTConfig(**model_args))
     else:
-        raise UserError(f"init_from must be 'scratch' or 'resume', got {cfg['init_from']!r}")
+        model = GPT(GPTConfig(**model_args))
     model.to(device)
     print(f"GPT with {model.num_params() / 1e6:.2f}M parameters, vocab {enc.n_vocab}")
     decay = [p for p in model.parameters() if p.dim() >= 2]   # no weight decay on gains and biases
@@ -152,9 +182,11 @@ def main(argv):
     optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": cfg["weight_decay"]},
                                    {"params": no_decay, "weight_decay": 0.0}],
                                   lr=cfg["learning_rate"], betas=(cfg["beta1"], cfg["beta2"]))
-    if cfg["init_from"] == "resume":
+    last_ckpt = None
+    if ckpt is not None:
         optimizer.load_state_dict(ckpt["optimizer"])
-        del ckpt
+        last_ckpt = iter_num
+        del ckpt  # the optimizer state now lives in the optimizer: free the loaded copy
 
     def checkpoint(metrics):
         save_checkpoint({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
@@ -165,30 +197,41 @@ def main(argv):
 
     t_start = t_log = time.time()
     metrics = {}
-    while iter_num < cfg["max_iters"]:
-        lr = get_lr(iter_num, cfg["lr_decay_iters"] or cfg["max_iters"], cfg["learning_rate"], cfg["min_lr"],
-                    cfg["warmup_iters"])
-        for g in optimizer.param_groups:
-            g["lr"] = lr
-        x, y = get_batch(train_pairs, cfg["batch_size"], rng, device)
-        model.train()
-        with amp:
-            _, loss = model(x, targets=y)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg["grad_clip"])
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        iter_num += 1
-        if iter_num % cfg["log_interval"] == 0:
-            dt = (time.time() - t_log) / cfg["log_interval"]
-            t_log = time.time()
-            print(f"iter {iter_num:5d} | loss {loss.item():.4f} | lr {lr:.2e} | {dt * 1000:.0f} ms/iter"
-                  f" | {elapsed_before + time.time() - t_start:.0f}s")
-        if iter_num % cfg["eval_interval"] == 0 or iter_num == cfg["max_iters"]:
+    try:
+        while iter_num < cfg["max_iters"]:
+            lr = get_lr(iter_num, cfg["lr_decay_iters"] or cfg["max_iters"], cfg["learning_rate"], cfg["min_lr"],
+                        cfg["warmup_iters"])
+            for g in optimizer.param_groups:
+                g["lr"] = lr
+            x, y = get_batch(train_pairs, cfg["batch_size"], rng, device)
+            model.train()
             with amp:
-                metrics = evaluate(model, enc, test, cfg["max_new_tokens"])
-            print(f"eval  {iter_num:5d} | test accuracy {metrics['accuracy']:.3f} (greedy, {len(test)} problems)")
-            checkpoint(metrics)
+                _, loss = model(x, targets=y)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg["grad_clip"])
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            iter_num += 1
+            at_eval = iter_num % cfg["eval_interval"] == 0 or iter_num == cfg["max_iters"]
+            if (at_eval or iter_num % cfg["log_interval"] == 0) and not math.isfinite(loss.item()):
+                raise UserError(f"the training loss is {loss.item()} at iter {iter_num}: training diverged; lower "
+                                f"learning_rate (last checkpoint: {ckpt_path if last_ckpt is not None else 'none'})")
+            if iter_num % cfg["log_interval"] == 0:
+                dt = (time.time() - t_log) / cfg["log_interval"]
+                t_log = time.time()
+                print(f"iter {iter_num:5d} | loss {loss.item():.4f} | lr {lr:.2e} | {dt * 1000:.0f} ms/iter"
+                      f" | {elapsed_before + time.time() - t_start:.0f}s")
+            if at_eval:
+                with amp:
+                    metrics = evaluate(model, enc, test, cfg["max_new_tokens"])
+                print(f"eval  {iter_num:5d} | test accuracy {metrics['accuracy']:.3f} (greedy, {len(test)} problems)")
+                checkpoint(metrics)
+                last_ckpt = iter_num
+    except KeyboardInterrupt:
+        where = (f"last checkpoint {ckpt_path} (iter {last_ckpt}); resume with: python train_base.py "
+                 f"--out_dir={shlex.quote(cfg['out_dir'])} --init_from=resume") if last_ckpt is not None else \
+            "no checkpoint written yet (one is written at every eval_interval): run the same command again"
+        raise Interrupted(f"train_base.py stopped at iter {iter_num} of {cfg['max_iters']}; {where}") from None
     total = elapsed_before + time.time() - t_start
     print(f"done: {iter_num} iters in {total:.0f}s, test accuracy {metrics.get('accuracy', float('nan')):.3f}"
           f", checkpoint {ckpt_path}")

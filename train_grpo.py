@@ -14,20 +14,26 @@ One step, in the order a reader should see it (grpo_step):
   7. clip the gradient, AdamW on the LoRA parameters only; skip the step if anything is NaN/Inf
 Every large tensor is deleted as soon as it has been used; each `del` says what it frees.
 """
+import glob
 import json
 import math
 import os
 import random
 import resource
+import shlex
 import time
 
 import torch
 
-from configurator import UserError, configure, cli_main
+from torch.autograd.function import once_differentiable
+
+from configurator import Interrupted, UserError, check, check_choice, check_positive, configure, cli_main
+from data.gsm_synth.prepare import encode_prompt, encode_text, load_split, load_tokenizer
 from lora import apply_lora, disable_lora, lora_parameters, lora_state_dict, load_lora_state_dict
 from model import check_device, load_checkpoint, model_from_checkpoint, save_checkpoint
-from rewards import compute_rewards
-from sample import generate, decode_completions
+from rewards import REWARD_FUNCS, compute_rewards
+from rundir import base_fingerprint, check_same_base, run_lock, truncate_jsonl
+from sample import NonFiniteLogits, generate, decode_completions
 from tracin import (compute_ghost_inner_product_matrix, ghost_mode, install_ghost_hooks, select_rollouts,
                     subset_gradients)
 from train_base import evaluate, get_lr
@@ -77,6 +83,7 @@ eval_interval = 50          # greedy accuracy and pass@eval_k on the test split;
 eval_n = 500
 eval_k = 4
 ckpt_interval = 25
+max_skipped_steps = 5       # this many steps in a row skipped (NaN/Inf) stop the run with an error
 # TracIn-GRPO (tracin.py): train only on rollouts whose gradient helps a validation batch
 tracin = False
 tracin_val_batch_size = 4   # validation prompts per step
@@ -145,6 +152,7 @@ class SelectiveLogSoftmax(torch.autograd.Function):
         ctx.mark_non_differentiable(output[1])
 
     @staticmethod
+    @once_differentiable  # the backward below is not itself differentiable: double backward raises
     def backward(ctx, g, _):                                                                # g (N, T)
         logits, tokens, lse = ctx.saved_tensors
         rows = []
@@ -236,9 +244,8 @@ def make_rollouts(model, enc, batches, cfg, generator, amp, times):
 
     batches: a list of (questions, answers); all are sampled in ONE generate call (TracIn's train and
     validation prompts share the per-token cost) and scored separately: one rollout dict per batch."""
-    from data.gsm_synth.prepare import prompt_text
     G, t0 = cfg["group_size"], time.time()
-    prompts = [enc.encode(prompt_text(q)) for qs, _ in batches for q in qs]
+    prompts = [encode_prompt(enc, q) for qs, _ in batches for q in qs]
     with amp:
         idx, pad_left, mask = generate(model, prompts, cfg["max_new_tokens"], enc.eot_token, num_samples=G,
                                        temperature=cfg["temperature"], top_k=cfg["top_k"] or None,
@@ -268,7 +275,7 @@ def reference_solutions(enc, examples, device):
     row with A = 1 and old = logp.detach() has gradient -grad(mean_t log p(solution_t)): the
     gradient of the solution's negative log-likelihood, so no sampling is needed."""
     from tracin import rollout_batch
-    rows = [{"prompt": e["question"], "completion_tokens": enc.encode(e["solution"]) + [enc.eot_token],
+    rows = [{"prompt": e["question"], "completion_tokens": encode_text(enc, e["solution"]) + [enc.eot_token],
              "advantage": 1.0} for e in examples]
     for r in rows:
         r["completion_mask"] = [1] * len(r["completion_tokens"])
@@ -320,7 +327,11 @@ def grpo_step(model, optimizer, enc, questions, answers, cfg, generator, amp, va
     times = {"generation": 0.0, "reward": 0.0, "policy": 0.0, "reference": 0.0}
     extra, val_pg = {}, cfg["tracin"] and cfg["tracin_val_loss"] == "pg"
     batches = [(questions, answers)] + ([([e["question"] for e in val], [e["answer"] for e in val])] if val_pg else [])
-    R, *V = make_rollouts(model, enc, batches, cfg, generator, amp, times)  # val_pg: train + val, one call
+    try:
+        R, *V = make_rollouts(model, enc, batches, cfg, generator, amp, times)  # val_pg: train + val, one call
+    except NonFiniteLogits as e:  # the weights have blown up: nothing to learn from this step
+        print(f"warning: {e}; step skipped, weights untouched")
+        return {"skipped": True, "skip_reason": "non-finite logits", **{f"time/{k}": v for k, v in times.items()}}, None
     N, G = R["idx"].size(0), cfg["group_size"]
     if not cfg["tracin"]:
         st = policy_backward(model, R, cfg, amp, times, cfg["beta"])
@@ -356,6 +367,7 @@ def grpo_step(model, optimizer, enc, questions, answers, cfg, generator, amp, va
     skipped = not (math.isfinite(grad_norm.item()) and all(math.isfinite(v) for v in st["losses"]))
     if skipped:
         print("warning: non-finite loss or gradient; step skipped, weights untouched")
+        extra["skip_reason"] = "non-finite loss or gradient"
     elif nothing_kept:
         print("tracin: no rollout has positive influence; no update this step")
     else:
@@ -395,49 +407,91 @@ def ensure_base(cfg):
                      f"--device={cfg['device']}"])
 
 
-def truncate_jsonl(path, max_iter):
-    """Drop lines written after the checkpoint we resume from (so resume never duplicates)."""
-    if os.path.exists(path):
-        with open(path) as f:
-            keep = [line for line in f if json.loads(line)["iter"] <= max_iter]
-        with open(path, "w") as f:
-            f.writelines(keep)
-
-
-def main(argv):
-    cfg = configure(defaults, argv)
-    amp = check_device(cfg["device"], cfg["dtype"])  # bf16 autocast on CUDA, a no-op on CPU
-    if cfg["batch_size"] * cfg["group_size"] % cfg["micro_batch_size"]:
-        raise UserError(f"batch_size*group_size = {cfg['batch_size'] * cfg['group_size']} completions do not "
-                        f"divide into micro-batches of {cfg['micro_batch_size']}")
-    compute_group_advantages(torch.zeros(cfg["group_size"]), cfg["group_size"])  # validates group_size
+def validate(cfg):
+    """Every knob, before any work or any file is written: one line naming the key, the value and
+    what is allowed (a typo'd key or a wrong type is caught earlier, by configure)."""
+    check(cfg, "out_dir", cfg["out_dir"] != "", "give a directory, e.g. --out_dir=out/grpo")
+    check_choice(cfg, "init_from", ("base", "resume"))
+    check_positive(cfg, "batch_size", "micro_batch_size", "max_new_tokens", "learning_rate", "grad_clip",
+                   "log_interval", "eval_interval", "eval_n", "eval_k", "ckpt_interval", "max_skipped_steps",
+                   "lora_r", "lora_alpha", "tracin_val_batch_size")
+    for k in ("max_iters", "min_lr", "warmup_iters", "lr_decay_iters", "weight_decay", "beta", "epsilon_high"):
+        check(cfg, k, cfg[k] >= 0, "must be >= 0")
+    check(cfg, "group_size", cfg["group_size"] >= 2, "must be >= 2: advantages are relative within a group")
+    n = cfg["batch_size"] * cfg["group_size"]
+    check(cfg, "micro_batch_size", cfg["micro_batch_size"] >= n or n % cfg["micro_batch_size"] == 0,
+          f"batch_size*group_size = {n} completions must divide into micro-batches of this size")
+    check(cfg, "temperature", cfg["temperature"] > 0, "must be > 0 in GRPO: with greedy sampling (0) every "
+          "completion of a group is the same, every advantage is 0 and nothing can be learned")
+    check(cfg, "top_k", cfg["top_k"] >= 0, "must be >= 0 (0 = off)")
+    check(cfg, "top_p", 0 < cfg["top_p"] <= 1, "must be in (0, 1] (1 = off)")
+    check(cfg, "epsilon_low", 0 <= cfg["epsilon_low"] < 1, "must be in [0, 1)")
+    check(cfg, "lora_dropout", 0 <= cfg["lora_dropout"] < 1, "must be in [0, 1)")
+    check(cfg, "defect_frac", 0 <= cfg["defect_frac"] <= 1, "must be in [0, 1]")
+    check(cfg, "tracin_topk_frac", 0 < cfg["tracin_topk_frac"] <= 1, "must be in (0, 1]")
+    check_choice(cfg, "loss_type", ("grpo", "bnpo", "dr_grpo"))
+    check_choice(cfg, "scale_rewards", ("group", "batch", "none"))
+    check_choice(cfg, "tracin_val_loss", ("pg", "nll"))
+    check_choice(cfg, "tracin_selection", ("positive", "topk"))
+    funcs, weights = cfg["reward_funcs"], cfg["reward_weights"]
+    check(cfg, "reward_funcs", len(funcs) > 0 and all(f in REWARD_FUNCS for f in funcs) and len(set(funcs)) == len(funcs),
+          f"a non-empty list of distinct names from {sorted(REWARD_FUNCS)}")
+    check(cfg, "reward_weights", len(weights) == len(funcs) and all(
+          isinstance(w, (int, float)) and not isinstance(w, bool) and math.isfinite(w) for w in weights),
+          f"one finite number per reward function ({len(funcs)}: {', '.join(funcs)})")
+    check(cfg, "lora_targets", len(cfg["lora_targets"]) > 0, "name at least one layer, e.g. ('c_attn',)")
     if cfg["tracin"] and (cfg["grad_checkpoint"] or cfg["lora_dropout"] > 0):
         raise UserError("tracin=True needs grad_checkpoint=False and lora_dropout=0: the hooks must see "
                         "each activation once, exactly as the gradient used it")
-    if cfg["tracin_val_loss"] not in ("pg", "nll"):
-        raise UserError(f"tracin_val_loss must be 'pg' or 'nll', got {cfg['tracin_val_loss']!r}")
-    if cfg["init_from"] not in ("base", "resume"):
-        raise UserError(f"init_from must be 'base' or 'resume', got {cfg['init_from']!r}")
-    device, out = cfg["device"], cfg["out_dir"]
-    os.makedirs(out, exist_ok=True)
-    from data.gsm_synth.prepare import load_tokenizer, load_split
-    resume = None
-    if cfg["init_from"] == "base" and os.path.exists(os.path.join(out, "ckpt.pt")):
-        raise UserError(f"{out} already holds a run: continue it with --init_from=resume, or start a new one "
-                        f"with another --out_dir (or delete {out})")
-    if cfg["init_from"] == "resume":
-        resume = load_checkpoint(os.path.join(out, "ckpt.pt"))
-        cfg["base_ckpt"] = resume["base_ckpt"]
+
+
+RUN_FILES = ("ckpt.pt", "ckpt_[0-9]*.pt", "log.jsonl", "rollouts.jsonl")
+
+
+def load_base(cfg, out, resume):
+    """The frozen base model (dropout off), its data and tokenizer; an adapter being resumed must
+    have been trained on exactly these base weights."""
     ensure_base(cfg)
     base = load_checkpoint(cfg["base_ckpt"])
     # dropout off in RL: with it on, the policy and reference passes see different random masks
     model = model_from_checkpoint(base, cfg["base_ckpt"], dropout=0.0, grad_checkpoint=cfg["grad_checkpoint"])
+    fingerprint = base_fingerprint(model.state_dict())
+    if resume is not None:
+        check_same_base(resume, os.path.join(out, "ckpt.pt"), fingerprint, cfg["base_ckpt"])
     data_dir = base["data_dir"]
-    del base
     enc = load_tokenizer(data_dir)
-    train, test = load_split(data_dir, "train"), load_split(data_dir, "test")[:cfg["eval_n"]]
-    val_split = load_split(data_dir, "val")
-    defective = set(random.Random(cfg["seed"] + 7).sample(range(len(train)), int(cfg["defect_frac"] * len(train))))
+    splits = {s: load_split(data_dir, s) for s in ("train", "val", "test")}
+    longest = max(len(encode_prompt(enc, e["question"])) for rows in splits.values() for e in rows)
+    if longest + cfg["max_new_tokens"] > model.config.block_size:
+        raise UserError(f"config key 'max_new_tokens' = {cfg['max_new_tokens']} is not allowed: prompts of up to "
+                        f"{longest} tokens + max_new_tokens must fit the base's context of {model.config.block_size}")
+    return model, fingerprint, data_dir, enc, splits
+
+
+def main(argv):
+    cfg = configure(defaults, argv)
+    resume = None
+    if cfg["init_from"] == "resume":  # the saved run's config; only what argv gives overrides it
+        check(cfg, "out_dir", cfg["out_dir"] != "", "give the directory of the run to resume")
+        resume = load_checkpoint(os.path.join(cfg["out_dir"], "ckpt.pt"))
+        cfg = configure(defaults, argv, saved=resume.get("config", {}))
+        cfg["base_ckpt"] = resume["base_ckpt"]
+    validate(cfg)
+    amp = check_device(cfg["device"], cfg["dtype"])  # bf16 autocast on CUDA, a no-op on CPU
+    with run_lock(cfg["out_dir"]):  # a second run in this out_dir is refused from here on
+        return train(cfg, amp, resume)
+
+
+def train(cfg, amp, resume):
+    device, out = cfg["device"], cfg["out_dir"]
+    found = [f for pattern in RUN_FILES for f in glob.glob(os.path.join(out, pattern))]
+    if resume is None and found:
+        raise UserError(f"{out} already holds a run ({os.path.basename(found[0])}): continue it with "
+                        f"--init_from=resume, or start a new one with another --out_dir (or delete {out})")
+    model, fingerprint, data_dir, enc, splits = load_base(cfg, out, resume)
+    train_split, val_split, test = splits["train"], splits["val"], splits["test"][:cfg["eval_n"]]
+    defective = set(random.Random(cfg["seed"] + 7).sample(range(len(train_split)),
+                                                          int(cfg["defect_frac"] * len(train_split))))
     torch.manual_seed(cfg["seed"])
     apply_lora(model, cfg["lora_r"], cfg["lora_alpha"], cfg["lora_dropout"], cfg["lora_targets"])
     model.to(device)
@@ -445,11 +499,12 @@ def main(argv):
                                   weight_decay=cfg["weight_decay"])
     rng = random.Random(cfg["seed"])                                  # which prompts
     generator = torch.Generator(device=device).manual_seed(cfg["seed"])  # which completions
-    iter_num, elapsed_before = 0, 0.0
+    iter_num, elapsed_before, last_ckpt = 0, 0.0, None
     if resume is not None:
         load_lora_state_dict(model, resume["lora"])
         optimizer.load_state_dict(resume["optimizer"])
         iter_num, elapsed_before = resume["iter_num"], resume["train_seconds"]
+        last_ckpt = iter_num
         rng.setstate(resume["rng"]["python"])
         saved_on = resume["rng"].get("device", generator.device.type)
         if saved_on == generator.device.type:
@@ -461,22 +516,27 @@ def main(argv):
         for name in ("log.jsonl", "rollouts.jsonl"):
             truncate_jsonl(os.path.join(out, name), iter_num)
         print(f"resuming {out} at iter {iter_num}")
-        del resume
+        del resume  # the optimizer state is copied into the optimizer: free the loaded one
     n_lora = sum(p.numel() for p in lora_parameters(model))
     print(f"GRPO: {model.num_params() / 1e6:.2f}M base parameters frozen, {n_lora} LoRA parameters trained")
 
     def checkpoint(lr):
         state = {"lora": lora_state_dict(model), "optimizer": optimizer.state_dict(), "iter_num": iter_num,
-                 "lr": lr, "config": cfg, "base_ckpt": cfg["base_ckpt"], "data_dir": data_dir,
-                 "train_seconds": elapsed_before + time.time() - t_start,
+                 "lr": lr, "config": cfg, "base_ckpt": cfg["base_ckpt"], "base_fingerprint": fingerprint,
+                 "data_dir": data_dir, "train_seconds": elapsed_before + time.time() - t_start,
                  "rng": {"python": rng.getstate(), "generator": generator.get_state(),
                          "device": generator.device.type}}
         save_checkpoint(state, os.path.join(out, f"ckpt_{iter_num:06d}.pt"))  # history, for TracIn
         save_checkpoint(state, os.path.join(out, "ckpt.pt"))                 # latest, for resume
+        return iter_num
 
     def run_eval():
-        with amp:
-            r = evaluate(model, enc, test, cfg["max_new_tokens"], k=cfg["eval_k"], seed=cfg["seed"])
+        try:
+            with amp:
+                r = evaluate(model, enc, test, cfg["max_new_tokens"], k=cfg["eval_k"], seed=cfg["seed"])
+        except NonFiniteLogits as e:
+            print(f"warning: evaluation at iter {iter_num} skipped: {e}")
+            return {"test/accuracy": float("nan")}
         k = cfg["eval_k"]
         passk = f" | pass@{k} {r[f'pass@{k}']:.3f}" if k > 1 else ""
         print(f"eval  {iter_num:4d} | test accuracy {r['accuracy']:.3f}{passk} ({len(test)} problems)")
@@ -488,50 +548,74 @@ def main(argv):
     def lr_at(it):
         return get_lr(it, cfg["lr_decay_iters"] or cfg["max_iters"], cfg["learning_rate"], cfg["min_lr"],
                       cfg["warmup_iters"])
-    lr = lr_at(iter_num)
-    if iter_num == 0:
-        log_f.write(json.dumps({"iter": 0, "elapsed": 0.0, **run_eval()}) + "\n")
-        checkpoint(lr)  # ckpt_000000: the trajectory starts at the base model
-    while iter_num < cfg["max_iters"]:
-        lr = lr_at(iter_num)
-        for g in optimizer.param_groups:
-            g["lr"] = lr
-        picks = [rng.randrange(len(train)) for _ in range(cfg["batch_size"])]
-        batch = [{**train[i], "answer": first_step_result(train[i])} if i in defective else train[i] for i in picks]
-        t_step = time.time()
-        val = ([val_split[rng.randrange(len(val_split))] for _ in range(cfg["tracin_val_batch_size"])]
-               if cfg["tracin"] else None)
-        log, rollouts = grpo_step(model, optimizer, enc, [e["question"] for e in batch],
-                                  [e["answer"] for e in batch], cfg, generator, amp, val)
-        iter_num += 1
-        if cfg["defect_frac"] > 0:  # selection precision: are the kept rollouts the clean ones?
-            clean = torch.tensor([i not in defective for i in picks]).repeat_interleave(cfg["group_size"])
-            log["defect/clean_base_rate"] = clean.float().mean().item()
-            if cfg["tracin"] and log["n_selected"] > 0:
-                kept = torch.tensor(rollouts["selected"])
-                log["defect/selection_precision"] = clean[kept].float().mean().item()
-            rollouts["defective"] = [i in defective for i in picks]
-        log.update(iter=iter_num, lr=lr, step_seconds=time.time() - t_step,
-                   elapsed=elapsed_before + time.time() - t_start, **memory_stats(device))
-        if iter_num % cfg["eval_interval"] == 0 or iter_num == cfg["max_iters"]:
-            log.update(run_eval())
-        roll_f.write(json.dumps({"iter": iter_num, "lr": lr, **rollouts}) + "\n")
-        log_f.write(json.dumps(log) + "\n")
-        log_f.flush(); roll_f.flush()
-        if iter_num % cfg["log_interval"] == 0:
-            print(f"iter {iter_num:4d} | reward {log['reward']:.3f} | acc {log['accuracy']:.3f} | "
-                  f"zero_std {log['frac_reward_zero_std']:.2f} | kl {log['kl']:.4f} | ent {log['entropy']:.3f} | "
-                  f"len {log['completions/mean_length']:.1f} | lr {lr:.1e} | {log['step_seconds'] * 1000:.0f} ms "
-                  f"(gen {log['time/generation'] * 1000:.0f}, policy {log['time/policy'] * 1000:.0f}, "
-                  f"ref {log['time/reference'] * 1000:.0f}) | mem {log['mem_max_alloc_mb']:.0f} MB"
-                  + (f" | selected {log['n_selected']}/{len(rollouts['rewards'])} "
-                     f"(infl {log['influence/mean']:+.2e})" if cfg["tracin"] else ""))
-        if iter_num % cfg["ckpt_interval"] == 0 or iter_num == cfg["max_iters"]:
-            checkpoint(lr)
-    log_f.close(); roll_f.close()
+    lr, skipped_in_a_row = lr_at(iter_num), 0
+    try:
+        if iter_num == 0:
+            ev = run_eval()
+            last_ckpt = checkpoint(lr)  # ckpt_000000: the trajectory starts at the base model; before the log line,
+            log_f.write(json.dumps({"iter": 0, "elapsed": 0.0, **ev}) + "\n")  # so a run with a log can resume
+        while iter_num < cfg["max_iters"]:
+            lr = lr_at(iter_num)
+            for g in optimizer.param_groups:
+                g["lr"] = lr
+            picks = [rng.randrange(len(train_split)) for _ in range(cfg["batch_size"])]
+            batch = [{**train_split[i], "answer": first_step_result(train_split[i])} if i in defective
+                     else train_split[i] for i in picks]
+            t_step = time.time()
+            val = ([val_split[rng.randrange(len(val_split))] for _ in range(cfg["tracin_val_batch_size"])]
+                   if cfg["tracin"] else None)
+            log, rollouts = grpo_step(model, optimizer, enc, [e["question"] for e in batch],
+                                      [e["answer"] for e in batch], cfg, generator, amp, val)
+            iter_num += 1
+            skipped_in_a_row = skipped_in_a_row + 1 if log["skipped"] else 0
+            if skipped_in_a_row >= cfg["max_skipped_steps"]:
+                raise UserError(f"{skipped_in_a_row} steps in a row skipped ({log['skip_reason']}) at iter {iter_num}: "
+                                f"the weights or the learning rate ({lr:.1e}) have diverged; the last checkpoint "
+                                f"is {out}/ckpt.pt (iter {last_ckpt}); lower learning_rate and start a new run")
+            if cfg["defect_frac"] > 0 and rollouts is not None:  # selection precision: kept rollouts clean?
+                clean = torch.tensor([i not in defective for i in picks]).repeat_interleave(cfg["group_size"])
+                log["defect/clean_base_rate"] = clean.float().mean().item()
+                if cfg["tracin"] and log["n_selected"] > 0:
+                    kept = torch.tensor(rollouts["selected"])
+                    log["defect/selection_precision"] = clean[kept].float().mean().item()
+                rollouts["defective"] = [i in defective for i in picks]
+            log.update(iter=iter_num, lr=lr, step_seconds=time.time() - t_step,
+                       elapsed=elapsed_before + time.time() - t_start, **memory_stats(device))
+            if iter_num % cfg["eval_interval"] == 0 or iter_num == cfg["max_iters"]:
+                log.update(run_eval())
+            if rollouts is not None:
+                roll_f.write(json.dumps({"iter": iter_num, "lr": lr, **rollouts}) + "\n")
+            log_f.write(json.dumps(log) + "\n")
+            log_f.flush(); roll_f.flush()
+            if iter_num % cfg["log_interval"] == 0:
+                print_step(log, cfg, lr)
+            # weights that give NaN logits are not worth keeping (a NaN gradient left them untouched: those are)
+            if (iter_num % cfg["ckpt_interval"] == 0 or iter_num == cfg["max_iters"]) and rollouts is not None:
+                last_ckpt = checkpoint(lr)
+    except KeyboardInterrupt:
+        where = (f"last checkpoint {os.path.join(out, 'ckpt.pt')} (iter {last_ckpt}); resume with: python "
+                 f"train_grpo.py --out_dir={shlex.quote(out)} --init_from=resume") if last_ckpt is not None else \
+            "no checkpoint written yet: run the same command again to start over"
+        raise Interrupted(f"train_grpo.py stopped at iter {iter_num} of {cfg['max_iters']}; {where}") from None
+    finally:
+        log_f.close(); roll_f.close()
     total = elapsed_before + time.time() - t_start
     print(f"done: {iter_num} GRPO steps in {total:.0f}s; run directory {out}")
     return cfg
+
+
+def print_step(log, cfg, lr):
+    """One |-separated line per log_interval steps."""
+    if log.get("reward") is None:  # sampling gave NaN/Inf: no rollouts, no statistics
+        print(f"iter {log['iter']:4d} | skipped ({log['skip_reason']}) | lr {lr:.1e}")
+        return
+    print(f"iter {log['iter']:4d} | reward {log['reward']:.3f} | acc {log['accuracy']:.3f} | "
+          f"zero_std {log['frac_reward_zero_std']:.2f} | kl {log['kl']:.4f} | ent {log['entropy']:.3f} | "
+          f"len {log['completions/mean_length']:.1f} | lr {lr:.1e} | {log['step_seconds'] * 1000:.0f} ms "
+          f"(gen {log['time/generation'] * 1000:.0f}, policy {log['time/policy'] * 1000:.0f}, "
+          f"ref {log['time/reference'] * 1000:.0f}) | mem {log['mem_max_alloc_mb']:.0f} MB"
+          + (f" | selected {log['n_selected']}/{cfg['batch_size'] * cfg['group_size']} "
+             f"(infl {log['influence/mean']:+.2e})" if cfg["tracin"] else ""))
 
 
 if __name__ == "__main__":
