@@ -9,13 +9,20 @@
 #   - splits: set intersection of the questions;
 #   - tokenizer: single-token round trips and a scan of every token's bytes in the vocabulary;
 #   - noise: the clean build with the same knobs, each noisy solution re-derived by hand;
-#   - errors: the exception types the docstrings promise (ValueError, FileNotFoundError).
+#   - errors: one-line UserErrors naming the knob or the file; a damaged data directory is compared,
+#     after prepare() rebuilt it, byte for byte with an untouched build.
 import json
 import os
 import re
+import shlex
+import shutil
+import subprocess
+import sys
 
 import pytest
 
+import data.gsm_synth.prepare as prep
+from configurator import UserError, cli_main
 from data.gsm_synth.prepare import build_encoding, load_split, load_tokenizer, prepare
 
 EOT = "<|endoftext|>"
@@ -150,25 +157,141 @@ def test_eot_special_token(data_dirs, enc):
         enc.encode("question " + EOT)
 
 
-def test_load_tokenizer_empty_dir(tmp_path):
-    with pytest.raises(FileNotFoundError):
-        load_tokenizer(str(tmp_path))
+def test_load_from_a_missing_dir_names_the_file_and_the_command(tmp_path):
+    d = str(tmp_path / "s2_m10_as_n55")  # no meta.json to read: the knobs come from the directory's name
+    for load in (lambda: load_tokenizer(d), lambda: load_split(d, "train")):
+        with pytest.raises(UserError) as e:
+            load()
+        msg = str(e.value)
+        assert "\n" not in msg and "No such file" in msg
+        assert os.path.join(d, "tokenizer.json") in msg or os.path.join(d, "train.jsonl") in msg
+        assert f"python data/gsm_synth/prepare.py --steps=2 --max_operand=10 --ops=+- --noise=0.55 " \
+               f"--root={tmp_path}" in msg
 
 
-@pytest.mark.parametrize("bad", [dict(steps=0), dict(max_operand=0), dict(ops=""), dict(ops="+x"),
-                                 dict(ops="%")])
-def test_bad_knobs_raise_value_error(tmp_path, bad):
-    with pytest.raises(ValueError):
+def copy_of(data_dir, tmp_path):
+    """A copy of a built data directory under a fresh root; returns (root, copied dir)."""
+    root = tmp_path / "root"
+    shutil.copytree(data_dir, root / os.path.basename(data_dir))
+    return str(root), str(root / os.path.basename(data_dir))
+
+
+def same_files(a, b):
+    return sorted(os.listdir(a)) == sorted(os.listdir(b)) and all(
+        open(os.path.join(a, n), "rb").read() == open(os.path.join(b, n), "rb").read() for n in os.listdir(a))
+
+
+def damage(d, name, change):
+    """Replace the text of d/name by change(text); change=None removes the file."""
+    path = os.path.join(d, name)
+    with open(path) as f:
+        text = f.read()
+    os.remove(path)
+    if change is not None:
+        with open(path, "w") as f:
+            f.write(change(text))
+
+
+def drop_last_merge(text):  # still valid JSON, but one token less than meta.json's vocab_size
+    tok = json.loads(text)
+    return json.dumps({**tok, "merges": tok["merges"][:-1]})
+
+
+@pytest.mark.parametrize("name, change", [
+    ("tokenizer.json", lambda text: text[:len(text) // 2]),
+    ("tokenizer.json", lambda text: "[]"),
+    ("train.jsonl", lambda text: text[:len(text) // 2]),             # cut in the middle of a line
+    ("test.jsonl", lambda text: text.replace('"answer"', '"answr"', 1)),
+])
+def test_load_of_a_damaged_file_names_it_and_the_command_rebuilds_it(data_dirs, tmp_path, name, change):
+    root, d = copy_of(data_dirs[0], tmp_path)
+    damage(d, name, change)
+    with pytest.raises(UserError) as e:
+        load_tokenizer(d) if name == "tokenizer.json" else load_split(d, name.split(".")[0])
+    msg = str(e.value)
+    assert msg.startswith(f"{os.path.join(d, name)}: ") and "\n" not in msg
+    if name.endswith(".jsonl"):
+        assert re.search(r"line \d+ is not a problem", msg)
+    cmd = shlex.split(msg.split("build the task data again with: ")[1])
+    assert cmd[:2] == ["python", "data/gsm_synth/prepare.py"]
+    assert {"--n_train=300", "--n_val=20", "--n_test=20", "--ops=+-*/", "--num_merges=40", f"--root={root}"} \
+        <= set(cmd)
+    cli_main(prep.main, cmd[2:])  # the command it names builds the directory again
+    assert same_files(d, data_dirs[1])
+
+
+@pytest.mark.parametrize("name, change, said", [
+    ("val.jsonl", None, "val.jsonl: No such file"),
+    ("train.jsonl", lambda text: text + "{}\n", "train.jsonl: line 301 is not a problem"),
+    ("test.jsonl", lambda text: "", "test.jsonl: it holds no problem"),
+    ("val.jsonl", lambda text: text + text.splitlines(True)[0], "val.jsonl has 21 problems, meta.json says 20"),
+    ("meta.json", lambda text: "{", "meta.json: not valid JSON"),
+    ("tokenizer.json", lambda text: text[:-1], "tokenizer.json: not valid JSON"),
+    ("tokenizer.json", drop_last_merge, "tokenizer.json has 296 tokens, meta.json says 297"),
+])
+def test_prepare_rebuilds_a_damaged_dir(data_dirs, tmp_path, capsys, name, change, said):
+    root, d = copy_of(data_dirs[0], tmp_path)
+    damage(d, name, change)
+    assert prepare(**KNOBS, root=root) == d
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 1 and out[0].startswith(f"warning: {d} is damaged (") and said in out[0], out
+    assert same_files(d, data_dirs[1])
+
+
+def test_interrupted_rebuild_is_rebuilt_next_time(data_dirs, tmp_path, monkeypatch):
+    root, d = copy_of(data_dirs[0], tmp_path)
+    damage(d, "val.jsonl", lambda text: "")
+    with monkeypatch.context() as m:
+        m.setattr(prep, "train_bpe", lambda *a: (_ for _ in ()).throw(KeyboardInterrupt))  # Ctrl-C mid-build
+        with pytest.raises(KeyboardInterrupt):
+            prepare(**KNOBS, root=root)
+    assert not os.path.exists(os.path.join(d, "meta.json"))  # not marked complete
+    assert prepare(**KNOBS, root=root) == d
+    assert same_files(d, data_dirs[1])
+
+
+@pytest.mark.parametrize("bad, said", [
+    (dict(steps=0), "steps=0: must be >= 1"), (dict(max_operand=0), "max_operand=0: must be >= 1"),
+    (dict(ops=""), "ops='': must be a non-empty subset of '+-*/'"), (dict(ops="+x"), "ops='+x'"),
+    (dict(ops="%"), "ops='%'"), (dict(noise=-0.1), "noise=-0.1: must be between 0 and 1"),
+    (dict(noise=1.5), "noise=1.5: must be between 0 and 1"),
+    (dict(noise=0.5, steps=1), "noise=0.5: must be 0 with steps=1"),
+    (dict(n_train=0), "n_train=0: must be >= 1"), (dict(n_val=0), "n_val=0"), (dict(n_test=-1), "n_test=-1"),
+])
+def test_bad_knobs_raise_user_error(tmp_path, bad, said):
+    with pytest.raises(UserError, match=re.escape(f"bad task knob {said}")):
         prepare(**{**KNOBS, **bad}, root=str(tmp_path))
     assert os.listdir(tmp_path) == []                     # nothing written
 
 
 def test_too_few_distinct_problems_raises(tmp_path):
     # steps=1, max_operand=1, ops="*": 12 names x 12 items x 2 factors = 288 distinct questions
-    with pytest.raises(ValueError, match="distinct"):
+    with pytest.raises(UserError, match="distinct"):
         prepare(steps=1, max_operand=1, ops="*", n_train=300, n_val=1, n_test=1, verbose=False,
                 root=str(tmp_path))
     assert not any(os.path.exists(os.path.join(r, "meta.json")) for r, _, _ in os.walk(tmp_path))
+
+
+@pytest.mark.parametrize("args, said", [
+    (["--steps=abc"], "error: config key 'steps' expects int, got 'abc'"),
+    (["--unknown=1"], "error: unknown config key 'unknown'"),
+    (["--ops=x"], "error: bad task knob ops='x'"),
+])
+def test_cli_errors_are_one_line(tmp_path, args, said):
+    script = os.path.abspath(prep.__file__)
+    r = subprocess.run([sys.executable, script, *args, f"--root={tmp_path}"], cwd=tmp_path,
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and r.stderr.startswith(said) and r.stderr.count("\n") == 1, r.stderr
+    assert os.listdir(tmp_path) == []
+
+
+def test_cli_builds_the_same_dir(data_dirs, tmp_path, capsys):
+    args = ["--steps=2", "--max_operand=20", "--ops=+-*/", "--n_train=300", "--n_val=20", "--n_test=20",
+            "--num_merges=40", f"--root={tmp_path}"]
+    cli_main(prep.main, args)
+    d = capsys.readouterr().out.strip().splitlines()[-1]
+    assert d == str(tmp_path / os.path.basename(data_dirs[0]))
+    assert same_files(d, data_dirs[1])
 
 
 def test_noise_truncates_some_training_solutions_only(data_dirs, tmp_path):
@@ -185,9 +308,3 @@ def test_noise_truncates_some_training_solutions_only(data_dirs, tmp_path):
             eqs = clean["solution"].split("\n")[:-1]        # stop one step early, report that result
             assert noisy["solution"] == "\n".join(eqs[:-1] + ["#### " + eqs[-2].split("=")[1]])
     assert 0.3 * 300 < n_noisy < 0.7 * 300
-
-
-@pytest.mark.parametrize("bad", [dict(noise=-0.1), dict(noise=1.5), dict(noise=0.5, steps=1)])
-def test_bad_noise_raises_value_error(tmp_path, bad):
-    with pytest.raises(ValueError):
-        prepare(**{**KNOBS, **bad}, root=str(tmp_path))

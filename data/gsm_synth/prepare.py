@@ -6,6 +6,8 @@ Synthetic GSM8K-style word problems and their tokenizer, built offline and deter
 writes data/gsm_synth/<knobs>/{train,val,test}.jsonl, tokenizer.json and meta.json. Every
 training script calls prepare() itself, so a fresh clone needs no manual step. Running it
 twice gives byte-identical files (fixed seed, sorted/deterministic iteration, no timestamps).
+An existing directory is checked first (the files meta.json lists, their line counts, the
+tokenizer's size); a damaged or half-written one is rebuilt.
 
 An example (GSM8K form: a worked solution, then a final line `#### <integer>`):
     question: "Mia has 12 pears. She buys 5 more pears. Then she gives 3 pears to Sam.
@@ -19,12 +21,23 @@ trained here on the training split: frequent words become one token, digits neve
 import json
 import os
 import random
+import re
+import shlex
 import sys
 from collections import Counter
 
 import tiktoken
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(ROOT))
+if REPO not in sys.path:  # run as a script: configurator.py is at the repository root
+    sys.path.append(REPO)
+from configurator import UserError, cli_main, configure  # noqa: E402
+
+DEFAULTS = dict(steps=2, max_operand=20, ops="+-", noise=0.0, n_train=20000, n_val=500, n_test=500,
+                num_merges=150, seed=1337, root=ROOT)
+SPLITS = ("train", "val", "test")
+FIELDS = ("question", "solution", "answer")
 EOT = "<|endoftext|>"
 # GPT-2's split pattern, except that a digit is always a piece of its own: numbers are
 # spelled digit by digit, so the model sees the same tokens for "14" in every context.
@@ -138,20 +151,122 @@ def build_encoding(merges, name="gsm_synth"):
                              special_tokens={EOT: len(ranks)})
 
 
+def read_json(path):
+    """The JSON in a file; OSError if it cannot be read, ValueError if it is not JSON."""
+    with open(path) as f:
+        try:
+            return json.load(f)
+        except ValueError as e:
+            raise ValueError(f"not valid JSON ({e})") from None
+
+
+def read_tokenizer(path):
+    """The tiktoken.Encoding in a tokenizer.json; OSError or ValueError if it is missing or damaged."""
+    tok = read_json(path)
+    try:
+        return build_encoding([bytes.fromhex(h) for h in tok["merges"]], tok["name"])
+    except (KeyError, TypeError) as e:
+        raise ValueError(f"not a tokenizer ({type(e).__name__}: {e})") from None
+
+
+def read_split(path):
+    """The problems in a split file; OSError or ValueError (naming the line) if it is missing or damaged."""
+    rows = []
+    with open(path) as f:
+        for n, line in enumerate(f, 1):
+            try:
+                row = json.loads(line)
+            except ValueError:
+                row = None
+            if not isinstance(row, dict) or not all(k in row for k in FIELDS):
+                raise ValueError(f"line {n} is not a problem (a JSON object with {', '.join(FIELDS)})")
+            rows.append(row)
+    if not rows:
+        raise ValueError("it holds no problem")
+    return rows
+
+
+def read_meta(data_dir):
+    """meta.json as a dict; OSError or ValueError if it is missing or lacks the split sizes and vocab size."""
+    meta = read_json(os.path.join(data_dir, "meta.json"))
+    if not isinstance(meta, dict) or not isinstance(meta.get("vocab_size"), int) \
+            or not isinstance(meta.get("sizes"), dict) or sorted(meta["sizes"]) != sorted(SPLITS):
+        raise ValueError("it lacks the split sizes or the vocab size")
+    return meta
+
+
+def rebuild_command(data_dir):
+    """The prepare.py command line that builds data_dir again: its knobs from meta.json, or from the
+    directory's name when meta.json cannot be read."""
+    try:
+        meta = read_meta(data_dir)
+        knobs = {k: meta[k] for k in ("steps", "max_operand", "ops", "noise")}
+        knobs.update({f"n_{k}": meta["sizes"][k] for k in SPLITS}, num_merges=meta["vocab_size"] - 257)
+        knobs["seed"] = meta["seed"]
+    except (OSError, ValueError, KeyError, TypeError):
+        m = re.fullmatch(r"s(\d+)_m(\d+)_([asmd]+)_n(\d+)", os.path.basename(os.path.normpath(data_dir)))
+        if not m:
+            return "python data/gsm_synth/prepare.py with the knobs of the run that made it"
+        ops = m[3].translate(str.maketrans("asmd", "+-*/"))
+        knobs = dict(steps=int(m[1]), max_operand=int(m[2]), ops=ops, noise=int(m[4]) / 100)
+    root = os.path.dirname(os.path.abspath(data_dir))
+    knobs["root"] = root if root != ROOT else None
+    args = [shlex.quote(f"--{k}={v}") for k, v in knobs.items()
+            if k in ("steps", "max_operand", "ops", "noise") or v not in (None, DEFAULTS[k])]
+    return " ".join(["python data/gsm_synth/prepare.py"] + args)
+
+
+def damaged(path, e):
+    """The UserError for a missing or unreadable data file: what is wrong, and how to build it again."""
+    why = e.strerror if isinstance(e, OSError) and e.strerror else e
+    return UserError(f"{path}: {why}; build the task data again with: {rebuild_command(os.path.dirname(path))}")
+
+
 def load_tokenizer(data_dir):
     """The task's tokenizer, read from data_dir/tokenizer.json (no network, ever)."""
     path = os.path.join(data_dir, "tokenizer.json")
-    if not os.path.exists(path):
-        raise FileNotFoundError(f"no tokenizer at {path}: run data/gsm_synth/prepare.py first")
-    with open(path) as f:
-        tok = json.load(f)
-    return build_encoding([bytes.fromhex(h) for h in tok["merges"]], tok["name"])
+    try:
+        return read_tokenizer(path)
+    except (OSError, ValueError) as e:
+        raise damaged(path, e) from None
 
 
 def load_split(data_dir, split):
     """List of {"question", "solution", "answer"} dicts."""
-    with open(os.path.join(data_dir, f"{split}.jsonl")) as f:
-        return [json.loads(line) for line in f]
+    path = os.path.join(data_dir, f"{split}.jsonl")
+    try:
+        return read_split(path)
+    except (OSError, ValueError) as e:
+        raise damaged(path, e) from None
+
+
+def check_data_dir(data_dir):
+    """None if data_dir is complete (every file meta.json promises, with the sizes it says), else what is wrong."""
+    name = "meta.json"
+    try:
+        meta = read_meta(data_dir)
+        for split, n in meta["sizes"].items():
+            name = f"{split}.jsonl"
+            rows = read_split(os.path.join(data_dir, name))
+            if len(rows) != n:
+                return f"{name} has {len(rows)} problems, meta.json says {n}"
+        name = "tokenizer.json"
+        enc = read_tokenizer(os.path.join(data_dir, name))
+        if enc.n_vocab != meta["vocab_size"]:
+            return f"{name} has {enc.n_vocab} tokens, meta.json says {meta['vocab_size']}"
+    except OSError as e:
+        return f"{name}: {e.strerror or e}"
+    except ValueError as e:
+        return f"{name}: {e}"
+    return None
+
+
+def write_atomic(path, text):
+    """Write via a temporary file and a rename: an interrupted write never leaves a half file under path."""
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
 
 
 def data_dir_for(steps, max_operand, ops, noise=0.0, root=ROOT):
@@ -159,20 +274,36 @@ def data_dir_for(steps, max_operand, ops, noise=0.0, root=ROOT):
     return os.path.join(root, f"s{steps}_m{max_operand}_{safe_ops}_n{round(noise * 100)}")
 
 
+def check_knobs(steps, max_operand, ops, noise, n_train, n_val, n_test):
+    """Raise a one-line UserError naming the first knob out of range, its value and what is allowed."""
+    rules = [("steps", steps, steps >= 1, ">= 1"), ("max_operand", max_operand, max_operand >= 1, ">= 1"),
+             ("ops", ops, bool(ops) and not set(ops) - set(TEMPLATES), "a non-empty subset of '+-*/'"),
+             ("noise", noise, 0 <= noise <= 1, "between 0 and 1"),
+             ("noise", noise, noise == 0 or steps >= 2, f"0 with steps={steps} (stopping one step early needs "
+                                                         f"steps >= 2)"),
+             ("n_train", n_train, n_train >= 1, ">= 1"), ("n_val", n_val, n_val >= 1, ">= 1"),
+             ("n_test", n_test, n_test >= 1, ">= 1")]
+    for name, value, ok, allowed in rules:
+        if not ok:
+            raise UserError(f"bad task knob {name}={value!r}: must be {allowed}")
+
+
 def prepare(steps=2, max_operand=20, ops="+-", noise=0.0, n_train=20000, n_val=500, n_test=500,
             num_merges=150, seed=1337, verbose=True, root=ROOT):
-    """Build the data set for these knobs if it is missing; return its directory.
+    """Build the data set for these knobs if it is missing or damaged; return its directory.
 
     noise: fraction of TRAINING solutions that stop one step early (stop_early) while their
     `answer` field stays correct. A base model trained on them has both habits; a correctness
     reward can teach it to finish. Validation and test solutions are always clean."""
-    if steps < 1 or max_operand < 1 or not ops or set(ops) - set(TEMPLATES) or not 0 <= noise <= 1 \
-            or (noise > 0 and steps < 2):
-        raise ValueError(f"bad task knobs: steps={steps} max_operand={max_operand} ops={ops!r} noise={noise} "
-                         f"(need steps>=1, max_operand>=1, ops from '+-*/', 0<=noise<=1, steps>=2 if noise)")
+    check_knobs(steps, max_operand, ops, noise, n_train, n_val, n_test)
     data_dir = data_dir_for(steps, max_operand, ops, noise, root)
-    if os.path.exists(os.path.join(data_dir, "meta.json")):
-        return data_dir
+    meta_path = os.path.join(data_dir, "meta.json")
+    if os.path.exists(meta_path):
+        problem = check_data_dir(data_dir)
+        if problem is None:
+            return data_dir
+        print(f"warning: {data_dir} is damaged ({problem}): building it again")
+        os.remove(meta_path)  # until the rebuild is complete, the directory is marked incomplete
     if verbose:
         print(f"preparing task data in {data_dir} ...")
     rng = random.Random(seed)
@@ -185,8 +316,8 @@ def prepare(steps=2, max_operand=20, ops="+-", noise=0.0, n_train=20000, n_val=5
             if len(examples) == n_total:
                 break
     if len(examples) < n_total:
-        raise ValueError(f"only {len(examples)} distinct problems for these knobs; "
-                         f"lower n_train or raise max_operand/steps")
+        raise UserError(f"only {len(examples)} distinct problems for these knobs; "
+                        f"lower n_train or raise max_operand/steps")
     splits = {"test": examples[:n_test], "val": examples[n_test:n_test + n_val],
               "train": examples[n_test + n_val:]}
     noise_rng = random.Random(seed + 1)
@@ -197,21 +328,21 @@ def prepare(steps=2, max_operand=20, ops="+-", noise=0.0, n_train=20000, n_val=5
     enc = build_encoding(merges)
     os.makedirs(data_dir, exist_ok=True)
     for split, rows in splits.items():
-        with open(os.path.join(data_dir, f"{split}.jsonl"), "w") as f:
-            f.writelines(json.dumps(r) + "\n" for r in rows)
-    with open(os.path.join(data_dir, "tokenizer.json"), "w") as f:
-        json.dump({"name": "gsm_synth", "pat_str": PAT_STR, "merges": [m.hex() for m in merges]}, f)
+        write_atomic(os.path.join(data_dir, f"{split}.jsonl"), "".join(json.dumps(r) + "\n" for r in rows))
+    write_atomic(os.path.join(data_dir, "tokenizer.json"),
+                 json.dumps({"name": "gsm_synth", "pat_str": PAT_STR, "merges": [m.hex() for m in merges]}))
     meta = {"steps": steps, "max_operand": max_operand, "ops": ops, "noise": noise, "seed": seed,
             "vocab_size": enc.n_vocab, "eot_token": enc.eot_token,
             "sizes": {k: len(v) for k, v in splits.items()}}
-    with open(os.path.join(data_dir, "meta.json"), "w") as f:  # written last: marks completion
-        json.dump(meta, f, indent=1)
+    write_atomic(meta_path, json.dumps(meta, indent=1))  # written last: marks completion
     if verbose:
         print(f"  {meta['sizes']} problems, vocab {enc.n_vocab} tokens")
     return data_dir
 
 
+def main(argv):
+    print(prepare(**configure(DEFAULTS, argv)))
+
+
 if __name__ == "__main__":
-    kw = dict(a[2:].split("=", 1) for a in sys.argv[1:] if a.startswith("--"))
-    typed = {k: (v if k == "ops" else float(v) if k == "noise" else int(v)) for k, v in kw.items()}
-    print(prepare(**typed))
+    cli_main(main)
