@@ -12,6 +12,7 @@ import json
 import os
 
 from configurator import UserError, cli_main
+from rundir import read_jsonl
 
 SMOOTH = 10  # reward, selection rate and step time are noisy step to step: also draw their moving average
 ROWS = [("reward", "reward"), ("test/accuracy", "test accuracy"),
@@ -20,20 +21,29 @@ COLS = [("iter", "step"), ("elapsed", "wall time (s, evaluations included)")]
 
 
 def load_log(run_dir):
-    """The list of dicts in run_dir/log.jsonl, one per line."""
+    """The list of dicts in run_dir/log.jsonl, one per line. A malformed line (half written by a run still
+    going, or cut off by a crash) is skipped with a warning; two lines of the same iteration (two runs'
+    logs in one file) are an error."""
     if not os.path.isdir(run_dir):
         raise UserError(f"{run_dir} is not a directory: pass the --out_dir of train_grpo.py runs")
     path = os.path.join(run_dir, "log.jsonl")
     if not os.path.isfile(path):
         raise UserError(f"no log.jsonl in {run_dir}: is it the --out_dir of a train_grpo.py run?")
-    with open(path) as f:
-        lines = f.readlines()
-    # a run still writing may have flushed half a line: plot what is complete
-    if lines and not lines[-1].endswith("\n"):
-        lines.pop()
-    if not lines:
-        raise UserError(f"{path} is empty: the run logs its first line after the evaluation at step 0")
-    return [json.loads(line) for line in lines]
+    log = []
+    for line in read_jsonl(path):
+        if not isinstance(line.get("iter"), int) or not isinstance(line.get("elapsed"), (int, float)):
+            print(f"warning: {path}: a line without iter and elapsed; skipped ({json.dumps(line)[:60]})")
+        else:
+            log.append(line)
+    if not log:
+        raise UserError(f"{path} holds no log line: the run logs its first line after the evaluation at step 0")
+    seen = set()
+    for line in log:
+        if line["iter"] in seen:
+            raise UserError(f"{path} has two lines for iteration {line['iter']}: the logs of two runs mixed in "
+                            f"one file? Each run needs its own --out_dir")
+        seen.add(line["iter"])
+    return log
 
 
 def moving_average(ys, w):

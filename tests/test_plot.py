@@ -93,7 +93,7 @@ def test_bad_input(runs, tmp_path):
     (tmp_path / "nolog").mkdir()
     with pytest.raises(UserError, match="no log.jsonl in"):
         plot.load_log(str(tmp_path / "nolog"))
-    with pytest.raises(UserError, match="is empty"):
+    with pytest.raises(UserError, match="empty/log.jsonl holds no log line"):
         plot.load_log(write(tmp_path / "empty", [], tail=""))
     with pytest.raises(UserError, match="2 names for 1 run"):
         plot.plot_runs([runs[0]], str(tmp_path / "x.png"), labels=["a", "b"])
@@ -117,3 +117,48 @@ def test_without_matplotlib(runs, tmp_path, monkeypatch):
     with pytest.raises(UserError, match="pip install matplotlib"):
         plot.plot_runs(list(runs), str(tmp_path / "x.png"))
     assert not (tmp_path / "x.png").exists()
+
+
+def test_malformed_lines_anywhere_are_skipped_with_a_warning(tmp_path, capsys):
+    run = write(tmp_path / "run", fake_log(STD_EVALS, 0.5, tracin=False))
+    text = (tmp_path / "run" / "log.jsonl").read_text().splitlines(keepends=True)
+    text[3] = text[3][:20] + "\n"                     # line 4 (iter 3) cut short
+    text.insert(6, "[1, 2]\n")                        # line 7: JSON, but not a log line
+    text.insert(8, '{"note": "no iter"}\n')            # line 9: a dict without iter and elapsed
+    (tmp_path / "run" / "log.jsonl").write_text("".join(text))
+    assert [l["iter"] for l in plot.load_log(run)] == [0, 1, 2, 4, 5, 6, 7, 8, 9, 10]
+    out = capsys.readouterr().out
+    assert "log.jsonl line 4 is not valid JSON" in out and "log.jsonl line 7 is not valid JSON" in out
+    assert "a line without iter and elapsed; skipped" in out
+
+
+@pytest.mark.parametrize("second_start", [0, 4])
+def test_two_runs_in_one_log_are_an_error(tmp_path, second_start):
+    log = fake_log(STD_EVALS, 0.5, tracin=False)
+    run = write(tmp_path / "mixed", log + log[second_start:])  # a second run appended, from its start or a step
+    with pytest.raises(UserError, match=f"{run}/log.jsonl has two lines for iteration {second_start}:"):
+        plot.load_log(run)
+
+
+def test_all_lines_malformed_is_an_error(tmp_path):
+    run = str(tmp_path / "bad")
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "log.jsonl").write_text('{"iter": 0,\nnull\n')
+    with pytest.raises(UserError, match="holds no log line"):
+        plot.load_log(run)
+
+
+def test_figure_of_logs_without_evaluations(tmp_path):
+    pytest.importorskip("matplotlib")
+    steps_only = [l for l in fake_log(STD_EVALS, 0.5, tracin=False) if "test/accuracy" not in l]  # iters 1-4, 6-9
+    start_only = fake_log(TR_EVALS, 1.5, tracin=True)[:1]                                       # the iter-0 line
+    runs = [("steps", plot.load_log(write(tmp_path / "steps", steps_only))),
+            ("start", plot.load_log(write(tmp_path / "start", start_only)))]
+    ax = plot.make_figure(runs).axes
+    (acc,) = lines_of(ax[2], "steps")                 # an empty accuracy line: the legend still names the run
+    assert list(acc.get_xdata()) == []
+    (reward,) = lines_of(ax[0], "steps")
+    assert list(reward.get_xdata()) == [1, 2, 3, 4, 6, 7, 8, 9]
+    (acc,) = lines_of(ax[2], "start")                 # one evaluation, no step
+    assert list(acc.get_xdata()) == [0] and list(acc.get_ydata()) == [0.40]
+    assert not lines_of(ax[0], "start")

@@ -1,5 +1,5 @@
 # Tests for summarize.py. Run: python -m pytest tests/test_summarize.py -q
-# Reference: two hand-written log.jsonl files and the values the table must show.
+# Reference: hand-written log.jsonl files and the values the table must show.
 import json
 
 import pytest
@@ -9,8 +9,20 @@ from configurator import UserError
 
 
 def write(run, lines):
+    """lines: dicts, written as JSON, or strings, written as they are (malformed lines)."""
     run.mkdir()
-    (run / "log.jsonl").write_text("".join(json.dumps(l) + "\n" for l in lines))
+    (run / "log.jsonl").write_text("".join((l if isinstance(l, str) else json.dumps(l)) + "\n" for l in lines))
+    return str(run)
+
+
+def table(capsys, *runs):
+    """The printed table's header and its rows split into cells (the run's name first)."""
+    summarize.main(list(runs))
+    rows = capsys.readouterr().out.strip().splitlines()
+    return rows[0], [[c.strip() for c in row.split("|")[1:-1]] for row in rows[2:]]
+
+
+EVAL0 = {"iter": 0, "elapsed": 0.0, "test/accuracy": 0.4}
 
 
 def test_table(tmp_path, capsys):
@@ -36,3 +48,51 @@ def test_missing_log(tmp_path):
         summarize.main([str(tmp_path)])
     with pytest.raises(UserError, match="usage"):
         summarize.main([])
+
+
+def test_runs_without_an_evaluation_show_a_dash(tmp_path, capsys):
+    # eval_interval larger than the run, or a run stopped before its first evaluation: step lines only
+    no_eval = write(tmp_path / "no_eval", [{"iter": 1, "elapsed": 1.0, "step_seconds": 1.0},
+                                           {"iter": 2, "elapsed": 2.0, "step_seconds": 3.0}])
+    std = write(tmp_path / "std", [EVAL0, {"iter": 1, "elapsed": 5.0, "step_seconds": 5.0, "test/accuracy": 0.5}])
+    header, (a, b) = table(capsys, no_eval, std)
+    assert "at 5 s" in header                       # the run without an evaluation has no say in it
+    assert a == [no_eval, "-", "-", "-", "2.00", "-", "- / -"]
+    assert b == [std, "0.400", "0.500 (1)", "0.500 (1)", "5.00", "-", "- / -"]
+    header, (a,) = table(capsys, no_eval)
+    assert "at - s" in header and a[1:4] == ["-", "-", "-"]
+
+
+def test_log_with_only_the_first_evaluation(tmp_path, capsys):
+    header, (row,) = table(capsys, write(tmp_path / "start", [EVAL0]))
+    assert "at 0 s" in header
+    assert row[1:] == ["0.400", "0.400 (0)", "0.400 (0)", "-", "-", "- / -"]
+
+
+def test_malformed_lines_are_skipped_with_a_warning(tmp_path, capsys):
+    run = write(tmp_path / "run", [EVAL0, '{"iter": 1, "elap', {"iter": 2, "elapsed": 2.0, "step_seconds": 2.0},
+                                   "", {"iter": 3, "elapsed": 3.0, "step_seconds": 1.0, "test/accuracy": 0.6}])
+    summarize.main([run])
+    out = capsys.readouterr().out.splitlines()
+    assert any("log.jsonl line 2 is not valid JSON" in l for l in out)
+    assert any("log.jsonl line 4 is not valid JSON" in l for l in out)
+    row = [c.strip() for c in out[-1].split("|")[1:-1]]
+    assert row[1:5] == ["0.400", "0.600 (3)", "0.600 (3)", "1.50"]
+
+
+@pytest.mark.parametrize("lines, it", [
+    ([EVAL0, {"iter": 1, "elapsed": 1.0, "step_seconds": 1.0}, EVAL0], 0),  # a second run appended
+    ([EVAL0, {"iter": 1, "elapsed": 1.0, "step_seconds": 1.0}, {"iter": 2, "elapsed": 2.0, "step_seconds": 1.0},
+      {"iter": 1, "elapsed": 1.5, "step_seconds": 1.5}], 1),
+])
+def test_duplicate_iteration_is_an_error(tmp_path, lines, it):
+    run = write(tmp_path / "mixed", lines)
+    with pytest.raises(UserError, match=f"{run}/log.jsonl has two lines for iteration {it}:"):
+        summarize.main([run])
+
+
+@pytest.mark.parametrize("lines", [[], ["{", "not json"]])
+def test_log_without_a_valid_line_is_an_error(tmp_path, lines):
+    run = write(tmp_path / "bad", lines)
+    with pytest.raises(UserError, match="holds no log line"):
+        summarize.main([run])
