@@ -35,7 +35,7 @@ from lora import LoRALinear
 
 class GhostHooks:
     """Forward/backward hooks on every lora_A / lora_B. Buffers (dicts: layer name -> list of
-    per-micro-batch tensors, rows = samples) follow the seed's names:
+    per-micro-batch tensors, rows = samples):
         train: _train_xs, _train_hs, _train_gAs, _train_gBs      validation: _xs, _hs, _gAs, _gBs
     Set `.split` to 'train' or 'val' before each capture; `.remove()` detaches every hook."""
 
@@ -119,7 +119,7 @@ def install_ghost_hooks(model):
 def ghost_mode(optimizer):
     """Gradient capture without a weight update: optimizer.step() raises inside, and the .grad
     that existed before (e.g. accumulated micro-batches) is put back afterwards, so capture
-    neither updates weights nor disturbs accumulation (GREATS issue #6)."""
+    neither updates weights nor disturbs accumulation."""
     params = [p for g in optimizer.param_groups for p in g["params"]]
     saved = [p.grad for p in params]
     for p in params:
@@ -159,6 +159,8 @@ def ghost_inner_products(x1, g1, x2, g2, chunk=16):
 
 def linear_inner_products(x1, g1, x2, g2, method="auto"):
     """(n1, n2) gradient inner products of one linear map, ghost or materialised by cost."""
+    if method not in ("auto", "ghost", "materialise"):
+        raise UserError(f"method must be 'auto', 'ghost' or 'materialise', got {method!r}")
     T, d, p = max(x1.size(1), x2.size(1)), x1.size(2), g1.size(2)
     if method == "ghost" or (method == "auto" and 2 * T * T < d * p):
         return ghost_inner_products(x1, g1, x2, g2)
@@ -208,10 +210,12 @@ def select_rollouts(influence, rule="positive", topk_frac=0.5):
 
 
 # ---------------------------------------------------------------------------------------------
-# post-hoc attribution over a finished run's checkpoints (Pruthi et al. 2020, seed 001)
+# post-hoc attribution over a finished run's checkpoints (TracInCP, Pruthi et al. 2020)
 #
-#   TracIn(z_test, z_train) = sum_t eta_t < grad L(z_test, theta_t), grad L(z_train, theta_t) >
+#   TracIn(z_test, z_train) = sum_s eta_s < grad L(z_test, theta_s), grad L(z_train, theta_s) >
 #
+# The sum runs over training steps s; the saved checkpoints t stand in for them (see
+# find_critical_samples' checkpoint_steps for how each is weighted).
 # Sign convention: positive = a gradient step on z_train lowers the test loss (it helps).
 # Train loss of a rollout: its GRPO policy-gradient loss, -A_i * mean_t log pi(y_t) (ratio 1, no KL).
 # Test loss: the negative log-likelihood of the test completion, -mean_t log pi(y_t).
@@ -261,45 +265,81 @@ def sq_norms(captured, layer_filter=None):
     return total
 
 
-def loop_inner_products(model, train_batch, test_batch, temperature, layer_filter=None):
-    """Reference path (seed 001's method): one autograd.grad per sample, flattened, dot products."""
-    params = [(n, p) for n, p in model.named_parameters() if ".lora_" in n
-              and (layer_filter is None or layer_filter in n)]
+def hook_products(model, train_batch, test_batch, temperature, layer_filter, micro_batch, norms):
+    """One checkpoint through the ghost hooks: (<g_i, g_test_j> (n, m), ||g_i||^2 (n,), ||sum_j g_test_j||^2),
+    the two norms only if `norms` (materialising per-sample gradients costs O(T d p) each)."""
+    n = train_batch[0].size(0)
+    with install_ghost_hooks(model) as hooks:
+        test_c = capture_grads(model, hooks, "val", test_batch, temperature, micro_batch)
+        # ||sum_j g_j||^2 = sum_{j,k} <g_j, g_k>: the test samples' own inner-product matrix, summed
+        te_sq = compute_ghost_inner_product_matrix(test_c, test_c, layer_filter=layer_filter).sum() if norms else None
+        ip_rows, tr_sq = [], []
+        for s in range(0, n, micro_batch):      # train chunk by chunk: buffers stay small
+            chunk = tuple(b[s:s + micro_batch] for b in train_batch)
+            train_c = capture_grads(model, hooks, "train", chunk, temperature, micro_batch)
+            ip_rows.append(compute_ghost_inner_product_matrix(train_c, test_c, layer_filter=layer_filter))
+            if norms:
+                tr_sq.append(sq_norms(train_c, layer_filter))
+            del train_c  # this chunk's activations and gradients
+    model.zero_grad(set_to_none=True)  # capture's .grad is not an update
+    return torch.cat(ip_rows), torch.cat(tr_sq) if norms else None, te_sq
 
-    def flat_grads(batch):
-        idx, pad_left, mask, adv = batch
-        out = []
-        for i in range(idx.size(0)):
-            loss = sample_losses(model, idx[i:i + 1], pad_left[i:i + 1], mask[i:i + 1], adv[i:i + 1], temperature)
-            out.append(torch.cat([g.float().flatten() for g in torch.autograd.grad(loss, [p for _, p in params])]))
-        return torch.stack(out)
-    return flat_grads(train_batch) @ flat_grads(test_batch).T
+
+def loop_gradients(model, batch, temperature, layer_filter=None):
+    """Reference path: one autograd.grad per sample, flattened: (n, number of LoRA parameters)."""
+    params = [p for n, p in model.named_parameters()
+              if ".lora_" in n and (layer_filter is None or layer_filter in n)]
+    idx, pad_left, mask, adv = batch
+    out = []
+    for i in range(idx.size(0)):
+        loss = sample_losses(model, idx[i:i + 1], pad_left[i:i + 1], mask[i:i + 1], adv[i:i + 1], temperature)
+        out.append(torch.cat([g.float().flatten() for g in torch.autograd.grad(loss, params)]))
+    return torch.stack(out)
+
+
+def trapezoid_steps(iters):
+    """Training steps each checkpoint stands for, from the iterations s_0 < ... < s_{n-1} it was saved
+    at: (s_{i+1} - s_{i-1}) / 2 with s_{-1} = s_0 and s_n = s_{n-1} (trapezoid rule), so the weights
+    add up to s_{n-1} - s_0 steps. A single checkpoint stands for itself: weight 1."""
+    s = [iters[0], *iters, iters[-1]]
+    return [(s[i + 2] - s[i]) / 2 for i in range(len(iters))] if len(iters) > 1 else [1.0]
 
 
 def find_critical_samples(model, checkpoints, train_samples, test_samples, enc, mode="memory_efficient",
                           learning_rates=None, layer_filter=None, n_probe=None, top_k=5, temperature=1.0,
-                          gradient_method="hooks", micro_batch=64, normalize=False, self_influence=False):
+                          gradient_method="hooks", micro_batch=64, normalize=False, self_influence=False,
+                          checkpoint_steps=None):
     """Score training rollouts by their influence on test samples across checkpoints.
 
     checkpoints: paths of GRPO checkpoints (each holds 'lora' and 'lr'), or, for mode='full',
         already loaded LoRA state dicts are accepted too.
     mode: 'simple'           one checkpoint (the last), no learning-rate weight: plain gradient alignment
-          'full'             every checkpoint loaded into memory first, then sum_t eta_t <g_test, g_train>
+          'full'             every checkpoint loaded into memory first, then sum_t w_t <g_test, g_train>
           'memory_efficient' one checkpoint at a time from disk, each loaded exactly once
     learning_rates: eta_t per checkpoint; default: the 'lr' stored in each checkpoint.
+    checkpoint_steps: how many training steps checkpoint t stands for, k_t; its weight is w_t = eta_t k_t.
+        None: w_t = eta_t (plain TracInCP, as Captum computes it). trapezoid_steps(iters) gives the
+        trapezoid rule over the steps: the sum over every step s of eta_s <g_test, g_train>(theta_s) is
+        approximated as if that term varied linearly between checkpoints (no step in between is visited).
+    temperature: the run's sampling temperature (log pi = log softmax(logits / temperature)).
     n_probe: score only n_probe training rollouts, evenly spaced over the list (None: all).
-    Returns the seed's result dictionary (see README)."""
-    from lora import load_lora_state_dict
+    normalize: also cosine_score = sum_t w_t <g_i, G_t> / (||g_i|| ||G_t||), G_t = sum_j g_test_j.
+    self_influence: also sum_t w_t ||g_i||^2.
+    Scores are taken with dropout off (model.eval()); the model's train/eval flag, LoRA weights and
+    every parameter's .grad are as they were on return. Returns the result dictionary (see README)."""
+    from lora import load_lora_state_dict, lora_state_dict
     from model import load_checkpoint
     if mode not in ("simple", "full", "memory_efficient"):
         raise UserError(f"mode must be 'simple', 'full' or 'memory_efficient', got {mode!r}")
+    if gradient_method not in ("hooks", "loop"):
+        raise UserError(f"gradient_method must be 'hooks' or 'loop', got {gradient_method!r}")
     if not checkpoints:
         raise UserError("no checkpoints to attribute over")
+    for name, per_ckpt in (("learning rates", learning_rates), ("checkpoint_steps", checkpoint_steps)):
+        if per_ckpt is not None and len(per_ckpt) != len(checkpoints):
+            raise UserError(f"{len(checkpoints)} checkpoints but {len(per_ckpt)} {name}")
     if mode == "simple":
-        checkpoints = checkpoints[-1:]
-        learning_rates = [1.0]
-    if learning_rates is not None and len(learning_rates) != len(checkpoints):
-        raise UserError(f"{len(checkpoints)} checkpoints but {len(learning_rates)} learning rates")
+        checkpoints, learning_rates, checkpoint_steps = checkpoints[-1:], [1.0], None
     if not train_samples or not test_samples:
         raise UserError("need at least one training rollout and one test sample")
     layers = [n for n, m in model.named_modules() if isinstance(m, LoRALinear)]
@@ -316,43 +356,40 @@ def find_critical_samples(model, checkpoints, train_samples, test_samples, enc, 
     cosine = torch.zeros(n, dtype=torch.float64)
     selfinf = torch.zeros(n, dtype=torch.float64)
     contributions = []
-    model.train()
-    for t, ckpt in enumerate(checkpoints):
-        state = states[t] if states is not None else (load_checkpoint(ckpt) if isinstance(ckpt, str) else ckpt)
-        load_lora_state_dict(model, state["lora"] if "lora" in state else state)
-        eta = learning_rates[t] if learning_rates is not None else float(state.get("lr", 1.0))
-        if gradient_method == "loop":
-            ip = loop_inner_products(model, train_batch, test_batch, temperature, layer_filter)
-            tr_norm = te_norm = None
-        elif gradient_method == "hooks":
-            with install_ghost_hooks(model) as hooks:
-                test_c = capture_grads(model, hooks, "val", test_batch, temperature, micro_batch)
-                te_norm = sq_norms(test_c, layer_filter).sum().sqrt() if normalize else None
-                ip_rows, tr_norms = [], []
-                for s in range(0, n, micro_batch):      # train chunk by chunk: buffers stay small
-                    chunk = tuple(b[s:s + micro_batch] for b in train_batch)
-                    train_c = capture_grads(model, hooks, "train", chunk, temperature, micro_batch)
-                    ip_rows.append(compute_ghost_inner_product_matrix(train_c, test_c, layer_filter=layer_filter))
-                    if normalize or self_influence:
-                        tr_norms.append(sq_norms(train_c, layer_filter))
-                    del train_c  # this chunk's activations and gradients
-                ip = torch.cat(ip_rows)
-                tr_norm = torch.cat(tr_norms) if tr_norms else None
-            model.zero_grad(set_to_none=True)  # capture's .grad is not an update
-        else:
-            raise UserError(f"gradient_method must be 'hooks' or 'loop', got {gradient_method!r}")
-        if not torch.isfinite(ip).all():
-            raise FloatingPointError(f"NaN/Inf in gradient inner products at checkpoint {t}")
-        # the accumulators are float64 on the CPU, whatever device the model is on
-        ip, tr_norm, te_norm = (None if v is None else v.double().cpu() for v in (ip, tr_norm, te_norm))
-        contrib = eta * ip.sum(1)                       # summed over test samples: (n,)
-        scores += contrib
-        contributions.append(contrib)
-        if normalize and tr_norm is not None:
-            cosine += eta * ip.sum(1) / (tr_norm.sqrt() * te_norm).clamp(min=1e-12)
-        if self_influence and tr_norm is not None:
-            selfinf += eta * tr_norm
-        del state
+    # put back in `finally`: the caller's train/eval flag, LoRA weights and .grad tensors
+    was_training, own_lora = model.training, lora_state_dict(model)
+    own_grads = [(p, p.grad) for p in model.parameters()]
+    model.zero_grad(set_to_none=True)  # a backward must not add into the caller's .grad tensors
+    model.eval()  # dropout off: deterministic scores; eval also turns gradient checkpointing off (hooks need that)
+    try:
+        for t, ckpt in enumerate(checkpoints):
+            state = states[t] if states is not None else (load_checkpoint(ckpt) if isinstance(ckpt, str) else ckpt)
+            load_lora_state_dict(model, state["lora"] if "lora" in state else state)
+            w = learning_rates[t] if learning_rates is not None else float(state.get("lr", 1.0))
+            w *= checkpoint_steps[t] if checkpoint_steps is not None else 1.0   # w_t = eta_t k_t
+            if gradient_method == "loop":
+                tr, te = (loop_gradients(model, b, temperature, layer_filter) for b in (train_batch, test_batch))
+                ip, tr_sq, te_sq = tr @ te.T, tr.pow(2).sum(1), te.sum(0).pow(2).sum()
+            else:
+                ip, tr_sq, te_sq = hook_products(model, train_batch, test_batch, temperature, layer_filter,
+                                                 micro_batch, normalize or self_influence)
+            if not torch.isfinite(ip).all():
+                raise FloatingPointError(f"NaN/Inf in gradient inner products at checkpoint {t}")
+            # the accumulators are float64 on the CPU, whatever device the model is on
+            ip, tr_sq, te_sq = (None if v is None else v.double().cpu() for v in (ip, tr_sq, te_sq))
+            contrib = w * ip.sum(1)                   # <g_i, G_t> summed over test samples: (n,)
+            scores += contrib
+            contributions.append(contrib)
+            if normalize:
+                cosine += contrib / (tr_sq * te_sq).sqrt().clamp(min=1e-12)
+            if self_influence:
+                selfinf += w * tr_sq
+            del state
+    finally:
+        load_lora_state_dict(model, own_lora)
+        for p, g in own_grads:
+            p.grad = g
+        model.train(was_training)
     per_sample = []
     for i, s in enumerate(train_samples):
         entry = {**{k: s[k] for k in s if k not in ("completion_tokens", "completion_mask")},

@@ -26,15 +26,19 @@
 #   test_nan_in_captured_gradient_raises  a NaN written by hand into x / gA / gB (train and val sides).
 #   test_batch_layout                     the batch really has left padding and eot-padded ended rows.
 #   test_hooks_need_lora                  UserError by hand.
-#   test_posthoc_*                        a plain torch.autograd.grad loop over checkpoints and samples.
+#   test_posthoc_*                        a plain torch.autograd.grad loop over checkpoints and samples
+#       (autograd_grads): scores, cosines <g_i, sum_j g_test_j> / (||g_i|| ||sum_j g_test_j||) and
+#       self-influences written out from those gradients; snapshots of the model's state.
+#   test_trapezoid_steps                  hand-computed weights.
+#   test_*_method_*                       UserError by hand.
 import pytest
 import torch
 from torch.func import functional_call, grad, jacrev, vmap
 
 import tracin
 from configurator import UserError
-from lora import apply_lora, disable_lora, lora_parameters
-from model import GPT, GPTConfig, save_checkpoint
+from lora import apply_lora, disable_lora, load_lora_state_dict, lora_parameters, lora_state_dict
+from model import GPT, GPTConfig, load_checkpoint, save_checkpoint
 from sample import generate
 from train_grpo import completion_logprobs, grpo_loss
 
@@ -49,9 +53,9 @@ VAL_ADV = torch.tensor([1.0, -0.6, 0.4, 1.3])
 LAYERS = 8  # c_attn, attn.c_proj, c_fc, mlp.c_proj in each of 2 blocks
 
 
-def make_model():
+def make_model(dropout=0.0):
     torch.manual_seed(0)
-    m = GPT(GPTConfig(block_size=64, vocab_size=50, n_layer=2, n_head=2, n_embd=32))
+    m = GPT(GPTConfig(block_size=64, vocab_size=50, n_layer=2, n_head=2, n_embd=32, dropout=dropout))
     apply_lora(m, r=4, alpha=8, targets=("c_attn", "c_proj", "c_fc"))
     with torch.no_grad():
         for n, p in m.named_parameters():
@@ -216,7 +220,7 @@ def test_ghost_equals_materialised_and_bruteforce(world, monkeypatch):
     assert len(calls) == 2 * LAYERS
     calls.clear()
     mat = tracin.compute_ghost_inner_product_matrix(tr, va, method="materialise")
-    assert not calls  # any method other than 'ghost'/'auto' takes the materialised path
+    assert not calls  # 'materialise' never calls the ghost kernel
     auto = tracin.compute_ghost_inner_product_matrix(tr, va, method="auto")
     assert 0 < len(calls) < 2 * LAYERS  # at these sizes 'auto' mixes both paths
     brute = flat(func_per_sample_grads(m, train, TRAIN_ADV)) @ flat(func_per_sample_grads(m, val, VAL_ADV)).T
@@ -438,7 +442,7 @@ class ByteEnc:
     """Stand-in tokenizer: one token per character code (mod 40) + eot 0, for rollout_batch."""
     eot_token = 0
 
-    def encode(self, s):
+    def encode(self, s, disallowed_special=None):  # tiktoken's keyword: no special tokens here anyway
         return [1 + ord(c) % 40 for c in s]
 
 
@@ -568,3 +572,152 @@ def test_posthoc_n_probe_spreads_over_the_run(world, tmp_path):
     first = tracin.find_critical_samples(m, paths, train[:2], test, enc)
     scores = lambda r: [e["tracin_score"] for e in r["scores"]]
     assert scores(got) == scores(want) and scores(got) != scores(first)
+
+
+def test_unknown_method_raises():
+    x, g = torch.randn(2, 3, 4), torch.randn(2, 3, 5)
+    with pytest.raises(UserError, match="'auto', 'ghost' or 'materialise', got 'ghosts'"):
+        tracin.linear_inner_products(x, g, x, g, method="ghosts")
+    with pytest.raises(UserError, match="'auto', 'ghost' or 'materialise', got 'materialize'"):
+        tracin.compute_ghost_inner_product_matrix({"l": (x, g, x, g)}, {"l": (x, g, x, g)}, method="materialize")
+
+
+def test_posthoc_unknown_mode_or_gradient_method_raises_before_work(world, tmp_path, monkeypatch):
+    """Checked first: mode='full' would otherwise load (here: fail to find) every checkpoint first."""
+    m = world[0]
+    _, _, train, test = posthoc_setup(tmp_path, m)
+    monkeypatch.setattr(tracin, "rollout_batch", lambda *a: pytest.fail("work started"))
+    missing = [str(tmp_path / "missing.pt")]
+    with pytest.raises(UserError, match="gradient_method.*'nope'"):
+        tracin.find_critical_samples(m, missing, train, test, ByteEnc(), mode="full", gradient_method="nope")
+    with pytest.raises(UserError, match="mode.*'fast'"):
+        tracin.find_critical_samples(m, missing, train, test, ByteEnc(), mode="fast")
+
+
+def autograd_grads(m, paths, samples, temperature=1.0):
+    """Reference: per checkpoint, the (n, P) flattened LoRA gradients of each sample's own loss, one
+    torch.autograd.grad per sample run alone (batch of 1). Leaves the last checkpoint loaded."""
+    batch, out = tracin.rollout_batch(ByteEnc(), samples, "cpu"), []
+    for path in paths:
+        load_lora_state_dict(m, load_checkpoint(path)["lora"])
+        rows = [torch.autograd.grad(tracin.sample_losses(m, *(t[i:i + 1] for t in batch), temperature),
+                                    lora_parameters(m)) for i in range(len(samples))]
+        out.append(torch.stack([torch.cat([g.flatten() for g in r]) for r in rows]).double())
+    return out
+
+
+def column(res, key):
+    return torch.tensor([e[key] for e in res["scores"]], dtype=torch.float64)
+
+
+def test_posthoc_cosine_and_self_influence_match_autograd(world, tmp_path):
+    """cosine_i = sum_t eta_t <g_i, G_t> / (||g_i|| ||G_t||), G_t = sum_j g_test_j (the norm of the
+    summed test gradient, not sqrt(sum_j ||g_test_j||^2)); self_i = sum_t eta_t ||g_i||^2."""
+    m = world[0]
+    paths, lrs, train, test = posthoc_setup(tmp_path, m)
+    test = test + [{"prompt": "zz", "completion_tokens": [8, 2, 5, 0], "completion_mask": [1] * 4, "advantage": 1.0}]
+    tr, te = autograd_grads(m, paths, train), autograd_grads(m, paths, test)
+    cos = sum(lr * (g @ G.sum(0)) / (g.norm(dim=1) * G.sum(0).norm()) for lr, g, G in zip(lrs, tr, te))
+    self_inf = sum(lr * g.pow(2).sum(1) for lr, g in zip(lrs, tr))
+    for method in ("hooks", "loop"):
+        res = tracin.find_critical_samples(m, paths, train, test, ByteEnc(), normalize=True, self_influence=True,
+                                           gradient_method=method)
+        assert torch.allclose(column(res, "cosine_score"), cos, rtol=1e-4, atol=1e-8), method
+        assert torch.allclose(column(res, "self_influence"), self_inf, rtol=1e-4), method
+        assert (self_inf > 0).all() and cos.abs().min() > 1e-3
+
+
+def test_posthoc_repeated_test_sample_keeps_the_cosine(world, tmp_path):
+    """The same test sample 4 times: the score is 4 times that of once, the cosine the same."""
+    m = world[0]
+    paths, _, train, test = posthoc_setup(tmp_path, m)
+    once, four = (tracin.find_critical_samples(m, paths, train, t, ByteEnc(), normalize=True) for t in (test, test * 4))
+    assert torch.allclose(column(four, "tracin_score"), 4 * column(once, "tracin_score"), rtol=1e-5)
+    assert torch.allclose(column(four, "cosine_score"), column(once, "cosine_score"), rtol=1e-5)
+
+
+def test_posthoc_loop_and_hooks_agree_on_every_key(world, tmp_path):
+    m = world[0]
+    paths, _, train, test = posthoc_setup(tmp_path, m)
+    kw = dict(normalize=True, self_influence=True)
+    hooks, loop = (tracin.find_critical_samples(m, paths, train, test * 2, ByteEnc(), gradient_method=g, **kw)
+                   for g in ("hooks", "loop"))
+    for key in ("tracin_score", "cosine_score", "self_influence"):
+        assert column(loop, key).abs().min() > 0, key
+        assert torch.allclose(column(hooks, key), column(loop, key), rtol=1e-4, atol=1e-10), key
+
+
+def test_posthoc_scores_ignore_dropout(tmp_path):
+    """A base built with dropout=0.5: scores are taken with dropout off, so two calls agree exactly
+    and equal those of the same weights built without dropout."""
+    noisy, clean = make_model(dropout=0.5).train(), make_model(dropout=0.0)
+    assert all(torch.equal(a, b) for a, b in zip(noisy.state_dict().values(), clean.state_dict().values()))
+    paths, _, train, test = posthoc_setup(tmp_path, noisy)
+    kw = dict(normalize=True, self_influence=True)
+    runs = [tracin.find_critical_samples(m, paths, train, test, ByteEnc(), gradient_method=g, **kw)
+            for m, g in ((noisy, "hooks"), (noisy, "hooks"), (noisy, "loop"), (clean, "hooks"))]
+    for key in ("tracin_score", "cosine_score", "self_influence"):
+        assert torch.equal(column(runs[0], key), column(runs[1], key)), key
+        assert torch.allclose(column(runs[0], key), column(runs[3], key), rtol=1e-6, atol=1e-12), key
+        assert torch.allclose(column(runs[2], key), column(runs[3], key), rtol=1e-4, atol=1e-10), key
+
+
+@pytest.mark.parametrize("training,method", [(True, "hooks"), (False, "hooks"), (True, "loop")])
+def test_posthoc_leaves_the_model_as_it_was(world, tmp_path, training, method):
+    """The train/eval flag, the LoRA weights loaded before the call (not the last checkpoint's) and
+    every parameter's .grad (the very tensor, same values, or None) are restored, also on an error."""
+    m = world[0]
+    paths, _, train, test = posthoc_setup(tmp_path, m)
+    torch.manual_seed(11)
+    with torch.no_grad():
+        for p in lora_parameters(m):
+            p.add_(torch.randn_like(p))  # weights unlike any checkpoint's
+    params = list(m.parameters())
+    for i, p in enumerate(params):
+        p.grad = torch.randn_like(p) if i % 3 == 0 else None
+    grads = [(p.grad, None if p.grad is None else p.grad.clone()) for p in params]
+    lora = lora_state_dict(m)
+    for ckpts in (paths, paths + [str(tmp_path / "missing.pt")]):  # the second fails after 3 checkpoints
+        m.train(training)
+        try:
+            tracin.find_critical_samples(m, ckpts, train, test, ByteEnc(), gradient_method=method,
+                                         normalize=True, self_influence=True)
+        except UserError as e:
+            assert "missing.pt" in str(e) and len(ckpts) == 4
+        assert m.training == training and all(mod.training == training for mod in m.modules())
+        assert all(torch.equal(v, lora[k]) for k, v in lora_state_dict(m).items())
+        for p, (g, snap) in zip(params, grads):
+            assert p.grad is g and (snap is None or torch.equal(p.grad, snap))
+
+
+def test_trapezoid_steps():
+    """Checkpoint i at step s_i stands for (s_{i+1} - s_{i-1}) / 2 steps, the ends for half a gap."""
+    iters = [0, 25, 50, 75, 100, 110]  # every 25 steps, the last at max_iters = 110
+    assert tracin.trapezoid_steps(iters) == [12.5, 25.0, 25.0, 25.0, 17.5, 5.0]
+    assert sum(tracin.trapezoid_steps(iters)) == 110
+    assert tracin.trapezoid_steps([0, 10]) == [5.0, 5.0]
+    assert tracin.trapezoid_steps([40]) == [1.0]
+
+
+def test_posthoc_checkpoint_steps_scale_each_checkpoint(world, tmp_path):
+    m = world[0]
+    paths, _, train, test = posthoc_setup(tmp_path, m)
+    steps = [12.5, 25.0, 5.0]
+    kw = dict(normalize=True, self_influence=True)
+    plain = tracin.find_critical_samples(m, paths, train, test, ByteEnc(), **kw)
+    weighted = tracin.find_critical_samples(m, paths, train, test, ByteEnc(), checkpoint_steps=steps, **kw)
+    for p, w in zip(plain["scores"], weighted["scores"]):
+        want = [k * c for k, c in zip(steps, p["checkpoint_contributions"])]
+        assert w["checkpoint_contributions"] == pytest.approx(want, rel=1e-9)
+        assert w["tracin_score"] == pytest.approx(sum(want), rel=1e-9)
+    # cosine and self-influence: each checkpoint's term scales by its k_t too (one checkpoint at a time)
+    for path, k in zip(paths, steps):
+        one, one_k = (tracin.find_critical_samples(m, [path], train, test, ByteEnc(), checkpoint_steps=s, **kw)
+                      for s in (None, [k]))
+        for key in ("tracin_score", "cosine_score", "self_influence"):
+            assert torch.allclose(column(one_k, key), k * column(one, key), rtol=1e-9), key
+    simple = tracin.find_critical_samples(m, paths, train, test, ByteEnc(), mode="simple", checkpoint_steps=steps)
+    assert column(simple, "tracin_score").tolist() == column(
+        tracin.find_critical_samples(m, paths, train, test, ByteEnc(), mode="simple"), "tracin_score").tolist()
+    with pytest.raises(UserError, match="3 checkpoints but 2 checkpoint_steps"):
+        tracin.find_critical_samples(m, paths, train, test, ByteEnc(), checkpoint_steps=[1, 2])
