@@ -567,11 +567,6 @@ def train(cfg, amp, resume):
             log, rollouts = grpo_step(model, optimizer, enc, [e["question"] for e in batch],
                                       [e["answer"] for e in batch], cfg, generator, amp, val)
             iter_num += 1
-            skipped_in_a_row = skipped_in_a_row + 1 if log["skipped"] else 0
-            if skipped_in_a_row >= cfg["max_skipped_steps"]:
-                raise UserError(f"{skipped_in_a_row} steps in a row skipped ({log['skip_reason']}) at iter {iter_num}: "
-                                f"the weights or the learning rate ({lr:.1e}) have diverged; the last checkpoint "
-                                f"is {out}/ckpt.pt (iter {last_ckpt}); lower learning_rate and start a new run")
             if cfg["defect_frac"] > 0 and rollouts is not None:  # selection precision: kept rollouts clean?
                 clean = torch.tensor([i not in defective for i in picks]).repeat_interleave(cfg["group_size"])
                 log["defect/clean_base_rate"] = clean.float().mean().item()
@@ -589,9 +584,17 @@ def train(cfg, amp, resume):
             log_f.flush(); roll_f.flush()
             if iter_num % cfg["log_interval"] == 0:
                 print_step(log, cfg, lr)
+            skipped_in_a_row = skipped_in_a_row + 1 if log["skipped"] else 0
+            if skipped_in_a_row >= cfg["max_skipped_steps"]:
+                raise UserError(f"{skipped_in_a_row} steps in a row skipped ({log['skip_reason']}) at iter {iter_num}: "
+                                f"the weights or the learning rate ({lr:.1e}) have diverged; the last checkpoint "
+                                f"is {out}/ckpt.pt (iter {last_ckpt}); lower learning_rate and start a new run")
             # weights that give NaN logits are not worth keeping (a NaN gradient left them untouched: those are)
             if (iter_num % cfg["ckpt_interval"] == 0 or iter_num == cfg["max_iters"]) and rollouts is not None:
-                last_ckpt = checkpoint(lr)
+                if all(torch.isfinite(p).all() for p in lora_parameters(model)):
+                    last_ckpt = checkpoint(lr)
+                else:  # a finite gradient times a huge learning rate: the next step's sampling will say so
+                    print(f"warning: NaN/Inf LoRA weights at iter {iter_num}: no checkpoint written")
     except KeyboardInterrupt:
         where = (f"last checkpoint {os.path.join(out, 'ckpt.pt')} (iter {last_ckpt}); resume with: python "
                  f"train_grpo.py --out_dir={shlex.quote(out)} --init_from=resume") if last_ckpt is not None else \

@@ -1,0 +1,108 @@
+# Tests for rundir.py (run directories) and configurator.cli_main. Run: python -m pytest tests/test_rundir.py -q
+# References: real processes for the lock (a live `sleep` holds it, a finished one left it stale),
+# files written by hand for the JSONL readers, and weights changed by one element for the fingerprint.
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import rundir
+from configurator import Interrupted, UserError, cli_main
+
+
+def test_lock_refuses_a_live_pid_and_takes_over_a_dead_one(tmp_path, capsys):
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (tmp_path / rundir.LOCK_NAME).write_text(f"{live.pid}\n")
+        with pytest.raises(UserError, match=f"in use by another run \\(PID {live.pid}\\)"):
+            with rundir.run_lock(str(tmp_path)):
+                pass
+        assert (tmp_path / rundir.LOCK_NAME).read_text() == f"{live.pid}\n"   # the holder's lock is untouched
+    finally:
+        live.kill()
+        live.wait()
+    with rundir.run_lock(str(tmp_path)):  # the PID is dead now: a stale lock, taken over
+        assert (tmp_path / rundir.LOCK_NAME).read_text() == f"{os.getpid()}\n"
+    assert "stale lock" in capsys.readouterr().out
+    assert not (tmp_path / rundir.LOCK_NAME).exists()    # released on exit
+
+
+def test_lock_released_on_error_and_reentrant(tmp_path):
+    with pytest.raises(RuntimeError):
+        with rundir.run_lock(str(tmp_path)):
+            with rundir.run_lock(str(tmp_path)):  # the same process again (train_grpo -> train_base): no-op
+                pass
+            assert (tmp_path / rundir.LOCK_NAME).exists()
+            raise RuntimeError("boom")
+    assert not (tmp_path / rundir.LOCK_NAME).exists()
+
+
+def test_second_process_refused(tmp_path):
+    code = ("import sys, time; sys.path.insert(0, %r); import rundir\n"
+            "with rundir.run_lock(%r):\n    print('locked', flush=True); time.sleep(60)") % (
+        os.path.dirname(rundir.__file__), str(tmp_path))
+    holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        with pytest.raises(UserError, match=f"PID {holder.pid}"):
+            with rundir.run_lock(str(tmp_path)):
+                pass
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_unwritable_out_dir(tmp_path):
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(UserError, match="cannot write to out_dir .*file/run"):
+        rundir.check_writable(str(tmp_path / "file" / "run"))   # a path under a regular file
+    with pytest.raises(UserError, match="out_dir is empty"):
+        rundir.check_writable("")
+
+
+def test_read_jsonl_drops_a_cut_off_line(tmp_path, capsys):
+    p = tmp_path / "log.jsonl"
+    p.write_text('{"iter": 1}\n{"iter": 2}\nnot json\n{"iter": 3}\n{"iter": 4, "rew')
+    assert [r["iter"] for r in rundir.read_jsonl(str(p))] == [1, 2, 3]
+    out = capsys.readouterr().out
+    assert "line 3 is not valid JSON" in out and "line 5 is not valid JSON (cut off" in out
+
+
+def test_truncate_jsonl_keeps_the_resumed_steps_only(tmp_path):
+    p = tmp_path / "rollouts.jsonl"
+    p.write_text("".join(json.dumps({"iter": i, "x": [i] * 3}) + "\n" for i in range(6)) + '{"iter": 6, "x"')
+    rundir.truncate_jsonl(str(p), 3)
+    assert [json.loads(line)["iter"] for line in p.read_text().splitlines()] == [0, 1, 2, 3]
+    assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_fingerprint_sees_one_changed_weight():
+    sd = {"a.weight": torch.randn(4, 3), "b": torch.arange(5), "h": torch.randn(2).to(torch.bfloat16)}
+    fp = rundir.base_fingerprint(sd)
+    assert fp == rundir.base_fingerprint({k: v.clone() for k, v in reversed(list(sd.items()))})  # order-free
+    changed = {k: v.clone() for k, v in sd.items()}
+    changed["a.weight"][2, 1] += 1e-3
+    assert rundir.base_fingerprint(changed) != fp
+    assert rundir.base_fingerprint({**sd, "h": sd["h"].float()}) != fp   # same values, another dtype
+    with pytest.raises(UserError, match="other base weights than base.pt"):
+        rundir.check_same_base({"base_fingerprint": fp}, "run/ckpt.pt", rundir.base_fingerprint(changed), "base.pt")
+    rundir.check_same_base({"base_fingerprint": fp}, "run/ckpt.pt", fp, "base.pt")
+
+
+@pytest.mark.parametrize("exc, code, line", [
+    (UserError("bad knob"), 2, "error: bad knob"),
+    (OSError(28, "No space left on device", "out/ckpt.pt"), 2, "error: out/ckpt.pt: No space left on device"),
+    (Interrupted("train_grpo.py stopped at iter 3"), 130, "interrupted: train_grpo.py stopped at iter 3"),
+    (KeyboardInterrupt(), 130, "interrupted (Ctrl-C)"),
+])
+def test_cli_main_one_line_and_exit_code(exc, code, line, capsys):
+    def main(argv):
+        raise exc
+    with pytest.raises(SystemExit) as e:
+        cli_main(main, [])
+    assert e.value.code == code
+    err = capsys.readouterr().err
+    assert err.strip() == line and "Traceback" not in err
