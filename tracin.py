@@ -25,11 +25,12 @@ Padding positions get exactly zero gradient (no real token attends to them), so 
 import glob
 import json
 import os
+import re
 from contextlib import contextmanager
 
 import torch
 
-from configurator import UserError, configure, cli_main
+from configurator import UserError, check, check_choice, cli_main, configure
 from lora import LoRALinear
 
 
@@ -219,13 +220,14 @@ def select_rollouts(influence, rule="positive", topk_frac=0.5):
 # Sign convention: positive = a gradient step on z_train lowers the test loss (it helps).
 # Train loss of a rollout: its GRPO policy-gradient loss, -A_i * mean_t log pi(y_t) (ratio 1, no KL).
 # Test loss: the negative log-likelihood of the test completion, -mean_t log pi(y_t).
+# log pi uses logits / temperature, the run's sampling temperature (0 = greedy: plain log-probs).
 
 def rollout_batch(enc, samples, device):
     """samples: dicts with 'prompt' (text), 'completion_tokens', 'completion_mask', 'advantage'
     -> (idx (n, P+T), pad_left (n,), mask (n, T), advantages (n,)) laid out as sample.generate does."""
-    from data.gsm_synth.prepare import prompt_text
+    from data.gsm_synth.prepare import encode_prompt
     from sample import pad_prompts
-    idx, pad_left = pad_prompts([enc.encode(prompt_text(s["prompt"])) for s in samples], enc.eot_token, device)
+    idx, pad_left = pad_prompts([encode_prompt(enc, s["prompt"]) for s in samples], enc.eot_token, device)
     T = max(len(s["completion_tokens"]) for s in samples)
     comp = torch.full((len(samples), T), enc.eot_token, dtype=torch.long)
     mask = torch.zeros(len(samples), T, dtype=torch.long)
@@ -429,22 +431,22 @@ defaults = dict(
 
 
 def load_rollouts(path, enc):
-    """Every recorded rollout with nonzero advantage (zero advantage = zero gradient = zero influence)."""
+    """Every recorded rollout with nonzero advantage (zero advantage = zero gradient = zero influence).
+    A malformed line (e.g. cut off by a crash) is skipped with a warning naming it."""
+    from rundir import read_jsonl
     if not os.path.exists(path):
         raise UserError(f"no recorded rollouts at {path}: was this run made by train_grpo.py?")
     samples = []
-    with open(path) as f:
-        for line in f:
-            r = json.loads(line)
-            G = len(r["rewards"]) // len(r["prompts"])
-            for j, (toks, m) in enumerate(zip(r["completion_tokens"], r["completion_mask"])):
-                if r["advantages"][j] == 0:
-                    continue
-                n = sum(m)
-                samples.append({"iter": r["iter"], "prompt": r["prompts"][j // G], "answer": r["answers"][j // G],
-                                "completion": enc.decode([t for t in toks[:n] if t != enc.eot_token]),
-                                "reward": r["rewards"][j], "advantage": r["advantages"][j],
-                                "completion_tokens": toks[:n], "completion_mask": m[:n]})
+    for r in read_jsonl(path):
+        G = len(r["rewards"]) // len(r["prompts"])
+        for j, (toks, m) in enumerate(zip(r["completion_tokens"], r["completion_mask"])):
+            if r["advantages"][j] == 0:
+                continue
+            n = sum(m)
+            samples.append({"iter": r["iter"], "prompt": r["prompts"][j // G], "answer": r["answers"][j // G],
+                            "completion": enc.decode([t for t in toks[:n] if t != enc.eot_token]),
+                            "reward": r["rewards"][j], "advantage": r["advantages"][j],
+                            "completion_tokens": toks[:n], "completion_mask": m[:n]})
     if not samples:
         raise UserError(f"{path} holds no rollout with a nonzero advantage: nothing to attribute")
     return samples
@@ -452,47 +454,61 @@ def load_rollouts(path, enc):
 
 def main(argv):
     cfg = configure(defaults, argv)
-    from model import check_device
-    check_device(cfg["device"])
-    from data.gsm_synth.prepare import prompt_text
-    from sample import generate, load_policy
-    run = cfg["out_dir"]
-    ckpts = sorted(glob.glob(os.path.join(run, "ckpt_[0-9]*.pt")))
-    if not ckpts:
-        raise UserError(f"no checkpoints ckpt_NNNNNN.pt in {run}: run train_grpo.py with out_dir={run} first")
+    check_choice(cfg, "mode", ("simple", "full", "memory_efficient"))
+    check(cfg, "n_probe", cfg["n_probe"] >= 0, "must be >= 0 (0: every rollout)")
+    check(cfg, "top_k", cfg["top_k"] >= 1, "must be >= 1")
+    check(cfg, "out_dir", cfg["out_dir"] != "", "give the run directory of a train_grpo.py run")
     if not cfg["question"]:
         raise UserError('give the question to attribute: --question="Mia has 3 apples. ..."')
-    model, enc, _ = load_policy(ckpts[-1], cfg["device"])
-    prompt = enc.encode(prompt_text(cfg["question"]))
-    if cfg["completion"]:
-        completion = enc.encode(cfg["completion"])
-    else:  # the final model's own greedy answer
-        if len(prompt) >= model.config.block_size:
-            raise UserError(f"question of {len(prompt)} tokens does not fit the context of {model.config.block_size}")
-        idx, _, mask = generate(model, [prompt], min(64, model.config.block_size - len(prompt)), enc.eot_token,
-                                temperature=0)
-        completion = [t for t in idx[0, -mask.size(1):].tolist()[:int(mask.sum())] if t != enc.eot_token]
-    if len(prompt) + len(completion) + 1 > model.config.block_size:
-        raise UserError(f"question + completion ({len(prompt) + len(completion) + 1} tokens) exceed the "
-                        f"context of {model.config.block_size}")
-    test = [{"prompt": cfg["question"], "completion_tokens": completion + [enc.eot_token],
-             "completion_mask": [1] * (len(completion) + 1), "advantage": 1.0}]  # A=1: loss = NLL
-    train = load_rollouts(os.path.join(run, "rollouts.jsonl"), enc)
-    print(f"attributing {enc.decode(completion)!r} over {len(ckpts)} checkpoints and "
-          f"{min(len(train), cfg['n_probe'] or len(train))} of {len(train)} rollouts ({cfg['mode']})")
-    res = find_critical_samples(model, ckpts, train, test, enc, mode=cfg["mode"],
-                                layer_filter=cfg["layer_filter"] or None, n_probe=cfg["n_probe"] or None,
-                                top_k=cfg["top_k"], normalize=cfg["normalize"],
-                                self_influence=cfg["self_influence"])
-    res.update(question=cfg["question"], completion=enc.decode(completion))
-    for title, key in (("most helpful", "most_helpful"), ("most harmful", "most_harmful")):
-        print(f"--- {title} training rollouts (TracIn score; positive = lowered this answer's loss)")
-        for e in res[key]:
-            print(f"{e['tracin_score']:+.3e} | iter {e['iter']} | reward {e['reward']:.2f} | "
-                  f"{e['prompt'][:60]}... -> {e['completion']!r}")
+    from model import check_device, load_checkpoint
+    check_device(cfg["device"])
+    run = cfg["out_dir"]
     path = cfg["out_json"] or os.path.join(run, "tracin_attribution.json")
-    with open(path, "w") as f:
-        json.dump(res, f, indent=1)
+    if os.path.isdir(path) or not os.path.isdir(os.path.dirname(os.path.abspath(path))):
+        raise UserError(f"cannot write out_json {path}: it is a directory, or its directory does not exist")
+    ckpts = sorted((int(m.group(1)), p) for p in glob.glob(os.path.join(run, "ckpt_*.pt"))
+                   if (m := re.fullmatch(r"ckpt_(\d+)\.pt", os.path.basename(p))))
+    if not ckpts:
+        raise UserError(f"no checkpoints ckpt_NNNNNN.pt in {run}: run train_grpo.py with out_dir={run} first")
+    from data.gsm_synth.prepare import encode_prompt, encode_text
+    from rundir import run_lock
+    from sample import generate, load_policy
+    with run_lock(run):  # a training run (or another attribution) in this directory is refused
+        iters, ckpts = [s for s, _ in ckpts], [p for _, p in ckpts]
+        model, enc, _ = load_policy(ckpts[-1], cfg["device"])
+        temperature = load_checkpoint(ckpts[-1]).get("config", {}).get("temperature", 1.0)
+        temperature = temperature if temperature > 0 else 1.0  # greedy sampling: plain log-probs
+        prompt = encode_prompt(enc, cfg["question"])
+        if cfg["completion"]:
+            completion = encode_text(enc, cfg["completion"])
+        else:  # the final model's own greedy answer
+            if len(prompt) >= model.config.block_size:
+                raise UserError(f"question of {len(prompt)} tokens does not fit the context of "
+                                f"{model.config.block_size}")
+            idx, _, mask = generate(model, [prompt], min(64, model.config.block_size - len(prompt)), enc.eot_token,
+                                    temperature=0)
+            completion = [t for t in idx[0, -mask.size(1):].tolist()[:int(mask.sum())] if t != enc.eot_token]
+        if len(prompt) + len(completion) + 1 > model.config.block_size:
+            raise UserError(f"question + completion ({len(prompt) + len(completion) + 1} tokens) exceed the "
+                            f"context of {model.config.block_size}")
+        test = [{"prompt": cfg["question"], "completion_tokens": completion + [enc.eot_token],
+                 "completion_mask": [1] * (len(completion) + 1), "advantage": 1.0}]  # A=1: loss = NLL
+        train = load_rollouts(os.path.join(run, "rollouts.jsonl"), enc)
+        print(f"attributing {enc.decode(completion)!r} over {len(ckpts)} checkpoints (iters {iters[0]}-{iters[-1]})"
+              f" and {min(len(train), cfg['n_probe'] or len(train))} of {len(train)} rollouts ({cfg['mode']}, "
+              f"temperature {temperature})")
+        res = find_critical_samples(model, ckpts, train, test, enc, mode=cfg["mode"],
+                                    layer_filter=cfg["layer_filter"] or None, n_probe=cfg["n_probe"] or None,
+                                    top_k=cfg["top_k"], temperature=temperature, normalize=cfg["normalize"],
+                                    self_influence=cfg["self_influence"], checkpoint_steps=trapezoid_steps(iters))
+        res.update(question=cfg["question"], completion=enc.decode(completion))
+        for title, key in (("most helpful", "most_helpful"), ("most harmful", "most_harmful")):
+            print(f"--- {title} training rollouts (TracIn score; positive = lowered this answer's loss)")
+            for e in res[key]:
+                print(f"{e['tracin_score']:+.3e} | iter {e['iter']} | reward {e['reward']:.2f} | "
+                      f"{e['prompt'][:60]}... -> {e['completion']!r}")
+        with open(path, "w") as f:
+            json.dump(res, f, indent=1)
     print(f"wrote {path}")
 
 
