@@ -141,3 +141,27 @@ def test_cli_main_passes_argv_and_lets_success_through():
     seen = []
     cli_main(seen.append, ["--batch_size=3"])
     assert seen == [["--batch_size=3"]]
+
+
+@pytest.mark.parametrize("text, line, kind", [("batch_size = 4\nout_dir = undefined_name\n", 2, "NameError"),
+                                               ("x = 1\n\nbatch_size = 8 // 0\n", 3, "ZeroDivisionError"),
+                                               ("import no_such_module\n", 1, "ModuleNotFoundError")])
+def test_config_file_that_raises_is_one_line_with_file_and_line(tmp_path, text, line, kind):
+    path = write(tmp_path, text)
+    with pytest.raises(UserError) as e:
+        configure(DEFAULTS, [path])
+    msg = str(e.value)
+    assert msg.startswith(f"config file {path}, line {line}: {kind}") and "\n" not in msg
+
+
+def test_comma_list_for_tuple_key():
+    assert configure(DEFAULTS, ["--lora_targets=c_attn,c_fc"])["lora_targets"] == ("c_attn", "c_fc")
+    assert configure(DEFAULTS, ["--lora_targets=c_proj"])["lora_targets"] == ("c_proj",)
+
+
+def test_saved_config_replaced_by_argv_only(capsys):
+    saved = {"learning_rate": 0.5, "batch_size": 99, "out_dir": "old", "gone_key": 1}  # gone_key: an older version's
+    cfg = configure(DEFAULTS, ["--batch_size=3", "--out_dir=new", "--learning_rate=0.5"], saved=saved)
+    assert cfg == {**DEFAULTS, "learning_rate": 0.5, "batch_size": 3, "out_dir": "new"}
+    printed = capsys.readouterr().out
+    assert printed == "resume: batch_size = 3 (the saved run had 99)\n"   # only the change that matters
