@@ -92,9 +92,10 @@ def _enc(run):
     return load_policy(str(run / "ckpt_000000.pt"))[1]
 
 
-@pytest.mark.parametrize("arg,message", [("--n_probe=-1", "n_probe"), ("--top_k=0", "top_k"),
-                                         ("--mode=fast", "mode"), ("--out_json={run}/no/such/dir/x.json", "out_json"),
-                                         ("--out_json={run}", "out_json"), ("--out_dir=", "out_dir")])
+@pytest.mark.parametrize("arg,message", [("--n_probe=-1", "'n_probe' = -1"), ("--top_k=0", "'top_k' = 0"),
+                                         ("--mode=fast", "'mode' = 'fast'"), ("--out_dir=", "'out_dir' = ''"),
+                                         ("--out_json={run}/no/such/dir/x.json", "cannot write out_json"),
+                                         ("--out_json={run}", "cannot write out_json")])
 def test_cli_knobs_checked_before_any_work(run, spy, monkeypatch, arg, message):
     import sample
     monkeypatch.setattr(sample, "load_policy", lambda *a, **k: pytest.fail("work started"))
