@@ -243,7 +243,7 @@ def test_influence_sums_validation_gradients(world):
     want = g_tr @ g_va.sum(0)
     scale = want.abs().max().item()
     assert torch.allclose(influence, want, rtol=1e-5, atol=1e-5 * scale)
-    wrong = 0  # summing validation activations and output gradients first (GhostSuite issue #8)
+    wrong = 0  # a tempting shortcut: sum the validation activations and output gradients first; sum_j g_j^T x_j is not that
     for layer, (x, gA, h, gB) in tr.items():
         vx, vgA, vh, vgB = va[layer]
         wrong = wrong + tracin.ghost_inner_products(x, gA, vx.sum(0, keepdim=True), vgA.sum(0, keepdim=True))[:, 0]
