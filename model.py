@@ -11,6 +11,7 @@ A GPT in the nanoGPT mould (GPT-2 names: wte, wpe, c_attn, c_proj, c_fc, lm_head
   - optional gradient checkpointing per block,
 plus checkpoint I/O (atomic writes, weights_only loads, one-line errors).
 """
+import hashlib
 import math
 import os
 import re
@@ -254,3 +255,24 @@ def model_from_checkpoint(ckpt, path="checkpoint", **overrides):
         raise UserError(f"{path} does not match the GPT architecture {ckpt['model_args']}: "
                         f"{str(e).splitlines()[1].strip() if len(str(e).splitlines()) > 1 else e}") from None
     return model
+
+
+def base_fingerprint(state_dict):
+    """sha256 (16 hex digits) of every tensor's name, dtype, shape and bytes: two bases of the same
+    shape but other weights (retrained, another seed) get different fingerprints."""
+    h = hashlib.sha256()
+    for k in sorted(state_dict):
+        t = state_dict[k].detach().cpu().contiguous()
+        h.update(f"{k}|{t.dtype}|{tuple(t.shape)}|".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def check_same_base(adapter_ckpt, adapter_path, fingerprint, base_path):
+    """A LoRA adapter is a difference to ONE set of base weights: on another base (retrained, same
+    shape or not) it means nothing. Refuse it, naming the base."""
+    saved = adapter_ckpt.get("base_fingerprint")
+    if saved is not None and saved != fingerprint:
+        raise UserError(f"{adapter_path} was trained on other base weights than {base_path} holds now "
+                        f"(fingerprint {saved}, found {fingerprint}): the base was retrained or replaced; "
+                        f"put the original base back, or train a new adapter on this one")

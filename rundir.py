@@ -5,14 +5,10 @@ Run directories (out_dir): one process at a time, nothing half-written, logs tha
         ...
     rows = read_jsonl(path)              # a line cut off by a crash is dropped with a warning
     truncate_jsonl(path, max_iter)       # resume: drop lines written after the checkpoint
-    base_fingerprint(state_dict)         # binds a LoRA adapter to the exact base weights it was trained on
 """
-import hashlib
 import json
 import os
 from contextlib import contextmanager
-
-import torch
 
 from configurator import UserError
 
@@ -88,7 +84,7 @@ def read_jsonl(path):
     """The dicts in a JSONL file. A malformed line (a crash cut the last one off, or a hand edit)
     is dropped with a warning naming it, so one bad line never blocks a resume or a plot."""
     rows = []
-    with open(path) as f:
+    with open(path, errors="replace") as f:  # a garbled byte spoils its line only
         for n, line in enumerate(f, 1):
             try:
                 row = json.loads(line)
@@ -116,24 +112,3 @@ def truncate_jsonl(path, max_iter):
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
-
-
-def base_fingerprint(state_dict):
-    """sha256 (16 hex digits) of every tensor's name, dtype, shape and bytes: two bases of the same
-    shape but other weights (retrained, another seed) get different fingerprints."""
-    h = hashlib.sha256()
-    for k in sorted(state_dict):
-        t = state_dict[k].detach().cpu().contiguous()
-        h.update(f"{k}|{t.dtype}|{tuple(t.shape)}|".encode())
-        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
-    return h.hexdigest()[:16]
-
-
-def check_same_base(adapter_ckpt, adapter_path, fingerprint, base_path):
-    """A LoRA adapter is a difference to ONE set of base weights: on another base (retrained, same
-    shape or not) it means nothing. Refuse it, naming the base."""
-    saved = adapter_ckpt.get("base_fingerprint")
-    if saved is not None and saved != fingerprint:
-        raise UserError(f"{adapter_path} was trained on other base weights than {base_path} holds now "
-                        f"(fingerprint {saved}, found {fingerprint}): the base was retrained or replaced; "
-                        f"put the original base back, or train a new adapter on this one")

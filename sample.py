@@ -142,9 +142,8 @@ defaults = dict(
 
 def load_policy(ckpt_path, device="cpu"):
     """(model, tokenizer, data_dir) from a base or a GRPO checkpoint."""
-    from model import load_checkpoint, model_from_checkpoint
+    from model import base_fingerprint, check_same_base, load_checkpoint, model_from_checkpoint
     from data.gsm_synth.prepare import load_tokenizer
-    from rundir import base_fingerprint, check_same_base
     ckpt = load_checkpoint(ckpt_path)
     lora_sd = None
     if "lora" in ckpt:  # GRPO checkpoint: the adapter on top of the base it was trained from

@@ -30,9 +30,10 @@ from torch.autograd.function import once_differentiable
 from configurator import Interrupted, UserError, check, check_choice, check_positive, configure, cli_main
 from data.gsm_synth.prepare import encode_prompt, encode_text, load_split, load_tokenizer
 from lora import apply_lora, disable_lora, lora_parameters, lora_state_dict, load_lora_state_dict
-from model import check_device, load_checkpoint, model_from_checkpoint, save_checkpoint
+from model import (base_fingerprint, check_device, check_same_base, load_checkpoint, model_from_checkpoint,
+                   save_checkpoint)
 from rewards import REWARD_FUNCS, compute_rewards
-from rundir import base_fingerprint, check_same_base, run_lock, truncate_jsonl
+from rundir import run_lock, truncate_jsonl
 from sample import NonFiniteLogits, generate, decode_completions
 from tracin import (compute_ghost_inner_product_matrix, ghost_mode, install_ghost_hooks, select_rollouts,
                     subset_gradients)

@@ -1,4 +1,4 @@
-# Tests for rundir.py (run directories) and configurator.cli_main. Run: python -m pytest tests/test_rundir.py -q
+# Tests for rundir.py (run directories), model.base_fingerprint and configurator.cli_main. Run: python -m pytest tests/test_rundir.py -q
 # References: real processes for the lock (a live `sleep` holds it, a finished one left it stale),
 # files written by hand for the JSONL readers, and weights changed by one element for the fingerprint.
 import json
@@ -9,6 +9,7 @@ import sys
 import pytest
 import torch
 
+import model
 import rundir
 from configurator import Interrupted, UserError, cli_main
 
@@ -81,15 +82,15 @@ def test_truncate_jsonl_keeps_the_resumed_steps_only(tmp_path):
 
 def test_fingerprint_sees_one_changed_weight():
     sd = {"a.weight": torch.randn(4, 3), "b": torch.arange(5), "h": torch.randn(2).to(torch.bfloat16)}
-    fp = rundir.base_fingerprint(sd)
-    assert fp == rundir.base_fingerprint({k: v.clone() for k, v in reversed(list(sd.items()))})  # order-free
+    fp = model.base_fingerprint(sd)
+    assert fp == model.base_fingerprint({k: v.clone() for k, v in reversed(list(sd.items()))})  # order-free
     changed = {k: v.clone() for k, v in sd.items()}
     changed["a.weight"][2, 1] += 1e-3
-    assert rundir.base_fingerprint(changed) != fp
-    assert rundir.base_fingerprint({**sd, "h": sd["h"].float()}) != fp   # same values, another dtype
+    assert model.base_fingerprint(changed) != fp
+    assert model.base_fingerprint({**sd, "h": sd["h"].float()}) != fp   # same values, another dtype
     with pytest.raises(UserError, match="other base weights than base.pt"):
-        rundir.check_same_base({"base_fingerprint": fp}, "run/ckpt.pt", rundir.base_fingerprint(changed), "base.pt")
-    rundir.check_same_base({"base_fingerprint": fp}, "run/ckpt.pt", fp, "base.pt")
+        model.check_same_base({"base_fingerprint": fp}, "run/ckpt.pt", model.base_fingerprint(changed), "base.pt")
+    model.check_same_base({"base_fingerprint": fp}, "run/ckpt.pt", fp, "base.pt")
 
 
 @pytest.mark.parametrize("exc, code, line", [

@@ -204,11 +204,14 @@ def rebuild_command(data_dir):
         knobs.update({f"n_{k}": meta["sizes"][k] for k in SPLITS}, num_merges=meta["vocab_size"] - 257)
         knobs["seed"] = meta["seed"]
     except (OSError, ValueError, KeyError, TypeError):
-        m = re.fullmatch(r"s(\d+)_m(\d+)_([asmd]+)_n(\d+)", os.path.basename(os.path.normpath(data_dir)))
+        m = re.fullmatch(r"s(\d+)_m(\d+)_([asmd]+)_n([\d.e-]+)((?:_[tvebr]\d+)*)",
+                         os.path.basename(os.path.normpath(data_dir)))
         if not m:
             return "python data/gsm_synth/prepare.py with the knobs of the run that made it"
         ops = m[3].translate(str.maketrans("asmd", "+-*/"))
-        knobs = dict(steps=int(m[1]), max_operand=int(m[2]), ops=ops, noise=int(m[4]) / 100)
+        knobs = dict(steps=int(m[1]), max_operand=int(m[2]), ops=ops, noise=float(m[4]) / 100)
+        letters = {letter: k for k, letter in EXTRA_KNOBS}
+        knobs.update({letters[x[0]]: int(x[1:]) for x in m[5].split("_")[1:]})
     root = os.path.dirname(os.path.abspath(data_dir))
     knobs["root"] = root if root != ROOT else None
     args = [shlex.quote(f"--{k}={v}") for k, v in knobs.items()
@@ -269,9 +272,17 @@ def write_atomic(path, text):
     os.replace(tmp, path)
 
 
-def data_dir_for(steps, max_operand, ops, noise=0.0, root=ROOT):
+# knobs that change the data but are not in the directory name at their defaults (letter in the name)
+EXTRA_KNOBS = (("n_train", "t"), ("n_val", "v"), ("n_test", "e"), ("num_merges", "b"), ("seed", "r"))
+
+
+def data_dir_for(steps, max_operand, ops, noise=0.0, root=ROOT, **extra):
+    """One directory per set of knobs, so two sets never share (or silently reuse) a directory:
+    s{steps}_m{max_operand}_{ops}_n{noise %}, plus _t{n_train}, _v{n_val}, ... when not the default."""
     safe_ops = ops.replace("+", "a").replace("-", "s").replace("*", "m").replace("/", "d")
-    return os.path.join(root, f"s{steps}_m{max_operand}_{safe_ops}_n{round(noise * 100)}")
+    name = f"s{steps}_m{max_operand}_{safe_ops}_n{noise * 100:.10g}"
+    name += "".join(f"_{letter}{extra[k]}" for k, letter in EXTRA_KNOBS if extra.get(k, DEFAULTS[k]) != DEFAULTS[k])
+    return os.path.join(root, name)
 
 
 def check_knobs(steps, max_operand, ops, noise, n_train, n_val, n_test):
@@ -296,7 +307,8 @@ def prepare(steps=2, max_operand=20, ops="+-", noise=0.0, n_train=20000, n_val=5
     `answer` field stays correct. A base model trained on them has both habits; a correctness
     reward can teach it to finish. Validation and test solutions are always clean."""
     check_knobs(steps, max_operand, ops, noise, n_train, n_val, n_test)
-    data_dir = data_dir_for(steps, max_operand, ops, noise, root)
+    data_dir = data_dir_for(steps, max_operand, ops, noise, root, n_train=n_train, n_val=n_val, n_test=n_test,
+                            num_merges=num_merges, seed=seed)
     meta_path = os.path.join(data_dir, "meta.json")
     if os.path.exists(meta_path):
         problem = check_data_dir(data_dir)
