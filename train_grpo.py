@@ -521,9 +521,10 @@ def train(cfg, amp, resume):
     n_lora = sum(p.numel() for p in lora_parameters(model))
     print(f"GRPO: {model.num_params() / 1e6:.2f}M base parameters frozen, {n_lora} LoRA parameters trained")
 
-    def checkpoint(lr):
+    def checkpoint():
+        # lr: the rate of the step taken FROM these weights (TracIn's eta_t pairs theta_t with step t)
         state = {"lora": lora_state_dict(model), "optimizer": optimizer.state_dict(), "iter_num": iter_num,
-                 "lr": lr, "config": cfg, "base_ckpt": cfg["base_ckpt"], "base_fingerprint": fingerprint,
+                 "lr": lr_at(iter_num), "config": cfg, "base_ckpt": cfg["base_ckpt"], "base_fingerprint": fingerprint,
                  "data_dir": data_dir, "train_seconds": elapsed_before + time.time() - t_start,
                  "rng": {"python": rng.getstate(), "generator": generator.get_state(),
                          "device": generator.device.type}}
@@ -553,7 +554,7 @@ def train(cfg, amp, resume):
     try:
         if iter_num == 0:
             ev = run_eval()
-            last_ckpt = checkpoint(lr)  # ckpt_000000: the trajectory starts at the base model; before the log line,
+            last_ckpt = checkpoint()  # ckpt_000000: the trajectory starts at the base model; before the log line,
             log_f.write(json.dumps({"iter": 0, "elapsed": 0.0, **ev}) + "\n")  # so a run with a log can resume
         while iter_num < cfg["max_iters"]:
             lr = lr_at(iter_num)
@@ -593,7 +594,7 @@ def train(cfg, amp, resume):
             # weights that give NaN logits are not worth keeping (a NaN gradient left them untouched: those are)
             if (iter_num % cfg["ckpt_interval"] == 0 or iter_num == cfg["max_iters"]) and rollouts is not None:
                 if all(torch.isfinite(p).all() for p in lora_parameters(model)):
-                    last_ckpt = checkpoint(lr)
+                    last_ckpt = checkpoint()
                 else:  # a finite gradient times a huge learning rate: the next step's sampling will say so
                     print(f"warning: NaN/Inf LoRA weights at iter {iter_num}: no checkpoint written")
     except KeyboardInterrupt:

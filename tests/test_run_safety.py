@@ -225,3 +225,13 @@ def test_base_refuses_to_overwrite_and_resumes_with_saved_config(base_args, tmp_
 def test_base_divergence_is_an_error(base_args):
     with pytest.raises(UserError, match="training diverged; lower learning_rate"):
         tb.main([*base_args, "--max_iters=4", "--learning_rate=1e30", "--grad_clip=1e30", "--warmup_iters=0"])
+
+
+def test_checkpoint_lr_is_the_rate_of_the_next_step(tiny_setup, tmp_path):
+    """TracIn's eta_t pairs the weights theta_t with the step taken from them: ckpt_s holds lr(s)."""
+    out = tmp_path / "r"
+    run(tiny_setup, out, "--max_iters=3")          # warmup_iters=1, lr_decay_iters=4, learning_rate=0.01
+    for s in range(4):
+        want = tb.get_lr(s, 4, 0.01, tg.defaults["min_lr"], 1)
+        assert load_checkpoint(str(out / f"ckpt_{s:06d}.pt"))["lr"] == pytest.approx(want)
+    assert len({load_checkpoint(str(out / f"ckpt_{s:06d}.pt"))["lr"] for s in range(4)}) == 4
