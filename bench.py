@@ -30,7 +30,7 @@ import warnings
 
 import torch
 
-from configurator import configure, cli_main
+from configurator import check, configure, cli_main
 
 defaults = dict(
     device="cpu",
@@ -567,6 +567,12 @@ def bench_throughput(cfg):
 
 def main(argv):
     cfg = configure(defaults, argv)
+    for k, v in cfg.items():  # sizes and counts; the mem_ ones and thr_repeats take 0 for "by device"
+        if isinstance(v, int) and not isinstance(v, bool) and k != "seed":
+            auto = k.startswith("mem_") or k == "thr_repeats"
+            check(cfg, k, v >= 0 if auto else v > 0, "must be >= 0 (0 = by device)" if auto else "must be > 0")
+    check(cfg, "seq_lens", len(cfg["seq_lens"]) > 0 and all(isinstance(t, int) and t > 0 for t in cfg["seq_lens"]),
+          "one or more positive completion lengths, e.g. (64, 256)")
     from model import check_device
     check_device(cfg["device"])
     if cfg["quick"]:

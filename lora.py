@@ -44,6 +44,11 @@ def apply_lora(model, r=8, alpha=16, dropout=0.0, targets=("c_attn", "c_proj", "
     if r <= 0:
         raise UserError(f"LoRA rank r must be a positive integer, got r={r}")
     targets = [targets] if isinstance(targets, str) else list(targets)
+    for t in targets:
+        try:
+            re.compile(t)
+        except (re.error, TypeError) as e:
+            raise UserError(f"LoRA target {t!r} is neither a layer name nor a valid regex ({e})") from None
     names = [n for n, m in model.named_modules() if isinstance(m, nn.Linear)
              and not n.split(".")[-1].startswith("lora_")
              and any(n.split(".")[-1] == t or re.fullmatch(t, n) for t in targets)]

@@ -27,9 +27,11 @@ def _pid_alive(pid):
 
 
 def check_writable(out_dir):
-    """Create out_dir and prove a file can be written there, before any work that could be lost."""
+    """Create out_dir and prove a file can be written there, before any work that could be lost.
+    Returns whether out_dir was created."""
     if not out_dir:
         raise UserError("out_dir is empty: give a directory, e.g. --out_dir=out/run1")
+    created = not os.path.isdir(out_dir)
     try:
         os.makedirs(out_dir, exist_ok=True)
         probe = os.path.join(out_dir, f".write_test_{os.getpid()}")
@@ -38,13 +40,14 @@ def check_writable(out_dir):
         os.remove(probe)
     except OSError as e:
         raise UserError(f"cannot write to out_dir {out_dir}: {e.strerror or e}") from None
+    return created
 
 
 @contextmanager
 def run_lock(out_dir):
     """Hold out_dir/run.lock (it holds our PID) for the duration of the block.
     Held by a live process: refused at once. Left by a dead one (kill -9, power cut): taken over."""
-    check_writable(out_dir)
+    created = check_writable(out_dir)
     path = os.path.abspath(os.path.join(out_dir, LOCK_NAME))
     if path in _held:
         yield
@@ -76,8 +79,10 @@ def run_lock(out_dir):
         _held.discard(path)
         try:
             os.remove(path)
+            if created:
+                os.rmdir(out_dir)  # a run refused before it wrote anything leaves no empty directory behind
         except OSError:
-            pass
+            pass  # not empty: the run wrote its files there
 
 
 def read_jsonl(path):

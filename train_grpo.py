@@ -412,6 +412,7 @@ def validate(cfg):
     """Every knob, before any work or any file is written: one line naming the key, the value and
     what is allowed (a typo'd key or a wrong type is caught earlier, by configure)."""
     check(cfg, "out_dir", cfg["out_dir"] != "", "give a directory, e.g. --out_dir=out/grpo")
+    check(cfg, "base_ckpt", cfg["base_ckpt"] != "", "give the base checkpoint, e.g. --base_ckpt=out/base/ckpt.pt")
     check_choice(cfg, "init_from", ("base", "resume"))
     check_positive(cfg, "batch_size", "micro_batch_size", "max_new_tokens", "learning_rate", "grad_clip",
                    "log_interval", "eval_interval", "eval_n", "eval_k", "ckpt_interval", "max_skipped_steps",

@@ -32,7 +32,7 @@ pytestmark = pytest.mark.usefixtures("chars_reward")
     ("--scale_rewards=z", "scale_rewards"), ("--tracin_selection=all", "tracin_selection"),
     ("--tracin_topk_frac=0", "tracin_topk_frac"), ("--lora_r=0", "lora_r"), ("--lora_dropout=1.0", "lora_dropout"),
     ("--max_skipped_steps=0", "max_skipped_steps"), ("--max_new_tokens=0", "max_new_tokens"),
-    ("--lora_targets=()", "lora_targets"), ("--grad_clip=0", "grad_clip"),
+    ("--lora_targets=()", "lora_targets"), ("--grad_clip=0", "grad_clip"), ("--base_ckpt=", "base_ckpt"),
 ])
 def test_every_grpo_knob_refused_before_any_file(tiny_setup, tmp_path, arg, key):
     out = tmp_path / "run"
@@ -49,10 +49,25 @@ def test_unknown_device(tiny_setup, tmp_path, device):
     assert not (tmp_path / "r").exists()
 
 
+def test_bad_lora_target_regex(tiny_setup, tmp_path):
+    with pytest.raises(UserError, match="'c_attn\\(' is neither a layer name nor a valid regex"):
+        run(tiny_setup, tmp_path / "r", "--lora_targets=c_attn(")
+    assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("arg, key", [("--n_seq=0", "n_seq"), ("--repeats=-1", "repeats"),
+                                      ("--mem_n_layer=-1", "mem_n_layer"), ("--seq_lens=()", "seq_lens"),
+                                      ("--seq_lens=(64,0)", "seq_lens")])
+def test_bench_knobs(arg, key):
+    import bench
+    with pytest.raises(UserError, match=f"'{key}' = .* is not allowed"):
+        bench.main([arg])
+
+
 def test_max_new_tokens_must_fit_the_context(tiny_setup, tmp_path):
     with pytest.raises(UserError, match="max_new_tokens.*context of 128"):
         run(tiny_setup, tmp_path / "r", "--max_new_tokens=126")
-    assert not glob.glob(str(tmp_path / "r" / "*"))  # nothing written (the lock is gone again)
+    assert not (tmp_path / "r").exists()  # nothing written, not even the directory
 
 
 @pytest.mark.parametrize("name", ["log.jsonl", "rollouts.jsonl", "ckpt_000000.pt"])
