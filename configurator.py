@@ -6,6 +6,7 @@ a typo'd key or a wrongly typed value is an error (with a suggestion), not a sil
 """
 import ast
 import difflib
+import math
 import sys
 import traceback
 import types
@@ -16,7 +17,7 @@ class UserError(ValueError):
     """A mistake in the user's input (config, checkpoint, prompt...). Scripts print it as one line: `error: ...` and exit 2."""
 
 
-def _read_config_file(path):
+def read_config_file(path):
     if not Path(path).is_file():
         raise UserError(f"config file not found: {path}")
     try:
@@ -40,10 +41,17 @@ def _parse_cli_value(raw, default):
         value = ast.literal_eval(raw)           # numbers, bools, None, lists, quoted strings
     except (ValueError, SyntaxError, MemoryError, RecursionError):
         value = raw                             # so --out_dir=out/run1 needs no quotes
+    if isinstance(default, float) and isinstance(value, str):
+        try:
+            return float(raw)                   # --grad_clip=inf (then refused where Inf makes no sense)
+        except ValueError:
+            return value
     if isinstance(default, str) and not isinstance(value, str):
         return raw                              # a text key takes the text as typed: --question=1234
     if isinstance(default, (list, tuple)) and isinstance(value, str):
         return [_parse_cli_value(v.strip(), None) for v in value.split(",")]  # --reward_funcs=correctness,format
+    if isinstance(default, (list, tuple)) and not isinstance(value, (list, tuple)):
+        return [value]                          # --reward_weights=1.0
     return value
 
 
@@ -85,7 +93,7 @@ def configure(defaults: dict, argv: list[str], saved: dict | None = None) -> dic
             key, raw = arg[2:].split("=", 1)
             overrides, source = {key: _parse_cli_value(raw, defaults.get(key))}, "command line"
         else:
-            overrides, source = _read_config_file(arg), arg
+            overrides, source = read_config_file(arg), arg
         for key, value in overrides.items():
             if key not in defaults:
                 close = difflib.get_close_matches(key, list(defaults), n=3)
@@ -104,6 +112,13 @@ def check(cfg, key, ok, allowed):
     """Raise a one-line UserError naming the key, its value and what is allowed, unless ok."""
     if not ok:
         raise UserError(f"config key '{key}' = {cfg[key]!r} is not allowed: {allowed}")
+
+
+def check_finite(cfg, *allowed_inf):
+    """No float knob may be NaN, nor +-Inf unless listed (grad_clip=inf: no clipping)."""
+    for k, v in cfg.items():
+        if isinstance(v, float) and k not in allowed_inf:
+            check(cfg, k, math.isfinite(v), "must be a finite number")
 
 
 def check_positive(cfg, *keys):

@@ -12,6 +12,7 @@ A GPT in the nanoGPT mould (GPT-2 names: wte, wpe, c_attn, c_proj, c_fc, lm_head
 plus checkpoint I/O (atomic writes, weights_only loads, one-line errors).
 """
 import hashlib
+import io
 import math
 import os
 import re
@@ -218,11 +219,14 @@ def save_checkpoint(obj, path):
     """Write atomically: a crash mid-write leaves the previous file intact, never half a file."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     tmp = path + ".tmp"
+    buf = io.BytesIO()
+    torch.save(obj, buf)  # in memory first: torch.save into a full disk reports "unexpected pos", not why
     try:
-        torch.save(obj, tmp)
+        with open(tmp, "wb") as f:
+            f.write(buf.getbuffer())
         os.replace(tmp, path)  # atomic rename on POSIX and Windows
-    except (OSError, RuntimeError) as e:  # disk full, read-only: torch.save wraps some OS errors
-        raise UserError(f"cannot write checkpoint {path}: {getattr(e, 'strerror', None) or str(e).splitlines()[0]}") from None
+    except OSError as e:  # disk full, read-only, ...: the OS's own reason
+        raise UserError(f"cannot write checkpoint {path}: {e.strerror or e}") from None
     finally:
         if os.path.exists(tmp):  # failed or interrupted (Ctrl-C) mid-write: no half file left behind
             os.remove(tmp)

@@ -129,6 +129,9 @@ def main(argv):
     if not run_dirs:
         raise UserError("no run directory given; usage: python plot.py RUN_DIR [RUN_DIR ...] "
                         "[--out=plot.png] [--labels=a,b]")
+    out_parent = os.path.dirname(os.path.abspath(opts["out"]))
+    if os.path.isdir(opts["out"]) or not os.path.isdir(out_parent):
+        raise UserError(f"--out={opts['out']}: give an image path (e.g. plot.png) in an existing directory")
     labels = opts["labels"].split(",") if opts["labels"] else None
     print(f"wrote {plot_runs(run_dirs, opts['out'], labels)}")
 

@@ -23,7 +23,11 @@ def _pid_alive(pid):
         return False
     except PermissionError:
         return True  # it exists, owned by another user
-    return True
+    try:  # Linux: a killed process not yet reaped by its parent (a zombie) holds nothing
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
 
 
 def check_writable(out_dir):

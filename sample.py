@@ -149,7 +149,10 @@ def load_policy(ckpt_path, device="cpu"):
     if "lora" in ckpt:  # GRPO checkpoint: the adapter on top of the base it was trained from
         from lora import apply_lora, load_lora_state_dict
         adapter, lora_sd, cfg = ckpt, ckpt["lora"], ckpt["config"]
-        base_path = ckpt["base_ckpt"]
+        base_path = ckpt["base_ckpt"]  # relative to where the run was started, usually the repository
+        beside_code = os.path.join(os.path.dirname(os.path.abspath(__file__)), base_path)
+        if not os.path.exists(base_path) and os.path.exists(beside_code):
+            base_path = beside_code  # run from another directory
         ckpt = load_checkpoint(base_path)
     model = model_from_checkpoint(ckpt, ckpt_path if lora_sd is None else base_path)
     if lora_sd is not None:

@@ -27,8 +27,10 @@ def last_acc(evals):
 
 
 def main(runs):
-    if not runs or any(r.startswith("--") for r in runs):
-        raise UserError("usage: python summarize.py RUN_DIR [RUN_DIR ...] (the --out_dir of train_grpo.py runs)")
+    bad = [r for r in runs if r.startswith("--")]
+    if not runs or bad:
+        raise UserError((f"summarize.py takes no option {bad[0]!r}; " if bad else "") +
+                        "usage: python summarize.py RUN_DIR [RUN_DIR ...] (the --out_dir of train_grpo.py runs)")
     logs = {r: load_log(r) for r in runs}
     evals = {r: [(l["elapsed"], l["iter"], l["test/accuracy"]) for l in L if "test/accuracy" in l] for r, L in logs.items()}
     ends = [e[-1][0] for e in evals.values() if e]  # a run without an evaluation (yet) has no say in the budget

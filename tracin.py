@@ -437,7 +437,11 @@ def load_rollouts(path, enc):
     if not os.path.exists(path):
         raise UserError(f"no recorded rollouts at {path}: was this run made by train_grpo.py?")
     samples = []
-    for r in read_jsonl(path):
+    keys = ("iter", "prompts", "answers", "completion_tokens", "completion_mask", "rewards", "advantages")
+    for n, r in enumerate(read_jsonl(path), 1):
+        if any(k not in r for k in keys) or not r["prompts"]:
+            print(f"warning: {path}: record {n} lacks {[k for k in keys if k not in r] or 'prompts'}; skipped")
+            continue
         G = len(r["rewards"]) // len(r["prompts"])
         for j, (toks, m) in enumerate(zip(r["completion_tokens"], r["completion_mask"])):
             if r["advantages"][j] == 0:
@@ -463,7 +467,10 @@ def main(argv):
     from model import check_device, load_checkpoint
     check_device(cfg["device"])
     run = cfg["out_dir"]
+    if not os.path.isdir(run):
+        raise UserError(f"{run} is not a directory: give the --out_dir of a train_grpo.py run")
     path = cfg["out_json"] or os.path.join(run, "tracin_attribution.json")
+    check(cfg, "out_json", path.endswith(".json"), "must end in .json (it is written, so never a run's own file)")
     if os.path.isdir(path) or not os.path.isdir(os.path.dirname(os.path.abspath(path))):
         raise UserError(f"cannot write out_json {path}: it is a directory, or its directory does not exist")
     ckpts = sorted((int(m.group(1)), p) for p in glob.glob(os.path.join(run, "ckpt_*.pt"))

@@ -16,7 +16,8 @@ import time
 
 import torch
 
-from configurator import Interrupted, UserError, check, check_choice, check_positive, configure, cli_main
+from configurator import (Interrupted, UserError, check, check_choice, check_finite, check_positive, configure,
+                          cli_main)
 from data.gsm_synth.prepare import TEMPLATES, encode_prompt, encode_text
 from model import GPT, GPTConfig, check_device, load_checkpoint, model_from_checkpoint, save_checkpoint
 from rundir import run_lock
@@ -121,6 +122,7 @@ def get_batch(pairs, batch_size, rng, device):
 def validate(cfg):
     """Every knob, before any work or file is written (one line: key, value, what is allowed)."""
     check(cfg, "out_dir", cfg["out_dir"] != "", "give a directory, e.g. --out_dir=out/base")
+    check_finite(cfg, "grad_clip")
     check_choice(cfg, "init_from", ("scratch", "resume"))
     check_positive(cfg, "batch_size", "learning_rate", "grad_clip", "log_interval", "eval_interval", "eval_n",
                    "max_new_tokens", "n_layer", "n_head", "n_embd", "block_size", "n_train", "task_steps",

@@ -27,7 +27,8 @@ import torch
 
 from torch.autograd.function import once_differentiable
 
-from configurator import Interrupted, UserError, check, check_choice, check_positive, configure, cli_main
+from configurator import (Interrupted, UserError, check, check_choice, check_finite, check_positive, cli_main,
+                          configure, read_config_file)
 from data.gsm_synth.prepare import encode_prompt, encode_text, load_split, load_tokenizer
 from lora import apply_lora, disable_lora, lora_parameters, lora_state_dict, load_lora_state_dict
 from model import (base_fingerprint, check_device, check_same_base, load_checkpoint, model_from_checkpoint,
@@ -398,12 +399,19 @@ def first_step_result(example):
     return int(example["solution"].split("\n")[0].split("=")[1])
 
 
-def ensure_base(cfg):
-    """Train the base model with base_config if base_ckpt is missing (a fresh clone)."""
+def ensure_base(cfg, resuming):
+    """Train the base model with base_config if base_ckpt is missing and is where base_config puts it
+    (a fresh clone). Any other missing base is an error, never a silent long training (a typo'd path)."""
     if os.path.exists(cfg["base_ckpt"]):
         return
-    print(f"base model not found at {cfg['base_ckpt']}: training it first with {cfg['base_config']}")
     import train_base
+    where = os.path.join(read_config_file(cfg["base_config"]).get("out_dir", train_base.defaults["out_dir"]), "ckpt.pt")
+    if resuming or os.path.normpath(where) != os.path.normpath(cfg["base_ckpt"]):
+        raise UserError(f"base checkpoint {cfg['base_ckpt']} not found" + (
+            " (the base this run was trained on: put it back)" if resuming else
+            f"; train it with: python train_base.py {cfg['base_config']} --out_dir={os.path.dirname(cfg['base_ckpt'])}"
+            f" (only {where}, where base_config puts it, is trained automatically)"))
+    print(f"base model not found at {cfg['base_ckpt']}: training it first with {cfg['base_config']}")
     train_base.main([cfg["base_config"], f"--out_dir={os.path.dirname(cfg['base_ckpt']) or '.'}",
                      f"--device={cfg['device']}"])
 
@@ -412,6 +420,7 @@ def validate(cfg):
     """Every knob, before any work or any file is written: one line naming the key, the value and
     what is allowed (a typo'd key or a wrong type is caught earlier, by configure)."""
     check(cfg, "out_dir", cfg["out_dir"] != "", "give a directory, e.g. --out_dir=out/grpo")
+    check_finite(cfg, "grad_clip")
     check(cfg, "base_ckpt", cfg["base_ckpt"] != "", "give the base checkpoint, e.g. --base_ckpt=out/base/ckpt.pt")
     check_choice(cfg, "init_from", ("base", "resume"))
     check_positive(cfg, "batch_size", "micro_batch_size", "max_new_tokens", "learning_rate", "grad_clip",
@@ -453,7 +462,7 @@ RUN_FILES = ("ckpt.pt", "ckpt_[0-9]*.pt", "log.jsonl", "rollouts.jsonl")
 def load_base(cfg, out, resume):
     """The frozen base model (dropout off), its data and tokenizer; an adapter being resumed must
     have been trained on exactly these base weights."""
-    ensure_base(cfg)
+    ensure_base(cfg, resuming=resume is not None)
     base = load_checkpoint(cfg["base_ckpt"])
     # dropout off in RL: with it on, the policy and reference passes see different random masks
     model = model_from_checkpoint(base, cfg["base_ckpt"], dropout=0.0, grad_checkpoint=cfg["grad_checkpoint"])
@@ -476,6 +485,9 @@ def main(argv):
     if cfg["init_from"] == "resume":  # the saved run's config; only what argv gives overrides it
         check(cfg, "out_dir", cfg["out_dir"] != "", "give the directory of the run to resume")
         resume = load_checkpoint(os.path.join(cfg["out_dir"], "ckpt.pt"))
+        if "lora" not in resume or "base_ckpt" not in resume:
+            raise UserError(f"{cfg['out_dir']}/ckpt.pt is not a train_grpo.py checkpoint (a base model's?): "
+                            f"give the out_dir of the GRPO run to resume")
         cfg = configure(defaults, argv, saved=resume.get("config", {}))
         cfg["base_ckpt"] = resume["base_ckpt"]
     validate(cfg)

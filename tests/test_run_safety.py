@@ -250,3 +250,34 @@ def test_checkpoint_lr_is_the_rate_of_the_next_step(tiny_setup, tmp_path):
         want = tb.get_lr(s, 4, 0.01, tg.defaults["min_lr"], 1)
         assert load_checkpoint(str(out / f"ckpt_{s:06d}.pt"))["lr"] == pytest.approx(want)
     assert len({load_checkpoint(str(out / f"ckpt_{s:06d}.pt"))["lr"] for s in range(4)}) == 4
+
+
+def test_missing_base_is_trained_only_where_base_config_puts_it(tiny_setup, tmp_path):
+    with pytest.raises(UserError, match="base checkpoint .*bsae/ckpt.pt not found; train it with: python train_base.py"):
+        run(tmp_path / "bsae" / "ckpt.pt", tmp_path / "r")      # a typo'd path: no silent 800-step training
+    assert not (tmp_path / "bsae").exists() and not (tmp_path / "r").exists()
+
+
+def test_resume_needs_its_own_base_and_a_grpo_checkpoint(tiny_setup, tmp_path):
+    base = tmp_path / "base" / "ckpt.pt"
+    save_checkpoint(load_checkpoint(tiny_setup), str(base))
+    run(base, tmp_path / "r", "--max_iters=1")
+    with pytest.raises(UserError, match="is not a train_grpo.py checkpoint"):
+        tg.main([f"--out_dir={tmp_path / 'base'}", "--init_from=resume"])
+    os.remove(base)
+    with pytest.raises(UserError, match="not found \\(the base this run was trained on: put it back\\)"):
+        tg.main([f"--out_dir={tmp_path / 'r'}", "--init_from=resume", "--max_iters=2"])
+    assert not base.exists()
+
+
+@pytest.mark.parametrize("arg, key", [("--learning_rate=1e999", "learning_rate"), ("--beta=nan", "beta"),
+                                      ("--top_p=-inf", "top_p")])
+def test_non_finite_knobs(tiny_setup, tmp_path, arg, key):
+    with pytest.raises(UserError, match=f"'{key}' = .* is not allowed"):
+        run(tiny_setup, tmp_path / "r", arg)
+    assert not (tmp_path / "r").exists()
+
+
+def test_scalar_for_a_list_key(tiny_setup, tmp_path):
+    run(tiny_setup, tmp_path / "r", "--max_iters=1", "--reward_funcs=chars", "--reward_weights=1.0")
+    assert load_checkpoint(str(tmp_path / "r" / "ckpt.pt"))["config"]["reward_weights"] == (1.0,)

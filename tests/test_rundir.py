@@ -107,3 +107,33 @@ def test_cli_main_one_line_and_exit_code(exc, code, line, capsys):
     assert e.value.code == code
     err = capsys.readouterr().err
     assert err.strip() == line and "Traceback" not in err
+
+
+def test_lock_of_a_killed_but_unreaped_process_is_stale(tmp_path, capsys):
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    child.kill()
+    for _ in range(100):  # wait until it is a zombie (killed, not yet reaped by us)
+        state = open(f"/proc/{child.pid}/stat").read().rsplit(")", 1)[1].split()[0] if os.path.exists(
+            f"/proc/{child.pid}/stat") else "gone"
+        if state in ("Z", "gone"):
+            break
+        __import__("time").sleep(0.05)
+    try:
+        (tmp_path / rundir.LOCK_NAME).write_text(f"{child.pid}\n")
+        with rundir.run_lock(str(tmp_path)):
+            pass
+        assert "stale lock" in capsys.readouterr().out
+    finally:
+        child.wait()
+
+
+def test_full_disk_is_one_line_with_the_os_reason(tmp_path, monkeypatch):
+    import builtins
+    real_open = builtins.open
+
+    def full_disk(path, mode="r", *a, **k):  # the checkpoint's temp file lands on a full device
+        return real_open("/dev/full", mode, *a, **k) if str(path).endswith(".tmp") else real_open(path, mode, *a, **k)
+    monkeypatch.setattr(builtins, "open", full_disk)
+    with pytest.raises(UserError, match=f"cannot write checkpoint {tmp_path}/c.pt: No space left on device"):
+        model.save_checkpoint({"w": torch.zeros(1000)}, str(tmp_path / "c.pt"))
+    assert os.listdir(tmp_path) == []

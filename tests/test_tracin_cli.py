@@ -87,6 +87,16 @@ def test_cli_skips_a_cut_off_rollouts_line(run, spy, capsys):
     assert tracin.load_rollouts(str(path), enc) == whole
 
 
+def test_rollouts_record_without_its_keys_is_skipped(run, capsys):
+    path = run / "rollouts.jsonl"
+    enc = _enc(run)
+    whole = tracin.load_rollouts(str(path), enc)
+    lines = path.read_text().splitlines(keepends=True)
+    path.write_text(lines[0] + '{"iter": 7, "prompts": ["q"]}\n' + "".join(lines[1:]))
+    assert tracin.load_rollouts(str(path), enc) == whole
+    assert "record 2 lacks" in capsys.readouterr().out
+
+
 def _enc(run):
     from sample import load_policy
     return load_policy(str(run / "ckpt_000000.pt"))[1]
@@ -95,12 +105,19 @@ def _enc(run):
 @pytest.mark.parametrize("arg,message", [("--n_probe=-1", "'n_probe' = -1"), ("--top_k=0", "'top_k' = 0"),
                                          ("--mode=fast", "'mode' = 'fast'"), ("--out_dir=", "'out_dir' = ''"),
                                          ("--out_json={run}/no/such/dir/x.json", "cannot write out_json"),
-                                         ("--out_json={run}", "cannot write out_json")])
+                                         ("--out_json={run}", "'out_json' = .* must end in .json"),
+                                         ("--out_json={run}/ckpt.pt", "'out_json' = .* must end in .json"),
+                                         ("--out_json={run}/d.json", "cannot write out_json"),
+                                         ("--out_dir={run}/nope", "is not a directory")])
 def test_cli_knobs_checked_before_any_work(run, spy, monkeypatch, arg, message):
     import sample
     monkeypatch.setattr(sample, "load_policy", lambda *a, **k: pytest.fail("work started"))
+    if arg.endswith("d.json"):
+        (run / "d.json").mkdir()
+    before = (run / "ckpt.pt").read_bytes()
     with pytest.raises(UserError, match=message):
         main(run, arg.format(run=run))
+    assert (run / "ckpt.pt").read_bytes() == before  # an out_json naming a run file never overwrites it
 
 
 def test_cli_errors_are_one_line(run, capsys):
