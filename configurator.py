@@ -143,8 +143,8 @@ def cli_main(main, argv=None):
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
     except OSError as e:
-        where = f" {e.filename}" if e.filename else ""
-        print(f"error:{where}: {e.strerror or e}", file=sys.stderr)
+        where = f"{e.filename}: " if e.filename else ""
+        print(f"error: {where}{e.strerror or e}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt as e:
         print(f"interrupted: {e}" if str(e) else "interrupted (Ctrl-C)", file=sys.stderr)

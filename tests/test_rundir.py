@@ -96,6 +96,7 @@ def test_fingerprint_sees_one_changed_weight():
 @pytest.mark.parametrize("exc, code, line", [
     (UserError("bad knob"), 2, "error: bad knob"),
     (OSError(28, "No space left on device", "out/ckpt.pt"), 2, "error: out/ckpt.pt: No space left on device"),
+    (OSError(28, "No space left on device"), 2, "error: No space left on device"),
     (Interrupted("train_grpo.py stopped at iter 3"), 130, "interrupted: train_grpo.py stopped at iter 3"),
     (KeyboardInterrupt(), 130, "interrupted (Ctrl-C)"),
 ])
