@@ -117,7 +117,7 @@ def bench_influence(cfg):
     import tracin
     from lora import apply_lora
     from torch.func import functional_call, grad, vmap
-    from train_grpo import completion_logprobs, grpo_loss, selective_log_softmax
+    from grpo import completion_logprobs, grpo_loss, selective_log_softmax
     dev, rows = cfg["device"], []
     for T in cfg["seq_lens"]:
         model = bench_model(dev, 32 + T)

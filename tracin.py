@@ -31,6 +31,7 @@ from contextlib import contextmanager
 import torch
 
 from configurator import UserError, check, check_choice, cli_main, configure
+from grpo import completion_logprobs, grpo_loss, rollout_batch
 from lora import LoRALinear
 
 
@@ -222,26 +223,9 @@ def select_rollouts(influence, rule="positive", topk_frac=0.5):
 # Test loss: the negative log-likelihood of the test completion, -mean_t log pi(y_t).
 # log pi uses logits / temperature, the run's sampling temperature (0 = greedy: plain log-probs).
 
-def rollout_batch(enc, samples, device):
-    """samples: dicts with 'prompt' (text), 'completion_tokens', 'completion_mask', 'advantage'
-    -> (idx (n, P+T), pad_left (n,), mask (n, T), advantages (n,)) laid out as sample.generate does."""
-    from data.gsm_synth.prepare import encode_prompt
-    from sample import pad_prompts
-    idx, pad_left = pad_prompts([encode_prompt(enc, s["prompt"]) for s in samples], enc.eot_token, device)
-    T = max(len(s["completion_tokens"]) for s in samples)
-    comp = torch.full((len(samples), T), enc.eot_token, dtype=torch.long)
-    mask = torch.zeros(len(samples), T, dtype=torch.long)
-    for i, s in enumerate(samples):
-        comp[i, :len(s["completion_tokens"])] = torch.tensor(s["completion_tokens"])
-        mask[i, :len(s["completion_mask"])] = torch.tensor(s["completion_mask"])
-    adv = torch.tensor([float(s["advantage"]) for s in samples])
-    return torch.cat([idx, comp.to(device)], 1), pad_left, mask.to(device), adv.to(device)
-
-
 def sample_losses(model, idx, pad_left, mask, advantages, temperature=1.0):
     """Sum over samples of each sample's own loss (per-sample mean over its completion tokens,
     times -A); backward of this sum gives every sample its own gradient in the hooks."""
-    from train_grpo import completion_logprobs, grpo_loss
     logp, _ = completion_logprobs(model, idx, pad_left, mask.size(1), temperature)
     loss, _ = grpo_loss(logp, logp.detach(), None, advantages, mask, beta=0.0, num_seqs=1)
     return loss

@@ -7,10 +7,10 @@ GRPO (Group Relative Policy Optimization, DeepSeekMath arXiv 2402.03300) with Lo
 One step, in the order a reader should see it (grpo_step):
   1. take batch_size prompts, each repeated group_size times
   2. PASS 1 sampling, no grad: KV-cache generation, token ids only (sample.generate)
-  3. rewards -> compute_group_advantages: A_i = (r_i - mean_group) / std_group
-  4. PASS 2 policy, with grad: per-token log-probs of the completion tokens (completion_logprobs)
+  3. rewards -> compute_group_advantages (grpo.py): A_i = (r_i - mean_group) / std_group
+  4. PASS 2 policy, with grad: per-token log-probs of the completion tokens (grpo.completion_logprobs)
   5. PASS 3 reference, no grad: the same model with LoRA disabled (no second copy of the weights)
-  6. loss (grpo_loss): clipped surrogate + beta * k3 KL, aggregated per loss_type; backward
+  6. loss (grpo.grpo_loss): clipped surrogate + beta * k3 KL, aggregated per loss_type; backward
   7. clip the gradient, AdamW on the LoRA parameters only; skip the step if anything is NaN/Inf
 Every large tensor is deleted as soon as it has been used; each `del` says what it frees.
 """
@@ -25,11 +25,10 @@ import time
 
 import torch
 
-from torch.autograd.function import once_differentiable
-
 from configurator import (Interrupted, UserError, check, check_choice, check_finite, check_positive, cli_main,
                           configure, read_config_file)
 from data.gsm_synth.prepare import encode_prompt, encode_text, load_split, load_tokenizer
+from grpo import completion_logprobs, compute_group_advantages, grpo_loss, rollout_batch
 from lora import apply_lora, disable_lora, lora_parameters, lora_state_dict, load_lora_state_dict
 from model import (base_fingerprint, check_device, check_same_base, load_checkpoint, model_from_checkpoint,
                    save_checkpoint)
@@ -103,130 +102,6 @@ defaults = {k: v for k, v in dict(globals()).items()
             if not k.startswith("_") and isinstance(v, (int, float, bool, str, tuple))}
 
 
-def compute_group_advantages(rewards, group_size, scale_rewards="group"):
-    """rewards (N,) with rows of one group adjacent -> (advantages (N,), number of zero-std groups).
-
-    A_i = r_i - mean(group), divided by the group's std ('group'), the batch's std ('batch') or
-    nothing ('none'). A group whose rewards are all equal carries no signal: its advantages
-    are exactly 0 (never 0/0 = NaN)."""
-    if group_size < 2:
-        raise UserError(f"group_size must be >= 2 for group-relative advantages, got {group_size}")
-    if rewards.numel() % group_size:
-        raise UserError(f"{rewards.numel()} rewards do not split into groups of {group_size}")
-    r = rewards.float().view(-1, group_size)                          # (B, G)
-    centered = r - r.mean(dim=1, keepdim=True)
-    group_std = r.std(dim=1, keepdim=True)                            # (B, 1)
-    zero_std = group_std < 1e-6                                       # all rewards equal
-    if scale_rewards == "group":
-        adv = centered / torch.where(zero_std, torch.ones_like(group_std), group_std)
-    elif scale_rewards == "batch":
-        adv = centered / max(r.std().item(), 1e-6)
-    elif scale_rewards == "none":
-        adv = centered
-    else:
-        raise UserError(f"scale_rewards must be 'group', 'batch' or 'none', got {scale_rewards!r}")
-    adv = adv.masked_fill(zero_std, 0.0)
-    return adv.view(-1), int(zero_std.sum())
-
-
-class SelectiveLogSoftmax(torch.autograd.Function):
-    """log p(token) = logit[token] / temp - logsumexp(logits / temp), in float32, from logits (N, T, V).
-
-    Saves for backward only the logits themselves (in their own dtype, bf16 under autocast) and the
-    (N, T) logsumexp: never a (N, T, V) log-prob tensor nor a float32 copy of the logits (autograd's
-    own logsumexp would keep one per row, N*T*V*4 bytes). Backward recomputes one row at a time:
-        d logp_t / d logits_t = (onehot(token_t) - softmax(logits_t / temp)) / temp"""
-
-    generate_vmap_rule = True  # torch.func (vmap / jacrev, used by the tests' references) may batch it
-
-    @staticmethod
-    def forward(logits, tokens, temperature):
-        inv, acc = 1.0 / temperature, torch.promote_types(logits.dtype, torch.float32)  # bf16 -> float32
-        lse = torch.stack([torch.logsumexp(row.to(acc) * inv, dim=-1) for row in logits])    # (N, T)
-        picked = logits.gather(-1, tokens.unsqueeze(-1)).squeeze(-1).to(acc) * inv           # (N, T)
-        return picked - lse, lse
-
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        logits, tokens, temperature = inputs
-        ctx.save_for_backward(logits, tokens, output[1])
-        ctx.inv = 1.0 / temperature
-        ctx.mark_non_differentiable(output[1])
-
-    @staticmethod
-    @once_differentiable  # the backward below is not itself differentiable: double backward raises
-    def backward(ctx, g, _):                                                                # g (N, T)
-        logits, tokens, lse = ctx.saved_tensors
-        rows = []
-        for i in range(logits.size(0)):  # one (T, V) float32 softmax exists at a time
-            p = torch.exp(logits[i].to(lse.dtype) * ctx.inv - lse[i, :, None])                 # softmax (T, V)
-            gi = (-p * g[i, :, None]).scatter_add(-1, tokens[i, :, None], g[i, :, None])       # (onehot - p) g
-            rows.append((gi * ctx.inv).to(logits.dtype))
-        # out-of-place (vmap-safe); the stack briefly doubles the (N, T, V) gradient in the logits' dtype
-        return torch.stack(rows), None, None
-
-
-def selective_log_softmax(logits, tokens, temperature=1.0):
-    """(N, T) log-probs of `tokens` under softmax(logits / temperature); see SelectiveLogSoftmax."""
-    return SelectiveLogSoftmax.apply(logits, tokens, temperature)[0]
-
-
-def completion_logprobs(model, idx, pad_left, T, temperature, with_entropy=False):
-    """Per-token log-probs (N, T) of the last T tokens of idx (the completion).
-
-    The LM head runs on the T positions that predict completion tokens only (keep_last); the
-    logits are divided by the sampling temperature so that logp is the policy that sampled."""
-    logits, _ = model(idx[:, :-1], pad_left=pad_left, keep_last=T)          # (N, T, V)
-    temperature = temperature if temperature > 0 else 1.0  # greedy sampling: plain log-probs
-    logp = selective_log_softmax(logits, idx[:, -T:], temperature)          # (N, T); no (N, T, V) copy
-    entropy = None
-    if with_entropy:
-        with torch.no_grad():  # a diagnostic: no graph kept for it
-            entropy = torch.stack([-(r.softmax(-1) * r.log_softmax(-1)).sum(-1)
-                                   for r in (row.float() / temperature for row in logits)])  # (N, T)
-    del logits  # (N, T, V): the largest activation of the pass; logp is all we keep
-    return logp, entropy
-
-
-def grpo_loss(logp, old_logp, ref_logp, advantages, mask, beta=0.04, epsilon_low=0.2,
-              epsilon_high=0.2, loss_type="grpo", num_seqs=None, num_tokens=None, max_len=None):
-    """GRPO objective on one micro-batch, normalised by whole-batch counts so that the gradients
-    of the micro-batches add up to the gradient of the whole batch.
-
-    per token:  L_t = -min(rho_t A, clip(rho_t, 1-eps_low, 1+eps_high) A) + beta * KL_t
-                rho_t = exp(logp_t - old_logp_t),   KL_t = exp(ref_t - logp_t) - (ref_t - logp_t) - 1  (k3)
-    grpo:    mean over tokens of each completion, then / num_seqs  (DeepSeekMath)
-    bnpo:    sum over tokens / num_tokens                          (token-level)
-    dr_grpo: sum over tokens / (num_seqs * max_len)                (Dr. GRPO, arXiv 2503.20783)
-    Shapes: logp, old_logp, ref_logp, mask (n, T); advantages (n,). ref_logp None when beta == 0."""
-    mask = mask.to(logp.dtype)
-    num_seqs = num_seqs or logp.size(0)
-    num_tokens = num_tokens or mask.sum().clamp(min=1)
-    max_len = max_len or logp.size(1)
-    ratio = torch.exp(logp - old_logp)                                      # (n, T)
-    clipped = torch.clamp(ratio, 1 - epsilon_low, 1 + epsilon_high)
-    A = advantages[:, None]
-    per_token = -torch.min(ratio * A, clipped * A)
-    kl = None
-    if beta != 0:
-        d = ref_logp - logp
-        kl = torch.exp(d) - d - 1                                           # k3 estimator, >= 0
-        per_token = per_token + beta * kl
-    if loss_type == "grpo":
-        loss = ((per_token * mask).sum(1) / mask.sum(1).clamp(min=1)).sum() / num_seqs
-    elif loss_type == "bnpo":
-        loss = (per_token * mask).sum() / num_tokens
-    elif loss_type == "dr_grpo":
-        loss = (per_token * mask).sum() / (num_seqs * max_len)
-    else:
-        raise UserError(f"loss_type must be 'grpo', 'bnpo' or 'dr_grpo', got {loss_type!r}")
-    with torch.no_grad():  # statistics for the log line only
-        is_clipped = ((ratio < 1 - epsilon_low) & (A < 0)) | ((ratio > 1 + epsilon_high) & (A > 0))
-        stats = {"clipped_tokens": (is_clipped.float() * mask).sum().item(),
-                 "kl_sum": (kl * mask).sum().item() if kl is not None else 0.0}
-    return loss, stats
-
-
 def memory_stats(device):
     """mem_alloc_mb / mem_reserved_mb / mem_max_alloc_mb: CUDA allocator, or on CPU the process RSS
     (current RSS for alloc and reserved, peak RSS for max)."""
@@ -276,7 +151,6 @@ def reference_solutions(enc, examples, device):
     solution, laid out as sample.generate lays out rollouts, with advantage +1. The GRPO loss of a
     row with A = 1 and old = logp.detach() has gradient -grad(mean_t log p(solution_t)): the
     gradient of the solution's negative log-likelihood, so no sampling is needed."""
-    from tracin import rollout_batch
     rows = [{"prompt": e["question"], "completion_tokens": encode_text(enc, e["solution"]) + [enc.eot_token],
              "advantage": 1.0} for e in examples]
     for r in rows:

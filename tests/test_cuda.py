@@ -12,7 +12,7 @@ pytestmark = [pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a 
               pytest.mark.usefixtures("chars_reward")]  # conftest: a reward that varies for a random model
 
 import bench
-import train_grpo as tg
+import grpo
 from model import load_checkpoint
 from sample import generate
 from test_train_grpo import run  # the CPU tests' small train_grpo.py run (tiny_setup: conftest)
@@ -33,7 +33,7 @@ def test_selective_log_softmax_on_cuda(dtype):
     g = torch.randn(4, 16, device="cuda")
     want = F.log_softmax(x.double() / 0.7, -1).gather(-1, tok[..., None]).squeeze(-1)
     (gw,) = torch.autograd.grad((want * g.double()).sum(), x)
-    got = tg.selective_log_softmax(x, tok, 0.7)
+    got = grpo.selective_log_softmax(x, tok, 0.7)
     (gg,) = torch.autograd.grad((got * g).sum(), x)
     assert torch.allclose(got.double(), want, atol=1e-4)
     assert torch.allclose(gg.double(), gw.double(), atol=1e-6 if dtype == torch.float32 else 1e-2)

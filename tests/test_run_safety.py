@@ -3,7 +3,6 @@
 # bound to its base, NaN/Inf logits, Ctrl-C. Run: python -m pytest tests/test_run_safety.py -q
 import glob
 import json
-import math
 import os
 
 import pytest
@@ -11,6 +10,7 @@ import torch
 
 import sample
 import train_base as tb
+import grpo
 import train_grpo as tg
 from configurator import Interrupted, UserError
 from model import load_checkpoint, save_checkpoint
@@ -197,7 +197,7 @@ def test_top_p_tiny_keeps_the_most_likely_token():
 
 def test_selective_log_softmax_refuses_double_backward():
     logits = torch.randn(2, 3, 7, dtype=torch.float64, requires_grad=True)
-    logp = tg.selective_log_softmax(logits, torch.randint(7, (2, 3)))
+    logp = grpo.selective_log_softmax(logits, torch.randint(7, (2, 3)))
     (g,) = torch.autograd.grad(logp.sum(), logits, create_graph=True)
     with pytest.raises(RuntimeError, match="once_differentiable|does not require grad"):
         torch.autograd.grad(g.pow(2).sum(), logits)

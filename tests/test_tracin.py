@@ -40,7 +40,7 @@ from configurator import UserError
 from lora import apply_lora, disable_lora, load_lora_state_dict, lora_parameters, lora_state_dict
 from model import GPT, GPTConfig, load_checkpoint, save_checkpoint
 from sample import generate
-from train_grpo import completion_logprobs, grpo_loss
+from grpo import completion_logprobs, grpo_loss
 
 # functorch notes that SDPA has no batching rule on CPU (a slower fallback): not a test concern
 pytestmark = pytest.mark.filterwarnings("ignore:There is a performance drop")

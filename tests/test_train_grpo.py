@@ -11,6 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import grpo
 import train_grpo as tg
 from configurator import UserError
 from data.gsm_synth.prepare import load_tokenizer, load_split, prompt_text
@@ -161,7 +162,7 @@ def test_selective_log_softmax(dtype, temperature):
     g = torch.randn(3, 4)
     want = F.log_softmax(x.double() / temperature, -1).gather(-1, tok[..., None]).squeeze(-1)
     (gx_want,) = torch.autograd.grad((want * g.double()).sum(), x)
-    got = tg.selective_log_softmax(x, tok, temperature)
+    got = grpo.selective_log_softmax(x, tok, temperature)
     assert got.dtype == torch.float32
     assert torch.allclose(got.double(), want, atol=1e-5)
     (gx,) = torch.autograd.grad((got * g).sum(), x)
@@ -172,7 +173,7 @@ def test_selective_log_softmax(dtype, temperature):
 def test_selective_log_softmax_gradcheck():
     x = torch.randn(2, 3, 7, dtype=torch.float64, requires_grad=True)
     tok = torch.randint(0, 7, (2, 3))
-    assert torch.autograd.gradcheck(lambda x: tg.selective_log_softmax(x, tok, 0.8), (x,))
+    assert torch.autograd.gradcheck(lambda x: grpo.selective_log_softmax(x, tok, 0.8), (x,))
 
 
 def test_selective_log_softmax_saves_no_float32_copy():
@@ -190,7 +191,7 @@ def test_selective_log_softmax_saves_no_float32_copy():
         return kept
     plain = lambda: torch.stack([torch.logsumexp(r.float(), -1) for r in x]) * 1.0
     assert sum(n for d, n in saved(plain) if d == torch.float32 and n == V * T) == N * T * V
-    ours = saved(lambda: tg.selective_log_softmax(x, tok, 0.7))
+    ours = saved(lambda: grpo.selective_log_softmax(x, tok, 0.7))
     assert not any(d == torch.float32 and n >= T * V for d, n in ours)
     assert (torch.bfloat16, N * T * V) in ours
 
