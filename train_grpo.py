@@ -431,18 +431,20 @@ def train(cfg, amp, resume):
         print(f"eval  {iter_num:4d} | test accuracy {r['accuracy']:.3f}{passk} ({len(test)} problems)")
         return {f"test/{k}": v for k, v in r.items()}
 
-    log_f = open(os.path.join(out, "log.jsonl"), "a")
-    roll_f = open(os.path.join(out, "rollouts.jsonl"), "a")
     t_start = time.time()
     def lr_at(it):
         return get_lr(it, cfg["lr_decay_iters"] or cfg["max_iters"], cfg["learning_rate"], cfg["min_lr"],
                       cfg["warmup_iters"])
-    lr, skipped_in_a_row = lr_at(iter_num), 0
+    lr, skipped_in_a_row, log_f, roll_f = lr_at(iter_num), 0, None, None
     try:
+        first = {"iter": 0, "elapsed": 0.0, **run_eval()} if iter_num == 0 else None
         if iter_num == 0:
-            ev = run_eval()
-            last_ckpt = checkpoint()  # ckpt_000000: the trajectory starts at the base model; before the log line,
-            log_f.write(json.dumps({"iter": 0, "elapsed": 0.0, **ev}) + "\n")  # so a run with a log can resume
+            last_ckpt = checkpoint()  # ckpt_000000: the trajectory starts at the base model
+        # the logs are opened only now: a run stopped before its first checkpoint leaves no log behind
+        log_f = open(os.path.join(out, "log.jsonl"), "a")
+        roll_f = open(os.path.join(out, "rollouts.jsonl"), "a")
+        if first is not None:
+            log_f.write(json.dumps(first) + "\n")
         while iter_num < cfg["max_iters"]:
             lr = lr_at(iter_num)
             for g in optimizer.param_groups:
@@ -485,12 +487,17 @@ def train(cfg, amp, resume):
                 else:  # a finite gradient times a huge learning rate: the next step's sampling will say so
                     print(f"warning: NaN/Inf LoRA weights at iter {iter_num}: no checkpoint written")
     except KeyboardInterrupt:
+        if last_ckpt is None:  # a new run stopped before ckpt.pt: what it began (ckpt_000000.pt?) is removed,
+            for f in (f for pattern in RUN_FILES for f in glob.glob(os.path.join(out, pattern))):
+                os.remove(f)   # so that the same command can start it again
         where = (f"last checkpoint {os.path.join(out, 'ckpt.pt')} (iter {last_ckpt}); resume with: python "
                  f"train_grpo.py --out_dir={shlex.quote(out)} --init_from=resume") if last_ckpt is not None else \
             "no checkpoint written yet: run the same command again to start over"
         raise Interrupted(f"train_grpo.py stopped at iter {iter_num} of {cfg['max_iters']}; {where}") from None
     finally:
-        log_f.close(); roll_f.close()
+        for f in (log_f, roll_f):
+            if f is not None:
+                f.close()
     total = elapsed_before + time.time() - t_start
     print(f"done: {iter_num} GRPO steps in {total:.0f}s; run directory {out}")
     return cfg

@@ -281,3 +281,21 @@ def test_non_finite_knobs(tiny_setup, tmp_path, arg, key):
 def test_scalar_for_a_list_key(tiny_setup, tmp_path):
     run(tiny_setup, tmp_path / "r", "--max_iters=1", "--reward_funcs=chars", "--reward_weights=1.0")
     assert load_checkpoint(str(tmp_path / "r" / "ckpt.pt"))["config"]["reward_weights"] == (1.0,)
+
+
+def test_ctrl_c_before_the_first_checkpoint_leaves_a_directory_the_same_command_can_use(tiny_setup, tmp_path,
+                                                                                         monkeypatch):
+    out = tmp_path / "r"
+    real = tg.save_checkpoint
+
+    def interrupted_save(state, path):  # Ctrl-C between ckpt_000000.pt and ckpt.pt
+        if path.endswith("ckpt.pt") and not path.endswith("_000000.pt"):
+            raise KeyboardInterrupt
+        real(state, path)
+    monkeypatch.setattr(tg, "save_checkpoint", interrupted_save)
+    with pytest.raises(Interrupted, match="stopped at iter 0 of 2; no checkpoint written yet: run the same command"):
+        run(tiny_setup, out, "--max_iters=2")
+    assert not out.exists() or os.listdir(out) == []
+    monkeypatch.setattr(tg, "save_checkpoint", real)
+    run(tiny_setup, out, "--max_iters=2")                    # the same command now runs
+    assert load_checkpoint(str(out / "ckpt.pt"))["iter_num"] == 2
