@@ -283,7 +283,7 @@ def ensure_base(cfg, resuming):
     if resuming or os.path.normpath(where) != os.path.normpath(cfg["base_ckpt"]):
         raise UserError(f"base checkpoint {cfg['base_ckpt']} not found" + (
             " (the base this run was trained on: put it back)" if resuming else
-            f"; train it with: python train_base.py {cfg['base_config']} --out_dir={os.path.dirname(cfg['base_ckpt'])}"
+            f"; train it with: python train_base.py {cfg['base_config']} --out_dir={os.path.dirname(cfg['base_ckpt']) or '.'}"
             f" (only {where}, where base_config puts it, is trained automatically)"))
     print(f"base model not found at {cfg['base_ckpt']}: training it first with {cfg['base_config']}")
     train_base.main([cfg["base_config"], f"--out_dir={os.path.dirname(cfg['base_ckpt']) or '.'}",
