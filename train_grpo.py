@@ -281,7 +281,7 @@ def ensure_base(cfg, resuming):
     import train_base
     where = os.path.join(read_config_file(cfg["base_config"]).get("out_dir", train_base.defaults["out_dir"]), "ckpt.pt")
     if resuming or os.path.normpath(where) != os.path.normpath(cfg["base_ckpt"]):
-        raise UserError(f"base checkpoint {cfg['base_ckpt']} not found" + (
+        raise UserError(f"base_ckpt {cfg['base_ckpt']} not found" + (
             " (the base this run was trained on: put it back)" if resuming else
             f"; train it with: python train_base.py {cfg['base_config']} --out_dir={os.path.dirname(cfg['base_ckpt']) or '.'}"
             f" (only {where}, where base_config puts it, is trained automatically)"))

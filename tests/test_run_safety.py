@@ -253,7 +253,7 @@ def test_checkpoint_lr_is_the_rate_of_the_next_step(tiny_setup, tmp_path):
 
 
 def test_missing_base_is_trained_only_where_base_config_puts_it(tiny_setup, tmp_path):
-    with pytest.raises(UserError, match="base checkpoint .*bsae/ckpt.pt not found; train it with: python train_base.py"):
+    with pytest.raises(UserError, match="base_ckpt .*bsae/ckpt.pt not found; train it with: python train_base.py"):
         run(tmp_path / "bsae" / "ckpt.pt", tmp_path / "r")      # a typo'd path: no silent 800-step training
     assert not (tmp_path / "bsae").exists() and not (tmp_path / "r").exists()
 
