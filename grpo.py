@@ -1,13 +1,18 @@
 """
-The GRPO math that both training (train_grpo.py) and attribution (tracin.py) use: group-relative
-advantages, per-token log-probs without a (N, T, V) log-prob tensor, the clipped GRPO loss, and the
-batch layout of recorded rollouts. No training loop here: train_grpo.py -> tracin.py -> grpo.py.
+The GRPO math that training (train_grpo.py) and TracIn (tracin.py) share: group-relative advantages,
+per-token log-probs without a (N, T, V) log-prob tensor, the clipped GRPO loss, passes 2 and 3 with
+their backward (policy_backward), and the batch layout of recorded rollouts.
+Imports flow one way: grpo.py -> ghost.py -> tracin.py -> train_grpo.py.
 """
+import time
+
 import torch
 from torch.autograd.function import once_differentiable
 
 from configurator import UserError
 from data.gsm_synth.prepare import encode_prompt
+from lora import disable_lora
+from model import sync
 from sample import pad_prompts
 
 
@@ -133,6 +138,45 @@ def grpo_loss(logp, old_logp, ref_logp, advantages, mask, beta=0.04, epsilon_low
         stats = {"clipped_tokens": (is_clipped.float() * mask).sum().item(),
                  "kl_sum": (kl * mask).sum().item() if kl is not None else 0.0}
     return loss, stats
+
+
+def policy_backward(model, batch, cfg, amp, times, beta):
+    """Passes 3 and 2 and the backward of the GRPO loss, per micro-batch. batch: idx, pad_left, mask,
+    advantages (a make_rollouts result). Gradients add up in .grad (under ghost hooks: per sample).
+
+    The reference pass (3) runs BEFORE the policy pass (2): its activations are freed before the
+    policy builds its graph, so the peak is the larger of the two passes, not their sum."""
+    idx, pad_left, T = batch["idx"], batch["pad_left"], batch["mask"].size(1)
+    N, mb, device = idx.size(0), cfg["micro_batch_size"], cfg["device"]
+    norm = dict(num_seqs=N, num_tokens=batch["mask"].sum().clamp(min=1).item(), max_len=cfg["max_new_tokens"])
+    adv, mask = batch["advantages"].to(device), batch["mask"].to(device)
+    stats = {"losses": [], "kl_sum": 0.0, "clipped": 0.0, "ent_sum": 0.0, "num_tokens": norm["num_tokens"]}
+    model.train()  # dropout is 0: train() only enables gradient checkpointing if configured
+    for s in range(0, N, mb):
+        sl = slice(s, s + mb)
+        ref_logp = None
+        if beta != 0:  # PASS 3, reference: base weights through the same modules, no graph kept
+            t0 = time.time()
+            with torch.no_grad(), disable_lora(model), amp:
+                ref_logp, _ = completion_logprobs(model, idx[sl], pad_left[sl], T, cfg["temperature"])
+            sync(device); times["reference"] = times.get("reference", 0.0) + time.time() - t0
+        t0 = time.time()
+        with amp:  # PASS 2, policy, with grad
+            logp, entropy = completion_logprobs(model, idx[sl], pad_left[sl], T, cfg["temperature"],
+                                                with_entropy=True)
+            # old = logp.detach(): one update per generation, so the ratio is exactly 1 and the epsilon
+            # clip never acts (clip_ratio 0), as TRL and nanochat note; it acts only when a generation is
+            # reused for several updates, with old log-probs taken before the first of them
+            loss, loss_stats = grpo_loss(logp, logp.detach(), ref_logp, adv[sl], mask[sl], beta,
+                                         cfg["epsilon_low"], cfg["epsilon_high"], cfg["loss_type"], **norm)
+        loss.backward()
+        stats["losses"].append(loss.item())
+        stats["kl_sum"] += loss_stats["kl_sum"]
+        stats["clipped"] += loss_stats["clipped_tokens"]
+        stats["ent_sum"] += (entropy * mask[sl]).sum().item()
+        del logp, ref_logp, entropy, loss  # this micro-batch's graph and log-probs, before the next one
+        sync(device); times["policy"] = times.get("policy", 0.0) + time.time() - t0
+    return stats
 
 
 def rollout_batch(enc, samples, device):

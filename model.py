@@ -16,6 +16,7 @@ import io
 import math
 import os
 import re
+import resource
 from dataclasses import dataclass
 
 import torch
@@ -213,6 +214,26 @@ def check_device(device, dtype="bfloat16"):
         raise UserError(f"dtype must be 'bfloat16' (autocast on CUDA) or 'float32', got {dtype!r}")
     use_amp = device.startswith("cuda") and dtype != "float32"
     return torch.autocast("cuda", dtype=getattr(torch, dtype), enabled=use_amp)
+
+
+def sync(device):
+    """Wait for the GPU, so that per-phase times measure its work, not the launch (no-op on CPU)."""
+    if "cuda" in str(device):
+        torch.cuda.synchronize()
+
+
+def memory_stats(device):
+    """mem_alloc_mb / mem_reserved_mb / mem_max_alloc_mb: CUDA allocator, or on CPU the process RSS
+    (current RSS for alloc and reserved, peak RSS for max)."""
+    if "cuda" in str(device):
+        mb = 1024 ** 2
+        return {"mem_alloc_mb": torch.cuda.memory_allocated() / mb, "mem_reserved_mb": torch.cuda.memory_reserved() / mb,
+                "mem_max_alloc_mb": torch.cuda.max_memory_allocated() / mb}
+    with open("/proc/self/statm") if os.path.exists("/proc/self/statm") else open(os.devnull) as f:
+        fields = f.read().split()
+    rss = int(fields[1]) * os.sysconf("SC_PAGE_SIZE") / 1024 ** 2 if fields else float("nan")
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KB on Linux
+    return {"mem_alloc_mb": rss, "mem_reserved_mb": rss, "mem_max_alloc_mb": peak}
 
 
 def save_checkpoint(obj, path):

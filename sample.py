@@ -12,11 +12,13 @@ the same column P and the cache advances one column per step for all rows):
              pad_left = (2, 0)      completion_mask = (1 1 1 1 0), (1 1 1 1 1)
 """
 import os
-import sys
 
 import torch
 
 from configurator import UserError, check, check_positive, configure, cli_main
+from data.gsm_synth.prepare import encode_prompt, load_split, load_tokenizer
+from lora import apply_lora, load_lora_state_dict, merge_lora
+from model import base_fingerprint, check_device, check_same_base, load_checkpoint, model_from_checkpoint
 
 
 class NonFiniteLogits(FloatingPointError):
@@ -140,14 +142,12 @@ defaults = dict(
 )
 
 
-def load_policy(ckpt_path, device="cpu"):
-    """(model, tokenizer, data_dir) from a base or a GRPO checkpoint."""
-    from model import base_fingerprint, check_same_base, load_checkpoint, model_from_checkpoint
-    from data.gsm_synth.prepare import load_tokenizer
+def load_policy(ckpt_path, device="cpu", merge=False):
+    """(model, tokenizer, data_dir) from a base or a GRPO checkpoint. merge=True folds the adapter
+    into the base weights (W + s B A): plain nn.Linear layers, so sampling pays no LoRA matmuls."""
     ckpt = load_checkpoint(ckpt_path)
     lora_sd = None
     if "lora" in ckpt:  # GRPO checkpoint: the adapter on top of the base it was trained from
-        from lora import apply_lora, load_lora_state_dict
         adapter, lora_sd, cfg = ckpt, ckpt["lora"], ckpt["config"]
         base_path = ckpt["base_ckpt"]  # relative to where the run was started, usually the repository
         beside_code = os.path.join(os.path.dirname(os.path.abspath(__file__)), base_path)
@@ -159,6 +159,8 @@ def load_policy(ckpt_path, device="cpu"):
         check_same_base(adapter, ckpt_path, base_fingerprint(model.state_dict()), base_path)
         apply_lora(model, cfg["lora_r"], cfg["lora_alpha"], 0.0, cfg["lora_targets"])
         load_lora_state_dict(model, lora_sd)
+        if merge:
+            merge_lora(model)
     data_dir = ckpt["data_dir"]
     return model.to(device).eval(), load_tokenizer(data_dir), data_dir
 
@@ -170,10 +172,8 @@ def main(argv):
     check(cfg, "temperature", cfg["temperature"] >= 0, "must be >= 0 (0 = greedy)")
     check(cfg, "top_k", cfg["top_k"] >= 0, "must be >= 0 (0 = off)")
     check(cfg, "top_p", 0 < cfg["top_p"] <= 1, "must be in (0, 1] (1 = off)")
-    from model import check_device
     check_device(cfg["device"])
-    from data.gsm_synth.prepare import load_split, encode_prompt
-    model, enc, data_dir = load_policy(cfg["ckpt"], cfg["device"])
+    model, enc, data_dir = load_policy(cfg["ckpt"], cfg["device"], merge=True)
     questions = [cfg["question"]] if cfg["question"] else \
         [e["question"] for e in load_split(data_dir, "test")[:cfg["num_questions"]]]
     prompts = [encode_prompt(enc, q) for q in questions]
@@ -187,5 +187,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     cli_main(main)

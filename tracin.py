@@ -1,201 +1,32 @@
 """
-TracIn with ghost-gradient hooks on the LoRA layers (Pruthi et al. 2020; ghost norms: Li et al. 2021).
+TracIn (Pruthi et al. 2020) on the LoRA parameters, from the per-sample gradients of ghost.py.
 
     python tracin.py --out_dir=out/tracin --question="Mia has 3 apples. ..."   # post-hoc attribution
 
-For a linear map y_t = W x_t applied at every position t of a sample, with output gradient
-g_t = dL/dy_t, the sample's weight gradient is  G = sum_t g_t x_t^T.  For LoRA (lora.py):
+Online, inside a GRPO step (train_grpo.py with tracin=True): the influence of rollout i on a
+validation batch is <g_i, sum_j g_val_j>, a first-order estimate of how much one step on i lowers
+the validation loss; only rollouts with positive influence (or the top fraction) are trained on,
+and their update is summed from the hooks' buffers (no extra forward or backward).
 
-    h = A x          ->  dL/dA = sum_t gA_t x_t^T,   gA = dL/dh          (r x d_in)
-    u = B h          ->  dL/dB = sum_t gB_t h_t^T,   gB = dL/du          (d_out x r)
-    out = W x + s u      (the hook on u sees dL/du = s dL/dout: the scaling is already in gB)
-
-So a forward hook that keeps x and h, and tensor hooks that keep gA and gB, give every
-sample's LoRA gradient from ONE ordinary batched backward. Two samples' gradient inner
-product needs no materialised gradient at all (the "ghost" form):
-
-    <G, G'> = sum_{t,s} (g_t . g'_s) (x_t . x'_s)          cost O(T^2 (d + p)) per pair
-    or, materialised,  G = g^T x  then a dot product       cost O(T d p) per sample
-and ghost wins when 2 T^2 < d p (private-transformers' rule).
-
-Gradients are exact over ALL positions of a sample, prompt included: LoRA acts on prompt
-tokens too, and their hidden states reach the completion's log-probs through attention.
-Padding positions get exactly zero gradient (no real token attends to them), so they add 0.
+Post-hoc, over a finished run's checkpoints: find_critical_samples scores every recorded rollout
+by its influence on a test answer, summed over the checkpoints (TracInCP).
 """
 import glob
 import json
 import os
 import re
-from contextlib import contextmanager
+import time
 
 import torch
 
 from configurator import UserError, check, check_choice, cli_main, configure
-from grpo import completion_logprobs, grpo_loss, rollout_batch
-from lora import LoRALinear
-
-
-class GhostHooks:
-    """Forward/backward hooks on every lora_A / lora_B. Buffers (dicts: layer name -> list of
-    per-micro-batch tensors, rows = samples):
-        train: _train_xs, _train_hs, _train_gAs, _train_gBs      validation: _xs, _hs, _gAs, _gBs
-    Set `.split` to 'train' or 'val' before each capture; `.remove()` detaches every hook."""
-
-    def __init__(self, model):
-        self._train_xs, self._train_hs, self._train_gAs, self._train_gBs = {}, {}, {}, {}
-        self._xs, self._hs, self._gAs, self._gBs = {}, {}, {}, {}
-        self.split = "train"
-        self.handles = []
-        self.names = []
-        for name, m in model.named_modules():
-            if isinstance(m, LoRALinear):
-                if m.lora_dropout.p > 0 and m.training:
-                    raise UserError("ghost hooks need lora_dropout=0 (a dropped x is not the x the gradient used)")
-                self.names.append(name)
-                self.handles.append(m.lora_A.register_forward_hook(self._hook_A(name)))
-                self.handles.append(m.lora_B.register_forward_hook(self._hook_B(name)))
-        if not self.names:
-            raise UserError("no LoRA layers to hook: call lora.apply_lora(model, ...) first")
-
-    def buffers(self, split=None):
-        """(xs, hs, gAs, gBs) dicts of the given split."""
-        if (split or self.split) == "train":
-            return self._train_xs, self._train_hs, self._train_gAs, self._train_gBs
-        return self._xs, self._hs, self._gAs, self._gBs
-
-    def _hook_A(self, name):
-        def hook(module, inputs, h):
-            if not (torch.is_grad_enabled() and h.requires_grad):
-                return  # sampling / reference passes: nothing to capture
-            xs, hs, gAs, _ = self.buffers()
-            xs.setdefault(name, []).append(inputs[0].detach())       # x  (n, T, d_in)
-            hs.setdefault(name, []).append(h.detach())               # h = A x  (n, T, r)
-            h.register_hook(self._keep(gAs, name))                   # gA = dL/dh
-        return hook
-
-    def _hook_B(self, name):
-        def hook(module, inputs, u):
-            if torch.is_grad_enabled() and u.requires_grad:
-                _, _, _, gBs = self.buffers()
-                u.register_hook(self._keep(gBs, name))               # gB = dL/d(B h)
-        return hook
-
-    def _keep(self, store, name):
-        # a tensor hook lives as long as its graph: after remove() a late backward must not refill buffers
-        def keep(g):
-            if self.handles:
-                store.setdefault(name, []).append(g.detach())
-        return keep
-
-    def collect(self, split):
-        """{layer: (x, gA, h, gB)} with micro-batches concatenated along the sample axis."""
-        xs, hs, gAs, gBs = self.buffers(split)
-        if not xs:
-            raise RuntimeError(f"nothing captured for split {split!r}: run a forward+backward first")
-        # backward visits micro-batches in the order their forwards ran, so list positions pair up
-        cat = lambda ts: ts[0] if len(ts) == 1 else torch.cat(ts)  # one micro-batch: no copy
-        return {n: (cat(xs[n]), cat(gAs[n]), cat(hs[n]), cat(gBs[n])) for n in xs}
-
-    def clear(self, split=None):
-        for d in self.buffers(split):
-            d.clear()
-
-    def remove(self):
-        for h in self.handles:
-            h.remove()
-        self.handles = []
-        self.clear("train")
-        self.clear("val")
-
-
-@contextmanager
-def install_ghost_hooks(model):
-    hooks = GhostHooks(model)
-    try:
-        yield hooks
-    finally:
-        hooks.remove()  # the model behaves exactly as before
-
-
-@contextmanager
-def ghost_mode(optimizer):
-    """Gradient capture without a weight update: optimizer.step() raises inside, and the .grad
-    that existed before (e.g. accumulated micro-batches) is put back afterwards, so capture
-    neither updates weights nor disturbs accumulation."""
-    params = [p for g in optimizer.param_groups for p in g["params"]]
-    saved = [p.grad for p in params]
-    for p in params:
-        p.grad = None
-    step = optimizer.step
-
-    def refuse(*args, **kwargs):
-        raise RuntimeError("optimizer.step() called inside ghost_mode: capture must not update weights")
-    optimizer.step = refuse
-    try:
-        yield
-    finally:
-        optimizer.step = step
-        for p, g in zip(params, saved):
-            p.grad = g  # capture's gradients are dropped; what was there before comes back
-
-
-# ---------------------------------------------------------------------------------------------
-# inner products
-
-def per_sample_grad(x, g):
-    """Materialised per-sample gradient of a linear map: sum_t g_t x_t^T.  (n, T, d), (n, T, p) -> (n, p, d)"""
-    return torch.einsum("ntp,ntd->npd", g.float(), x.float())
-
-
-def ghost_inner_products(x1, g1, x2, g2, chunk=16):
-    """<G1_i, G2_j> = sum_{t,s} (g1_it . g2_js)(x1_it . x2_js) without forming G. -> (n1, n2)"""
-    x2, g2 = x2.float(), g2.float()
-    out = []
-    for i in range(0, x1.size(0), chunk):  # chunks bound the (c, n2, T, T) intermediate
-        gg = torch.einsum("itp,jsp->ijts", g1[i:i + chunk].float(), g2)
-        xx = torch.einsum("itd,jsd->ijts", x1[i:i + chunk].float(), x2)
-        out.append((gg * xx).sum(dim=(2, 3)))
-        del gg, xx  # (c, n2, T, T) each
-    return torch.cat(out)
-
-
-def linear_inner_products(x1, g1, x2, g2, method="auto"):
-    """(n1, n2) gradient inner products of one linear map, ghost or materialised by cost."""
-    if method not in ("auto", "ghost", "materialise"):
-        raise UserError(f"method must be 'auto', 'ghost' or 'materialise', got {method!r}")
-    T, d, p = max(x1.size(1), x2.size(1)), x1.size(2), g1.size(2)
-    if method == "ghost" or (method == "auto" and 2 * T * T < d * p):
-        return ghost_inner_products(x1, g1, x2, g2)
-    return per_sample_grad(x1, g1).flatten(1) @ per_sample_grad(x2, g2).flatten(1).T
-
-
-def compute_ghost_inner_product_matrix(train, val, method="auto", layer_filter=None):
-    """[n_train, n_val] matrix of <grad L(train_i), grad L(val_j)> over every (filtered) LoRA
-    parameter. train / val: GhostHooks.collect() dicts {layer: (x, gA, h, gB)}. float32."""
-    names = [n for n in train if layer_filter is None or layer_filter in n]
-    if not names:
-        raise UserError(f"layer_filter {layer_filter!r} matches no LoRA layer (layers: {list(train)[:4]} ...)")
-    total = None
-    for n in names:
-        x, gA, h, gB = train[n]
-        vx, vgA, vh, vgB = val[n]
-        ip = linear_inner_products(x, gA, vx, vgA, method) + linear_inner_products(h, gB, vh, vgB, method)
-        total = ip if total is None else total + ip
-    if not torch.isfinite(total).all():
-        raise FloatingPointError("non-finite gradient inner product (NaN/Inf in captured gradients)")
-    return total
-
-
-def subset_gradients(model, captured, weights):
-    """Write sum_i weights_i * grad L(sample_i) into each LoRA parameter's .grad, from the hooks'
-    buffers alone: the update for the selected rollouts needs no extra forward or backward."""
-    w = weights.float()
-    for name, m in model.named_modules():
-        if isinstance(m, LoRALinear):
-            x, gA, h, gB = captured[name]
-            wd = w.to(x.device)
-            m.lora_A.weight.grad = torch.einsum("n,ntr,ntd->rd", wd, gA.float(), x.float()).to(m.lora_A.weight.dtype)
-            m.lora_B.weight.grad = torch.einsum("n,nto,ntr->or", wd, gB.float(), h.float()).to(m.lora_B.weight.dtype)
+from data.gsm_synth.prepare import encode_prompt, encode_text
+from ghost import compute_ghost_inner_product_matrix, ghost_mode, install_ghost_hooks, per_sample_grad, subset_gradients
+from grpo import completion_logprobs, grpo_loss, policy_backward, rollout_batch
+from lora import LoRALinear, load_lora_state_dict, lora_state_dict
+from model import check_device, load_checkpoint
+from rundir import read_jsonl, run_lock
+from sample import generate, load_policy
 
 
 def select_rollouts(influence, rule="positive", topk_frac=0.5):
@@ -209,6 +40,45 @@ def select_rollouts(influence, rule="positive", topk_frac=0.5):
         mask[torch.topk(influence, k).indices] = True
         return mask
     raise UserError(f"tracin_selection must be 'positive' or 'topk', got {rule!r}")
+
+
+def reference_solutions(enc, examples, device):
+    """The validation batch for tracin_val_loss='nll': each prompt followed by its clean reference
+    solution, laid out as sample.generate lays out rollouts, with advantage +1. The GRPO loss of a
+    row with A = 1 and old = logp.detach() has gradient -grad(mean_t log p(solution_t)): the
+    gradient of the solution's negative log-likelihood, so no sampling is needed."""
+    rows = [{"prompt": e["question"], "completion_tokens": encode_text(enc, e["solution"]) + [enc.eot_token],
+             "advantage": 1.0} for e in examples]
+    for r in rows:
+        r["completion_mask"] = [1] * len(r["completion_tokens"])
+    idx, pad_left, mask, adv = rollout_batch(enc, rows, device)
+    return dict(idx=idx, pad_left=pad_left, mask=mask, advantages=adv)
+
+
+def tracin_backward(model, optimizer, rollouts, val_batch, cfg, amp, times):
+    """TracIn-GRPO's backward, in place of grpo.policy_backward: every rollout's and every validation
+    row's LoRA gradient from the hooks, influence_i = <g_i, sum_j g_val_j>, the selection, and the
+    selected rollouts' summed gradient written into .grad from the hooks' buffers (no 4th pass).
+    Returns (loss stats, influence (N,), keep (N,) bool, log entries)."""
+    with install_ghost_hooks(model) as hooks, ghost_mode(optimizer):  # no weight can change in here
+        t0 = time.time()
+        stats = policy_backward(model, rollouts, cfg, amp, times, cfg["beta"])   # per-sample train gradients
+        times["grad_capture_train"] = time.time() - t0
+        hooks.split, t0 = "val", time.time()
+        policy_backward(model, val_batch, cfg, amp, times, beta=0.0)  # validation: its loss without a KL term
+        times["grad_capture_val"] = time.time() - t0
+        train_grads, val_grads = hooks.collect("train"), hooks.collect("val")
+    t0 = time.time()
+    inner = compute_ghost_inner_product_matrix(train_grads, val_grads)          # (N, N_val)
+    influence = inner.sum(1)  # <g_i, sum_j g_val_j>: validation GRADIENTS are summed, not activations
+    keep = select_rollouts(influence, cfg["tracin_selection"], cfg["tracin_topk_frac"])
+    subset_gradients(model, train_grads, keep)
+    del train_grads, val_grads, inner  # every LoRA layer's per-sample inputs and output gradients
+    times["influence"] = time.time() - t0
+    log = {"selection_rate": keep.float().mean().item(), "n_selected": int(keep.sum()),
+           "influence/mean": influence.mean().item(), "influence/std": influence.std().item(),
+           "influence/min": influence.min().item(), "influence/max": influence.max().item()}
+    return stats, influence, keep, log
 
 
 # ---------------------------------------------------------------------------------------------
@@ -313,8 +183,6 @@ def find_critical_samples(model, checkpoints, train_samples, test_samples, enc, 
     self_influence: also sum_t w_t ||g_i||^2.
     Scores are taken with dropout off (model.eval()); the model's train/eval flag, LoRA weights and
     every parameter's .grad are as they were on return. Returns the result dictionary (see README)."""
-    from lora import load_lora_state_dict, lora_state_dict
-    from model import load_checkpoint
     if mode not in ("simple", "full", "memory_efficient"):
         raise UserError(f"mode must be 'simple', 'full' or 'memory_efficient', got {mode!r}")
     if gradient_method not in ("hooks", "loop"):
@@ -417,7 +285,6 @@ defaults = dict(
 def load_rollouts(path, enc):
     """Every recorded rollout with nonzero advantage (zero advantage = zero gradient = zero influence).
     A malformed line (e.g. cut off by a crash) is skipped with a warning naming it."""
-    from rundir import read_jsonl
     if not os.path.exists(path):
         raise UserError(f"no recorded rollouts at {path}: was this run made by train_grpo.py?")
     samples = []
@@ -448,7 +315,6 @@ def main(argv):
     check(cfg, "out_dir", cfg["out_dir"] != "", "give the run directory of a train_grpo.py run")
     if not cfg["question"]:
         raise UserError('give the question to attribute: --question="Mia has 3 apples. ..."')
-    from model import check_device, load_checkpoint
     check_device(cfg["device"])
     run = cfg["out_dir"]
     if not os.path.isdir(run):
@@ -461,9 +327,6 @@ def main(argv):
                    if (m := re.fullmatch(r"ckpt_(\d+)\.pt", os.path.basename(p))))
     if not ckpts:
         raise UserError(f"no checkpoints ckpt_NNNNNN.pt in {run}: run train_grpo.py with out_dir={run} first")
-    from data.gsm_synth.prepare import encode_prompt, encode_text
-    from rundir import run_lock
-    from sample import generate, load_policy
     with run_lock(run):  # a training run (or another attribution) in this directory is refused
         iters, ckpts = [s for s, _ in ckpts], [p for _, p in ckpts]
         model, enc, _ = load_policy(ckpts[-1], cfg["device"])

@@ -18,9 +18,11 @@ import torch
 
 from configurator import (Interrupted, UserError, check, check_choice, check_finite, check_positive, configure,
                           cli_main)
-from data.gsm_synth.prepare import TEMPLATES, encode_prompt, encode_text
+from data.gsm_synth.prepare import TEMPLATES, encode_prompt, encode_text, load_split, load_tokenizer, prepare
 from model import GPT, GPTConfig, check_device, load_checkpoint, model_from_checkpoint, save_checkpoint
+from rewards import extract_answer
 from rundir import run_lock
+from sample import decode_completions, generate
 
 # -----------------------------------------------------------------------------
 # default config values (override with a config file and/or --key=value)
@@ -64,7 +66,6 @@ defaults = {k: v for k, v in dict(globals()).items()
 
 def load_task(cfg, verbose=True):
     """Prepare the task data if missing; return (data_dir, tokenizer)."""
-    from data.gsm_synth.prepare import prepare, load_tokenizer
     data_dir = prepare(cfg["task_steps"], cfg["task_max_operand"], cfg["task_ops"], cfg["task_noise"],
                        n_train=cfg["n_train"], verbose=verbose)
     return data_dir, load_tokenizer(data_dir)
@@ -81,8 +82,6 @@ def get_lr(it, max_iters, learning_rate, min_lr, warmup_iters):
 @torch.no_grad()
 def evaluate(model, enc, examples, max_new_tokens, k=1, temperature=1.0, batch=100, seed=0):
     """Greedy accuracy on `examples`; with k > 1 also pass@k (any of k samples correct)."""
-    from rewards import extract_answer
-    from sample import generate, decode_completions
     greedy, passk = 0, 0
     for i in range(0, len(examples), batch):
         chunk = examples[i:i + batch]
@@ -152,7 +151,6 @@ def main(argv):
 
 
 def train(cfg, amp, ckpt):
-    from data.gsm_synth.prepare import load_split
     ckpt_path = os.path.join(cfg["out_dir"], "ckpt.pt")
     if ckpt is None and os.path.exists(ckpt_path):
         raise UserError(f"{ckpt_path} exists: continue that run with --init_from=resume, or train a new base "

@@ -2,15 +2,18 @@
 GRPO (Group Relative Policy Optimization, DeepSeekMath arXiv 2402.03300) with LoRA on the base GPT.
 
     python train_grpo.py config/tiny_grpo.py       # trains the base model first if it is missing
-    python train_grpo.py config/tiny_grpo.py --init_from=resume
+    python train_grpo.py --out_dir=out/grpo --init_from=resume
 
-One step, in the order a reader should see it (grpo_step):
+One step (grpo_step), in the order it runs:
   1. take batch_size prompts, each repeated group_size times
   2. PASS 1 sampling, no grad: KV-cache generation, token ids only (sample.generate)
-  3. rewards -> compute_group_advantages (grpo.py): A_i = (r_i - mean_group) / std_group
-  4. PASS 2 policy, with grad: per-token log-probs of the completion tokens (grpo.completion_logprobs)
-  5. PASS 3 reference, no grad: the same model with LoRA disabled (no second copy of the weights)
+  3. rewards -> grpo.compute_group_advantages: A_i = (r_i - mean_group) / std_group
+  4. PASS 3 reference, no grad: the same model with LoRA disabled (no second copy of the weights);
+     it runs before pass 2 so that its activations are gone before the policy's graph is built
+  5. PASS 2 policy, with grad: per-token log-probs of the completion tokens (grpo.completion_logprobs)
   6. loss (grpo.grpo_loss): clipped surrogate + beta * k3 KL, aggregated per loss_type; backward
+     (4-6 per micro-batch: grpo.policy_backward; with tracin=True, tracin.tracin_backward instead
+     keeps only the gradient of the rollouts that help a validation batch)
   7. clip the gradient, AdamW on the LoRA parameters only; skip the step if anything is NaN/Inf
 Every large tensor is deleted as soon as it has been used; each `del` says what it frees.
 """
@@ -19,7 +22,6 @@ import json
 import math
 import os
 import random
-import resource
 import shlex
 import time
 
@@ -27,16 +29,16 @@ import torch
 
 from configurator import (Interrupted, UserError, check, check_choice, check_finite, check_positive, cli_main,
                           configure, read_config_file)
-from data.gsm_synth.prepare import encode_prompt, encode_text, load_split, load_tokenizer
-from grpo import completion_logprobs, compute_group_advantages, grpo_loss, rollout_batch
-from lora import apply_lora, disable_lora, lora_parameters, lora_state_dict, load_lora_state_dict
-from model import (base_fingerprint, check_device, check_same_base, load_checkpoint, model_from_checkpoint,
-                   save_checkpoint)
+from data.gsm_synth.prepare import encode_prompt, load_split, load_tokenizer
+from grpo import compute_group_advantages, policy_backward
+from lora import apply_lora, lora_parameters, lora_state_dict, load_lora_state_dict
+from model import (base_fingerprint, check_device, check_same_base, load_checkpoint, memory_stats,
+                   model_from_checkpoint, save_checkpoint, sync)
 from rewards import REWARD_FUNCS, compute_rewards
 from rundir import run_lock, truncate_jsonl
 from sample import NonFiniteLogits, generate, decode_completions
-from tracin import (compute_ghost_inner_product_matrix, ghost_mode, install_ghost_hooks, select_rollouts,
-                    subset_gradients)
+from tracin import reference_solutions, tracin_backward
+import train_base
 from train_base import evaluate, get_lr
 
 # -----------------------------------------------------------------------------
@@ -102,169 +104,105 @@ defaults = {k: v for k, v in dict(globals()).items()
             if not k.startswith("_") and isinstance(v, (int, float, bool, str, tuple))}
 
 
-def memory_stats(device):
-    """mem_alloc_mb / mem_reserved_mb / mem_max_alloc_mb: CUDA allocator, or on CPU the process RSS
-    (current RSS for alloc and reserved, peak RSS for max)."""
-    if "cuda" in str(device):
-        mb = 1024 ** 2
-        return {"mem_alloc_mb": torch.cuda.memory_allocated() / mb, "mem_reserved_mb": torch.cuda.memory_reserved() / mb,
-                "mem_max_alloc_mb": torch.cuda.max_memory_allocated() / mb}
-    with open("/proc/self/statm") if os.path.exists("/proc/self/statm") else open(os.devnull) as f:
-        fields = f.read().split()
-    rss = int(fields[1]) * os.sysconf("SC_PAGE_SIZE") / 1024 ** 2 if fields else float("nan")
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KB on Linux
-    return {"mem_alloc_mb": rss, "mem_reserved_mb": rss, "mem_max_alloc_mb": peak}
-
-
 def make_rollouts(model, enc, batches, cfg, generator, amp, times):
     """PASS 1 (sampling, no grad, no logits kept), rewards and group-relative advantages.
 
     batches: a list of (questions, answers); all are sampled in ONE generate call (TracIn's train and
     validation prompts share the per-token cost) and scored separately: one rollout dict per batch."""
     G, t0 = cfg["group_size"], time.time()
-    prompts = [encode_prompt(enc, q) for qs, _ in batches for q in qs]
+    prompts = [encode_prompt(enc, q) for questions, _ in batches for q in questions]
     with amp:
         idx, pad_left, mask = generate(model, prompts, cfg["max_new_tokens"], enc.eot_token, num_samples=G,
                                        temperature=cfg["temperature"], top_k=cfg["top_k"] or None,
                                        top_p=cfg["top_p"], generator=generator)
-    _sync(cfg); times["generation"] = times.get("generation", 0.0) + time.time() - t0; t0 = time.time()
+    sync(cfg["device"]); times["generation"] = times.get("generation", 0.0) + time.time() - t0; t0 = time.time()
     T = mask.size(1)  # generation stops once every row has ended: T <= max_new_tokens
     out, start = [], 0
     for questions, answers in batches:
-        sl = slice(start, start + len(questions) * G)
-        start = sl.stop
-        texts = decode_completions(enc, idx[sl], mask[sl])
+        rows = slice(start, start + len(questions) * G)
+        start = rows.stop
+        texts = decode_completions(enc, idx[rows], mask[rows])
         rewards, per_fn, errors = compute_rewards(texts, [a for a in answers for _ in range(G)],
                                                   list(cfg["reward_funcs"]), list(cfg["reward_weights"]))
         rewards = torch.tensor(rewards)
         advantages, n_zero_std = compute_group_advantages(rewards, G, cfg["scale_rewards"])
-        truncated = (idx[sl, -T:] != enc.eot_token).all(dim=1)  # never emitted end-of-text
-        m = mask[sl] * (~truncated).long()[:, None] if cfg["mask_truncated_completions"] else mask[sl]
-        out.append(dict(idx=idx[sl], pad_left=pad_left[sl], mask=m, rewards=rewards, advantages=advantages,
+        truncated = (idx[rows, -T:] != enc.eot_token).all(dim=1)  # never emitted end-of-text
+        m = mask[rows] * (~truncated).long()[:, None] if cfg["mask_truncated_completions"] else mask[rows]
+        out.append(dict(idx=idx[rows], pad_left=pad_left[rows], mask=m, rewards=rewards, advantages=advantages,
                         per_fn=per_fn, errors=errors, n_zero_std=n_zero_std, truncated=truncated))
     times["reward"] = times.get("reward", 0.0) + time.time() - t0
     return out
 
 
-def reference_solutions(enc, examples, device):
-    """The validation batch for tracin_val_loss='nll': each prompt followed by its clean reference
-    solution, laid out as sample.generate lays out rollouts, with advantage +1. The GRPO loss of a
-    row with A = 1 and old = logp.detach() has gradient -grad(mean_t log p(solution_t)): the
-    gradient of the solution's negative log-likelihood, so no sampling is needed."""
-    rows = [{"prompt": e["question"], "completion_tokens": encode_text(enc, e["solution"]) + [enc.eot_token],
-             "advantage": 1.0} for e in examples]
-    for r in rows:
-        r["completion_mask"] = [1] * len(r["completion_tokens"])
-    idx, pad_left, mask, adv = rollout_batch(enc, rows, device)
-    return dict(idx=idx, pad_left=pad_left, mask=mask, advantages=adv)
-
-
-def policy_backward(model, R, cfg, amp, times, beta):
-    """PASS 2 (policy, with grad) and PASS 3 (reference, no grad) per micro-batch, then backward
-    of the GRPO loss. Gradients accumulate in .grad (or, under ghost hooks, per sample)."""
-    idx, pad_left, T = R["idx"], R["pad_left"], R["mask"].size(1)
-    N, mb, device = idx.size(0), cfg["micro_batch_size"], cfg["device"]
-    norm = dict(num_seqs=N, num_tokens=R["mask"].sum().clamp(min=1).item(), max_len=cfg["max_new_tokens"])
-    adv, mask = R["advantages"].to(device), R["mask"].to(device)
-    st = {"losses": [], "kl_sum": 0.0, "clipped": 0.0, "ent_sum": 0.0, "num_tokens": norm["num_tokens"]}
-    model.train()  # dropout is 0: train() only enables gradient checkpointing if configured
-    for s in range(0, N, mb):
-        sl = slice(s, s + mb)
-        ref_logp = None
-        if beta != 0:
-            t0 = time.time()
-            with torch.no_grad(), disable_lora(model), amp:  # PASS 3: base weights, same module objects
-                ref_logp, _ = completion_logprobs(model, idx[sl], pad_left[sl], T, cfg["temperature"])
-            _sync(cfg); times["reference"] = times.get("reference", 0.0) + time.time() - t0
-        t0 = time.time()
-        with amp:                                                  # PASS 2: the policy, with grad
-            logp, entropy = completion_logprobs(model, idx[sl], pad_left[sl], T, cfg["temperature"],
-                                                with_entropy=True)
-            loss, ls = grpo_loss(logp, logp.detach(), ref_logp, adv[sl], mask[sl], beta,
-                                 cfg["epsilon_low"], cfg["epsilon_high"], cfg["loss_type"], **norm)
-        loss.backward()
-        st["losses"].append(loss.item())
-        st["kl_sum"] += ls["kl_sum"]; st["clipped"] += ls["clipped_tokens"]
-        st["ent_sum"] += (entropy * mask[sl]).sum().item()
-        del logp, ref_logp, entropy, loss  # free this micro-batch's graph before the next one
-        _sync(cfg); times["policy"] = times.get("policy", 0.0) + time.time() - t0
-    return st
-
-
-def _sync(cfg):
-    if "cuda" in cfg["device"]:
-        torch.cuda.synchronize()  # so per-phase times measure the GPU work, not the launch
-
-
 def grpo_step(model, optimizer, enc, questions, answers, cfg, generator, amp, val=None):
-    """One GRPO step; returns (log dict, rollout record). With cfg['tracin'], `val` = the validation
-    examples (dicts with question, answer, solution) and only rollouts whose gradient helps them
-    are trained on. Weights change only if every loss and gradient is finite."""
-    times = {"generation": 0.0, "reward": 0.0, "policy": 0.0, "reference": 0.0}
-    extra, val_pg = {}, cfg["tracin"] and cfg["tracin_val_loss"] == "pg"
+    """One GRPO step, the numbered steps of the module docstring; returns (log dict, rollout record).
+    With cfg['tracin'], `val` = validation examples (question, answer, solution) and only rollouts
+    whose gradient helps them are trained on. Weights change only if everything is finite."""
+    times = dict.fromkeys(("generation", "reward", "policy", "reference"), 0.0)
+    val_pg = cfg["tracin"] and cfg["tracin_val_loss"] == "pg"  # validation rollouts sampled as well
     batches = [(questions, answers)] + ([([e["question"] for e in val], [e["answer"] for e in val])] if val_pg else [])
-    try:
-        R, *V = make_rollouts(model, enc, batches, cfg, generator, amp, times)  # val_pg: train + val, one call
+    try:  # 1-3: one generate call for every prompt
+        rollouts, *val_rollouts = make_rollouts(model, enc, batches, cfg, generator, amp, times)
     except NonFiniteLogits as e:  # the weights have blown up: nothing to learn from this step
         print(f"warning: {e}; step skipped, weights untouched")
         return {"skipped": True, "skip_reason": "non-finite logits", **{f"time/{k}": v for k, v in times.items()}}, None
-    N, G = R["idx"].size(0), cfg["group_size"]
-    if not cfg["tracin"]:
-        st = policy_backward(model, R, cfg, amp, times, cfg["beta"])
-    else:
-        # the validation loss: the GRPO policy-gradient loss of sampled val rollouts (seed 000), or the
-        # NLL of the val prompts' clean reference solutions (no sampling, one row per prompt)
-        V = V[0] if val_pg else reference_solutions(enc, val, cfg["device"])
-        with install_ghost_hooks(model) as hooks, ghost_mode(optimizer):
-            t0 = time.time()
-            st = policy_backward(model, R, cfg, amp, times, cfg["beta"])   # per-sample train gradients
-            times["grad_capture_train"] = time.time() - t0
-            hooks.split, t0 = "val", time.time()
-            policy_backward(model, V, cfg, amp, times, 0.0)                   # val: policy-gradient part only
-            times["grad_capture_val"] = time.time() - t0
-            train_c, val_c = hooks.collect("train"), hooks.collect("val")
-        t0 = time.time()
-        ip = compute_ghost_inner_product_matrix(train_c, val_c)             # (N, N_val)
-        influence = ip.sum(1)          # <g_i, sum_j g_val_j>: validation GRADIENTS are summed
-        keep = select_rollouts(influence, cfg["tracin_selection"], cfg["tracin_topk_frac"])
-        subset_gradients(model, train_c, keep)  # the update from the hooks' buffers: no 4th pass
-        del train_c, val_c, ip  # the per-sample activations/gradients of every LoRA layer
-        times["influence"] = time.time() - t0
-        extra = {"selection_rate": keep.float().mean().item(), "n_selected": int(keep.sum()),
-                 "influence/mean": influence.mean().item(), "influence/std": influence.std().item(),
-                 "influence/min": influence.min().item(), "influence/max": influence.max().item(),
-                 **({"val/reward": V["rewards"].mean().item()} if val_pg else {})}
-        R["influence"], R["selected"] = influence.tolist(), keep.tolist()
-    # ---- update: clip, AdamW on LoRA only, unless something is not finite or nothing is kept --
-    t0 = time.time()
-    params = lora_parameters(model)
+    extra = {}
+    if not cfg["tracin"]:  # 4-6: reference, policy, loss and backward, micro-batch by micro-batch
+        stats = policy_backward(model, rollouts, cfg, amp, times, cfg["beta"])
+    else:  # 4-6 with per-sample gradients; the validation loss: sampled rollouts ('pg') or reference solutions
+        val_batch = val_rollouts[0] if val_pg else reference_solutions(enc, val, cfg["device"])
+        stats, influence, keep, extra = tracin_backward(model, optimizer, rollouts, val_batch, cfg, amp, times)
+        rollouts.update(influence=influence.tolist(), selected=keep.tolist())
+        if val_pg:
+            extra["val/reward"] = val_batch["rewards"].mean().item()
     nothing_kept = cfg["tracin"] and extra["n_selected"] == 0
-    grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg["grad_clip"]) if not nothing_kept else torch.tensor(0.0)
-    skipped = not (math.isfinite(grad_norm.item()) and all(math.isfinite(v) for v in st["losses"]))
-    if skipped:
-        print("warning: non-finite loss or gradient; step skipped, weights untouched")
-        extra["skip_reason"] = "non-finite loss or gradient"
+    grad_norm, skip_reason = update(model, optimizer, cfg, stats, nothing_kept, times)  # 7
+    if skip_reason:
+        extra["skip_reason"] = skip_reason
+    return step_log(rollouts, stats, cfg, grad_norm, skip_reason is not None, extra, times), \
+        rollout_record(questions, answers, rollouts, cfg)
+
+
+def update(model, optimizer, cfg, stats, nothing_kept, times):
+    """7: clip, AdamW on the LoRA parameters; skipped (weights untouched) when a loss or the gradient
+    is not finite, and nothing to do when TracIn kept no rollout. Returns (grad norm, skip reason)."""
+    t0, skip_reason = time.time(), None
+    grad_norm = torch.tensor(0.0) if nothing_kept else \
+        torch.nn.utils.clip_grad_norm_(lora_parameters(model), cfg["grad_clip"])
+    if not (math.isfinite(grad_norm.item()) and all(math.isfinite(v) for v in stats["losses"])):
+        skip_reason = "non-finite loss or gradient"
+        print(f"warning: {skip_reason}; step skipped, weights untouched")
     elif nothing_kept:
         print("tracin: no rollout has positive influence; no update this step")
     else:
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    _sync(cfg); times["optimizer"] = time.time() - t0
-    ntok, rewards, per_fn, mask = st["num_tokens"], R["rewards"], R["per_fn"], R["mask"]
-    log = {"loss": sum(st["losses"]), "reward": rewards.mean().item(), "reward_std": rewards.std().item(),
-           **{f"rewards/{k}": sum(v) / len(v) for k, v in per_fn.items()},
-           "accuracy": sum(per_fn["correctness"]) / N if "correctness" in per_fn else float("nan"),
-           "frac_reward_zero_std": R["n_zero_std"] / (N // G), "kl": st["kl_sum"] / ntok,
-           "entropy": st["ent_sum"] / ntok, "completions/mean_length": mask.sum(1).float().mean().item(),
-           "completions/clipped_ratio": R["truncated"].float().mean().item(),
-           "clip_ratio": st["clipped"] / ntok, "grad_norm": grad_norm.item(), "skipped": skipped,
-           "reward_errors": sum(R["errors"].values()), **extra, **{f"time/{k}": v for k, v in times.items()}}
-    T = mask.size(1)
-    rollouts = {"prompts": questions, "answers": answers, "completion_tokens": R["idx"][:, -T:].tolist(),
-                "completion_mask": mask.tolist(), "rewards": rewards.tolist(),
-                "advantages": R["advantages"].tolist(),
-                **({"influence": R["influence"], "selected": R["selected"]} if cfg["tracin"] else {})}
-    return log, rollouts
+    sync(cfg["device"]); times["optimizer"] = time.time() - t0
+    return grad_norm.item(), skip_reason
+
+
+def step_log(rollouts, stats, cfg, grad_norm, skipped, extra, times):
+    """One log.jsonl line, with TRL's metric names."""
+    n, ntok, rewards, per_fn, mask = rollouts["idx"].size(0), stats["num_tokens"], rollouts["rewards"], \
+        rollouts["per_fn"], rollouts["mask"]
+    return {"loss": sum(stats["losses"]), "reward": rewards.mean().item(), "reward_std": rewards.std().item(),
+            **{f"rewards/{k}": sum(v) / len(v) for k, v in per_fn.items()},
+            "accuracy": sum(per_fn["correctness"]) / n if "correctness" in per_fn else float("nan"),
+            "frac_reward_zero_std": rollouts["n_zero_std"] / (n // cfg["group_size"]),
+            "kl": stats["kl_sum"] / ntok, "entropy": stats["ent_sum"] / ntok,
+            "completions/mean_length": mask.sum(1).float().mean().item(),
+            "completions/clipped_ratio": rollouts["truncated"].float().mean().item(),
+            "clip_ratio": stats["clipped"] / ntok, "grad_norm": grad_norm, "skipped": skipped,
+            "reward_errors": sum(rollouts["errors"].values()), **extra, **{f"time/{k}": v for k, v in times.items()}}
+
+
+def rollout_record(questions, answers, rollouts, cfg):
+    """One rollouts.jsonl line: what post-hoc TracIn (tracin.py) attributes to."""
+    T = rollouts["mask"].size(1)
+    return {"prompts": questions, "answers": answers, "completion_tokens": rollouts["idx"][:, -T:].tolist(),
+            "completion_mask": rollouts["mask"].tolist(), "rewards": rollouts["rewards"].tolist(),
+            "advantages": rollouts["advantages"].tolist(),
+            **({"influence": rollouts["influence"], "selected": rollouts["selected"]} if cfg["tracin"] else {})}
 
 
 # -----------------------------------------------------------------------------
@@ -278,7 +216,6 @@ def ensure_base(cfg, resuming):
     (a fresh clone). Any other missing base is an error, never a silent long training (a typo'd path)."""
     if os.path.exists(cfg["base_ckpt"]):
         return
-    import train_base
     where = os.path.join(read_config_file(cfg["base_config"]).get("out_dir", train_base.defaults["out_dir"]), "ckpt.pt")
     if resuming or os.path.normpath(where) != os.path.normpath(cfg["base_ckpt"]):
         raise UserError(f"base_ckpt {cfg['base_ckpt']} not found" + (
@@ -367,140 +304,166 @@ def main(argv):
     validate(cfg)
     amp = check_device(cfg["device"], cfg["dtype"])  # bf16 autocast on CUDA, a no-op on CPU
     with run_lock(cfg["out_dir"]):  # a second run in this out_dir is refused from here on
-        return train(cfg, amp, resume)
+        run = Run(cfg, amp, resume)
+        del resume  # the saved optimizer state now lives in the optimizer: free the loaded copy
+        run.train()
+    return cfg
 
 
-def train(cfg, amp, resume):
-    device, out = cfg["device"], cfg["out_dir"]
+def refuse_existing_run(out):
     found = [f for pattern in RUN_FILES for f in glob.glob(os.path.join(out, pattern))]
-    if resume is None and found:
+    if found:
         raise UserError(f"{out} already holds a run ({os.path.basename(found[0])}): continue it with "
                         f"--init_from=resume, or start a new one with another --out_dir (or delete {out})")
-    model, fingerprint, data_dir, enc, splits = load_base(cfg, out, resume)
-    train_split, val_split, test = splits["train"], splits["val"], splits["test"][:cfg["eval_n"]]
-    defective = set(random.Random(cfg["seed"] + 7).sample(range(len(train_split)),
-                                                          int(cfg["defect_frac"] * len(train_split))))
-    torch.manual_seed(cfg["seed"])
-    apply_lora(model, cfg["lora_r"], cfg["lora_alpha"], cfg["lora_dropout"], cfg["lora_targets"])
-    model.to(device)
-    optimizer = torch.optim.AdamW(lora_parameters(model), lr=cfg["learning_rate"],
-                                  weight_decay=cfg["weight_decay"])
-    rng = random.Random(cfg["seed"])                                  # which prompts
-    generator = torch.Generator(device=device).manual_seed(cfg["seed"])  # which completions
-    iter_num, elapsed_before, last_ckpt = 0, 0.0, None
-    if resume is not None:
-        load_lora_state_dict(model, resume["lora"])
-        optimizer.load_state_dict(resume["optimizer"])
-        iter_num, elapsed_before = resume["iter_num"], resume["train_seconds"]
-        last_ckpt = iter_num
-        rng.setstate(resume["rng"]["python"])
-        saved_on = resume["rng"].get("device", generator.device.type)
-        if saved_on == generator.device.type:
-            generator.set_state(resume["rng"]["generator"])
+
+
+class Run:
+    """One GRPO run in out_dir: the policy (base + LoRA), its optimizer, its two random streams (which
+    prompts, which completions) and the step counter; checkpoints hold all of them."""
+
+    def __init__(self, cfg, amp, resume):
+        self.cfg, self.amp, self.out, device = cfg, amp, cfg["out_dir"], cfg["device"]
+        if resume is None:
+            refuse_existing_run(self.out)
+        self.model, self.fingerprint, self.data_dir, self.enc, splits = load_base(cfg, self.out, resume)
+        self.train_split, self.val_split = splits["train"], splits["val"]
+        self.test = splits["test"][:cfg["eval_n"]]
+        n = len(self.train_split)
+        self.defective = set(random.Random(cfg["seed"] + 7).sample(range(n), int(cfg["defect_frac"] * n)))
+        torch.manual_seed(cfg["seed"])  # the LoRA initialisation
+        apply_lora(self.model, cfg["lora_r"], cfg["lora_alpha"], cfg["lora_dropout"], cfg["lora_targets"])
+        self.model.to(device)
+        self.optimizer = torch.optim.AdamW(lora_parameters(self.model), lr=cfg["learning_rate"],
+                                           weight_decay=cfg["weight_decay"])
+        self.rng = random.Random(cfg["seed"])                                   # which prompts
+        self.generator = torch.Generator(device=device).manual_seed(cfg["seed"])  # which completions
+        self.iter_num, self.elapsed_before, self.last_ckpt, self.t_start = 0, 0.0, None, time.time()
+        if resume is not None:
+            self.restore(resume)
+        n_lora = sum(p.numel() for p in lora_parameters(self.model))
+        print(f"GRPO: {self.model.num_params() / 1e6:.2f}M base parameters frozen, {n_lora} LoRA parameters trained")
+
+    def restore(self, resume):
+        load_lora_state_dict(self.model, resume["lora"])
+        self.optimizer.load_state_dict(resume["optimizer"])
+        self.iter_num = self.last_ckpt = resume["iter_num"]
+        self.elapsed_before = resume["train_seconds"]
+        self.rng.setstate(resume["rng"]["python"])
+        saved_on, here = resume["rng"].get("device", self.generator.device.type), self.generator.device.type
+        if saved_on == here:
+            self.generator.set_state(resume["rng"]["generator"])
         else:  # a CPU generator's state does not fit a CUDA generator (nor back): new sampling stream
-            print(f"warning: run saved on {saved_on}, resumed on {device}: completions are sampled from "
-                  f"seed {cfg['seed'] + iter_num} from here on, so they differ from an uninterrupted run")
-            generator.manual_seed(cfg["seed"] + iter_num)
-        for name in ("log.jsonl", "rollouts.jsonl"):
-            truncate_jsonl(os.path.join(out, name), iter_num)
-        print(f"resuming {out} at iter {iter_num}")
-        del resume  # the optimizer state is copied into the optimizer: free the loaded one
-    n_lora = sum(p.numel() for p in lora_parameters(model))
-    print(f"GRPO: {model.num_params() / 1e6:.2f}M base parameters frozen, {n_lora} LoRA parameters trained")
+            print(f"warning: run saved on {saved_on}, resumed on {here}: completions are sampled from seed "
+                  f"{self.cfg['seed'] + self.iter_num} from here on, so they differ from an uninterrupted run")
+            self.generator.manual_seed(self.cfg["seed"] + self.iter_num)
+        for name in ("log.jsonl", "rollouts.jsonl"):  # lines after the checkpoint would be counted twice
+            truncate_jsonl(os.path.join(self.out, name), self.iter_num)
+        print(f"resuming {self.out} at iter {self.iter_num}")
 
-    def checkpoint():
+    def lr_at(self, it):
+        c = self.cfg
+        return get_lr(it, c["lr_decay_iters"] or c["max_iters"], c["learning_rate"], c["min_lr"], c["warmup_iters"])
+
+    def checkpoint(self):
         # lr: the rate of the step taken FROM these weights (TracIn's eta_t pairs theta_t with step t)
-        state = {"lora": lora_state_dict(model), "optimizer": optimizer.state_dict(), "iter_num": iter_num,
-                 "lr": lr_at(iter_num), "config": cfg, "base_ckpt": cfg["base_ckpt"], "base_fingerprint": fingerprint,
-                 "data_dir": data_dir, "train_seconds": elapsed_before + time.time() - t_start,
-                 "rng": {"python": rng.getstate(), "generator": generator.get_state(),
-                         "device": generator.device.type}}
-        save_checkpoint(state, os.path.join(out, f"ckpt_{iter_num:06d}.pt"))  # history, for TracIn
-        save_checkpoint(state, os.path.join(out, "ckpt.pt"))                 # latest, for resume
-        return iter_num
+        state = {"lora": lora_state_dict(self.model), "optimizer": self.optimizer.state_dict(),
+                 "iter_num": self.iter_num, "lr": self.lr_at(self.iter_num), "config": self.cfg,
+                 "base_ckpt": self.cfg["base_ckpt"], "base_fingerprint": self.fingerprint, "data_dir": self.data_dir,
+                 "train_seconds": self.elapsed_before + time.time() - self.t_start,
+                 "rng": {"python": self.rng.getstate(), "generator": self.generator.get_state(),
+                         "device": self.generator.device.type}}
+        save_checkpoint(state, os.path.join(self.out, f"ckpt_{self.iter_num:06d}.pt"))  # history, for TracIn
+        save_checkpoint(state, os.path.join(self.out, "ckpt.pt"))                      # latest, for resume
+        self.last_ckpt = self.iter_num
 
-    def run_eval():
+    def evaluate(self):
+        k = self.cfg["eval_k"]
         try:
-            with amp:
-                r = evaluate(model, enc, test, cfg["max_new_tokens"], k=cfg["eval_k"], seed=cfg["seed"])
+            with self.amp:
+                r = evaluate(self.model, self.enc, self.test, self.cfg["max_new_tokens"], k=k, seed=self.cfg["seed"])
         except NonFiniteLogits as e:
-            print(f"warning: evaluation at iter {iter_num} skipped: {e}")
+            print(f"warning: evaluation at iter {self.iter_num} skipped: {e}")
             return {"test/accuracy": float("nan")}
-        k = cfg["eval_k"]
         passk = f" | pass@{k} {r[f'pass@{k}']:.3f}" if k > 1 else ""
-        print(f"eval  {iter_num:4d} | test accuracy {r['accuracy']:.3f}{passk} ({len(test)} problems)")
+        print(f"eval  {self.iter_num:4d} | test accuracy {r['accuracy']:.3f}{passk} ({len(self.test)} problems)")
         return {f"test/{k}": v for k, v in r.items()}
 
-    t_start = time.time()
-    def lr_at(it):
-        return get_lr(it, cfg["lr_decay_iters"] or cfg["max_iters"], cfg["learning_rate"], cfg["min_lr"],
-                      cfg["warmup_iters"])
-    lr, skipped_in_a_row, log_f, roll_f = lr_at(iter_num), 0, None, None
-    try:
-        first = {"iter": 0, "elapsed": 0.0, **run_eval()} if iter_num == 0 else None
-        if iter_num == 0:
-            last_ckpt = checkpoint()  # ckpt_000000: the trajectory starts at the base model
-        # the logs are opened only now: a run stopped before its first checkpoint leaves no log behind
-        log_f = open(os.path.join(out, "log.jsonl"), "a")
-        roll_f = open(os.path.join(out, "rollouts.jsonl"), "a")
-        if first is not None:
-            log_f.write(json.dumps(first) + "\n")
-        while iter_num < cfg["max_iters"]:
-            lr = lr_at(iter_num)
-            for g in optimizer.param_groups:
-                g["lr"] = lr
-            picks = [rng.randrange(len(train_split)) for _ in range(cfg["batch_size"])]
-            batch = [{**train_split[i], "answer": first_step_result(train_split[i])} if i in defective
-                     else train_split[i] for i in picks]
-            t_step = time.time()
-            val = ([val_split[rng.randrange(len(val_split))] for _ in range(cfg["tracin_val_batch_size"])]
-                   if cfg["tracin"] else None)
-            log, rollouts = grpo_step(model, optimizer, enc, [e["question"] for e in batch],
-                                      [e["answer"] for e in batch], cfg, generator, amp, val)
-            iter_num += 1
-            if cfg["defect_frac"] > 0 and rollouts is not None:  # selection precision: kept rollouts clean?
-                clean = torch.tensor([i not in defective for i in picks]).repeat_interleave(cfg["group_size"])
-                log["defect/clean_base_rate"] = clean.float().mean().item()
-                if cfg["tracin"] and log["n_selected"] > 0:
-                    kept = torch.tensor(rollouts["selected"])
-                    log["defect/selection_precision"] = clean[kept].float().mean().item()
-                rollouts["defective"] = [i in defective for i in picks]
-            log.update(iter=iter_num, lr=lr, step_seconds=time.time() - t_step,
-                       elapsed=elapsed_before + time.time() - t_start, **memory_stats(device))
-            if iter_num % cfg["eval_interval"] == 0 or iter_num == cfg["max_iters"]:
-                log.update(run_eval())
-            if rollouts is not None:
-                roll_f.write(json.dumps({"iter": iter_num, "lr": lr, **rollouts}) + "\n")
-            log_f.write(json.dumps(log) + "\n")
-            log_f.flush(); roll_f.flush()
-            if iter_num % cfg["log_interval"] == 0:
-                print_step(log, cfg, lr)
-            skipped_in_a_row = skipped_in_a_row + 1 if log["skipped"] else 0
-            if skipped_in_a_row >= cfg["max_skipped_steps"]:
-                raise UserError(f"{skipped_in_a_row} steps in a row skipped ({log['skip_reason']}) at iter {iter_num}: "
-                                f"the weights or the learning rate ({lr:.1e}) have diverged; the last checkpoint "
-                                f"is {out}/ckpt.pt (iter {last_ckpt}); lower learning_rate and start a new run")
-            # weights that give NaN logits are not worth keeping (a NaN gradient left them untouched: those are)
-            if (iter_num % cfg["ckpt_interval"] == 0 or iter_num == cfg["max_iters"]) and rollouts is not None:
-                if all(torch.isfinite(p).all() for p in lora_parameters(model)):
-                    last_ckpt = checkpoint()
-                else:  # a finite gradient times a huge learning rate: the next step's sampling will say so
-                    print(f"warning: NaN/Inf LoRA weights at iter {iter_num}: no checkpoint written")
-    except KeyboardInterrupt:
-        if last_ckpt is None:  # a new run stopped before ckpt.pt: what it began (ckpt_000000.pt?) is removed,
+    def step(self, lr):
+        """Draw the prompts (a defective one carries the planted wrong answer), run grpo_step."""
+        cfg, t_step = self.cfg, time.time()
+        picks = [self.rng.randrange(len(self.train_split)) for _ in range(cfg["batch_size"])]
+        batch = [{**self.train_split[i], "answer": first_step_result(self.train_split[i])} if i in self.defective
+                 else self.train_split[i] for i in picks]
+        val = ([self.val_split[self.rng.randrange(len(self.val_split))] for _ in range(cfg["tracin_val_batch_size"])]
+               if cfg["tracin"] else None)
+        log, rollouts = grpo_step(self.model, self.optimizer, self.enc, [e["question"] for e in batch],
+                                  [e["answer"] for e in batch], cfg, self.generator, self.amp, val)
+        self.iter_num += 1
+        if cfg["defect_frac"] > 0 and rollouts is not None:  # selection precision: are kept rollouts clean?
+            clean = torch.tensor([i not in self.defective for i in picks]).repeat_interleave(cfg["group_size"])
+            log["defect/clean_base_rate"] = clean.float().mean().item()
+            if cfg["tracin"] and log["n_selected"] > 0:
+                log["defect/selection_precision"] = clean[torch.tensor(rollouts["selected"])].float().mean().item()
+            rollouts["defective"] = [i in self.defective for i in picks]
+        log.update(iter=self.iter_num, lr=lr, step_seconds=time.time() - t_step,
+                   elapsed=self.elapsed_before + time.time() - self.t_start, **memory_stats(cfg["device"]))
+        return log, rollouts
+
+    def train(self):
+        cfg, out, log_f, roll_f, skipped_in_a_row = self.cfg, self.out, None, None, 0
+        try:
+            first = {"iter": 0, "elapsed": 0.0, **self.evaluate()} if self.iter_num == 0 else None
+            if self.iter_num == 0:
+                self.checkpoint()  # ckpt_000000: the trajectory starts at the base model
+            # the logs are opened only now: a run stopped before its first checkpoint leaves no log behind
+            log_f, roll_f = open(os.path.join(out, "log.jsonl"), "a"), open(os.path.join(out, "rollouts.jsonl"), "a")
+            if first is not None:
+                log_f.write(json.dumps(first) + "\n")
+            while self.iter_num < cfg["max_iters"]:
+                lr = self.lr_at(self.iter_num)
+                for g in self.optimizer.param_groups:
+                    g["lr"] = lr
+                log, rollouts = self.step(lr)
+                it = self.iter_num
+                if it % cfg["eval_interval"] == 0 or it == cfg["max_iters"]:
+                    log.update(self.evaluate())
+                if rollouts is not None:
+                    roll_f.write(json.dumps({"iter": it, "lr": lr, **rollouts}) + "\n")
+                log_f.write(json.dumps(log) + "\n")
+                log_f.flush(); roll_f.flush()
+                if it % cfg["log_interval"] == 0:
+                    print_step(log, cfg, lr)
+                skipped_in_a_row = skipped_in_a_row + 1 if log["skipped"] else 0
+                if skipped_in_a_row >= cfg["max_skipped_steps"]:
+                    raise UserError(f"{skipped_in_a_row} steps in a row skipped ({log['skip_reason']}) at iter {it}: "
+                                    f"the weights or the learning rate ({lr:.1e}) have diverged; the last checkpoint "
+                                    f"is {out}/ckpt.pt (iter {self.last_ckpt}); lower learning_rate and start a new run")
+                # weights that give NaN logits are not worth keeping (a NaN gradient left them untouched: those are)
+                if (it % cfg["ckpt_interval"] == 0 or it == cfg["max_iters"]) and rollouts is not None:
+                    if all(torch.isfinite(p).all() for p in lora_parameters(self.model)):
+                        self.checkpoint()
+                    else:  # a finite gradient times a huge learning rate: the next step's sampling will say so
+                        print(f"warning: NaN/Inf LoRA weights at iter {it}: no checkpoint written")
+        except KeyboardInterrupt:
+            raise self.interrupted() from None
+        finally:
+            for f in (log_f, roll_f):
+                if f is not None:
+                    f.close()
+        print(f"done: {self.iter_num} GRPO steps in {self.elapsed_before + time.time() - self.t_start:.0f}s; "
+              f"run directory {out}")
+
+    def interrupted(self):
+        """Ctrl-C: one line saying where the run stopped and how to resume it."""
+        out = self.out
+        if self.last_ckpt is None:  # a new run stopped before ckpt.pt: what it began (ckpt_000000.pt?) is
             for f in (f for pattern in RUN_FILES for f in glob.glob(os.path.join(out, pattern))):
-                os.remove(f)   # so that the same command can start it again
-        where = (f"last checkpoint {os.path.join(out, 'ckpt.pt')} (iter {last_ckpt}); resume with: python "
-                 f"train_grpo.py --out_dir={shlex.quote(out)} --init_from=resume") if last_ckpt is not None else \
-            "no checkpoint written yet: run the same command again to start over"
-        raise Interrupted(f"train_grpo.py stopped at iter {iter_num} of {cfg['max_iters']}; {where}") from None
-    finally:
-        for f in (log_f, roll_f):
-            if f is not None:
-                f.close()
-    total = elapsed_before + time.time() - t_start
-    print(f"done: {iter_num} GRPO steps in {total:.0f}s; run directory {out}")
-    return cfg
+                os.remove(f)        # removed, so that the same command can start it again
+            where = "no checkpoint written yet: run the same command again to start over"
+        else:
+            where = (f"last checkpoint {os.path.join(out, 'ckpt.pt')} (iter {self.last_ckpt}); resume with: "
+                     f"python train_grpo.py --out_dir={shlex.quote(out)} --init_from=resume")
+        return Interrupted(f"train_grpo.py stopped at iter {self.iter_num} of {self.cfg['max_iters']}; {where}")
 
 
 def print_step(log, cfg, lr):

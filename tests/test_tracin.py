@@ -35,6 +35,7 @@ import pytest
 import torch
 from torch.func import functional_call, grad, jacrev, vmap
 
+import ghost
 import tracin
 from configurator import UserError
 from lora import apply_lora, disable_lora, load_lora_state_dict, lora_parameters, lora_state_dict
@@ -103,7 +104,7 @@ def capture(m, hooks, split, data, adv, beta=0.0, ref=None):
 
 
 def capture_both(m, train, val, train_adv=TRAIN_ADV, val_adv=VAL_ADV):
-    with tracin.install_ghost_hooks(m) as hooks:
+    with ghost.install_ghost_hooks(m) as hooks:
         tr = capture(m, hooks, "train", train, train_adv)
         va = capture(m, hooks, "val", val, val_adv)
     m.zero_grad(set_to_none=True)
@@ -135,8 +136,8 @@ def func_per_sample_grads(m, data, adv, beta=0.0, ref=None):
 def materialised(captured):
     out = {}
     for layer, (x, gA, h, gB) in captured.items():
-        out[f"{layer}.lora_A.weight"] = tracin.per_sample_grad(x, gA)
-        out[f"{layer}.lora_B.weight"] = tracin.per_sample_grad(h, gB)
+        out[f"{layer}.lora_A.weight"] = ghost.per_sample_grad(x, gA)
+        out[f"{layer}.lora_B.weight"] = ghost.per_sample_grad(h, gB)
     return out
 
 
@@ -175,7 +176,7 @@ def test_hooks_match_torch_func(world, beta):
     m, train, _ = world
     N = train[0].size(0)
     ref = ref_logps(m, train) if beta else None
-    with tracin.install_ghost_hooks(m) as hooks:
+    with ghost.install_ghost_hooks(m) as hooks:
         got = materialised(capture(m, hooks, "train", train, TRAIN_ADV, beta, ref))
         assert all(v[0].size(0) == N for v in hooks._train_xs.values())
     want = func_per_sample_grads(m, train, TRAIN_ADV, beta, ref)
@@ -191,7 +192,7 @@ def test_hooks_match_torch_func(world, beta):
 def test_val_split_buffers_with_beta(world):
     m, train, val = world
     ref = ref_logps(m, train)
-    with tracin.install_ghost_hooks(m) as hooks:
+    with ghost.install_ghost_hooks(m) as hooks:
         tr = capture(m, hooks, "train", train, TRAIN_ADV, beta=0.1, ref=ref)
         before = [{k: [t.clone() for t in v] for k, v in d.items()} for d in hooks.buffers("train")]
         assert not any(hooks.buffers("val"))  # nothing in val yet
@@ -214,22 +215,22 @@ def test_ghost_equals_materialised_and_bruteforce(world, monkeypatch):
     m, train, val = world
     tr, va = capture_both(m, train, val)
     calls = []
-    real = tracin.ghost_inner_products
-    monkeypatch.setattr(tracin, "ghost_inner_products", lambda *a, **k: calls.append(1) or real(*a, **k))
-    ghost = tracin.compute_ghost_inner_product_matrix(tr, va, method="ghost")
+    real = ghost.ghost_inner_products
+    monkeypatch.setattr(ghost, "ghost_inner_products", lambda *a, **k: calls.append(1) or real(*a, **k))
+    ghosted = ghost.compute_ghost_inner_product_matrix(tr, va, method="ghost")
     assert len(calls) == 2 * LAYERS
     calls.clear()
-    mat = tracin.compute_ghost_inner_product_matrix(tr, va, method="materialise")
+    mat = ghost.compute_ghost_inner_product_matrix(tr, va, method="materialise")
     assert not calls  # 'materialise' never calls the ghost kernel
-    auto = tracin.compute_ghost_inner_product_matrix(tr, va, method="auto")
+    auto = ghost.compute_ghost_inner_product_matrix(tr, va, method="auto")
     assert 0 < len(calls) < 2 * LAYERS  # at these sizes 'auto' mixes both paths
     brute = flat(func_per_sample_grads(m, train, TRAIN_ADV)) @ flat(func_per_sample_grads(m, val, VAL_ADV)).T
-    assert ghost.shape == (train[0].size(0), val[0].size(0)) and ghost.dtype == torch.float32
+    assert ghosted.shape == (train[0].size(0), val[0].size(0)) and ghosted.dtype == torch.float32
     scale = brute.abs().max().item()
     assert scale > 0
-    assert torch.allclose(ghost, mat, rtol=1e-5, atol=1e-6 * scale)
+    assert torch.allclose(ghosted, mat, rtol=1e-5, atol=1e-6 * scale)
     assert torch.allclose(auto, mat, rtol=1e-5, atol=1e-6 * scale)
-    for x in (ghost, mat, auto):
+    for x in (ghosted, mat, auto):
         assert torch.allclose(x, brute, rtol=1e-5, atol=1e-5 * scale)
 
 
@@ -237,7 +238,7 @@ def test_influence_sums_validation_gradients(world):
     m, train, val = world
     tr, va = capture_both(m, train, val)
     assert val[0].size(0) >= 3
-    influence = tracin.compute_ghost_inner_product_matrix(tr, va).sum(1)
+    influence = ghost.compute_ghost_inner_product_matrix(tr, va).sum(1)
     g_tr = flat(func_per_sample_grads(m, train, TRAIN_ADV))
     g_va = flat(func_per_sample_grads(m, val, VAL_ADV))
     want = g_tr @ g_va.sum(0)
@@ -246,8 +247,8 @@ def test_influence_sums_validation_gradients(world):
     wrong = 0  # a tempting shortcut: sum the validation activations and output gradients first; sum_j g_j^T x_j is not that
     for layer, (x, gA, h, gB) in tr.items():
         vx, vgA, vh, vgB = va[layer]
-        wrong = wrong + tracin.ghost_inner_products(x, gA, vx.sum(0, keepdim=True), vgA.sum(0, keepdim=True))[:, 0]
-        wrong = wrong + tracin.ghost_inner_products(h, gB, vh.sum(0, keepdim=True), vgB.sum(0, keepdim=True))[:, 0]
+        wrong = wrong + ghost.ghost_inner_products(x, gA, vx.sum(0, keepdim=True), vgA.sum(0, keepdim=True))[:, 0]
+        wrong = wrong + ghost.ghost_inner_products(h, gB, vh.sum(0, keepdim=True), vgB.sum(0, keepdim=True))[:, 0]
     assert (wrong - want).abs().max() > 0.1 * scale
 
 
@@ -257,9 +258,9 @@ def test_subset_gradients_equal_backward_on_subset(world):
     keep = torch.tensor([True, False, True, True, False, False])  # rows with and without padding
     assert train[1][keep].unique().numel() > 1 and (train[2][keep] == 0).any()
     opt = torch.optim.AdamW(lora_parameters(m), lr=0.1)
-    with tracin.install_ghost_hooks(m) as hooks, tracin.ghost_mode(opt):
+    with ghost.install_ghost_hooks(m) as hooks, ghost.ghost_mode(opt):
         captured = capture(m, hooks, "train", train, TRAIN_ADV)
-    tracin.subset_gradients(m, captured, keep)
+    ghost.subset_gradients(m, captured, keep)
     got = {n: p.grad.clone() for n, p in m.named_parameters() if ".lora_" in n}
     # second path: zero grads, forward the kept rows only, backward; num_seqs = full N
     m.zero_grad(set_to_none=True)
@@ -273,7 +274,7 @@ def test_subset_gradients_equal_backward_on_subset(world):
         assert want[n].abs().max() > 0
         assert torch.allclose(got[n], want[n], rtol=1e-5, atol=1e-5 * want[n].abs().max().item()), n
     assert any(not torch.allclose(want[n], full[n], rtol=1e-3) for n in want)  # the subset matters
-    tracin.subset_gradients(m, captured, torch.ones(N, dtype=torch.bool))  # all kept: the full gradient
+    ghost.subset_gradients(m, captured, torch.ones(N, dtype=torch.bool))  # all kept: the full gradient
     for n, p in m.named_parameters():
         if ".lora_" in n:
             assert torch.allclose(p.grad, full[n], rtol=1e-5, atol=1e-5 * full[n].abs().max().item()), n
@@ -289,9 +290,9 @@ def test_ghost_mode_blocks_updates_and_restores_grads(world):
         p.grad = torch.randn_like(p) if i % 2 == 0 else None
     saved = [p.grad for p in params]
     snap = [None if g is None else g.clone() for g in saved]
-    with tracin.ghost_mode(opt):
+    with ghost.ghost_mode(opt):
         assert all(p.grad is None for p in params)  # capture starts from clean .grad
-        with tracin.install_ghost_hooks(m) as hooks:
+        with ghost.install_ghost_hooks(m) as hooks:
             capture(m, hooks, "train", train, TRAIN_ADV)
         assert all(p.grad is not None and p.grad.abs().max() > 0 for p in params)
         with pytest.raises(RuntimeError, match="ghost_mode"):
@@ -312,7 +313,7 @@ def test_ghost_mode_restores_on_exception(world):
     for p in params:
         p.grad = torch.full_like(p, 2.0)
     with pytest.raises(KeyError):
-        with tracin.ghost_mode(opt):
+        with ghost.ghost_mode(opt):
             batch_loss(m, train, TRAIN_ADV).backward()
             raise KeyError("boom")
     assert all(torch.equal(p.grad, torch.full_like(p, 2.0)) for p in params)
@@ -328,7 +329,7 @@ def test_hooks_removed_leave_model_unchanged(world):
     assert len(loras) == 2 * LAYERS and all(not mod._forward_hooks for mod in loras)
     with torch.no_grad():
         out0, _ = m(idx, pad_left=pl, keep_last=mask.size(1))
-    with tracin.install_ghost_hooks(m) as hooks:
+    with ghost.install_ghost_hooks(m) as hooks:
         assert all(len(mod._forward_hooks) == 1 for mod in loras)
         with torch.no_grad():
             assert torch.equal(m(idx, pad_left=pl, keep_last=mask.size(1))[0], out0)
@@ -350,7 +351,7 @@ def test_hooks_removed_leave_model_unchanged(world):
 
 def test_backward_after_exit_does_not_fill_old_buffers(world):
     m, train, _ = world
-    with tracin.install_ghost_hooks(m) as hooks:
+    with ghost.install_ghost_hooks(m) as hooks:
         loss = batch_loss(m, train, TRAIN_ADV)  # forward inside ...
     loss.backward()                             # ... backward after removal
     assert not hooks._train_gAs and not hooks._train_gBs
@@ -367,7 +368,7 @@ def test_zero_advantage_zero_gradient_and_influence(world):
     for layer, (x, gA, h, gB) in tr.items():
         assert torch.all(gA[adv == 0] == 0) and torch.all(gB[adv == 0] == 0)
     for method in ("ghost", "materialise", "auto"):
-        infl = tracin.compute_ghost_inner_product_matrix(tr, va, method=method).sum(1)
+        infl = ghost.compute_ghost_inner_product_matrix(tr, va, method=method).sum(1)
         assert torch.all(infl[adv == 0] == 0) and torch.all(infl[adv != 0] != 0), method
     assert not tracin.select_rollouts(infl)[adv == 0].any()
 
@@ -394,26 +395,26 @@ def test_layer_filter_restricts_matrix(world):
     tr, va = capture_both(m, train, val)
     g_tr = func_per_sample_grads(m, train, TRAIN_ADV)
     g_va = func_per_sample_grads(m, val, VAL_ADV)
-    full = tracin.compute_ghost_inner_product_matrix(tr, va)
+    full = ghost.compute_ghost_inner_product_matrix(tr, va)
     for filt, n_layers in (("h.1.mlp", 2), ("attn", 4), ("c_fc", 2)):
         layers = [k for k in tr if filt in k]
         assert len(layers) == n_layers
-        got = tracin.compute_ghost_inner_product_matrix(tr, va, layer_filter=filt)
-        separate = sum(tracin.compute_ghost_inner_product_matrix({k: tr[k]}, {k: va[k]}) for k in layers)
+        got = ghost.compute_ghost_inner_product_matrix(tr, va, layer_filter=filt)
+        separate = sum(ghost.compute_ghost_inner_product_matrix({k: tr[k]}, {k: va[k]}) for k in layers)
         brute = flat(g_tr, lambda n: filt in n) @ flat(g_va, lambda n: filt in n).T
         scale = brute.abs().max().item()
         assert torch.allclose(got, separate, rtol=1e-5, atol=1e-6 * scale), filt
         assert torch.allclose(got, brute, rtol=1e-5, atol=1e-5 * scale), filt
         assert not torch.allclose(got, full, rtol=1e-3), filt
     with pytest.raises(UserError, match="layer_filter"):
-        tracin.compute_ghost_inner_product_matrix(tr, va, layer_filter="nothing")
+        ghost.compute_ghost_inner_product_matrix(tr, va, layer_filter="nothing")
 
 
 @pytest.mark.parametrize("where", ["train_gA", "val_gB", "train_x"])
 def test_nan_in_captured_gradient_raises(world, where):
     m, train, val = world
     tr, va = capture_both(m, train, val)
-    assert torch.isfinite(tracin.compute_ghost_inner_product_matrix(tr, va)).all()
+    assert torch.isfinite(ghost.compute_ghost_inner_product_matrix(tr, va)).all()
     side, part = where.split("_")
     d = tr if side == "train" else va
     name = sorted(d)[3]
@@ -422,19 +423,19 @@ def test_nan_in_captured_gradient_raises(world, where):
     d[name] = (x, gA, h, gB)
     for method in ("ghost", "materialise", "auto"):
         with pytest.raises(FloatingPointError):
-            tracin.compute_ghost_inner_product_matrix(tr, va, method=method)
+            ghost.compute_ghost_inner_product_matrix(tr, va, method=method)
 
 
 def test_hooks_need_lora():
     plain = GPT(GPTConfig(block_size=16, vocab_size=10, n_layer=1, n_head=1, n_embd=8))
     with pytest.raises(UserError, match="LoRA"):
-        tracin.GhostHooks(plain)
+        ghost.GhostHooks(plain)
     with pytest.raises(UserError, match="LoRA"):
-        with tracin.install_ghost_hooks(plain):
+        with ghost.install_ghost_hooks(plain):
             pass
     apply_lora(plain, r=2, alpha=4, dropout=0.1)  # dropout in training mode: x is not what A saw
     with pytest.raises(UserError, match="dropout"):
-        tracin.GhostHooks(plain.train())
+        ghost.GhostHooks(plain.train())
 
 
 # ---------------------------------------------------------------------------- post-hoc TracIn
@@ -530,7 +531,7 @@ def test_posthoc_memory_efficient_loads_each_checkpoint_once(world, tmp_path, mo
     import model
     loads = []
     real = model.load_checkpoint
-    monkeypatch.setattr(model, "load_checkpoint", lambda p, *a, **k: loads.append(p) or real(p, *a, **k))
+    monkeypatch.setattr(tracin, "load_checkpoint", lambda p, *a, **k: loads.append(p) or real(p, *a, **k))
     res = tracin.find_critical_samples(m, paths, train, test, ByteEnc(), mode="memory_efficient", micro_batch=2)
     assert sorted(loads) == sorted(paths)  # each exactly once, even with several train chunks
     assert [e["checkpoint_contributions"][0] for e in res["scores"]] != [0.0] * len(train)
@@ -546,14 +547,14 @@ def test_bf16_autocast_influence_and_update_close_to_float32(world):
     with torch.autocast("cpu", dtype=torch.bfloat16):
         tr16, va16 = capture_both(m, train, val)
     assert any(v[0].dtype == torch.bfloat16 for v in tr16.values())  # autocast really ran in bf16
-    inf32 = tracin.compute_ghost_inner_product_matrix(tr32, va32).sum(1)
-    inf16 = tracin.compute_ghost_inner_product_matrix(tr16, va16).sum(1)
+    inf32 = ghost.compute_ghost_inner_product_matrix(tr32, va32).sum(1)
+    inf16 = ghost.compute_ghost_inner_product_matrix(tr16, va16).sum(1)
     assert inf16.dtype == torch.float32
     assert (inf16 - inf32).abs().max() <= 0.05 * inf32.abs().max()
     keep = torch.tensor([True, False, True, True, False, True])
     grads = {}
     for name, cap in (("f32", tr32), ("bf16", tr16)):
-        tracin.subset_gradients(m, cap, keep)
+        ghost.subset_gradients(m, cap, keep)
         grads[name] = [p.grad.clone() for p in lora_parameters(m)]
         m.zero_grad(set_to_none=True)
     for a, b in zip(grads["f32"], grads["bf16"]):
@@ -577,9 +578,9 @@ def test_posthoc_n_probe_spreads_over_the_run(world, tmp_path):
 def test_unknown_method_raises():
     x, g = torch.randn(2, 3, 4), torch.randn(2, 3, 5)
     with pytest.raises(UserError, match="'auto', 'ghost' or 'materialise', got 'ghosts'"):
-        tracin.linear_inner_products(x, g, x, g, method="ghosts")
+        ghost.linear_inner_products(x, g, x, g, method="ghosts")
     with pytest.raises(UserError, match="'auto', 'ghost' or 'materialise', got 'materialize'"):
-        tracin.compute_ghost_inner_product_matrix({"l": (x, g, x, g)}, {"l": (x, g, x, g)}, method="materialize")
+        ghost.compute_ghost_inner_product_matrix({"l": (x, g, x, g)}, {"l": (x, g, x, g)}, method="materialize")
 
 
 def test_posthoc_unknown_mode_or_gradient_method_raises_before_work(world, tmp_path, monkeypatch):

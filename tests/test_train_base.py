@@ -79,16 +79,15 @@ def test_evaluate_scores_answers(tiny_task):
     assert set(r) == {"accuracy", "pass@2"}
     assert 0 <= r["accuracy"] <= 1 and 0 <= r["pass@2"] <= 1
     # a "model" whose greedy output is the right solution: monkeypatch generate through decode
-    import sample
     texts = [e["solution"] for e in ex]
-    orig = sample.decode_completions
+    orig = tb.decode_completions
     try:
-        sample.decode_completions = lambda enc_, idx, mask: texts[:idx.size(0)]
+        tb.decode_completions = lambda enc_, idx, mask: texts[:idx.size(0)]
         assert tb.evaluate(m, enc, ex, 8)["accuracy"] == 1.0
         bad = [{**e, "answer": e["answer"] + 1} for e in ex]
         assert tb.evaluate(m, enc, bad, 8)["accuracy"] == 0.0
     finally:
-        sample.decode_completions = orig
+        tb.decode_completions = orig
 
 
 def test_bad_init_from(tiny_task, tmp_path, monkeypatch):

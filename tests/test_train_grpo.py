@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 import grpo
+import tracin
 import train_grpo as tg
 from configurator import UserError
 from data.gsm_synth.prepare import load_tokenizer, load_split, prompt_text
@@ -26,7 +27,7 @@ pytestmark = pytest.mark.usefixtures("chars_reward")
 # ---------------------------------------------------------------------------- advantages
 def test_group_advantages_match_formula():
     r = torch.tensor([1.0, 0.0, 0.0, 1.0, 0.5, 0.5, 0.5, 0.5, 0.2, 0.9, 0.1, 0.4])
-    adv, n_zero = tg.compute_group_advantages(r, 4, "group")
+    adv, n_zero = grpo.compute_group_advantages(r, 4, "group")
     for g in range(3):
         xs = r[4 * g:4 * g + 4].tolist()
         m = sum(xs) / 4
@@ -41,19 +42,19 @@ def test_group_advantages_match_formula():
 def test_group_advantages_batch_and_none():
     r = torch.tensor([1.0, 0.0, 3.0, 3.0, 2.0, 6.0])
     centered = torch.tensor([0.5, -0.5, 0.0, 0.0, -2.0, 2.0])
-    adv, n_zero = tg.compute_group_advantages(r, 2, "none")
+    adv, n_zero = grpo.compute_group_advantages(r, 2, "none")
     assert torch.allclose(adv, centered) and n_zero == 1
-    adv, _ = tg.compute_group_advantages(r, 2, "batch")
+    adv, _ = grpo.compute_group_advantages(r, 2, "batch")
     assert torch.allclose(adv, centered / r.std())
 
 
 def test_group_advantages_errors():
     with pytest.raises(UserError, match="group_size"):
-        tg.compute_group_advantages(torch.zeros(4), 1)
+        grpo.compute_group_advantages(torch.zeros(4), 1)
     with pytest.raises(UserError, match="groups of 3"):
-        tg.compute_group_advantages(torch.zeros(4), 3)
+        grpo.compute_group_advantages(torch.zeros(4), 3)
     with pytest.raises(UserError, match="scale_rewards"):
-        tg.compute_group_advantages(torch.zeros(4), 2, "nope")
+        grpo.compute_group_advantages(torch.zeros(4), 2, "nope")
 
 
 # ---------------------------------------------------------------------------- loss
@@ -91,7 +92,7 @@ def test_grpo_loss_matches_hand_formula(loss_type, beta):
     ref = torch.randn(n, T).double()
     adv = torch.tensor([1.0, -1.0, 0.5, -2.0]).double()
     mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0], [1, 1, 1, 1, 0], [1, 0, 0, 0, 0]])
-    loss, st = tg.grpo_loss(logp, old, ref if beta else None, adv, mask, beta, 0.2, 0.2, loss_type, max_len=8)
+    loss, st = grpo.grpo_loss(logp, old, ref if beta else None, adv, mask, beta, 0.2, 0.2, loss_type, max_len=8)
     L, O, R, A, M = logp.tolist(), old.tolist(), ref.tolist(), adv.tolist(), mask.tolist()
     want = hand_loss(L, O, R, A, M, beta, 0.2, 0.2, loss_type, 8)
     assert loss.item() == pytest.approx(want, rel=1e-9)
@@ -116,16 +117,16 @@ def test_micro_batches_add_up(loss_type):
     logp, ref = torch.randn(6, 7), torch.randn(6, 7)
     adv = torch.randn(6)
     mask = (torch.rand(6, 7) > 0.3).long()
-    full, _ = tg.grpo_loss(logp, logp, ref, adv, mask, 0.04, loss_type=loss_type, max_len=7)
+    full, _ = grpo.grpo_loss(logp, logp, ref, adv, mask, 0.04, loss_type=loss_type, max_len=7)
     norm = dict(num_seqs=6, num_tokens=mask.sum().item(), max_len=7)
-    parts = sum(tg.grpo_loss(logp[s], logp[s], ref[s], adv[s], mask[s], 0.04, loss_type=loss_type, **norm)[0]
+    parts = sum(grpo.grpo_loss(logp[s], logp[s], ref[s], adv[s], mask[s], 0.04, loss_type=loss_type, **norm)[0]
                 for s in (slice(0, 2), slice(2, 6)))
     assert parts.item() == pytest.approx(full.item(), rel=1e-6)
 
 
 def test_bad_loss_type():
     with pytest.raises(UserError, match="loss_type"):
-        tg.grpo_loss(torch.zeros(1, 2), torch.zeros(1, 2), None, torch.zeros(1), torch.ones(1, 2), 0.0, loss_type="x")
+        grpo.grpo_loss(torch.zeros(1, 2), torch.zeros(1, 2), None, torch.zeros(1), torch.ones(1, 2), 0.0, loss_type="x")
 
 
 # ---------------------------------------------------------------------------- log-probs
@@ -200,7 +201,7 @@ def test_completion_logprobs_temperature(lora_gpt):
     m, _ = lora_gpt
     idx, pl, mask = rollouts(m)
     T = mask.size(1)
-    got, _ = tg.completion_logprobs(m, idx, pl, T, 0.5)
+    got, _ = grpo.completion_logprobs(m, idx, pl, T, 0.5)
     assert torch.allclose(got, reference_logprobs(m, idx, pl, T, 0.5), atol=1e-5)
 
 
@@ -209,10 +210,10 @@ def test_reference_logprobs_equal_base_model(lora_gpt):
     idx, pl, mask = rollouts(m)
     T = mask.size(1)
     with torch.no_grad(), disable_lora(m):
-        ref, _ = tg.completion_logprobs(m, idx, pl, T, 1.0)
+        ref, _ = grpo.completion_logprobs(m, idx, pl, T, 1.0)
     with torch.no_grad():
-        want, _ = tg.completion_logprobs(base, idx, pl, T, 1.0)
-        pol, _ = tg.completion_logprobs(m, idx, pl, T, 1.0)
+        want, _ = grpo.completion_logprobs(base, idx, pl, T, 1.0)
+        pol, _ = grpo.completion_logprobs(m, idx, pl, T, 1.0)
     assert torch.equal(ref, want)
     assert not torch.allclose(pol, want)  # the adapter is active outside the context
 
@@ -224,8 +225,8 @@ def test_beta0_gradient_is_reinforce(lora_gpt, loss_type):
     N, T = mask.shape
     adv = torch.randn(N)
     params = lora_parameters(m)
-    logp, _ = tg.completion_logprobs(m, idx, pl, T, 1.0)
-    loss, _ = tg.grpo_loss(logp, logp.detach(), None, adv, mask, 0.0, loss_type=loss_type, max_len=T)
+    logp, _ = grpo.completion_logprobs(m, idx, pl, T, 1.0)
+    loss, _ = grpo.grpo_loss(logp, logp.detach(), None, adv, mask, 0.0, loss_type=loss_type, max_len=T)
     g = torch.autograd.grad(loss, params)
     lp = reference_logprobs(m, idx, pl, T) * mask
     if loss_type == "grpo":  # -(1/N) sum_i A_i (1/|o_i|) sum_t log pi
@@ -298,12 +299,12 @@ def test_resume_on_another_device_type_reseeds(tiny_setup, tmp_path, capsys):
 
 
 def test_nan_loss_skips_step(tiny_setup, tmp_path, monkeypatch):
-    real = tg.grpo_loss
+    real = grpo.grpo_loss
 
     def nan_loss(*a, **k):
         loss, st = real(*a, **k)
         return loss * float("nan"), st
-    monkeypatch.setattr(tg, "grpo_loss", nan_loss)
+    monkeypatch.setattr(grpo, "grpo_loss", nan_loss)
     out = tmp_path / "nan"
     run(tiny_setup, out, "--max_iters=1")
     ck0, ck1 = load_checkpoint(str(out / "ckpt_000000.pt")), load_checkpoint(str(out / "ckpt_000001.pt"))
@@ -358,8 +359,8 @@ def test_reference_solutions_gradient_is_mean_nll(tiny_setup):
     ex = val[:3]
     assert len({len(e["question"]) for e in ex}) > 1  # prompts of different lengths: padding is exercised
     cfg = {**tg.defaults, "micro_batch_size": 2, "max_new_tokens": 40}
-    R = tg.reference_solutions(enc, ex, "cpu")
-    tg.policy_backward(m, R, cfg, contextlib.nullcontext(), {}, 0.0)
+    R = tracin.reference_solutions(enc, ex, "cpu")
+    grpo.policy_backward(m, R, cfg, contextlib.nullcontext(), {}, 0.0)
     params = lora_parameters(m)
     g = [p.grad.clone() for p in params]
     m.zero_grad(set_to_none=True)
@@ -389,7 +390,7 @@ def test_train_and_val_sampled_in_one_call(tiny_setup):
     assert torch.equal(torch.cat([R["idx"], V["idx"]]), W["idx"]) and torch.equal(torch.cat([R["mask"], V["mask"]]), W["mask"])
     assert torch.equal(torch.cat([R["rewards"], V["rewards"]]), W["rewards"])
     for P in (R, V):
-        adv, _ = tg.compute_group_advantages(P["rewards"], 4, "batch")
+        adv, _ = grpo.compute_group_advantages(P["rewards"], 4, "batch")
         assert torch.equal(P["advantages"], adv)
     assert not torch.equal(torch.cat([R["advantages"], V["advantages"]]), W["advantages"])
 

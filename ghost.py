@@ -1,0 +1,192 @@
+"""
+Per-sample LoRA gradients from ONE batched backward, with hooks ("ghost" gradients; Li et al. 2021),
+and their inner products: the machinery TracIn (tracin.py) is built on.
+
+For a linear map y_t = W x_t applied at every position t of a sample, with output gradient
+g_t = dL/dy_t, the sample's weight gradient is  G = sum_t g_t x_t^T.  For LoRA (lora.py):
+
+    h = A x          ->  dL/dA = sum_t gA_t x_t^T,   gA = dL/dh          (r x d_in)
+    u = B h          ->  dL/dB = sum_t gB_t h_t^T,   gB = dL/du          (d_out x r)
+    out = W x + s u      (the hook on u sees dL/du = s dL/dout: the scaling is already in gB)
+
+So a forward hook that keeps x and h, and tensor hooks that keep gA and gB, give every
+sample's LoRA gradient from ONE ordinary batched backward. Two samples' gradient inner
+product needs no materialised gradient at all (the "ghost" form):
+
+    <G, G'> = sum_{t,s} (g_t . g'_s) (x_t . x'_s)          cost O(T^2 (d + p)) per pair
+    or, materialised,  G = g^T x  then a dot product       cost O(T d p) per sample
+and ghost wins when 2 T^2 < d p (private-transformers' rule).
+
+Gradients are exact over ALL positions of a sample, prompt included: LoRA acts on prompt
+tokens too, and their hidden states reach the completion's log-probs through attention.
+Padding positions get exactly zero gradient (no real token attends to them), so they add 0.
+"""
+from contextlib import contextmanager
+
+import torch
+
+from configurator import UserError
+from lora import LoRALinear
+
+
+class GhostHooks:
+    """Forward/backward hooks on every lora_A / lora_B. Buffers (dicts: layer name -> list of
+    per-micro-batch tensors, rows = samples):
+        train: _train_xs, _train_hs, _train_gAs, _train_gBs      validation: _xs, _hs, _gAs, _gBs
+    Set `.split` to 'train' or 'val' before each capture; `.remove()` detaches every hook."""
+
+    def __init__(self, model):
+        self._train_xs, self._train_hs, self._train_gAs, self._train_gBs = {}, {}, {}, {}
+        self._xs, self._hs, self._gAs, self._gBs = {}, {}, {}, {}
+        self.split = "train"
+        self.handles = []
+        self.names = []
+        for name, m in model.named_modules():
+            if isinstance(m, LoRALinear):
+                if m.lora_dropout.p > 0 and m.training:
+                    raise UserError("ghost hooks need lora_dropout=0 (a dropped x is not the x the gradient used)")
+                self.names.append(name)
+                self.handles.append(m.lora_A.register_forward_hook(self._hook_A(name)))
+                self.handles.append(m.lora_B.register_forward_hook(self._hook_B(name)))
+        if not self.names:
+            raise UserError("no LoRA layers to hook: call lora.apply_lora(model, ...) first")
+
+    def buffers(self, split=None):
+        """(xs, hs, gAs, gBs) dicts of the given split."""
+        if (split or self.split) == "train":
+            return self._train_xs, self._train_hs, self._train_gAs, self._train_gBs
+        return self._xs, self._hs, self._gAs, self._gBs
+
+    def _hook_A(self, name):
+        def hook(module, inputs, h):
+            if not (torch.is_grad_enabled() and h.requires_grad):
+                return  # sampling / reference passes: nothing to capture
+            xs, hs, gAs, _ = self.buffers()
+            xs.setdefault(name, []).append(inputs[0].detach())       # x  (n, T, d_in)
+            hs.setdefault(name, []).append(h.detach())               # h = A x  (n, T, r)
+            h.register_hook(self._keep(gAs, name))                   # gA = dL/dh
+        return hook
+
+    def _hook_B(self, name):
+        def hook(module, inputs, u):
+            if torch.is_grad_enabled() and u.requires_grad:
+                _, _, _, gBs = self.buffers()
+                u.register_hook(self._keep(gBs, name))               # gB = dL/d(B h)
+        return hook
+
+    def _keep(self, store, name):
+        # a tensor hook lives as long as its graph: after remove() a late backward must not refill buffers
+        def keep(g):
+            if self.handles:
+                store.setdefault(name, []).append(g.detach())
+        return keep
+
+    def collect(self, split):
+        """{layer: (x, gA, h, gB)} with micro-batches concatenated along the sample axis."""
+        xs, hs, gAs, gBs = self.buffers(split)
+        if not xs:
+            raise RuntimeError(f"nothing captured for split {split!r}: run a forward+backward first")
+        # backward visits micro-batches in the order their forwards ran, so list positions pair up
+        cat = lambda ts: ts[0] if len(ts) == 1 else torch.cat(ts)  # one micro-batch: no copy
+        return {n: (cat(xs[n]), cat(gAs[n]), cat(hs[n]), cat(gBs[n])) for n in xs}
+
+    def clear(self, split=None):
+        for d in self.buffers(split):
+            d.clear()
+
+    def remove(self):
+        for h in self.handles:
+            h.remove()
+        self.handles = []
+        self.clear("train")
+        self.clear("val")
+
+
+@contextmanager
+def install_ghost_hooks(model):
+    hooks = GhostHooks(model)
+    try:
+        yield hooks
+    finally:
+        hooks.remove()  # the model behaves exactly as before
+
+
+@contextmanager
+def ghost_mode(optimizer):
+    """Gradient capture without a weight update: optimizer.step() raises inside, and the .grad
+    that existed before (e.g. accumulated micro-batches) is put back afterwards, so capture
+    neither updates weights nor disturbs accumulation."""
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    saved = [p.grad for p in params]
+    for p in params:
+        p.grad = None
+    step = optimizer.step
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError("optimizer.step() called inside ghost_mode: capture must not update weights")
+    optimizer.step = refuse
+    try:
+        yield
+    finally:
+        optimizer.step = step
+        for p, g in zip(params, saved):
+            p.grad = g  # capture's gradients are dropped; what was there before comes back
+
+
+# ---------------------------------------------------------------------------------------------
+# inner products
+
+def per_sample_grad(x, g):
+    """Materialised per-sample gradient of a linear map: sum_t g_t x_t^T.  (n, T, d), (n, T, p) -> (n, p, d)"""
+    return torch.einsum("ntp,ntd->npd", g.float(), x.float())
+
+
+def ghost_inner_products(x1, g1, x2, g2, chunk=16):
+    """<G1_i, G2_j> = sum_{t,s} (g1_it . g2_js)(x1_it . x2_js) without forming G. -> (n1, n2)"""
+    x2, g2 = x2.float(), g2.float()
+    out = []
+    for i in range(0, x1.size(0), chunk):  # chunks bound the (c, n2, T, T) intermediate
+        gg = torch.einsum("itp,jsp->ijts", g1[i:i + chunk].float(), g2)
+        xx = torch.einsum("itd,jsd->ijts", x1[i:i + chunk].float(), x2)
+        out.append((gg * xx).sum(dim=(2, 3)))
+        del gg, xx  # (c, n2, T, T) each
+    return torch.cat(out)
+
+
+def linear_inner_products(x1, g1, x2, g2, method="auto"):
+    """(n1, n2) gradient inner products of one linear map, ghost or materialised by cost."""
+    if method not in ("auto", "ghost", "materialise"):
+        raise UserError(f"method must be 'auto', 'ghost' or 'materialise', got {method!r}")
+    T, d, p = max(x1.size(1), x2.size(1)), x1.size(2), g1.size(2)
+    if method == "ghost" or (method == "auto" and 2 * T * T < d * p):
+        return ghost_inner_products(x1, g1, x2, g2)
+    return per_sample_grad(x1, g1).flatten(1) @ per_sample_grad(x2, g2).flatten(1).T
+
+
+def compute_ghost_inner_product_matrix(train, val, method="auto", layer_filter=None):
+    """[n_train, n_val] matrix of <grad L(train_i), grad L(val_j)> over every (filtered) LoRA
+    parameter. train / val: GhostHooks.collect() dicts {layer: (x, gA, h, gB)}. float32."""
+    names = [n for n in train if layer_filter is None or layer_filter in n]
+    if not names:
+        raise UserError(f"layer_filter {layer_filter!r} matches no LoRA layer (layers: {list(train)[:4]} ...)")
+    total = None
+    for n in names:
+        x, gA, h, gB = train[n]
+        vx, vgA, vh, vgB = val[n]
+        ip = linear_inner_products(x, gA, vx, vgA, method) + linear_inner_products(h, gB, vh, vgB, method)
+        total = ip if total is None else total + ip
+    if not torch.isfinite(total).all():
+        raise FloatingPointError("non-finite gradient inner product (NaN/Inf in captured gradients)")
+    return total
+
+
+def subset_gradients(model, captured, weights):
+    """Write sum_i weights_i * grad L(sample_i) into each LoRA parameter's .grad, from the hooks'
+    buffers alone: the update for the selected rollouts needs no extra forward or backward."""
+    w = weights.float()
+    for name, m in model.named_modules():
+        if isinstance(m, LoRALinear):
+            x, gA, h, gB = captured[name]
+            wd = w.to(x.device)
+            m.lora_A.weight.grad = torch.einsum("n,ntr,ntd->rd", wd, gA.float(), x.float()).to(m.lora_A.weight.dtype)
+            m.lora_B.weight.grad = torch.einsum("n,nto,ntr->or", wd, gB.float(), h.float()).to(m.lora_B.weight.dtype)
