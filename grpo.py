@@ -1,9 +1,13 @@
 """
-The GRPO math that training (train_grpo.py) and TracIn (tracin.py) share: group-relative advantages,
-per-token log-probs without a (N, T, V) log-prob tensor, the clipped GRPO loss, passes 2 and 3 with
-their backward (policy_backward), and the batch layout of recorded rollouts.
+The parts of one GRPO step, which train_grpo.grpo_step puts in order and TracIn (tracin.py) reuses:
+  make_rollouts     PASS 1 sampling (no grad, no logits kept), rewards, group-relative advantages
+  policy_backward   PASS 3 reference and PASS 2 policy per micro-batch, the GRPO loss, backward
+  update            clip, AdamW on the LoRA parameters; skipped if anything is NaN/Inf
+and the math under them: compute_group_advantages, selective_log_softmax (no (N, T, V) log-prob
+tensor), completion_logprobs, grpo_loss; rollout_batch lays out recorded rollouts as sampling does.
 Imports flow one way: grpo.py -> ghost.py -> tracin.py -> train_grpo.py.
 """
+import math
 import time
 
 import torch
@@ -11,9 +15,10 @@ from torch.autograd.function import once_differentiable
 
 from configurator import UserError
 from data.gsm_synth.prepare import encode_prompt
-from lora import disable_lora
+from lora import disable_lora, lora_parameters
 from model import sync
-from sample import pad_prompts
+from rewards import compute_rewards
+from sample import decode_completions, generate, pad_prompts
 
 
 def compute_group_advantages(rewards, group_size, scale_rewards="group"):
@@ -177,6 +182,54 @@ def policy_backward(model, batch, cfg, amp, times, beta):
         del logp, ref_logp, entropy, loss  # this micro-batch's graph and log-probs, before the next one
         sync(device); times["policy"] = times.get("policy", 0.0) + time.time() - t0
     return stats
+
+
+def make_rollouts(model, enc, batches, cfg, generator, amp, times):
+    """PASS 1 (sampling, no grad, no logits kept), rewards and group-relative advantages.
+
+    batches: a list of (questions, answers); all are sampled in ONE generate call (TracIn's train and
+    validation prompts share the per-token cost) and scored separately: one rollout dict per batch."""
+    G, t0 = cfg["group_size"], time.time()
+    prompts = [encode_prompt(enc, q) for questions, _ in batches for q in questions]
+    with amp:
+        idx, pad_left, mask = generate(model, prompts, cfg["max_new_tokens"], enc.eot_token, num_samples=G,
+                                       temperature=cfg["temperature"], top_k=cfg["top_k"] or None,
+                                       top_p=cfg["top_p"], generator=generator)
+    sync(cfg["device"]); times["generation"] = times.get("generation", 0.0) + time.time() - t0; t0 = time.time()
+    T = mask.size(1)  # generation stops once every row has ended: T <= max_new_tokens
+    out, start = [], 0
+    for questions, answers in batches:
+        rows = slice(start, start + len(questions) * G)
+        start = rows.stop
+        texts = decode_completions(enc, idx[rows], mask[rows])
+        rewards, per_fn, errors = compute_rewards(texts, [a for a in answers for _ in range(G)],
+                                                  list(cfg["reward_funcs"]), list(cfg["reward_weights"]))
+        rewards = torch.tensor(rewards)
+        advantages, n_zero_std = compute_group_advantages(rewards, G, cfg["scale_rewards"])
+        truncated = (idx[rows, -T:] != enc.eot_token).all(dim=1)  # never emitted end-of-text
+        m = mask[rows] * (~truncated).long()[:, None] if cfg["mask_truncated_completions"] else mask[rows]
+        out.append(dict(idx=idx[rows], pad_left=pad_left[rows], mask=m, rewards=rewards, advantages=advantages,
+                        per_fn=per_fn, errors=errors, n_zero_std=n_zero_std, truncated=truncated))
+    times["reward"] = times.get("reward", 0.0) + time.time() - t0
+    return out
+
+
+def update(model, optimizer, cfg, stats, nothing_kept, times):
+    """7: clip, AdamW on the LoRA parameters; skipped (weights untouched) when a loss or the gradient
+    is not finite, and nothing to do when TracIn kept no rollout. Returns (grad norm, skip reason)."""
+    t0, skip_reason = time.time(), None
+    grad_norm = torch.tensor(0.0) if nothing_kept else \
+        torch.nn.utils.clip_grad_norm_(lora_parameters(model), cfg["grad_clip"])
+    if not (math.isfinite(grad_norm.item()) and all(math.isfinite(v) for v in stats["losses"])):
+        skip_reason = "non-finite loss or gradient"
+        print(f"warning: {skip_reason}; step skipped, weights untouched")
+    elif nothing_kept:
+        print("tracin: no rollout has positive influence; no update this step")
+    else:
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    sync(cfg["device"]); times["optimizer"] = time.time() - t0
+    return grad_norm.item(), skip_reason
 
 
 def rollout_batch(enc, samples, device):

@@ -6,6 +6,7 @@ Run directories (out_dir): one process at a time, nothing half-written, logs tha
     rows = read_jsonl(path)              # a line cut off by a crash is dropped with a warning
     truncate_jsonl(path, max_iter)       # resume: drop lines written after the checkpoint
 """
+import glob
 import json
 import os
 from contextlib import contextmanager
@@ -87,6 +88,21 @@ def run_lock(out_dir):
                 os.rmdir(out_dir)  # a run refused before it wrote anything leaves no empty directory behind
         except OSError:
             pass  # not empty: the run wrote its files there
+
+
+RUN_FILES = ("ckpt.pt", "ckpt_[0-9]*.pt", "log.jsonl", "rollouts.jsonl")  # what a train_grpo.py run writes
+
+
+def run_files(out_dir):
+    return [f for pattern in RUN_FILES for f in glob.glob(os.path.join(out_dir, pattern))]
+
+
+def refuse_existing_run(out_dir):
+    """A new run never writes into a directory that holds another run's files (nor mixes logs with it)."""
+    found = run_files(out_dir)
+    if found:
+        raise UserError(f"{out_dir} already holds a run ({os.path.basename(found[0])}): continue it with "
+                        f"--init_from=resume, or start a new one with another --out_dir (or delete {out_dir})")
 
 
 def read_jsonl(path):

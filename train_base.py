@@ -17,9 +17,10 @@ import time
 import torch
 
 from configurator import (Interrupted, UserError, check, check_choice, check_finite, check_positive, configure,
-                          cli_main)
+                          cli_main, read_config_file)
 from data.gsm_synth.prepare import TEMPLATES, encode_prompt, encode_text, load_split, load_tokenizer, prepare
-from model import GPT, GPTConfig, check_device, load_checkpoint, model_from_checkpoint, save_checkpoint
+from model import (GPT, GPTConfig, base_fingerprint, check_device, load_checkpoint, model_from_checkpoint,
+                   save_checkpoint)
 from rewards import extract_answer
 from rundir import run_lock
 from sample import decode_completions, generate
@@ -69,6 +70,34 @@ def load_task(cfg, verbose=True):
     data_dir = prepare(cfg["task_steps"], cfg["task_max_operand"], cfg["task_ops"], cfg["task_noise"],
                        n_train=cfg["n_train"], verbose=verbose)
     return data_dir, load_tokenizer(data_dir)
+
+
+def ensure_base(base_ckpt, base_config, device, resuming=False):
+    """For train_grpo.py: train the base model with base_config if base_ckpt is missing and is where
+    base_config puts it (a fresh clone). Any other missing base is an error, never a silent long
+    training (a typo'd path), and so is a missing base on resume."""
+    if os.path.exists(base_ckpt):
+        return
+    where = os.path.join(read_config_file(base_config).get("out_dir", defaults["out_dir"]), "ckpt.pt")
+    out_dir = os.path.dirname(base_ckpt) or "."
+    if resuming or os.path.normpath(where) != os.path.normpath(base_ckpt):
+        raise UserError(f"base_ckpt {base_ckpt} not found" + (
+            " (the base this run was trained on: put it back)" if resuming else
+            f"; train it with: python train_base.py {base_config} --out_dir={out_dir}"
+            f" (only {where}, where base_config puts it, is trained automatically)"))
+    print(f"base model not found at {base_ckpt}: training it first with {base_config}")
+    main([base_config, f"--out_dir={out_dir}", f"--device={device}"])
+
+
+def load_frozen_base(base_ckpt, grad_checkpoint=False):
+    """For train_grpo.py: (model, fingerprint of its weights, data_dir, tokenizer, splits). Dropout is
+    off: with it on, GRPO's policy and reference passes would see different random masks."""
+    base = load_checkpoint(base_ckpt)
+    model = model_from_checkpoint(base, base_ckpt, dropout=0.0, grad_checkpoint=grad_checkpoint)
+    data_dir = base["data_dir"]
+    enc = load_tokenizer(data_dir)
+    splits = {s: load_split(data_dir, s) for s in ("train", "val", "test")}
+    return model, base_fingerprint(model.state_dict()), data_dir, enc, splits
 
 
 def get_lr(it, max_iters, learning_rate, min_lr, warmup_iters):

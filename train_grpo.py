@@ -4,20 +4,19 @@ GRPO (Group Relative Policy Optimization, DeepSeekMath arXiv 2402.03300) with Lo
     python train_grpo.py config/tiny_grpo.py       # trains the base model first if it is missing
     python train_grpo.py --out_dir=out/grpo --init_from=resume
 
-One step (grpo_step), in the order it runs:
+One step (grpo_step), in the order it runs; the parts live in grpo.py:
   1. take batch_size prompts, each repeated group_size times
-  2. PASS 1 sampling, no grad: KV-cache generation, token ids only (sample.generate)
-  3. rewards -> grpo.compute_group_advantages: A_i = (r_i - mean_group) / std_group
+  2. PASS 1 sampling, no grad: KV-cache generation, token ids only (make_rollouts -> sample.generate)
+  3. rewards -> compute_group_advantages: A_i = (r_i - mean_group) / std_group (make_rollouts)
   4. PASS 3 reference, no grad: the same model with LoRA disabled (no second copy of the weights);
      it runs before pass 2 so that its activations are gone before the policy's graph is built
-  5. PASS 2 policy, with grad: per-token log-probs of the completion tokens (grpo.completion_logprobs)
-  6. loss (grpo.grpo_loss): clipped surrogate + beta * k3 KL, aggregated per loss_type; backward
-     (4-6 per micro-batch: grpo.policy_backward; with tracin=True, tracin.tracin_backward instead
-     keeps only the gradient of the rollouts that help a validation batch)
-  7. clip the gradient, AdamW on the LoRA parameters only; skip the step if anything is NaN/Inf
+  5. PASS 2 policy, with grad: per-token log-probs of the completion tokens (completion_logprobs)
+  6. loss (grpo_loss): clipped surrogate + beta * k3 KL, aggregated per loss_type; backward
+     (4-6 per micro-batch: policy_backward; with tracin=True, tracin.tracin_backward instead keeps
+     only the gradient of the rollouts that help a validation batch)
+  7. clip the gradient, AdamW on the LoRA parameters only; skip the step if anything is NaN/Inf (update)
 Every large tensor is deleted as soon as it has been used; each `del` says what it frees.
 """
-import glob
 import json
 import math
 import os
@@ -28,18 +27,16 @@ import time
 import torch
 
 from configurator import (Interrupted, UserError, check, check_choice, check_finite, check_positive, cli_main,
-                          configure, read_config_file)
-from data.gsm_synth.prepare import encode_prompt, load_split, load_tokenizer
-from grpo import compute_group_advantages, policy_backward
+                          configure)
+from data.gsm_synth.prepare import encode_prompt
+from grpo import make_rollouts, policy_backward, update
 from lora import apply_lora, lora_parameters, lora_state_dict, load_lora_state_dict
-from model import (base_fingerprint, check_device, check_same_base, load_checkpoint, memory_stats,
-                   model_from_checkpoint, save_checkpoint, sync)
-from rewards import REWARD_FUNCS, compute_rewards
-from rundir import run_lock, truncate_jsonl
-from sample import NonFiniteLogits, generate, decode_completions
+from model import check_device, check_same_base, load_checkpoint, memory_stats, save_checkpoint
+from rewards import REWARD_FUNCS
+from rundir import refuse_existing_run, run_files, run_lock, truncate_jsonl
+from sample import NonFiniteLogits
 from tracin import reference_solutions, tracin_backward
-import train_base
-from train_base import evaluate, get_lr
+from train_base import ensure_base, evaluate, get_lr, load_frozen_base
 
 # -----------------------------------------------------------------------------
 # default config values (override with a config file and/or --key=value)
@@ -104,36 +101,6 @@ defaults = {k: v for k, v in dict(globals()).items()
             if not k.startswith("_") and isinstance(v, (int, float, bool, str, tuple))}
 
 
-def make_rollouts(model, enc, batches, cfg, generator, amp, times):
-    """PASS 1 (sampling, no grad, no logits kept), rewards and group-relative advantages.
-
-    batches: a list of (questions, answers); all are sampled in ONE generate call (TracIn's train and
-    validation prompts share the per-token cost) and scored separately: one rollout dict per batch."""
-    G, t0 = cfg["group_size"], time.time()
-    prompts = [encode_prompt(enc, q) for questions, _ in batches for q in questions]
-    with amp:
-        idx, pad_left, mask = generate(model, prompts, cfg["max_new_tokens"], enc.eot_token, num_samples=G,
-                                       temperature=cfg["temperature"], top_k=cfg["top_k"] or None,
-                                       top_p=cfg["top_p"], generator=generator)
-    sync(cfg["device"]); times["generation"] = times.get("generation", 0.0) + time.time() - t0; t0 = time.time()
-    T = mask.size(1)  # generation stops once every row has ended: T <= max_new_tokens
-    out, start = [], 0
-    for questions, answers in batches:
-        rows = slice(start, start + len(questions) * G)
-        start = rows.stop
-        texts = decode_completions(enc, idx[rows], mask[rows])
-        rewards, per_fn, errors = compute_rewards(texts, [a for a in answers for _ in range(G)],
-                                                  list(cfg["reward_funcs"]), list(cfg["reward_weights"]))
-        rewards = torch.tensor(rewards)
-        advantages, n_zero_std = compute_group_advantages(rewards, G, cfg["scale_rewards"])
-        truncated = (idx[rows, -T:] != enc.eot_token).all(dim=1)  # never emitted end-of-text
-        m = mask[rows] * (~truncated).long()[:, None] if cfg["mask_truncated_completions"] else mask[rows]
-        out.append(dict(idx=idx[rows], pad_left=pad_left[rows], mask=m, rewards=rewards, advantages=advantages,
-                        per_fn=per_fn, errors=errors, n_zero_std=n_zero_std, truncated=truncated))
-    times["reward"] = times.get("reward", 0.0) + time.time() - t0
-    return out
-
-
 def grpo_step(model, optimizer, enc, questions, answers, cfg, generator, amp, val=None):
     """One GRPO step, the numbered steps of the module docstring; returns (log dict, rollout record).
     With cfg['tracin'], `val` = validation examples (question, answer, solution) and only rollouts
@@ -161,24 +128,6 @@ def grpo_step(model, optimizer, enc, questions, answers, cfg, generator, amp, va
         extra["skip_reason"] = skip_reason
     return step_log(rollouts, stats, cfg, grad_norm, skip_reason is not None, extra, times), \
         rollout_record(questions, answers, rollouts, cfg)
-
-
-def update(model, optimizer, cfg, stats, nothing_kept, times):
-    """7: clip, AdamW on the LoRA parameters; skipped (weights untouched) when a loss or the gradient
-    is not finite, and nothing to do when TracIn kept no rollout. Returns (grad norm, skip reason)."""
-    t0, skip_reason = time.time(), None
-    grad_norm = torch.tensor(0.0) if nothing_kept else \
-        torch.nn.utils.clip_grad_norm_(lora_parameters(model), cfg["grad_clip"])
-    if not (math.isfinite(grad_norm.item()) and all(math.isfinite(v) for v in stats["losses"])):
-        skip_reason = "non-finite loss or gradient"
-        print(f"warning: {skip_reason}; step skipped, weights untouched")
-    elif nothing_kept:
-        print("tracin: no rollout has positive influence; no update this step")
-    else:
-        optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-    sync(cfg["device"]); times["optimizer"] = time.time() - t0
-    return grad_norm.item(), skip_reason
 
 
 def step_log(rollouts, stats, cfg, grad_norm, skipped, extra, times):
@@ -209,22 +158,6 @@ def rollout_record(questions, answers, rollouts, cfg):
 def first_step_result(example):
     """The planted wrong answer: the result of the solution's first equation ("8-7=1" -> 1)."""
     return int(example["solution"].split("\n")[0].split("=")[1])
-
-
-def ensure_base(cfg, resuming):
-    """Train the base model with base_config if base_ckpt is missing and is where base_config puts it
-    (a fresh clone). Any other missing base is an error, never a silent long training (a typo'd path)."""
-    if os.path.exists(cfg["base_ckpt"]):
-        return
-    where = os.path.join(read_config_file(cfg["base_config"]).get("out_dir", train_base.defaults["out_dir"]), "ckpt.pt")
-    if resuming or os.path.normpath(where) != os.path.normpath(cfg["base_ckpt"]):
-        raise UserError(f"base_ckpt {cfg['base_ckpt']} not found" + (
-            " (the base this run was trained on: put it back)" if resuming else
-            f"; train it with: python train_base.py {cfg['base_config']} --out_dir={os.path.dirname(cfg['base_ckpt']) or '.'}"
-            f" (only {where}, where base_config puts it, is trained automatically)"))
-    print(f"base model not found at {cfg['base_ckpt']}: training it first with {cfg['base_config']}")
-    train_base.main([cfg["base_config"], f"--out_dir={os.path.dirname(cfg['base_ckpt']) or '.'}",
-                     f"--device={cfg['device']}"])
 
 
 def validate(cfg):
@@ -267,22 +200,13 @@ def validate(cfg):
                         "each activation once, exactly as the gradient used it")
 
 
-RUN_FILES = ("ckpt.pt", "ckpt_[0-9]*.pt", "log.jsonl", "rollouts.jsonl")
-
-
 def load_base(cfg, out, resume):
     """The frozen base model (dropout off), its data and tokenizer; an adapter being resumed must
-    have been trained on exactly these base weights."""
-    ensure_base(cfg, resuming=resume is not None)
-    base = load_checkpoint(cfg["base_ckpt"])
-    # dropout off in RL: with it on, the policy and reference passes see different random masks
-    model = model_from_checkpoint(base, cfg["base_ckpt"], dropout=0.0, grad_checkpoint=cfg["grad_checkpoint"])
-    fingerprint = base_fingerprint(model.state_dict())
+    have been trained on exactly these base weights, and every prompt + max_new_tokens must fit."""
+    ensure_base(cfg["base_ckpt"], cfg["base_config"], cfg["device"], resuming=resume is not None)
+    model, fingerprint, data_dir, enc, splits = load_frozen_base(cfg["base_ckpt"], cfg["grad_checkpoint"])
     if resume is not None:
         check_same_base(resume, os.path.join(out, "ckpt.pt"), fingerprint, cfg["base_ckpt"])
-    data_dir = base["data_dir"]
-    enc = load_tokenizer(data_dir)
-    splits = {s: load_split(data_dir, s) for s in ("train", "val", "test")}
     longest = max(len(encode_prompt(enc, e["question"])) for rows in splits.values() for e in rows)
     if longest + cfg["max_new_tokens"] > model.config.block_size:
         raise UserError(f"config key 'max_new_tokens' = {cfg['max_new_tokens']} is not allowed: prompts of up to "
@@ -310,13 +234,6 @@ def main(argv):
     return cfg
 
 
-def refuse_existing_run(out):
-    found = [f for pattern in RUN_FILES for f in glob.glob(os.path.join(out, pattern))]
-    if found:
-        raise UserError(f"{out} already holds a run ({os.path.basename(found[0])}): continue it with "
-                        f"--init_from=resume, or start a new one with another --out_dir (or delete {out})")
-
-
 class Run:
     """One GRPO run in out_dir: the policy (base + LoRA), its optimizer, its two random streams (which
     prompts, which completions) and the step counter; checkpoints hold all of them."""
@@ -324,7 +241,7 @@ class Run:
     def __init__(self, cfg, amp, resume):
         self.cfg, self.amp, self.out, device = cfg, amp, cfg["out_dir"], cfg["device"]
         if resume is None:
-            refuse_existing_run(self.out)
+            refuse_existing_run(self.out)  # any run file: resume it, or use another out_dir
         self.model, self.fingerprint, self.data_dir, self.enc, splits = load_base(cfg, self.out, resume)
         self.train_split, self.val_split = splits["train"], splits["val"]
         self.test = splits["test"][:cfg["eval_n"]]
@@ -457,7 +374,7 @@ class Run:
         """Ctrl-C: one line saying where the run stopped and how to resume it."""
         out = self.out
         if self.last_ckpt is None:  # a new run stopped before ckpt.pt: what it began (ckpt_000000.pt?) is
-            for f in (f for pattern in RUN_FILES for f in glob.glob(os.path.join(out, pattern))):
+            for f in run_files(out):
                 os.remove(f)        # removed, so that the same command can start it again
             where = "no checkpoint written yet: run the same command again to start over"
         else:

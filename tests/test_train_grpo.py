@@ -385,8 +385,8 @@ def test_train_and_val_sampled_in_one_call(tiny_setup):
     a, b = ([e["question"] for e in val[:2]], [e["answer"] for e in val[:2]]), \
            ([e["question"] for e in val[2:5]], [e["answer"] for e in val[2:5]])
     gen = lambda: torch.Generator().manual_seed(3)
-    R, V = tg.make_rollouts(m, enc, [a, b], cfg, gen(), contextlib.nullcontext(), {})
-    (W,) = tg.make_rollouts(m, enc, [(a[0] + b[0], a[1] + b[1])], cfg, gen(), contextlib.nullcontext(), {})
+    R, V = grpo.make_rollouts(m, enc, [a, b], cfg, gen(), contextlib.nullcontext(), {})
+    (W,) = grpo.make_rollouts(m, enc, [(a[0] + b[0], a[1] + b[1])], cfg, gen(), contextlib.nullcontext(), {})
     assert torch.equal(torch.cat([R["idx"], V["idx"]]), W["idx"]) and torch.equal(torch.cat([R["mask"], V["mask"]]), W["mask"])
     assert torch.equal(torch.cat([R["rewards"], V["rewards"]]), W["rewards"])
     for P in (R, V):
