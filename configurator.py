@@ -7,10 +7,25 @@ a typo'd key or a wrongly typed value is an error (with a suggestion), not a sil
 import ast
 import difflib
 import math
+import os
+import signal
 import sys
 import traceback
 import types
 from pathlib import Path
+
+
+def _interrupted_while_starting(signum, frame):
+    print("interrupted (Ctrl-C) while starting up: nothing was done", file=sys.stderr)
+    os._exit(130)
+
+
+# A script of this folder imports configurator first, so that a Ctrl-C during its slow imports (torch)
+# is one line instead of a traceback; cli_main hands Ctrl-C back to Python (KeyboardInterrupt).
+# (Not where Ctrl-C is ignored, e.g. under nohup.)
+if os.path.dirname(os.path.abspath(sys.argv[0] or ".")) == os.path.dirname(os.path.abspath(__file__)) \
+        and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+    signal.signal(signal.SIGINT, _interrupted_while_starting)
 
 
 class UserError(ValueError):
@@ -137,6 +152,8 @@ class Interrupted(KeyboardInterrupt):
 def cli_main(main, argv=None):
     """Run main(argv). A UserError, or an OS error (disk full, permission denied), becomes a one-line
     `error: ...` on stderr and exit status 2; Ctrl-C one line and exit status 130 (128 + SIGINT)."""
+    if signal.getsignal(signal.SIGINT) is _interrupted_while_starting:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         main(sys.argv[1:] if argv is None else argv)
     except UserError as e:

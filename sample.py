@@ -11,11 +11,12 @@ the same column P and the cache advances one column per step for all rows):
     row 1:  [q q q q q q     | c c c c   c  ]
              pad_left = (2, 0)      completion_mask = (1 1 1 1 0), (1 1 1 1 1)
 """
+# configurator first: a Ctrl-C during the slow imports below (torch) is one line, not a traceback
+from configurator import UserError, check, check_positive, configure, cli_main
 import os
 
 import torch
 
-from configurator import UserError, check, check_positive, configure, cli_main
 from data.gsm_synth.prepare import encode_prompt, load_split, load_tokenizer
 from lora import apply_lora, load_lora_state_dict, merge_lora
 from model import base_fingerprint, check_device, check_same_base, load_checkpoint, model_from_checkpoint

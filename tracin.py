@@ -11,6 +11,8 @@ and their update is summed from the hooks' buffers (no extra forward or backward
 Post-hoc, over a finished run's checkpoints: find_critical_samples scores every recorded rollout
 by its influence on a test answer, summed over the checkpoints (TracInCP).
 """
+# configurator first: a Ctrl-C during the slow imports below (torch) is one line, not a traceback
+from configurator import UserError, check, check_choice, cli_main, configure
 import glob
 import json
 import os
@@ -19,7 +21,6 @@ import time
 
 import torch
 
-from configurator import UserError, check, check_choice, cli_main, configure
 from data.gsm_synth.prepare import encode_prompt, encode_text
 from ghost import compute_ghost_inner_product_matrix, ghost_mode, install_ghost_hooks, per_sample_grad, subset_gradients
 from grpo import completion_logprobs, grpo_loss, policy_backward, rollout_batch

@@ -8,6 +8,9 @@ Loss: next-token cross-entropy on the solution tokens only (the question is give
 Prints one line per log_interval, evaluates greedy test accuracy every eval_interval, and writes
 out_dir/ckpt.pt atomically (a crash mid-write never leaves half a checkpoint).
 """
+# configurator first: a Ctrl-C during the slow imports below (torch) is one line, not a traceback
+from configurator import (Interrupted, UserError, check, check_choice, check_finite, check_positive, configure,
+                          cli_main, read_config_file)
 import math
 import os
 import random
@@ -16,8 +19,6 @@ import time
 
 import torch
 
-from configurator import (Interrupted, UserError, check, check_choice, check_finite, check_positive, configure,
-                          cli_main, read_config_file)
 from data.gsm_synth.prepare import TEMPLATES, encode_prompt, encode_text, load_split, load_tokenizer, prepare
 from model import (GPT, GPTConfig, base_fingerprint, check_device, load_checkpoint, model_from_checkpoint,
                    save_checkpoint)

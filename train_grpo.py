@@ -17,6 +17,9 @@ One step (grpo_step), in the order it runs; the parts live in grpo.py:
   7. clip the gradient, AdamW on the LoRA parameters only; skip the step if anything is NaN/Inf (update)
 Every large tensor is deleted as soon as it has been used; each `del` says what it frees.
 """
+# configurator first: a Ctrl-C during the slow imports below (torch) is one line, not a traceback
+from configurator import (Interrupted, UserError, check, check_choice, check_finite, check_positive, cli_main,
+                          configure)
 import json
 import math
 import os
@@ -26,8 +29,6 @@ import time
 
 import torch
 
-from configurator import (Interrupted, UserError, check, check_choice, check_finite, check_positive, cli_main,
-                          configure)
 from data.gsm_synth.prepare import encode_prompt
 from grpo import make_rollouts, policy_backward, update
 from lora import apply_lora, lora_parameters, lora_state_dict, load_lora_state_dict

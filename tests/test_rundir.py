@@ -138,3 +138,21 @@ def test_full_disk_is_one_line_with_the_os_reason(tmp_path, monkeypatch):
     with pytest.raises(UserError, match=f"cannot write checkpoint {tmp_path}/c.pt: No space left on device"):
         model.save_checkpoint({"w": torch.zeros(1000)}, str(tmp_path / "c.pt"))
     assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("delay", [0.2, 1.5])
+def test_ctrl_c_at_start_up_is_one_line(tmp_path, delay):
+    """Ctrl-C while the script is still importing torch, or just after: exit 130, one line, no traceback."""
+    import signal
+    import time
+    root = os.path.dirname(os.path.abspath(rundir.__file__))
+    p = subprocess.Popen([sys.executable, os.path.join(root, "train_grpo.py"), f"--out_dir={tmp_path / 'r'}",
+                          f"--base_ckpt={tmp_path / 'none.pt'}"], cwd=tmp_path, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    time.sleep(delay)
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=60)
+    if p.returncode == 2:  # it got to its (expected) error before the signal: nothing to check
+        assert err.startswith("error: base_ckpt")
+        return
+    assert p.returncode == 130 and err.count("\n") == 1 and "Traceback" not in err and "interrupted" in err
