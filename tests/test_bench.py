@@ -1,8 +1,8 @@
-# Tests for bench.py. Run: python -m pytest tests/test_bench.py -q
+# Tests for bench.py and bench_memory.py. Run: python -m pytest tests/test_bench.py -q
 # Reference: the bench's own second paths: the full-recompute generation must give the KV
 # cache's tokens, the per-sample autograd loop must give the hooks' inner products, and the
 # straightforward GRPO step (full log_softmax, deepcopy reference) must give the loss and gradients
-# of train_grpo's completion_logprobs + grpo_loss on the same tokens. predicted_memory is checked
+# of grpo.completion_logprobs + grpo.grpo_loss on the same tokens. predicted_memory is checked
 # against the formulas worked out by hand for tiny sizes.
 import re
 
@@ -10,6 +10,10 @@ import pytest
 import torch
 
 import bench
+import bench_memory
+from grpo import completion_logprobs, grpo_loss
+from lora import disable_lora, lora_parameters
+from sample import generate
 
 
 def test_quick_bench_rows(capsys, tmp_path):
@@ -32,7 +36,6 @@ def test_quick_bench_rows(capsys, tmp_path):
 
 
 def test_full_recompute_matches_kv_cache():
-    from sample import generate
     model = bench.bench_model("cpu", 48)
     prompts = torch.randint(1, 394, (3, 8), generator=torch.Generator().manual_seed(1))
     idx, _, _ = generate(model, prompts.tolist(), 12, eot_id=-1, temperature=0)
@@ -41,26 +44,24 @@ def test_full_recompute_matches_kv_cache():
 
 @pytest.mark.parametrize("eot_id", [-1, 0])
 def test_straightforward_step_matches_project_loss_and_gradients(eot_id):
-    """Same tokens, same loss and LoRA gradients through an independent path: train_grpo's
+    """Same tokens, same loss and LoRA gradients through an independent path: grpo's
     completion_logprobs (keep_last, row-wise logsumexp) and grpo_loss (old = logp.detach())."""
-    import train_grpo as tg
-    from lora import disable_lora, lora_parameters
-    model = bench.lora_gpt(2, 2, 32, 16, 24, seed=3, device="cpu")  # lora_B != 0: policy != reference
-    prompts, adv = bench.step_inputs(2, 3, 6, 16, seed=4)
+    model = bench_memory.lora_gpt(2, 2, 32, 16, 24, seed=3, device="cpu")  # lora_B != 0: policy != reference
+    prompts, adv = bench_memory.step_inputs(2, 3, 6, 16, seed=4)
     amp = torch.autocast("cuda", enabled=False)
     opt = torch.optim.AdamW(lora_parameters(model), lr=0.0)         # lr 0: the weights stay as they are
-    loss, idx, mask = bench.straightforward_grpo_step(model, opt, prompts, 3, 10, adv, amp, seed=5, eot_id=eot_id,
-                                                      grad_clip=float("inf"))
+    loss, idx, mask = bench_memory.straightforward_grpo_step(model, opt, prompts, 3, 10, adv, amp, seed=5,
+                                                             eot_id=eot_id, grad_clip=float("inf"))
     got = [p.grad.clone() for p in lora_parameters(model)]
     if eot_id == 0:
         assert 0 < mask.sum() < mask.numel()  # some completions end early: the mask matters
     T, pad = mask.size(1), torch.zeros(idx.size(0), dtype=torch.long)
     with torch.no_grad(), disable_lora(model):
-        ref, _ = tg.completion_logprobs(model, idx, pad, T, 1.0)
+        ref, _ = completion_logprobs(model, idx, pad, T, 1.0)
     model.zero_grad(set_to_none=True)
-    logp, _ = tg.completion_logprobs(model, idx, pad, T, 1.0)
+    logp, _ = completion_logprobs(model, idx, pad, T, 1.0)
     assert (logp - ref).abs().max() > 1e-3  # the KL term is not zero
-    expected, _ = tg.grpo_loss(logp, logp.detach(), ref, adv, mask, beta=0.04)
+    expected, _ = grpo_loss(logp, logp.detach(), ref, adv, mask, beta=0.04)
     expected.backward()
     assert abs(loss - expected.item()) <= 1e-5
     for g, p in zip(got, lora_parameters(model)):
@@ -71,13 +72,18 @@ def test_predicted_memory_by_hand():
     # n_params 10, N 2, prompt 3 + 4 new tokens, V 5, 1 layer, 2 wide, group 2, float32 weights:
     # T = 4, L = 3 + 4 - 1 = 6, S = 7; N*T*V = 40, N*L*V = 60
     # bf16 (b = 2, activations c = 19): act = 1*2*7*2*19*2 = 1064, KV = 2*1*2*7*2*2 = 112
-    sf = bench.predicted_memory(10, 2, 3, 4, 5, 1, 2, 2, True, group=2)
+    sf = bench_memory.predicted_memory(10, 2, 3, 4, 5, 1, 2, 2, True, group=2)
     # ref copy 10*4 + KV 112 + sampling logits 2*40*2 + old log_softmax 40*4 + ref 60*(2+4)
     # + policy 60*(2+4) + backward 2*60*4 + act 1064
     assert sf["step"] == 40 + 112 + 160 + 160 + 360 + 360 + 480 + 1064 == 2736
-    pr = bench.predicted_memory(10, 2, 3, 4, 5, 1, 2, 2, False, group=2)
+    pr = bench_memory.predicted_memory(10, 2, 3, 4, 5, 1, 2, 2, False, group=2)
     # sampling 112*(1 + 1/2) + 3*2*5*4 = 288; reference 40*2 = 80;
     # policy 1064 + saved logits 40*2 (no float32 copy) + backward rows and their stack 2*40*2 = 1304
     assert (pr["sampling"], pr["reference"], pr["policy_backward"], pr["step"]) == (288, 80, 1304, 1304)
     # float32 (b = 4, c = 17): act = 1*2*7*2*17*4 = 1904, saved 40*4, backward 2*40*4
-    assert bench.predicted_memory(10, 2, 3, 4, 5, 1, 2, 4, False, group=2)["step"] == 1904 + 160 + 320
+    assert bench_memory.predicted_memory(10, 2, 3, 4, 5, 1, 2, 4, False, group=2)["step"] == 1904 + 160 + 320
+
+
+def test_quick_sizes_are_bench_knobs():
+    """--quick overrides only knobs that exist (a misspelt key would silently leave a full size)."""
+    assert set(bench.QUICK) <= set(bench.defaults)
