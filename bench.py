@@ -44,7 +44,7 @@ from grpo import completion_logprobs, grpo_loss, selective_log_softmax
 from lora import apply_lora, lora_parameters
 from model import GPT, GPTConfig, check_device, load_checkpoint, model_from_checkpoint
 from sample import generate
-from tracin import compute_ghost_inner_product_matrix, install_ghost_hooks
+from ghost import compute_ghost_inner_product_matrix, install_ghost_hooks
 
 defaults = dict(
     device="cpu",

@@ -1,6 +1,6 @@
 """
 Peak memory and throughput of one GRPO step. The project's step (project_grpo_step: sample.generate
-as train_grpo.make_rollouts calls it, then train_grpo.policy_backward, clip and AdamW) runs next to
+as grpo.make_rollouts calls it, then grpo.policy_backward, clip and AdamW) runs next to
 straightforward_grpo_step, the same step written the straightforward way and kept here as the
 baseline. Rewards do not matter for either, so random advantages stand in for them; eot_id=-1
 (never sampled) runs every completion to full length. bench.py prints the two rows:
@@ -23,6 +23,7 @@ import time
 
 import torch
 
+import grpo
 import train_grpo
 from lora import apply_lora, lora_modules, lora_parameters
 from model import GPT, GPTConfig
@@ -58,7 +59,7 @@ def project_grpo_step(model, optimizer, prompts, group, new_tokens, advantages, 
                       temperature=1.0, micro_batch_size=0):
     """One standard GRPO step with the project's code, rewards replaced by `advantages`: pass 1 is
     sample.generate as make_rollouts calls it, passes 2 and 3 and the backward are
-    train_grpo.policy_backward, then clip and AdamW as grpo_step does them.
+    grpo.policy_backward, then clip and AdamW as grpo_step does them.
     Returns (loss, idx, mask, seconds per phase: generation, reference, policy, optimizer)."""
     dev = str(next(model.parameters()).device)
     c = {**train_grpo.defaults, "device": dev, "beta": beta, "temperature": temperature,
@@ -71,7 +72,7 @@ def project_grpo_step(model, optimizer, prompts, group, new_tokens, advantages, 
                                        temperature=temperature,
                                        generator=torch.Generator(device=dev).manual_seed(seed))
     sync(); times["generation"] = time.perf_counter() - t0
-    st = train_grpo.policy_backward(model, dict(idx=idx, pad_left=pad_left, mask=mask, advantages=advantages),
+    st = grpo.policy_backward(model, dict(idx=idx, pad_left=pad_left, mask=mask, advantages=advantages),
                                     c, amp, times, beta)
     t0 = time.perf_counter()
     torch.nn.utils.clip_grad_norm_(lora_parameters(model), c["grad_clip"])
