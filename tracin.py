@@ -162,6 +162,61 @@ def trapezoid_steps(iters):
     return [(s[i + 2] - s[i]) / 2 for i in range(len(iters))] if len(iters) > 1 else [1.0]
 
 
+def check_attribution_inputs(model, checkpoints, train_samples, test_samples, mode, gradient_method,
+                             learning_rates, checkpoint_steps, layer_filter):
+    """find_critical_samples' arguments, checked before any work."""
+    if mode not in ("simple", "full", "memory_efficient"):
+        raise UserError(f"mode must be 'simple', 'full' or 'memory_efficient', got {mode!r}")
+    if gradient_method not in ("hooks", "loop"):
+        raise UserError(f"gradient_method must be 'hooks' or 'loop', got {gradient_method!r}")
+    if not checkpoints:
+        raise UserError("no checkpoints to attribute over")
+    for name, per_ckpt in (("learning rates", learning_rates), ("checkpoint_steps", checkpoint_steps)):
+        if per_ckpt is not None and len(per_ckpt) != len(checkpoints):
+            raise UserError(f"{len(checkpoints)} checkpoints but {len(per_ckpt)} {name}")
+    if not train_samples or not test_samples:
+        raise UserError("need at least one training rollout and one test sample")
+    layers = [n for n, m in model.named_modules() if isinstance(m, LoRALinear)]
+    if layer_filter is not None and not any(layer_filter in n for n in layers):
+        raise UserError(f"layer_filter {layer_filter!r} matches no LoRA layer (layers: {layers[:4]} ...)")
+
+
+def checkpoint_products(model, train_batch, test_batch, temperature, layer_filter, gradient_method, micro_batch,
+                        norms, t):
+    """At the loaded checkpoint t: (<g_i, g_test_j> (n, n_test), ||g_i||^2 (n,), ||sum_j g_test_j||^2),
+    float64 on the CPU whatever the model's device; the norms are None from the hooks unless asked for."""
+    if gradient_method == "loop":
+        tr, te = (loop_gradients(model, b, temperature, layer_filter) for b in (train_batch, test_batch))
+        ip, tr_sq, te_sq = tr @ te.T, tr.pow(2).sum(1), te.sum(0).pow(2).sum()
+    else:
+        ip, tr_sq, te_sq = hook_products(model, train_batch, test_batch, temperature, layer_filter, micro_batch, norms)
+    if not torch.isfinite(ip).all():
+        raise FloatingPointError(f"NaN/Inf in gradient inner products at checkpoint {t}")
+    return tuple(None if v is None else v.double().cpu() for v in (ip, tr_sq, te_sq))
+
+
+def attribution_result(train_samples, scores, contributions, cosine, selfinf, mode, num_checkpoints, top_k):
+    """The result dictionary of the TracIn documentation's find_critical_samples."""
+    n, per_sample = len(train_samples), []
+    for i, s in enumerate(train_samples):
+        entry = {**{k: s[k] for k in s if k not in ("completion_tokens", "completion_mask")},
+                 "index": i, "tracin_score": scores[i].item(),
+                 "checkpoint_contributions": [c[i].item() for c in contributions]}
+        if cosine is not None:
+            entry["cosine_score"] = cosine[i].item()
+        if selfinf is not None:
+            entry["self_influence"] = selfinf[i].item()
+        per_sample.append(entry)
+    order = sorted(range(n), key=lambda i: scores[i].item(), reverse=True)
+    positive = [per_sample[i] for i in order[:top_k] if scores[i] > 0]
+    negative = [per_sample[i] for i in reversed(order[-top_k:]) if scores[i] < 0]
+    return {"mode": mode, "num_checkpoints": num_checkpoints, "num_train_samples": n,
+            "critical_samples": sorted(per_sample, key=lambda e: -abs(e["tracin_score"]))[:top_k],
+            "most_influential_positive": positive, "most_influential_negative": negative,
+            "mean_influence_score": scores.mean().item(), "max_influence_score": scores.max().item(),
+            "scores": per_sample}
+
+
 def find_critical_samples(model, checkpoints, train_samples, test_samples, enc, mode="memory_efficient",
                           learning_rates=None, layer_filter=None, n_probe=None, top_k=5, temperature=1.0,
                           gradient_method="hooks", micro_batch=64, normalize=False, self_influence=False,
@@ -184,22 +239,10 @@ def find_critical_samples(model, checkpoints, train_samples, test_samples, enc, 
     self_influence: also sum_t w_t ||g_i||^2.
     Scores are taken with dropout off (model.eval()); the model's train/eval flag, LoRA weights and
     every parameter's .grad are as they were on return. Returns the result dictionary (see README)."""
-    if mode not in ("simple", "full", "memory_efficient"):
-        raise UserError(f"mode must be 'simple', 'full' or 'memory_efficient', got {mode!r}")
-    if gradient_method not in ("hooks", "loop"):
-        raise UserError(f"gradient_method must be 'hooks' or 'loop', got {gradient_method!r}")
-    if not checkpoints:
-        raise UserError("no checkpoints to attribute over")
-    for name, per_ckpt in (("learning rates", learning_rates), ("checkpoint_steps", checkpoint_steps)):
-        if per_ckpt is not None and len(per_ckpt) != len(checkpoints):
-            raise UserError(f"{len(checkpoints)} checkpoints but {len(per_ckpt)} {name}")
+    check_attribution_inputs(model, checkpoints, train_samples, test_samples, mode, gradient_method,
+                             learning_rates, checkpoint_steps, layer_filter)
     if mode == "simple":
         checkpoints, learning_rates, checkpoint_steps = checkpoints[-1:], [1.0], None
-    if not train_samples or not test_samples:
-        raise UserError("need at least one training rollout and one test sample")
-    layers = [n for n, m in model.named_modules() if isinstance(m, LoRALinear)]
-    if layer_filter is not None and not any(layer_filter in n for n in layers):
-        raise UserError(f"layer_filter {layer_filter!r} matches no LoRA layer (layers: {layers[:4]} ...)")
     if n_probe and n_probe < len(train_samples):  # evenly spaced over the run, not only its first steps
         train_samples = [train_samples[i * len(train_samples) // n_probe] for i in range(n_probe)]
     device = next(model.parameters()).device
@@ -222,16 +265,8 @@ def find_critical_samples(model, checkpoints, train_samples, test_samples, enc, 
             load_lora_state_dict(model, state["lora"] if "lora" in state else state)
             w = learning_rates[t] if learning_rates is not None else float(state.get("lr", 1.0))
             w *= checkpoint_steps[t] if checkpoint_steps is not None else 1.0   # w_t = eta_t k_t
-            if gradient_method == "loop":
-                tr, te = (loop_gradients(model, b, temperature, layer_filter) for b in (train_batch, test_batch))
-                ip, tr_sq, te_sq = tr @ te.T, tr.pow(2).sum(1), te.sum(0).pow(2).sum()
-            else:
-                ip, tr_sq, te_sq = hook_products(model, train_batch, test_batch, temperature, layer_filter,
-                                                 micro_batch, normalize or self_influence)
-            if not torch.isfinite(ip).all():
-                raise FloatingPointError(f"NaN/Inf in gradient inner products at checkpoint {t}")
-            # the accumulators are float64 on the CPU, whatever device the model is on
-            ip, tr_sq, te_sq = (None if v is None else v.double().cpu() for v in (ip, tr_sq, te_sq))
+            ip, tr_sq, te_sq = checkpoint_products(model, train_batch, test_batch, temperature, layer_filter,
+                                                   gradient_method, micro_batch, normalize or self_influence, t)
             contrib = w * ip.sum(1)                   # <g_i, G_t> summed over test samples: (n,)
             scores += contrib
             contributions.append(contrib)
@@ -239,31 +274,14 @@ def find_critical_samples(model, checkpoints, train_samples, test_samples, enc, 
                 cosine += contrib / (tr_sq * te_sq).sqrt().clamp(min=1e-12)
             if self_influence:
                 selfinf += w * tr_sq
-            del state
+            del state  # this checkpoint's adapter (and optimizer state): one checkpoint in memory at a time
     finally:
         load_lora_state_dict(model, own_lora)
         for p, g in own_grads:
             p.grad = g
         model.train(was_training)
-    per_sample = []
-    for i, s in enumerate(train_samples):
-        entry = {**{k: s[k] for k in s if k not in ("completion_tokens", "completion_mask")},
-                 "index": i, "tracin_score": scores[i].item(),
-                 "checkpoint_contributions": [c[i].item() for c in contributions]}
-        if normalize:
-            entry["cosine_score"] = cosine[i].item()
-        if self_influence:
-            entry["self_influence"] = selfinf[i].item()
-        per_sample.append(entry)
-    order = sorted(range(n), key=lambda i: scores[i].item(), reverse=True)
-    positive = [per_sample[i] for i in order[:top_k] if scores[i] > 0]
-    negative = [per_sample[i] for i in reversed(order[-top_k:]) if scores[i] < 0]
-    return {"mode": mode, "num_checkpoints": len(checkpoints), "num_train_samples": n,
-            "critical_samples": sorted(per_sample, key=lambda e: -abs(e["tracin_score"]))[:top_k],
-            "most_influential_positive": positive, "most_influential_negative": negative,
-            "most_helpful": positive, "most_harmful": negative,
-            "mean_influence_score": scores.mean().item(), "max_influence_score": scores.max().item(),
-            "scores": per_sample}
+    return attribution_result(train_samples, scores, contributions, cosine if normalize else None,
+                              selfinf if self_influence else None, mode, len(checkpoints), top_k)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -357,7 +375,7 @@ def main(argv):
                                     top_k=cfg["top_k"], temperature=temperature, normalize=cfg["normalize"],
                                     self_influence=cfg["self_influence"], checkpoint_steps=trapezoid_steps(iters))
         res.update(question=cfg["question"], completion=enc.decode(completion))
-        for title, key in (("most helpful", "most_helpful"), ("most harmful", "most_harmful")):
+        for title, key in (("most helpful", "most_influential_positive"), ("most harmful", "most_influential_negative")):
             print(f"--- {title} training rollouts (TracIn score; positive = lowered this answer's loss)")
             for e in res[key]:
                 print(f"{e['tracin_score']:+.3e} | iter {e['iter']} | reward {e['reward']:.2f} | "

@@ -88,7 +88,7 @@ max_skipped_steps = 5       # this many steps in a row skipped (NaN/Inf) stop th
 # TracIn-GRPO (tracin.py): train only on rollouts whose gradient helps a validation batch
 tracin = False
 tracin_val_batch_size = 4   # validation prompts per step
-tracin_val_loss = "pg"      # 'pg': sample each val prompt group_size times, GRPO policy-gradient loss (seed 000)
+tracin_val_loss = "pg"      # 'pg': sample each val prompt group_size times, GRPO policy-gradient loss (the TracIn-GRPO guide)
                             # 'nll': negative log-likelihood of the val prompts' clean reference solutions
 tracin_selection = "positive"  # 'positive': influence > 0; 'topk': the top tracin_topk_frac
 tracin_topk_frac = 0.5

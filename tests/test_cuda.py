@@ -1,7 +1,7 @@
 # GPU checks: the same independent references as the CPU tests, on CUDA (bf16 autocast where the
-# scripts use it). Skipped without a GPU, so CI (CPU only) skips the whole file; a session that has a
-# GPU runs:  python -m pytest -q tests/test_cuda.py
-# Not yet run: no GPU has been lent to this project's sessions so far (README).
+# scripts use it). Skipped without a GPU, so CI (CPU only) skips the whole file; on a GPU machine:
+#   python -m pytest -q tests/test_cuda.py
+# Not yet run on a GPU (docs/performance.md).
 import json
 
 import pytest

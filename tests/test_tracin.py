@@ -493,7 +493,7 @@ def test_posthoc_full_equals_loop_over_checkpoints(world, tmp_path):
     assert [len(e["checkpoint_contributions"]) for e in full["scores"]] == [3] * 4
     assert full["max_influence_score"] == pytest.approx(want.max().item(), rel=1e-4)
     best = int(want.argmax())
-    assert full["most_helpful"][0]["index"] == best if want[best] > 0 else not full["most_helpful"]
+    assert full["most_influential_positive"][0]["index"] == best if want[best] > 0 else not full["most_influential_positive"]
     assert all("cosine_score" in e and e["self_influence"] > 0 for e in full["scores"])
     # memory-efficient streams the same checkpoints from disk: same scores; loop path too
     eff = tracin.find_critical_samples(m, paths, train, test, enc, mode="memory_efficient")
