@@ -16,6 +16,7 @@ import os
 import random
 import shlex
 import time
+from types import SimpleNamespace
 
 import torch
 
@@ -177,63 +178,70 @@ def main(argv):
     validate(cfg)
     amp = check_device(cfg["device"], cfg["dtype"])  # bf16 autocast on CUDA, a no-op on CPU
     with run_lock(cfg["out_dir"]):  # a second run in this out_dir is refused from here on
-        return train(cfg, amp, ckpt)
+        run = setup(cfg, ckpt)
+        del ckpt  # the weights and optimizer state now live in the model and optimizer: free the loaded copy
+        return train(cfg, amp, run)
 
 
-def train(cfg, amp, ckpt):
+def setup(cfg, ckpt):
+    """The task data, the model and its optimizer: new, or restored from the checkpoint `ckpt`."""
     ckpt_path = os.path.join(cfg["out_dir"], "ckpt.pt")
     if ckpt is None and os.path.exists(ckpt_path):
         raise UserError(f"{ckpt_path} exists: continue that run with --init_from=resume, or train a new base "
                         f"with another --out_dir (or delete {ckpt_path})")
     torch.manual_seed(cfg["seed"])
-    rng = random.Random(cfg["seed"])
-    data_dir, enc = load_task(cfg)
-    train_pairs = tokenize_examples(enc, load_split(data_dir, "train"))
-    test = load_split(data_dir, "test")[:cfg["eval_n"]]
-    longest = max(len(p) + len(c) for p, c in train_pairs)
+    run = SimpleNamespace(ckpt_path=ckpt_path, rng=random.Random(cfg["seed"]), iter_num=0, elapsed_before=0.0,
+                          last_ckpt=None)
+    run.data_dir, run.enc = load_task(cfg)
+    run.train_pairs = tokenize_examples(run.enc, load_split(run.data_dir, "train"))
+    run.test = load_split(run.data_dir, "test")[:cfg["eval_n"]]
+    longest = max(len(p) + len(c) for p, c in run.train_pairs)
     if longest > cfg["block_size"]:
         raise UserError(f"training sequences reach {longest} tokens but block_size={cfg['block_size']}")
-    device = cfg["device"]
-    model_args = dict(block_size=cfg["block_size"], vocab_size=enc.n_vocab, n_layer=cfg["n_layer"],
-                      n_head=cfg["n_head"], n_embd=cfg["n_embd"], dropout=cfg["dropout"], bias=cfg["bias"])
-    iter_num, elapsed_before = 0, 0.0
+    run.model_args = dict(block_size=cfg["block_size"], vocab_size=run.enc.n_vocab, n_layer=cfg["n_layer"],
+                          n_head=cfg["n_head"], n_embd=cfg["n_embd"], dropout=cfg["dropout"], bias=cfg["bias"])
     if ckpt is not None:
-        model = model_from_checkpoint(ckpt, ckpt_path)
-        iter_num, elapsed_before = ckpt["iter_num"], ckpt.get("train_seconds", 0.0)
+        run.model = model_from_checkpoint(ckpt, ckpt_path)
+        run.iter_num = run.last_ckpt = ckpt["iter_num"]
+        run.elapsed_before = ckpt.get("train_seconds", 0.0)
         torch.set_rng_state(ckpt["rng"]["torch"])
-        rng.setstate(ckpt["rng"]["python"])
-        print(f"resuming from {ckpt_path} at iter {iter_num}")
+        run.rng.setstate(ckpt["rng"]["python"])
+        print(f"resuming from {ckpt_path} at iter {run.iter_num}")
     else:
-        model = GPT(GPTConfig(**model_args))
-    model.to(device)
-    print(f"GPT with {model.num_params() / 1e6:.2f}M parameters, vocab {enc.n_vocab}")
-    decay = [p for p in model.parameters() if p.dim() >= 2]   # no weight decay on gains and biases
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
-    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": cfg["weight_decay"]},
-                                   {"params": no_decay, "weight_decay": 0.0}],
-                                  lr=cfg["learning_rate"], betas=(cfg["beta1"], cfg["beta2"]))
-    last_ckpt = None
+        run.model = GPT(GPTConfig(**run.model_args))
+    run.model.to(cfg["device"])
+    print(f"GPT with {run.model.num_params() / 1e6:.2f}M parameters, vocab {run.enc.n_vocab}")
+    decay = [p for p in run.model.parameters() if p.dim() >= 2]   # no weight decay on gains and biases
+    no_decay = [p for p in run.model.parameters() if p.dim() < 2]
+    run.optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": cfg["weight_decay"]},
+                                       {"params": no_decay, "weight_decay": 0.0}],
+                                      lr=cfg["learning_rate"], betas=(cfg["beta1"], cfg["beta2"]))
     if ckpt is not None:
-        optimizer.load_state_dict(ckpt["optimizer"])
-        last_ckpt = iter_num
-        del ckpt  # the optimizer state now lives in the optimizer: free the loaded copy
+        run.optimizer.load_state_dict(ckpt["optimizer"])
+    return run
+
+
+def train(cfg, amp, run):
+    """The training loop: one line per log_interval, an evaluation and a checkpoint per eval_interval."""
+    model, optimizer, rng = run.model, run.optimizer, run.rng
 
     def checkpoint(metrics):
         save_checkpoint({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                         "model_args": model_args, "iter_num": iter_num, "config": cfg,
-                         "data_dir": data_dir, "train_seconds": elapsed_before + time.time() - t_start,
-                         "metrics": metrics,
-                         "rng": {"torch": torch.get_rng_state(), "python": rng.getstate()}}, ckpt_path)
+                         "model_args": run.model_args, "iter_num": run.iter_num, "config": cfg,
+                         "data_dir": run.data_dir, "train_seconds": run.elapsed_before + time.time() - t_start,
+                         "metrics": metrics, "rng": {"torch": torch.get_rng_state(), "python": rng.getstate()}},
+                        run.ckpt_path)
+        run.last_ckpt = run.iter_num
 
     t_start = t_log = time.time()
     metrics = {}
     try:
-        while iter_num < cfg["max_iters"]:
-            lr = get_lr(iter_num, cfg["lr_decay_iters"] or cfg["max_iters"], cfg["learning_rate"], cfg["min_lr"],
+        while run.iter_num < cfg["max_iters"]:
+            lr = get_lr(run.iter_num, cfg["lr_decay_iters"] or cfg["max_iters"], cfg["learning_rate"], cfg["min_lr"],
                         cfg["warmup_iters"])
             for g in optimizer.param_groups:
                 g["lr"] = lr
-            x, y = get_batch(train_pairs, cfg["batch_size"], rng, device)
+            x, y = get_batch(run.train_pairs, cfg["batch_size"], rng, cfg["device"])
             model.train()
             with amp:
                 _, loss = model(x, targets=y)
@@ -241,30 +249,29 @@ def train(cfg, amp, ckpt):
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg["grad_clip"])
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-            iter_num += 1
-            at_eval = iter_num % cfg["eval_interval"] == 0 or iter_num == cfg["max_iters"]
-            if (at_eval or iter_num % cfg["log_interval"] == 0) and not math.isfinite(loss.item()):
-                raise UserError(f"the training loss is {loss.item()} at iter {iter_num}: training diverged; lower "
-                                f"learning_rate (last checkpoint: {ckpt_path if last_ckpt is not None else 'none'})")
-            if iter_num % cfg["log_interval"] == 0:
-                dt = (time.time() - t_log) / cfg["log_interval"]
-                t_log = time.time()
-                print(f"iter {iter_num:5d} | loss {loss.item():.4f} | lr {lr:.2e} | {dt * 1000:.0f} ms/iter"
-                      f" | {elapsed_before + time.time() - t_start:.0f}s")
+            run.iter_num += 1
+            it = run.iter_num
+            at_eval = it % cfg["eval_interval"] == 0 or it == cfg["max_iters"]
+            if (at_eval or it % cfg["log_interval"] == 0) and not math.isfinite(loss.item()):
+                raise UserError(f"the training loss is {loss.item()} at iter {it}: training diverged; lower "
+                                f"learning_rate (last checkpoint: {run.ckpt_path if run.last_ckpt is not None else 'none'})")
+            if it % cfg["log_interval"] == 0:
+                dt, t_log = (time.time() - t_log) / cfg["log_interval"], time.time()
+                print(f"iter {it:5d} | loss {loss.item():.4f} | lr {lr:.2e} | {dt * 1000:.0f} ms/iter"
+                      f" | {run.elapsed_before + time.time() - t_start:.0f}s")
             if at_eval:
                 with amp:
-                    metrics = evaluate(model, enc, test, cfg["max_new_tokens"])
-                print(f"eval  {iter_num:5d} | test accuracy {metrics['accuracy']:.3f} (greedy, {len(test)} problems)")
+                    metrics = evaluate(model, run.enc, run.test, cfg["max_new_tokens"])
+                print(f"eval  {it:5d} | test accuracy {metrics['accuracy']:.3f} (greedy, {len(run.test)} problems)")
                 checkpoint(metrics)
-                last_ckpt = iter_num
     except KeyboardInterrupt:
-        where = (f"last checkpoint {ckpt_path} (iter {last_ckpt}); resume with: python train_base.py "
-                 f"--out_dir={shlex.quote(cfg['out_dir'])} --init_from=resume") if last_ckpt is not None else \
+        where = (f"last checkpoint {run.ckpt_path} (iter {run.last_ckpt}); resume with: python train_base.py "
+                 f"--out_dir={shlex.quote(cfg['out_dir'])} --init_from=resume") if run.last_ckpt is not None else \
             "no checkpoint written yet (one is written at every eval_interval): run the same command again"
-        raise Interrupted(f"train_base.py stopped at iter {iter_num} of {cfg['max_iters']}; {where}") from None
-    total = elapsed_before + time.time() - t_start
-    print(f"done: {iter_num} iters in {total:.0f}s, test accuracy {metrics.get('accuracy', float('nan')):.3f}"
-          f", checkpoint {ckpt_path}")
+        raise Interrupted(f"train_base.py stopped at iter {run.iter_num} of {cfg['max_iters']}; {where}") from None
+    total = run.elapsed_before + time.time() - t_start
+    print(f"done: {run.iter_num} iters in {total:.0f}s, test accuracy {metrics.get('accuracy', float('nan')):.3f}"
+          f", checkpoint {run.ckpt_path}")
     return metrics
 
 
