@@ -52,16 +52,17 @@ class GhostHooks:
             raise UserError("no LoRA layers to hook: call lora.apply_lora(model, ...) first")
 
     def buffers(self, split=None):
-        """(xs, hs, gAs, gBs) dicts of the given split."""
+        """(xs, gAs, hs, gBs) dicts of the given split: each input next to its output gradient, the
+        order of collect() and of every (x, gA, h, gB) tuple in this file."""
         if (split or self.split) == "train":
-            return self._train_xs, self._train_hs, self._train_gAs, self._train_gBs
-        return self._xs, self._hs, self._gAs, self._gBs
+            return self._train_xs, self._train_gAs, self._train_hs, self._train_gBs
+        return self._xs, self._gAs, self._hs, self._gBs
 
     def _hook_A(self, name):
         def hook(module, inputs, h):
             if not (torch.is_grad_enabled() and h.requires_grad):
                 return  # sampling / reference passes: nothing to capture
-            xs, hs, gAs, _ = self.buffers()
+            xs, gAs, hs, _ = self.buffers()
             xs.setdefault(name, []).append(inputs[0].detach())       # x  (n, T, d_in)
             hs.setdefault(name, []).append(h.detach())               # h = A x  (n, T, r)
             h.register_hook(self._keep(gAs, name))                   # gA = dL/dh
@@ -83,7 +84,7 @@ class GhostHooks:
 
     def collect(self, split):
         """{layer: (x, gA, h, gB)} with micro-batches concatenated along the sample axis."""
-        xs, hs, gAs, gBs = self.buffers(split)
+        xs, gAs, hs, gBs = self.buffers(split)
         if not xs:
             raise RuntimeError(f"nothing captured for split {split!r}: run a forward+backward first")
         # backward visits micro-batches in the order their forwards ran, so list positions pair up

@@ -200,7 +200,7 @@ def test_val_split_buffers_with_beta(world):
         nv = val[0].size(0)
         for d in (hooks._xs, hooks._hs, hooks._gAs, hooks._gBs):
             assert len(d) == LAYERS and all(len(v) == 1 and v[0].size(0) == nv for v in d.values())
-        after = (hooks._train_xs, hooks._train_hs, hooks._train_gAs, hooks._train_gBs)
+        after = hooks.buffers("train")  # (xs, gAs, hs, gBs), the order of `before`
         for b, a in zip(before, after):
             assert b.keys() == a.keys() and len(b) == LAYERS
             for k in b:

@@ -26,6 +26,7 @@ import shlex
 import sys
 from collections import Counter
 
+import regex  # tiktoken's own dependency: the same pattern semantics as tiktoken
 import tiktoken
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
@@ -112,7 +113,6 @@ def encode_prompt(enc, question):
 
 def train_bpe(texts, num_merges):
     """Byte-level BPE merges learned from `texts` (deterministic: ties broken by the bytes)."""
-    import regex  # tiktoken's own dependency; same pattern semantics as tiktoken
     words = Counter(w for t in texts for w in regex.findall(PAT_STR, t))
     words = {tuple(bytes([b]) for b in w.encode()): c for w, c in sorted(words.items())}
     merges = []
