@@ -127,19 +127,19 @@ def hook_products(model, train_batch, test_batch, temperature, layer_filter, mic
     the two norms only if `norms` (materialising per-sample gradients costs O(T d p) each)."""
     n = train_batch[0].size(0)
     with install_ghost_hooks(model) as hooks:
-        test_c = capture_grads(model, hooks, "val", test_batch, temperature, micro_batch)
+        test_grads = capture_grads(model, hooks, "val", test_batch, temperature, micro_batch)
         # ||sum_j g_j||^2 = sum_{j,k} <g_j, g_k>: the test samples' own inner-product matrix, summed
-        te_sq = compute_ghost_inner_product_matrix(test_c, test_c, layer_filter=layer_filter).sum() if norms else None
-        ip_rows, tr_sq = [], []
+        te_sq = compute_ghost_inner_product_matrix(test_grads, test_grads, layer_filter=layer_filter).sum() if norms else None
+        inner_rows, tr_sq = [], []
         for s in range(0, n, micro_batch):      # train chunk by chunk: buffers stay small
             chunk = tuple(b[s:s + micro_batch] for b in train_batch)
-            train_c = capture_grads(model, hooks, "train", chunk, temperature, micro_batch)
-            ip_rows.append(compute_ghost_inner_product_matrix(train_c, test_c, layer_filter=layer_filter))
+            train_grads = capture_grads(model, hooks, "train", chunk, temperature, micro_batch)
+            inner_rows.append(compute_ghost_inner_product_matrix(train_grads, test_grads, layer_filter=layer_filter))
             if norms:
-                tr_sq.append(sq_norms(train_c, layer_filter))
-            del train_c  # this chunk's activations and gradients
+                tr_sq.append(sq_norms(train_grads, layer_filter))
+            del train_grads  # this chunk's activations and gradients
     model.zero_grad(set_to_none=True)  # capture's .grad is not an update
-    return torch.cat(ip_rows), torch.cat(tr_sq) if norms else None, te_sq
+    return torch.cat(inner_rows), torch.cat(tr_sq) if norms else None, te_sq
 
 
 def loop_gradients(model, batch, temperature, layer_filter=None):
@@ -187,12 +187,12 @@ def checkpoint_products(model, train_batch, test_batch, temperature, layer_filte
     float64 on the CPU whatever the model's device; the norms are None from the hooks unless asked for."""
     if gradient_method == "loop":
         tr, te = (loop_gradients(model, b, temperature, layer_filter) for b in (train_batch, test_batch))
-        ip, tr_sq, te_sq = tr @ te.T, tr.pow(2).sum(1), te.sum(0).pow(2).sum()
+        inner, tr_sq, te_sq = tr @ te.T, tr.pow(2).sum(1), te.sum(0).pow(2).sum()
     else:
-        ip, tr_sq, te_sq = hook_products(model, train_batch, test_batch, temperature, layer_filter, micro_batch, norms)
-    if not torch.isfinite(ip).all():
+        inner, tr_sq, te_sq = hook_products(model, train_batch, test_batch, temperature, layer_filter, micro_batch, norms)
+    if not torch.isfinite(inner).all():
         raise FloatingPointError(f"NaN/Inf in gradient inner products at checkpoint {t}")
-    return tuple(None if v is None else v.double().cpu() for v in (ip, tr_sq, te_sq))
+    return tuple(None if v is None else v.double().cpu() for v in (inner, tr_sq, te_sq))
 
 
 def attribution_result(train_samples, scores, contributions, cosine, selfinf, mode, num_checkpoints, top_k):
@@ -265,9 +265,9 @@ def find_critical_samples(model, checkpoints, train_samples, test_samples, enc, 
             load_lora_state_dict(model, state["lora"] if "lora" in state else state)
             w = learning_rates[t] if learning_rates is not None else float(state.get("lr", 1.0))
             w *= checkpoint_steps[t] if checkpoint_steps is not None else 1.0   # w_t = eta_t k_t
-            ip, tr_sq, te_sq = checkpoint_products(model, train_batch, test_batch, temperature, layer_filter,
+            inner, tr_sq, te_sq = checkpoint_products(model, train_batch, test_batch, temperature, layer_filter,
                                                    gradient_method, micro_batch, normalize or self_influence, t)
-            contrib = w * ip.sum(1)                   # <g_i, G_t> summed over test samples: (n,)
+            contrib = w * inner.sum(1)                   # <g_i, G_t> summed over test samples: (n,)
             scores += contrib
             contributions.append(contrib)
             if normalize:
