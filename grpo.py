@@ -21,24 +21,33 @@ from rewards import compute_rewards
 from sample import decode_completions, generate, pad_prompts
 
 
-def compute_group_advantages(rewards, group_size, scale_rewards="group"):
+def compute_group_advantages(rewards, group_size, scale_rewards="group", epsilon=0.0):
     """rewards (N,) with rows of one group adjacent -> (advantages (N,), number of zero-std groups).
 
-    A_i = r_i - mean(group), divided by the group's std ('group'), the batch's std ('batch') or
-    nothing ('none'). A group whose rewards are all equal carries no signal: its advantages
-    are exactly 0 (never 0/0 = NaN)."""
+    A_i = r_i - mean(group), divided by the group's std + epsilon ('group'; TRL uses epsilon 1e-4),
+    the batch's std + epsilon ('batch') or nothing ('none'). A group whose rewards are all equal
+    carries no signal: its advantages are exactly 0 (never 0/0 = NaN). A NaN reward (no reward
+    function could score the completion) is left out of its group's mean and std; its advantage is 0."""
     if group_size < 2:
         raise UserError(f"group_size must be >= 2 for group-relative advantages, got {group_size}")
     if rewards.numel() % group_size:
         raise UserError(f"{rewards.numel()} rewards do not split into groups of {group_size}")
     r = rewards.float().view(-1, group_size)                          # (B, G)
-    centered = r - r.mean(dim=1, keepdim=True)
-    group_std = r.std(dim=1, keepdim=True)                            # (B, 1)
-    zero_std = group_std < 1e-6                                       # all rewards equal
+    scored = ~torch.isnan(r)
+    if scored.all():
+        centered = r - r.mean(dim=1, keepdim=True)
+        group_std, batch_std = r.std(dim=1, keepdim=True), r.std()    # (B, 1), ()
+        too_few = torch.zeros_like(group_std, dtype=torch.bool)
+    else:  # nan-mean and nan-std over the scored completions of each group
+        n = scored.sum(1, keepdim=True)
+        centered = torch.where(scored, r - torch.nansum(r, 1, keepdim=True) / n.clamp(min=1), 0.0)
+        group_std = ((centered ** 2).sum(1, keepdim=True) / (n - 1).clamp(min=1)).sqrt()
+        batch_std, too_few = r[scored].std() if scored.sum() > 1 else torch.tensor(0.0), n < 2
+    zero_std = (group_std < 1e-6) | too_few                           # all (scored) rewards equal
     if scale_rewards == "group":
-        adv = centered / torch.where(zero_std, torch.ones_like(group_std), group_std)
+        adv = centered / (torch.where(zero_std, torch.ones_like(group_std), group_std) + epsilon)
     elif scale_rewards == "batch":
-        adv = centered / max(r.std().item(), 1e-6)
+        adv = centered / (max(batch_std.item(), 1e-6) + epsilon)
     elif scale_rewards == "none":
         adv = centered
     else:
@@ -106,22 +115,34 @@ def completion_logprobs(model, idx, pad_left, T, temperature, with_entropy=False
     return logp, entropy
 
 
-def grpo_loss(logp, old_logp, ref_logp, advantages, mask, beta=0.04, epsilon_low=0.2,
-              epsilon_high=0.2, loss_type="grpo", num_seqs=None, num_tokens=None, max_len=None):
-    """GRPO objective on one micro-batch, normalised by whole-batch counts so that the gradients
-    of the micro-batches add up to the gradient of the whole batch.
+LOSS_TYPES = ("grpo", "bnpo", "dapo", "dr_grpo")  # TRL's names
+
+
+def grpo_loss(logp, old_logp, ref_logp, advantages, mask, beta=0.04, epsilon_low=0.2, epsilon_high=0.2,
+              loss_type="grpo", num_seqs=None, num_tokens=None, max_len=None, num_micro_batches=1,
+              importance_sampling_level="token", use_bias_correction_kl=False):
+    """GRPO objective on one micro-batch, normalised so that the micro-batches' gradients add up to
+    the whole batch's (for bnpo: to the mean of the micro-batches', as TRL's gradient accumulation).
 
     per token:  L_t = -min(rho_t A, clip(rho_t, 1-eps_low, 1+eps_high) A) + beta * KL_t
-                rho_t = exp(logp_t - old_logp_t),   KL_t = exp(ref_t - logp_t) - (ref_t - logp_t) - 1  (k3)
-    grpo:    mean over tokens of each completion, then / num_seqs  (DeepSeekMath)
-    bnpo:    sum over tokens / num_tokens                          (token-level)
-    dr_grpo: sum over tokens / (num_seqs * max_len)                (Dr. GRPO, arXiv 2503.20783)
+                rho_t = exp(logp_t - old_logp_t)        (importance_sampling_level 'token')
+                rho_t = exp(mean_s (logp_s - old_logp_s)) for every t of the completion  ('sequence', GSPO)
+                KL_t = exp(ref_t - logp_t) - (ref_t - logp_t) - 1   (k3), times rho_t if use_bias_correction_kl
+    grpo:    mean over tokens of each completion, then / num_seqs         (DeepSeekMath)
+    bnpo:    sum over tokens / this micro-batch's tokens / num_micro_batches
+    dapo:    sum over tokens / num_tokens of the whole batch               (token-level, TRL's default)
+    dr_grpo: sum over tokens / (num_seqs * max_len)                        (Dr. GRPO, arXiv 2503.20783)
     Shapes: logp, old_logp, ref_logp, mask (n, T); advantages (n,). ref_logp None when beta == 0."""
     mask = mask.to(logp.dtype)
     num_seqs = num_seqs or logp.size(0)
     num_tokens = num_tokens or mask.sum().clamp(min=1)
     max_len = max_len or logp.size(1)
-    ratio = torch.exp(logp - old_logp)                                      # (n, T)
+    log_ratio = logp - old_logp                                             # (n, T)
+    if importance_sampling_level == "sequence":                            # one ratio per completion
+        log_ratio = ((log_ratio * mask).sum(1) / mask.sum(1).clamp(min=1))[:, None]      # (n, 1)
+    elif importance_sampling_level != "token":
+        raise UserError(f"importance_sampling_level must be 'token' or 'sequence', got {importance_sampling_level!r}")
+    ratio = torch.exp(log_ratio)
     clipped = torch.clamp(ratio, 1 - epsilon_low, 1 + epsilon_high)
     A = advantages[:, None]
     per_token = -torch.min(ratio * A, clipped * A)
@@ -129,38 +150,64 @@ def grpo_loss(logp, old_logp, ref_logp, advantages, mask, beta=0.04, epsilon_low
     if beta != 0:
         d = ref_logp - logp
         kl = torch.exp(d) - d - 1                                           # k3 estimator, >= 0
+        if use_bias_correction_kl:  # the KL was estimated under the old policy: reweight it to the new one
+            kl = kl * ratio
         per_token = per_token + beta * kl
     if loss_type == "grpo":
         loss = ((per_token * mask).sum(1) / mask.sum(1).clamp(min=1)).sum() / num_seqs
     elif loss_type == "bnpo":
+        loss = (per_token * mask).sum() / mask.sum().clamp(min=1) / num_micro_batches
+    elif loss_type == "dapo":
         loss = (per_token * mask).sum() / num_tokens
     elif loss_type == "dr_grpo":
         loss = (per_token * mask).sum() / (num_seqs * max_len)
     else:
-        raise UserError(f"loss_type must be 'grpo', 'bnpo' or 'dr_grpo', got {loss_type!r}")
-    with torch.no_grad():  # statistics for the log line only
-        is_clipped = ((ratio < 1 - epsilon_low) & (A < 0)) | ((ratio > 1 + epsilon_high) & (A > 0))
-        stats = {"clipped_tokens": (is_clipped.float() * mask).sum().item(),
+        raise UserError(f"loss_type must be one of {', '.join(LOSS_TYPES)}, got {loss_type!r}")
+    with torch.no_grad():  # statistics for the log line only (TRL's clip_ratio/low, /high, /region)
+        low = ((ratio < 1 - epsilon_low) & (A < 0)).expand_as(mask).float() * mask
+        high = ((ratio > 1 + epsilon_high) & (A > 0)).expand_as(mask).float() * mask
+        stats = {"clipped_low": low.sum().item(), "clipped_high": high.sum().item(),
+                 "clipped_tokens": (low + high).sum().item(),
                  "kl_sum": (kl * mask).sum().item() if kl is not None else 0.0}
     return loss, stats
 
 
+def old_and_reference_logprobs(model, batch, cfg, amp, times):
+    """For num_iterations > 1: the log-probs of the policy that sampled (taken right after sampling,
+    before the first update) and of the reference, each (N, T) and without graph, for every update."""
+    idx, pad_left, T, mb = batch["idx"], batch["pad_left"], batch["mask"].size(1), cfg["micro_batch_size"]
+    old, ref, t0 = [], [], time.time()
+    with torch.no_grad(), amp:
+        for s in range(0, idx.size(0), mb):
+            sl = slice(s, s + mb)
+            old.append(completion_logprobs(model, idx[sl], pad_left[sl], T, cfg["temperature"])[0])
+            if cfg["beta"] != 0:
+                with disable_lora(model):
+                    ref.append(completion_logprobs(model, idx[sl], pad_left[sl], T, cfg["temperature"])[0])
+    sync(cfg["device"]); times["old_logp"] = times.get("old_logp", 0.0) + time.time() - t0
+    return torch.cat(old), (torch.cat(ref) if ref else None)
+
+
 def policy_backward(model, batch, cfg, amp, times, beta):
     """Passes 3 and 2 and the backward of the GRPO loss, per micro-batch. batch: idx, pad_left, mask,
-    advantages (a make_rollouts result). Gradients add up in .grad (under ghost hooks: per sample).
+    advantages (a make_rollouts result), and old_logp / ref_logp when num_iterations > 1 took them
+    already. Gradients add up in .grad (under ghost hooks: per sample).
 
     The reference pass (3) runs BEFORE the policy pass (2): its activations are freed before the
     policy builds its graph, so the peak is the larger of the two passes, not their sum."""
     idx, pad_left, T = batch["idx"], batch["pad_left"], batch["mask"].size(1)
     N, mb, device = idx.size(0), cfg["micro_batch_size"], cfg["device"]
-    norm = dict(num_seqs=N, num_tokens=batch["mask"].sum().clamp(min=1).item(), max_len=cfg["max_new_tokens"])
+    norm = dict(num_seqs=N, num_tokens=batch["mask"].sum().clamp(min=1).item(), max_len=cfg["max_new_tokens"],
+                num_micro_batches=-(-N // mb), importance_sampling_level=cfg["importance_sampling_level"],
+                use_bias_correction_kl=cfg["use_bias_correction_kl"])
     adv, mask = batch["advantages"].to(device), batch["mask"].to(device)
-    stats = {"losses": [], "kl_sum": 0.0, "clipped": 0.0, "ent_sum": 0.0, "num_tokens": norm["num_tokens"]}
+    stats = {"losses": [], "kl_sum": 0.0, "clipped": 0.0, "clipped_low": 0.0, "clipped_high": 0.0,
+             "ent_sum": 0.0, "num_tokens": norm["num_tokens"]}
     model.train()  # dropout is 0: train() only enables gradient checkpointing if configured
     for s in range(0, N, mb):
         sl = slice(s, s + mb)
-        ref_logp = None
-        if beta != 0:  # PASS 3, reference: base weights through the same modules, no graph kept
+        ref_logp = None if beta == 0 or batch.get("ref_logp") is None else batch["ref_logp"][sl]
+        if beta != 0 and ref_logp is None:  # PASS 3, reference: base weights through the same modules, no graph
             t0 = time.time()
             with torch.no_grad(), disable_lora(model), amp:
                 ref_logp, _ = completion_logprobs(model, idx[sl], pad_left[sl], T, cfg["temperature"])
@@ -169,15 +216,17 @@ def policy_backward(model, batch, cfg, amp, times, beta):
         with amp:  # PASS 2, policy, with grad
             logp, entropy = completion_logprobs(model, idx[sl], pad_left[sl], T, cfg["temperature"],
                                                 with_entropy=True)
-            # old = logp.detach(): one update per generation, so the ratio is exactly 1 and the epsilon
-            # clip never acts (clip_ratio 0), as TRL and nanochat note; it acts only when a generation is
-            # reused for several updates, with old log-probs taken before the first of them
-            loss, loss_stats = grpo_loss(logp, logp.detach(), ref_logp, adv[sl], mask[sl], beta,
+            # one update per generation: old = logp.detach(), so the ratio is exactly 1 and the epsilon clip
+            # never acts (clip_ratio 0), as TRL and nanochat note. With num_iterations > 1 the old log-probs
+            # were taken before the first update (old_and_reference_logprobs) and clipping acts.
+            old_logp = logp.detach() if batch.get("old_logp") is None else batch["old_logp"][sl]
+            loss, loss_stats = grpo_loss(logp, old_logp, ref_logp, adv[sl], mask[sl], beta,
                                          cfg["epsilon_low"], cfg["epsilon_high"], cfg["loss_type"], **norm)
         loss.backward()
         stats["losses"].append(loss.item())
         stats["kl_sum"] += loss_stats["kl_sum"]
-        stats["clipped"] += loss_stats["clipped_tokens"]
+        for k in ("clipped", "clipped_low", "clipped_high"):
+            stats[k] += loss_stats["clipped_tokens" if k == "clipped" else k]
         stats["ent_sum"] += (entropy * mask[sl]).sum().item()
         del logp, ref_logp, entropy, loss  # this micro-batch's graph and log-probs, before the next one
         sync(device); times["policy"] = times.get("policy", 0.0) + time.time() - t0
@@ -204,8 +253,8 @@ def make_rollouts(model, enc, batches, cfg, generator, amp, times):
         texts = decode_completions(enc, idx[rows], mask[rows])
         rewards, per_fn, errors = compute_rewards(texts, [a for a in answers for _ in range(G)],
                                                   list(cfg["reward_funcs"]), list(cfg["reward_weights"]))
-        rewards = torch.tensor(rewards)
-        advantages, n_zero_std = compute_group_advantages(rewards, G, cfg["scale_rewards"])
+        rewards = torch.tensor(rewards)  # NaN where no reward function could score the completion
+        advantages, n_zero_std = compute_group_advantages(rewards, G, cfg["scale_rewards"], cfg["advantage_epsilon"])
         truncated = (idx[rows, -T:] != enc.eot_token).all(dim=1)  # never emitted end-of-text
         m = mask[rows] * (~truncated).long()[:, None] if cfg["mask_truncated_completions"] else mask[rows]
         out.append(dict(idx=idx[rows], pad_left=pad_left[rows], mask=m, rewards=rewards, advantages=advantages,
@@ -228,8 +277,24 @@ def update(model, optimizer, cfg, stats, nothing_kept, times):
     else:
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    sync(cfg["device"]); times["optimizer"] = time.time() - t0
+    sync(cfg["device"]); times["optimizer"] = times.get("optimizer", 0.0) + time.time() - t0
     return grad_norm.item(), skip_reason
+
+
+def grpo_updates(model, optimizer, rollouts, cfg, amp, times):
+    """Steps 4-7 num_iterations (mu) times on one generation, as DeepSeekMath's algorithm and TRL's
+    num_iterations: with mu > 1 the old (sampling) and reference log-probs are taken once, before the
+    first update, so later updates see ratios != 1 and the clip acts. Returns (stats summed over the
+    updates, the last gradient norm, the first skip reason or None)."""
+    if cfg["num_iterations"] > 1:
+        rollouts["old_logp"], rollouts["ref_logp"] = old_and_reference_logprobs(model, rollouts, cfg, amp, times)
+    total, first_skip = None, None
+    for _ in range(cfg["num_iterations"]):
+        stats = policy_backward(model, rollouts, cfg, amp, times, cfg["beta"])
+        grad_norm, skip_reason = update(model, optimizer, cfg, stats, False, times)
+        first_skip = first_skip or skip_reason
+        total = stats if total is None else {k: total[k] + stats[k] for k in total}  # lists concatenate
+    return total, grad_norm, first_skip
 
 
 def rollout_batch(enc, samples, device):

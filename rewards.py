@@ -103,6 +103,9 @@ def compute_rewards(
       errors[name]   = how many samples made that function raise
     A raising function scores 0.0 for that sample and training continues; one
     malformed sample should not kill a long run. The caller logs the counts.
+    A function may return None for "cannot score this one": that value is NaN in
+    per_func and left out of the total (as TRL's nansum); a completion that no
+    function could score gets a NaN total, which the advantages leave out.
     """
     # Validate before doing any work so config mistakes fail fast and clearly.
     unknown = [name for name in reward_funcs if name not in REWARD_FUNCS]
@@ -119,6 +122,7 @@ def compute_rewards(
         raise ValueError(f"got {len(completions)} completions but {len(answers)} answers")
 
     totals = [0.0] * len(completions)
+    scored = [False] * len(completions)
     per_func: dict[str, list[float]] = {}
     errors: dict[str, int] = {}
     for name, weight in zip(reward_funcs, reward_weights):
@@ -126,11 +130,15 @@ def compute_rewards(
         values, n_errors = [], 0
         for i, (completion, answer) in enumerate(zip(completions, answers)):
             try:
-                value = float(fn(completion, answer))
+                value = fn(completion, answer)
+                value = float("nan") if value is None else float(value)
             except Exception:
                 value, n_errors = 0.0, n_errors + 1
             values.append(value)
-            totals[i] += weight * value
+            if value == value:  # not NaN: this function scored it
+                totals[i] += weight * value
+                scored[i] = True
         per_func[name] = values
         errors[name] = n_errors
+    totals = [t if s else float("nan") for t, s in zip(totals, scored)]
     return totals, per_func, errors

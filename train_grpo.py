@@ -30,7 +30,7 @@ import time
 import torch
 
 from data.gsm_synth.prepare import encode_prompt
-from grpo import make_rollouts, policy_backward, update
+from grpo import LOSS_TYPES, grpo_updates, make_rollouts, update
 from lora import apply_lora, lora_parameters, lora_state_dict, load_lora_state_dict
 from model import check_device, check_same_base, load_checkpoint, memory_stats, save_checkpoint
 from rewards import REWARD_FUNCS
@@ -59,8 +59,13 @@ top_p = 1.0
 beta = 0.04                 # KL weight; 0 skips the reference pass entirely
 epsilon_low = 0.2           # clip ratio to [1 - epsilon_low, 1 + epsilon_high]
 epsilon_high = 0.2
-loss_type = "grpo"          # 'grpo' (mean per completion), 'bnpo' (mean per token), 'dr_grpo' (sum / (N*max_len))
+loss_type = "grpo"          # TRL's names: 'grpo' (mean per completion), 'dapo' (per token of the batch),
+                            # 'bnpo' (per token of each micro-batch), 'dr_grpo' (sum / (N * max_new_tokens))
+num_iterations = 1          # mu: updates per generation; > 1 takes old log-probs after sampling and clipping acts
+importance_sampling_level = "token"  # 'token' ratios, or 'sequence' (GSPO: one ratio per completion)
+use_bias_correction_kl = False       # multiply the k3 KL by the ratio (TRL's default is True)
 scale_rewards = "group"     # 'group' / 'batch' std, or 'none' (Dr. GRPO)
+advantage_epsilon = 0.0     # A = (r - mean) / (std + advantage_epsilon); TRL uses 1e-4
 mask_truncated_completions = False  # completions that never emitted end-of-text get no loss
 reward_funcs = ("correctness", "format")
 reward_weights = (1.0, 0.1)
@@ -115,16 +120,15 @@ def grpo_step(model, optimizer, enc, questions, answers, cfg, generator, amp, va
         print(f"warning: {e}; step skipped, weights untouched")
         return {"skipped": True, "skip_reason": "non-finite logits", **{f"time/{k}": v for k, v in times.items()}}, None
     extra = {}
-    if not cfg["tracin"]:  # 4-6: reference, policy, loss and backward, micro-batch by micro-batch
-        stats = policy_backward(model, rollouts, cfg, amp, times, cfg["beta"])
+    if not cfg["tracin"]:  # 4-7, num_iterations times: reference, policy, loss, backward; clip and AdamW
+        stats, grad_norm, skip_reason = grpo_updates(model, optimizer, rollouts, cfg, amp, times)
     else:  # 4-6 with per-sample gradients; the validation loss: sampled rollouts ('pg') or reference solutions
         val_batch = val_rollouts[0] if val_pg else reference_solutions(enc, val, cfg["device"])
         stats, influence, keep, extra = tracin_backward(model, optimizer, rollouts, val_batch, cfg, amp, times)
         rollouts.update(influence=influence.tolist(), selected=keep.tolist())
         if val_pg:
-            extra["val/reward"] = val_batch["rewards"].mean().item()
-    nothing_kept = cfg["tracin"] and extra["n_selected"] == 0
-    grad_norm, skip_reason = update(model, optimizer, cfg, stats, nothing_kept, times)  # 7
+            extra["val/reward"] = val_batch["rewards"].nanmean().item()
+        grad_norm, skip_reason = update(model, optimizer, cfg, stats, extra["n_selected"] == 0, times)  # 7
     if skip_reason:
         extra["skip_reason"] = skip_reason
     return step_log(rollouts, stats, cfg, grad_norm, skip_reason is not None, extra, times), \
@@ -135,14 +139,17 @@ def step_log(rollouts, stats, cfg, grad_norm, skipped, extra, times):
     """One log.jsonl line, with TRL's metric names."""
     n, ntok, rewards, per_fn, mask = rollouts["idx"].size(0), stats["num_tokens"], rollouts["rewards"], \
         rollouts["per_fn"], rollouts["mask"]
-    return {"loss": sum(stats["losses"]), "reward": rewards.mean().item(), "reward_std": rewards.std().item(),
-            **{f"rewards/{k}": sum(v) / len(v) for k, v in per_fn.items()},
-            "accuracy": sum(per_fn["correctness"]) / n if "correctness" in per_fn else float("nan"),
+    nanmean = lambda v: torch.tensor(v, dtype=torch.float64).nanmean().item()  # None scores are NaN
+    scored = rewards[~rewards.isnan()]
+    return {"loss": sum(stats["losses"]), "reward": scored.mean().item(), "reward_std": scored.std().item(),
+            **{f"rewards/{k}": nanmean(v) for k, v in per_fn.items()}, "rewards/unscored": n - scored.numel(),
+            "accuracy": nanmean(per_fn["correctness"]) if "correctness" in per_fn else float("nan"),
             "frac_reward_zero_std": rollouts["n_zero_std"] / (n // cfg["group_size"]),
             "kl": stats["kl_sum"] / ntok, "entropy": stats["ent_sum"] / ntok,
             "completions/mean_length": mask.sum(1).float().mean().item(),
             "completions/clipped_ratio": rollouts["truncated"].float().mean().item(),
-            "clip_ratio": stats["clipped"] / ntok, "grad_norm": grad_norm, "skipped": skipped,
+            "clip_ratio": stats["clipped"] / ntok, "clip_ratio/low": stats["clipped_low"] / ntok,
+            "clip_ratio/high": stats["clipped_high"] / ntok, "grad_norm": grad_norm, "skipped": skipped,
             "reward_errors": sum(rollouts["errors"].values()), **extra, **{f"time/{k}": v for k, v in times.items()}}
 
 
@@ -185,7 +192,12 @@ def validate(cfg):
     check(cfg, "lora_dropout", 0 <= cfg["lora_dropout"] < 1, "must be in [0, 1)")
     check(cfg, "defect_frac", 0 <= cfg["defect_frac"] <= 1, "must be in [0, 1]")
     check(cfg, "tracin_topk_frac", 0 < cfg["tracin_topk_frac"] <= 1, "must be in (0, 1]")
-    check_choice(cfg, "loss_type", ("grpo", "bnpo", "dr_grpo"))
+    check_choice(cfg, "loss_type", LOSS_TYPES)
+    check_choice(cfg, "importance_sampling_level", ("token", "sequence"))
+    check(cfg, "advantage_epsilon", cfg["advantage_epsilon"] >= 0, "must be >= 0")
+    check(cfg, "num_iterations", cfg["num_iterations"] >= 1, "must be >= 1")
+    check(cfg, "num_iterations", cfg["num_iterations"] == 1 or not cfg["tracin"], "must be 1 with tracin=True: "
+          "the selection is made from the sampling policy's per-sample gradients, one update per generation")
     check_choice(cfg, "scale_rewards", ("group", "batch", "none"))
     check_choice(cfg, "tracin_val_loss", ("pg", "nll"))
     check_choice(cfg, "tracin_selection", ("positive", "topk"))

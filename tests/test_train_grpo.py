@@ -58,30 +58,57 @@ def test_group_advantages_errors():
 
 
 # ---------------------------------------------------------------------------- loss
-def hand_loss(logp, old, ref, adv, mask, beta, el, eh, loss_type, max_len):
-    """The GRPO objective with plain Python loops over sequences and tokens."""
+def hand_loss(logp, old, ref, adv, mask, beta, el, eh, loss_type, max_len, level="token", bias_kl=False):
+    """The GRPO objective with plain Python loops over sequences and tokens (one micro-batch, so
+    bnpo and dapo agree here)."""
     n, T = len(logp), len(logp[0])
     seq_terms, total, ntok = [], 0.0, 0
     for i in range(n):
         s, cnt = 0.0, 0
-        for t in range(T):
-            if not mask[i][t]:
-                continue
-            rho = math.exp(logp[i][t] - old[i][t])
+        toks = [t for t in range(T) if mask[i][t]]
+        seq_log_ratio = sum(logp[i][t] - old[i][t] for t in toks) / max(len(toks), 1)  # GSPO
+        for t in toks:
+            rho = math.exp(logp[i][t] - old[i][t] if level == "token" else seq_log_ratio)
             rho_c = min(max(rho, 1 - el), 1 + eh)
             term = -min(rho * adv[i], rho_c * adv[i])
             if beta:
                 d = ref[i][t] - logp[i][t]
-                term += beta * (math.exp(d) - d - 1)
+                term += beta * (math.exp(d) - d - 1) * (rho if bias_kl else 1.0)
             s += term
             cnt += 1
         seq_terms.append(s / max(cnt, 1))
         total += s
         ntok += cnt
-    return {"grpo": sum(seq_terms) / n, "bnpo": total / max(ntok, 1), "dr_grpo": total / (n * max_len)}[loss_type]
+    return {"grpo": sum(seq_terms) / n, "bnpo": total / max(ntok, 1), "dapo": total / max(ntok, 1),
+            "dr_grpo": total / (n * max_len)}[loss_type]
 
 
-@pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dr_grpo"])
+@pytest.mark.parametrize("level, bias_kl", [("token", False), ("sequence", False), ("token", True),
+                                            ("sequence", True)])
+@pytest.mark.parametrize("loss_type", ["grpo", "dapo", "dr_grpo"])
+def test_sequence_ratio_and_kl_bias_correction_match_hand_formula(loss_type, level, bias_kl):
+    torch.manual_seed(2)
+    n, T = 4, 5
+    old = torch.randn(n, T).double()
+    shift = torch.tensor([[0.5], [-0.5], [0.1], [0.4]]).double()  # row 0 above 1 + eps (A > 0), row 1 below 1 - eps (A < 0)
+    logp = (old + shift + 0.3 * torch.randn(n, T).double()).requires_grad_(True)
+    ref, adv = torch.randn(n, T).double(), torch.tensor([1.0, -1.0, 0.5, -2.0]).double()
+    mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0], [1, 1, 1, 1, 0], [1, 0, 0, 0, 0]])
+    loss, st = grpo.grpo_loss(logp, old, ref, adv, mask, 0.1, 0.2, 0.2, loss_type, max_len=8,
+                              importance_sampling_level=level, use_bias_correction_kl=bias_kl)
+    L, O, R, A, M = logp.tolist(), old.tolist(), ref.tolist(), adv.tolist(), mask.tolist()
+    f = lambda L_: hand_loss(L_, O, R, A, M, 0.1, 0.2, 0.2, loss_type, 8, level, bias_kl)
+    assert loss.item() == pytest.approx(f(L), rel=1e-9)
+    g, = torch.autograd.grad(loss, logp)
+    for i, t in [(0, 0), (0, 3), (1, 2), (2, 1), (3, 0)]:
+        Lp, Lm = copy.deepcopy(L), copy.deepcopy(L)
+        Lp[i][t] += 1e-6
+        Lm[i][t] -= 1e-6
+        assert g[i, t].item() == pytest.approx((f(Lp) - f(Lm)) / 2e-6, abs=1e-7)
+    assert st["clipped_low"] > 0 and st["clipped_high"] > 0  # both sides of the clip act here
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dapo", "dr_grpo"])
 @pytest.mark.parametrize("beta", [0.0, 0.1])
 def test_grpo_loss_matches_hand_formula(loss_type, beta):
     torch.manual_seed(0)
@@ -111,17 +138,24 @@ def test_grpo_loss_matches_hand_formula(loss_type, beta):
     assert want_clip >= 2 and st["clipped_tokens"] == want_clip
 
 
-@pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dr_grpo"])
+@pytest.mark.parametrize("loss_type", ["grpo", "dapo", "dr_grpo", "bnpo"])
 def test_micro_batches_add_up(loss_type):
+    """Micro-batches of 4 that do not cover the batch of 6 evenly (4 + 2): grpo, dapo and dr_grpo add
+    up to the whole batch's loss; bnpo (TRL) is the mean over micro-batches of each one's token mean."""
     torch.manual_seed(1)
     logp, ref = torch.randn(6, 7), torch.randn(6, 7)
     adv = torch.randn(6)
     mask = (torch.rand(6, 7) > 0.3).long()
-    full, _ = grpo.grpo_loss(logp, logp, ref, adv, mask, 0.04, loss_type=loss_type, max_len=7)
-    norm = dict(num_seqs=6, num_tokens=mask.sum().item(), max_len=7)
-    parts = sum(grpo.grpo_loss(logp[s], logp[s], ref[s], adv[s], mask[s], 0.04, loss_type=loss_type, **norm)[0]
-                for s in (slice(0, 2), slice(2, 6)))
-    assert parts.item() == pytest.approx(full.item(), rel=1e-6)
+    parts = [slice(0, 4), slice(4, 6)]
+    norm = dict(num_seqs=6, num_tokens=mask.sum().item(), max_len=7, num_micro_batches=2)
+    got = sum(grpo.grpo_loss(logp[s], logp[s], ref[s], adv[s], mask[s], 0.04, loss_type=loss_type, **norm)[0]
+              for s in parts)
+    if loss_type == "bnpo":
+        want = sum(grpo.grpo_loss(logp[s], logp[s], ref[s], adv[s], mask[s], 0.04, loss_type="dapo")[0]
+                   for s in parts) / 2
+    else:
+        want, _ = grpo.grpo_loss(logp, logp, ref, adv, mask, 0.04, loss_type=loss_type, max_len=7)
+    assert got.item() == pytest.approx(want.item(), rel=1e-6)
 
 
 def test_bad_loss_type():
@@ -459,3 +493,58 @@ def test_grpo_step_under_bf16_autocast(tiny_setup, mode):
     assert not log["skipped"] and math.isfinite(log["loss"]) and math.isfinite(log["grad_norm"])
     assert all(p.dtype == torch.float32 for p in lora_parameters(m))
     assert any(not torch.equal(a, p) for a, p in zip(before, lora_parameters(m)))
+
+
+# ---------------------------------------------------------------------------- TRL-complete GRPO
+def test_advantages_leave_unscored_out_and_use_epsilon():
+    nan = float("nan")
+    r = torch.tensor([1.0, nan, 0.0, 2.0, nan, nan, nan, 5.0, 3.0, 3.0, nan, 3.0])
+    adv, n_zero = grpo.compute_group_advantages(r, 4, "group", epsilon=1e-4)
+    xs = [1.0, 0.0, 2.0]                                   # group 0's scored rewards
+    m, sd = sum(xs) / 3, math.sqrt(sum((x - sum(xs) / 3) ** 2 for x in xs) / 2)
+    want = [(1.0 - m) / (sd + 1e-4), 0.0, (0.0 - m) / (sd + 1e-4), (2.0 - m) / (sd + 1e-4)]
+    assert adv[:4].tolist() == pytest.approx(want, abs=1e-6)
+    assert adv[4:].tolist() == [0.0] * 8                   # one scored reward, or all equal: no signal
+    assert n_zero == 2 and torch.isfinite(adv).all()
+
+
+def test_reward_function_may_return_none(monkeypatch):
+    import rewards
+    monkeypatch.setitem(rewards.REWARD_FUNCS, "picky", lambda c, a: None if c == "?" else 2.0)
+    totals, per_fn, _ = rewards.compute_rewards(["#### 3", "?", "x"], [3, 3, 3], ["picky", "correctness"], [0.5, 1.0])
+    assert totals == [2.0, 0.0, 1.0] and math.isnan(per_fn["picky"][1])   # left out of the total
+    totals, _, _ = rewards.compute_rewards(["?"], [3], ["picky"], [1.0])
+    assert math.isnan(totals[0])                                          # nothing could score it
+
+
+def test_old_and_reference_logprobs_are_the_sampling_and_base_policies(lora_gpt):
+    lora_gpt = lora_gpt[0]
+    torch.manual_seed(0)
+    idx = torch.randint(1, 50, (5, 9))
+    batch = dict(idx=idx, pad_left=torch.zeros(5, dtype=torch.long), mask=torch.ones(5, 4, dtype=torch.long))
+    cfg = {**tg.defaults, "micro_batch_size": 2, "beta": 0.1}
+    old, ref = grpo.old_and_reference_logprobs(lora_gpt, batch, cfg, contextlib.nullcontext(), {})
+    full = F.log_softmax(lora_gpt(idx[:, :-1], keep_last=4)[0].double(), -1).gather(-1, idx[:, -4:, None]).squeeze(-1)
+    assert torch.allclose(old.double(), full, atol=1e-5) and not old.requires_grad
+    with disable_lora(lora_gpt):
+        base = F.log_softmax(lora_gpt(idx[:, :-1], keep_last=4)[0].double(), -1).gather(-1, idx[:, -4:, None]).squeeze(-1)
+    assert torch.allclose(ref.double(), base, atol=1e-5) and (ref - old).abs().max() > 1e-3
+
+
+def test_num_iterations_two_clips_and_takes_two_steps(tiny_setup, tmp_path):
+    out = tmp_path / "mu2"
+    run(tiny_setup, out, "--max_iters=3", "--num_iterations=2", "--epsilon_low=0.001", "--epsilon_high=0.001",
+        "--learning_rate=0.05", "--loss_type=dapo", "--importance_sampling_level=sequence")
+    logs = [json.loads(line) for line in open(out / "log.jsonl")][1:]
+    assert any(l["clip_ratio/low"] > 0 for l in logs) and any(l["clip_ratio/high"] > 0 for l in logs)
+    assert all(l["clip_ratio"] == pytest.approx(l["clip_ratio/low"] + l["clip_ratio/high"]) for l in logs)
+    opt = load_checkpoint(str(out / "ckpt.pt"))["optimizer"]
+    assert all(s["step"] == 6 for s in opt["state"].values())   # 2 AdamW steps per generation
+    one = tmp_path / "mu1"
+    run(tiny_setup, one, "--max_iters=3")
+    assert all(l["clip_ratio"] == 0 for l in [json.loads(x) for x in open(one / "log.jsonl")][1:])  # ratio 1
+
+
+def test_tracin_refuses_num_iterations_above_one(tiny_setup, tmp_path):
+    with pytest.raises(UserError, match="'num_iterations' = 2 is not allowed: must be 1 with tracin=True"):
+        run(tiny_setup, tmp_path / "r", "--tracin=True", "--num_iterations=2", "--beta=0.0")
