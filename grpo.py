@@ -9,6 +9,8 @@ Imports flow one way: grpo.py -> ghost.py -> tracin.py -> train_grpo.py.
 """
 import math
 import time
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
 
 import torch
 from torch.autograd.function import once_differentiable
@@ -172,20 +174,16 @@ def grpo_loss(logp, old_logp, ref_logp, advantages, mask, beta=0.04, epsilon_low
     return loss, stats
 
 
-def old_and_reference_logprobs(model, batch, cfg, amp, times):
-    """For num_iterations > 1: the log-probs of the policy that sampled (taken right after sampling,
-    before the first update) and of the reference, each (N, T) and without graph, for every update."""
+def logprobs_no_grad(model, batch, cfg, amp, times, phase, disabled=False):
+    """(N, T) completion log-probs without graph, micro-batch by micro-batch: of the policy as it is
+    now (the 'old' policy of num_iterations > 1), or with disabled=True of the reference (LoRA off)."""
     idx, pad_left, T, mb = batch["idx"], batch["pad_left"], batch["mask"].size(1), cfg["micro_batch_size"]
-    old, ref, t0 = [], [], time.time()
-    with torch.no_grad(), amp:
+    out, t0 = [], time.time()
+    with torch.no_grad(), disable_lora(model) if disabled else nullcontext(), amp:
         for s in range(0, idx.size(0), mb):
-            sl = slice(s, s + mb)
-            old.append(completion_logprobs(model, idx[sl], pad_left[sl], T, cfg["temperature"])[0])
-            if cfg["beta"] != 0:
-                with disable_lora(model):
-                    ref.append(completion_logprobs(model, idx[sl], pad_left[sl], T, cfg["temperature"])[0])
-    sync(cfg["device"]); times["old_logp"] = times.get("old_logp", 0.0) + time.time() - t0
-    return torch.cat(old), (torch.cat(ref) if ref else None)
+            out.append(completion_logprobs(model, idx[s:s + mb], pad_left[s:s + mb], T, cfg["temperature"])[0])
+    sync(cfg["device"]); times[phase] = times.get(phase, 0.0) + time.time() - t0
+    return torch.cat(out)
 
 
 def policy_backward(model, batch, cfg, amp, times, beta):
@@ -218,7 +216,7 @@ def policy_backward(model, batch, cfg, amp, times, beta):
                                                 with_entropy=True)
             # one update per generation: old = logp.detach(), so the ratio is exactly 1 and the epsilon clip
             # never acts (clip_ratio 0), as TRL and nanochat note. With num_iterations > 1 the old log-probs
-            # were taken before the first update (old_and_reference_logprobs) and clipping acts.
+            # were taken before the first update (logprobs_no_grad) and clipping acts.
             old_logp = logp.detach() if batch.get("old_logp") is None else batch["old_logp"][sl]
             loss, loss_stats = grpo_loss(logp, old_logp, ref_logp, adv[sl], mask[sl], beta,
                                          cfg["epsilon_low"], cfg["epsilon_high"], cfg["loss_type"], **norm)
@@ -233,18 +231,30 @@ def policy_backward(model, batch, cfg, amp, times, beta):
     return stats
 
 
-def make_rollouts(model, enc, batches, cfg, generator, amp, times):
+def make_rollouts(model, enc, batches, cfg, generator, amp, times, cache=None):
     """PASS 1 (sampling, no grad, no logits kept), rewards and group-relative advantages.
 
     batches: a list of (questions, answers); all are sampled in ONE generate call (TracIn's train and
     validation prompts share the per-token cost) and scored separately: one rollout dict per batch."""
-    G, t0 = cfg["group_size"], time.time()
+    return score_rollouts(enc, sample_rollouts(model, enc, batches, cfg, generator, amp, times), batches, cfg,
+                          times, cache)
+
+
+def sample_rollouts(model, enc, batches, cfg, generator, amp, times):
+    """PASS 1: (idx, pad_left, mask) of group_size completions for every prompt of every batch."""
+    t0 = time.time()
     prompts = [encode_prompt(enc, q) for questions, _ in batches for q in questions]
     with amp:
-        idx, pad_left, mask = generate(model, prompts, cfg["max_new_tokens"], enc.eot_token, num_samples=G,
-                                       temperature=cfg["temperature"], top_k=cfg["top_k"] or None,
-                                       top_p=cfg["top_p"], generator=generator)
-    sync(cfg["device"]); times["generation"] = times.get("generation", 0.0) + time.time() - t0; t0 = time.time()
+        sampled = generate(model, prompts, cfg["max_new_tokens"], enc.eot_token, num_samples=cfg["group_size"],
+                           temperature=cfg["temperature"], top_k=cfg["top_k"] or None, top_p=cfg["top_p"],
+                           generator=generator)
+    sync(cfg["device"]); times["generation"] = times.get("generation", 0.0) + time.time() - t0
+    return sampled
+
+
+def score_rollouts(enc, sampled, batches, cfg, times, cache=None):
+    """Rewards (cache: see rewards.compute_rewards) and advantages: one rollout dict per batch."""
+    (idx, pad_left, mask), G, t0 = sampled, cfg["group_size"], time.time()
     T = mask.size(1)  # generation stops once every row has ended: T <= max_new_tokens
     out, start = [], 0
     for questions, answers in batches:
@@ -252,7 +262,7 @@ def make_rollouts(model, enc, batches, cfg, generator, amp, times):
         start = rows.stop
         texts = decode_completions(enc, idx[rows], mask[rows])
         rewards, per_fn, errors = compute_rewards(texts, [a for a in answers for _ in range(G)],
-                                                  list(cfg["reward_funcs"]), list(cfg["reward_weights"]))
+                                                  list(cfg["reward_funcs"]), list(cfg["reward_weights"]), cache)
         rewards = torch.tensor(rewards)  # NaN where no reward function could score the completion
         advantages, n_zero_std = compute_group_advantages(rewards, G, cfg["scale_rewards"], cfg["advantage_epsilon"])
         truncated = (idx[rows, -T:] != enc.eot_token).all(dim=1)  # never emitted end-of-text
@@ -261,6 +271,24 @@ def make_rollouts(model, enc, batches, cfg, generator, amp, times):
                         per_fn=per_fn, errors=errors, n_zero_std=n_zero_std, truncated=truncated))
     times["reward"] = times.get("reward", 0.0) + time.time() - t0
     return out
+
+
+def rollouts_rewards_in_background(model, enc, batches, cfg, generator, amp, times, cache=None):
+    """make_rollouts with the rewards off the critical path: a worker thread decodes and scores the
+    completions while this thread runs the reference pass (3) of every micro-batch, whose log-probs
+    are kept for the loss ((N, T) floats). Torch releases the GIL in its kernels, so a slow reward
+    function costs little extra; a cheap one gains nothing. Without a reference pass (beta 0) or
+    with num_iterations > 1 (which takes its own), the scoring simply runs first."""
+    sampled = sample_rollouts(model, enc, batches, cfg, generator, amp, times)
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        scoring = pool.submit(score_rollouts, enc, sampled, batches, cfg, times, cache)
+        ref = None
+        if cfg["beta"] != 0 and cfg["num_iterations"] == 1:
+            ref = logprobs_no_grad(model, dict(idx=sampled[0], pad_left=sampled[1], mask=sampled[2]), cfg, amp,
+                                   times, "reference", disabled=True)
+        rollouts = scoring.result()
+    rollouts[0]["ref_logp"] = ref
+    return rollouts
 
 
 def update(model, optimizer, cfg, stats, nothing_kept, times):
@@ -286,8 +314,10 @@ def grpo_updates(model, optimizer, rollouts, cfg, amp, times):
     num_iterations: with mu > 1 the old (sampling) and reference log-probs are taken once, before the
     first update, so later updates see ratios != 1 and the clip acts. Returns (stats summed over the
     updates, the last gradient norm, the first skip reason or None)."""
-    if cfg["num_iterations"] > 1:
-        rollouts["old_logp"], rollouts["ref_logp"] = old_and_reference_logprobs(model, rollouts, cfg, amp, times)
+    if cfg["num_iterations"] > 1:  # the sampling policy's and the reference's log-probs, once, for every update
+        rollouts["old_logp"] = logprobs_no_grad(model, rollouts, cfg, amp, times, "old_logp")
+        if cfg["beta"] != 0:
+            rollouts["ref_logp"] = logprobs_no_grad(model, rollouts, cfg, amp, times, "reference", disabled=True)
     total, first_skip = None, None
     for _ in range(cfg["num_iterations"]):
         stats = policy_backward(model, rollouts, cfg, amp, times, cfg["beta"])

@@ -82,6 +82,8 @@ def length_reward(completion: str, answer: int) -> float:
     return -min(1.0, excess / (3 * LENGTH_TARGET))
 
 
+CACHE_SIZE = 200_000  # entries of a reward cache before it is emptied
+
 REWARD_FUNCS = {
     "correctness": correctness_reward,
     "format": format_reward,
@@ -94,6 +96,7 @@ def compute_rewards(
     answers: list[int],
     reward_funcs: list[str],
     reward_weights: list[float],
+    cache: dict | None = None,
 ) -> tuple[list[float], dict[str, list[float]], dict[str, int]]:
     """Score every completion with every named reward function.
 
@@ -106,6 +109,9 @@ def compute_rewards(
     A function may return None for "cannot score this one": that value is NaN in
     per_func and left out of the total (as TRL's nansum); a completion that no
     function could score gets a NaN total, which the advantages leave out.
+    cache: a dict kept by the caller across calls, (name, completion, answer) -> (value, raised);
+    the reward functions are pure, so a completion seen before is not scored again. Its
+    "hits" / "lookups" entries count how often that saved a call.
     """
     # Validate before doing any work so config mistakes fail fast and clearly.
     unknown = [name for name in reward_funcs if name not in REWARD_FUNCS]
@@ -121,6 +127,10 @@ def compute_rewards(
     if len(completions) != len(answers):
         raise ValueError(f"got {len(completions)} completions but {len(answers)} answers")
 
+    if cache is not None and len(cache) > CACHE_SIZE:  # a bound on memory: start afresh, keep the counts
+        counts = {k: cache.get(k, 0) for k in ("hits", "lookups")}
+        cache.clear()
+        cache.update(counts)
     totals = [0.0] * len(completions)
     scored = [False] * len(completions)
     per_func: dict[str, list[float]] = {}
@@ -129,11 +139,20 @@ def compute_rewards(
         fn = REWARD_FUNCS[name]  # looked up per call, so tests can monkeypatch
         values, n_errors = [], 0
         for i, (completion, answer) in enumerate(zip(completions, answers)):
-            try:
-                value = fn(completion, answer)
-                value = float("nan") if value is None else float(value)
-            except Exception:
-                value, n_errors = 0.0, n_errors + 1
+            key = (name, completion, answer)
+            if cache is not None and key in cache:
+                (value, raised), cache["hits"] = cache[key], cache.get("hits", 0) + 1
+            else:
+                try:
+                    value = fn(completion, answer)
+                    value, raised = (float("nan") if value is None else float(value)), False
+                except Exception:
+                    value, raised = 0.0, True
+                if cache is not None:
+                    cache[key] = (value, raised)
+            if cache is not None:
+                cache["lookups"] = cache.get("lookups", 0) + 1
+            n_errors += raised
             values.append(value)
             if value == value:  # not NaN: this function scored it
                 totals[i] += weight * value

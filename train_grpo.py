@@ -30,7 +30,7 @@ import time
 import torch
 
 from data.gsm_synth.prepare import encode_prompt
-from grpo import LOSS_TYPES, grpo_updates, make_rollouts, update
+from grpo import LOSS_TYPES, grpo_updates, make_rollouts, rollouts_rewards_in_background, update
 from lora import apply_lora, lora_parameters, lora_state_dict, load_lora_state_dict
 from model import check_device, check_same_base, load_checkpoint, memory_stats, save_checkpoint
 from rewards import REWARD_FUNCS
@@ -66,6 +66,8 @@ importance_sampling_level = "token"  # 'token' ratios, or 'sequence' (GSPO: one 
 use_bias_correction_kl = False       # multiply the k3 KL by the ratio (TRL's default is True)
 scale_rewards = "group"     # 'group' / 'batch' std, or 'none' (Dr. GRPO)
 advantage_epsilon = 0.0     # A = (r - mean) / (std + advantage_epsilon); TRL uses 1e-4
+reward_cache = True         # a completion (text, answer) seen before is not scored again
+background_rewards = False  # score on a worker thread while the reference pass runs (pays off for slow rewards)
 mask_truncated_completions = False  # completions that never emitted end-of-text get no loss
 reward_funcs = ("correctness", "format")
 reward_weights = (1.0, 0.1)
@@ -107,15 +109,17 @@ defaults = {k: v for k, v in dict(globals()).items()
             if not k.startswith("_") and isinstance(v, (int, float, bool, str, tuple))}
 
 
-def grpo_step(model, optimizer, enc, questions, answers, cfg, generator, amp, val=None):
+def grpo_step(model, optimizer, enc, questions, answers, cfg, generator, amp, val=None, cache=None):
     """One GRPO step, the numbered steps of the module docstring; returns (log dict, rollout record).
     With cfg['tracin'], `val` = validation examples (question, answer, solution) and only rollouts
     whose gradient helps them are trained on. Weights change only if everything is finite."""
     times = dict.fromkeys(("generation", "reward", "policy", "reference"), 0.0)
     val_pg = cfg["tracin"] and cfg["tracin_val_loss"] == "pg"  # validation rollouts sampled as well
     batches = [(questions, answers)] + ([([e["question"] for e in val], [e["answer"] for e in val])] if val_pg else [])
+    background = cfg["background_rewards"] and not cfg["tracin"]
     try:  # 1-3: one generate call for every prompt
-        rollouts, *val_rollouts = make_rollouts(model, enc, batches, cfg, generator, amp, times)
+        rollouts, *val_rollouts = (rollouts_rewards_in_background if background else make_rollouts)(
+            model, enc, batches, cfg, generator, amp, times, cache)
     except NonFiniteLogits as e:  # the weights have blown up: nothing to learn from this step
         print(f"warning: {e}; step skipped, weights untouched")
         return {"skipped": True, "skip_reason": "non-finite logits", **{f"time/{k}": v for k, v in times.items()}}, None
@@ -131,11 +135,11 @@ def grpo_step(model, optimizer, enc, questions, answers, cfg, generator, amp, va
         grad_norm, skip_reason = update(model, optimizer, cfg, stats, extra["n_selected"] == 0, times)  # 7
     if skip_reason:
         extra["skip_reason"] = skip_reason
-    return step_log(rollouts, stats, cfg, grad_norm, skip_reason is not None, extra, times), \
+    return step_log(rollouts, stats, cfg, grad_norm, skip_reason is not None, extra, times, cache), \
         rollout_record(questions, answers, rollouts, cfg)
 
 
-def step_log(rollouts, stats, cfg, grad_norm, skipped, extra, times):
+def step_log(rollouts, stats, cfg, grad_norm, skipped, extra, times, cache=None):
     """One log.jsonl line, with TRL's metric names."""
     n, ntok, rewards, per_fn, mask = rollouts["idx"].size(0), stats["num_tokens"], rollouts["rewards"], \
         rollouts["per_fn"], rollouts["mask"]
@@ -143,6 +147,7 @@ def step_log(rollouts, stats, cfg, grad_norm, skipped, extra, times):
     scored = rewards[~rewards.isnan()]
     return {"loss": sum(stats["losses"]), "reward": scored.mean().item(), "reward_std": scored.std().item(),
             **{f"rewards/{k}": nanmean(v) for k, v in per_fn.items()}, "rewards/unscored": n - scored.numel(),
+            **({"rewards/cache_hit_rate": cache.get("hits", 0) / cache["lookups"]} if cache and cache.get("lookups") else {}),
             "accuracy": nanmean(per_fn["correctness"]) if "correctness" in per_fn else float("nan"),
             "frac_reward_zero_std": rollouts["n_zero_std"] / (n // cfg["group_size"]),
             "kl": stats["kl_sum"] / ntok, "entropy": stats["ent_sum"] / ntok,
@@ -268,6 +273,7 @@ class Run:
         self.rng = random.Random(cfg["seed"])                                   # which prompts
         self.generator = torch.Generator(device=device).manual_seed(cfg["seed"])  # which completions
         self.iter_num, self.elapsed_before, self.last_ckpt, self.t_start = 0, 0.0, None, time.time()
+        self.reward_cache = {} if cfg["reward_cache"] else None  # (reward, completion, answer) -> score
         if resume is not None:
             self.restore(resume)
         n_lora = sum(p.numel() for p in lora_parameters(self.model))
@@ -327,7 +333,7 @@ class Run:
         val = ([self.val_split[self.rng.randrange(len(self.val_split))] for _ in range(cfg["tracin_val_batch_size"])]
                if cfg["tracin"] else None)
         log, rollouts = grpo_step(self.model, self.optimizer, self.enc, [e["question"] for e in batch],
-                                  [e["answer"] for e in batch], cfg, self.generator, self.amp, val)
+                                  [e["answer"] for e in batch], cfg, self.generator, self.amp, val, self.reward_cache)
         self.iter_num += 1
         if cfg["defect_frac"] > 0 and rollouts is not None:  # selection precision: are kept rollouts clean?
             clean = torch.tensor([i not in self.defective for i in picks]).repeat_interleave(cfg["group_size"])

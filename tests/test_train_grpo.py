@@ -523,7 +523,8 @@ def test_old_and_reference_logprobs_are_the_sampling_and_base_policies(lora_gpt)
     idx = torch.randint(1, 50, (5, 9))
     batch = dict(idx=idx, pad_left=torch.zeros(5, dtype=torch.long), mask=torch.ones(5, 4, dtype=torch.long))
     cfg = {**tg.defaults, "micro_batch_size": 2, "beta": 0.1}
-    old, ref = grpo.old_and_reference_logprobs(lora_gpt, batch, cfg, contextlib.nullcontext(), {})
+    old = grpo.logprobs_no_grad(lora_gpt, batch, cfg, contextlib.nullcontext(), {}, "old_logp")
+    ref = grpo.logprobs_no_grad(lora_gpt, batch, cfg, contextlib.nullcontext(), {}, "reference", disabled=True)
     full = F.log_softmax(lora_gpt(idx[:, :-1], keep_last=4)[0].double(), -1).gather(-1, idx[:, -4:, None]).squeeze(-1)
     assert torch.allclose(old.double(), full, atol=1e-5) and not old.requires_grad
     with disable_lora(lora_gpt):
@@ -548,3 +549,28 @@ def test_num_iterations_two_clips_and_takes_two_steps(tiny_setup, tmp_path):
 def test_tracin_refuses_num_iterations_above_one(tiny_setup, tmp_path):
     with pytest.raises(UserError, match="'num_iterations' = 2 is not allowed: must be 1 with tracin=True"):
         run(tiny_setup, tmp_path / "r", "--tracin=True", "--num_iterations=2", "--beta=0.0")
+
+
+def test_reward_cache_scores_each_completion_once(monkeypatch):
+    import rewards
+    calls = []
+    monkeypatch.setitem(rewards.REWARD_FUNCS, "counted", lambda c, a: calls.append((c, a)) or len(c))
+    cache = {}
+    texts, answers = ["#### 3", "ab", "#### 3", "ab"], [3, 3, 3, 4]
+    plain = rewards.compute_rewards(texts, answers, ["counted", "correctness"], [1.0, 1.0])
+    calls.clear()
+    first = rewards.compute_rewards(texts, answers, ["counted", "correctness"], [1.0, 1.0], cache)
+    again = rewards.compute_rewards(texts, answers, ["counted", "correctness"], [1.0, 1.0], cache)
+    assert first == again == plain
+    assert sorted(calls) == sorted({("#### 3", 3), ("ab", 3), ("ab", 4)})   # 3 distinct (text, answer)
+    assert cache["lookups"] == 16 and cache["hits"] == 16 - 6
+
+
+def test_background_rewards_give_the_same_run(tiny_setup, tmp_path):
+    """Scoring on a worker thread while the reference pass runs changes nothing but the timing."""
+    run(tiny_setup, tmp_path / "fg", "--max_iters=2", "--beta=0.1")
+    run(tiny_setup, tmp_path / "bg", "--max_iters=2", "--beta=0.1", "--background_rewards=True")
+    fg, bg = (load_checkpoint(str(tmp_path / d / "ckpt.pt"))["lora"] for d in ("fg", "bg"))
+    assert all(torch.equal(fg[k], bg[k]) for k in fg)
+    logs = [json.loads(line) for line in open(tmp_path / "bg" / "log.jsonl")][1:]
+    assert all(0 <= l["rewards/cache_hit_rate"] <= 1 for l in logs) and logs[-1]["kl"] > 0  # a real reference pass
