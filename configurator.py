@@ -141,6 +141,11 @@ def check_positive(cfg, *keys):
         check(cfg, k, cfg[k] > 0, "must be > 0")
 
 
+def check_nonnegative(cfg, *keys):
+    for k in keys:
+        check(cfg, k, cfg[k] >= 0, "must be >= 0")
+
+
 def check_choice(cfg, key, choices):
     check(cfg, key, cfg[key] in choices, f"must be one of {', '.join(repr(c) for c in choices)}")
 

@@ -9,8 +9,8 @@ Prints one line per log_interval, evaluates greedy test accuracy every eval_inte
 out_dir/ckpt.pt atomically (a crash mid-write never leaves half a checkpoint).
 """
 # configurator first: a Ctrl-C during the slow imports below (torch) is one line, not a traceback
-from configurator import (Interrupted, UserError, check, check_choice, check_finite, check_positive, configure,
-                          cli_main, read_config_file)
+from configurator import (Interrupted, UserError, check, check_choice, check_finite, check_nonnegative,
+                          check_positive, cli_main, configure, read_config_file)
 import math
 import os
 import random
@@ -157,8 +157,7 @@ def validate(cfg):
     check_positive(cfg, "batch_size", "learning_rate", "grad_clip", "log_interval", "eval_interval", "eval_n",
                    "max_new_tokens", "n_layer", "n_head", "n_embd", "block_size", "n_train", "task_steps",
                    "task_max_operand")
-    for k in ("max_iters", "min_lr", "warmup_iters", "lr_decay_iters", "weight_decay"):
-        check(cfg, k, cfg[k] >= 0, "must be >= 0")
+    check_nonnegative(cfg, "max_iters", "min_lr", "warmup_iters", "lr_decay_iters", "weight_decay")
     check(cfg, "n_embd", cfg["n_embd"] % cfg["n_head"] == 0, f"must be a multiple of n_head={cfg['n_head']}")
     for k in ("dropout", "beta1", "beta2"):
         check(cfg, k, 0 <= cfg[k] < 1, "must be in [0, 1)")

@@ -18,8 +18,8 @@ One step (grpo_step), in the order it runs; the parts live in grpo.py:
 Every large tensor is deleted as soon as it has been used; each `del` says what it frees.
 """
 # configurator first: a Ctrl-C during the slow imports below (torch) is one line, not a traceback
-from configurator import (Interrupted, UserError, check, check_choice, check_finite, check_positive, cli_main,
-                          configure)
+from configurator import (Interrupted, UserError, check, check_choice, check_finite, check_nonnegative,
+                          check_positive, cli_main, configure)
 import json
 import math
 import os
@@ -183,8 +183,8 @@ def validate(cfg):
     check_positive(cfg, "batch_size", "micro_batch_size", "max_new_tokens", "learning_rate", "grad_clip",
                    "log_interval", "eval_interval", "eval_n", "eval_k", "ckpt_interval", "max_skipped_steps",
                    "lora_r", "lora_alpha", "tracin_val_batch_size")
-    for k in ("max_iters", "min_lr", "warmup_iters", "lr_decay_iters", "weight_decay", "beta", "epsilon_high"):
-        check(cfg, k, cfg[k] >= 0, "must be >= 0")
+    check_nonnegative(cfg, "max_iters", "min_lr", "warmup_iters", "lr_decay_iters", "weight_decay", "beta",
+                      "epsilon_high", "advantage_epsilon")
     check(cfg, "group_size", cfg["group_size"] >= 2, "must be >= 2: advantages are relative within a group")
     n = cfg["batch_size"] * cfg["group_size"]
     check(cfg, "micro_batch_size", cfg["micro_batch_size"] >= n or n % cfg["micro_batch_size"] == 0,
@@ -199,7 +199,6 @@ def validate(cfg):
     check(cfg, "tracin_topk_frac", 0 < cfg["tracin_topk_frac"] <= 1, "must be in (0, 1]")
     check_choice(cfg, "loss_type", LOSS_TYPES)
     check_choice(cfg, "importance_sampling_level", ("token", "sequence"))
-    check(cfg, "advantage_epsilon", cfg["advantage_epsilon"] >= 0, "must be >= 0")
     check(cfg, "num_iterations", cfg["num_iterations"] >= 1, "must be >= 1")
     check(cfg, "num_iterations", cfg["num_iterations"] == 1 or not cfg["tracin"], "must be 1 with tracin=True: "
           "the selection is made from the sampling policy's per-sample gradients, one update per generation")
