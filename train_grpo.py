@@ -99,6 +99,7 @@ tracin_val_loss = "pg"      # 'pg': sample each val prompt group_size times, GRP
                             # 'nll': negative log-likelihood of the val prompts' clean reference solutions
 tracin_selection = "positive"  # 'positive': influence > 0; 'topk': the top tracin_topk_frac
 tracin_topk_frac = 0.5
+tracin_influence = "summed"  # 'summed': <g_i, sum of val gradients> from one backward; 'matrix': the full [n, n_val] ghost matrix
 # a planted defect, to see whether selection matters: this fraction of training prompts carries a
 # wrong reference answer (the result of the FIRST step, i.e. what stopping early gives), and the
 # correctness reward trusts it. The program knows which prompts (logged as selection precision);
@@ -205,6 +206,7 @@ def validate(cfg):
     check_choice(cfg, "scale_rewards", ("group", "batch", "none"))
     check_choice(cfg, "tracin_val_loss", ("pg", "nll"))
     check_choice(cfg, "tracin_selection", ("positive", "topk"))
+    check_choice(cfg, "tracin_influence", ("summed", "matrix"))
     funcs, weights = cfg["reward_funcs"], cfg["reward_weights"]
     check(cfg, "reward_funcs", len(funcs) > 0 and all(f in REWARD_FUNCS for f in funcs) and len(set(funcs)) == len(funcs),
           f"a non-empty list of distinct names from {sorted(REWARD_FUNCS)}")
