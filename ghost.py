@@ -15,7 +15,9 @@ product needs no materialised gradient at all (the "ghost" form):
 
     <G, G'> = sum_{t,s} (g_t . g'_s) (x_t . x'_s)          cost O(T^2 (d + p)) per pair
     or, materialised,  G = g^T x  then a dot product       cost O(T d p) per sample
-and ghost wins when 2 T^2 < d p (private-transformers' rule).
+and ghost wins when 2 T^2 < d p (private-transformers' rule). When only <G_i, sum_j G'_j> is needed
+(TracIn's selection and attribution), the sum G' = sum_j G'_j comes from one ordinary backward of
+the summed loss and <G_i, G'> = sum_t g_t . (G' x_t) costs O(T d p) per sample, no pairs at all.
 
 Gradients are exact over ALL positions of a sample, prompt included: LoRA acts on prompt
 tokens too, and their hidden states reach the completion's log-probs through attention.
@@ -178,6 +180,39 @@ def compute_ghost_inner_product_matrix(train, val, method="auto", layer_filter=N
         total = ip if total is None else total + ip
     if not torch.isfinite(total).all():
         raise FloatingPointError("non-finite gradient inner product (NaN/Inf in captured gradients)")
+    return total
+
+
+def summed_gradient(model, layer_filter=None):
+    """Take G = sum_j grad L(val_j) out of .grad after ONE ordinary backward of the summed loss (no hooks):
+    {layer: (G_A (r, d_in), G_B (d_out, r))}, float32, and set that .grad to None, so that the next
+    backward starts clean. LoRA-sized: no per-sample validation buffer ever exists."""
+    out = {}
+    for name, m in model.named_modules():
+        if isinstance(m, LoRALinear):
+            a, b = m.lora_A.weight, m.lora_B.weight
+            if a.grad is None or b.grad is None:
+                raise RuntimeError(f"no gradient in {name}: run the backward of the summed loss first")
+            if layer_filter is None or layer_filter in name:
+                out[name] = (a.grad.float(), b.grad.float())
+            a.grad = b.grad = None  # the next backward (the train capture) must not add into G
+    return out
+
+
+def summed_inner_products(captured, summed):
+    """(n,) <grad L(sample_i), G> for the per-sample gradients in `captured` (GhostHooks.collect()) and a
+    LoRA-sized G (summed_gradient), over the layers of `summed`, without materialising any gradient:
+
+        <sum_t gA_t x_t^T, G_A> = sum_t gA_t . (G_A x_t)        <sum_t gB_t h_t^T, G_B> = sum_t (G_B^T gB_t) . h_t
+
+    O(T d r) per sample and layer, no T^2 term; both intermediates are (n, T, r)."""
+    total = None
+    for name, (GA, GB) in summed.items():
+        x, gA, h, gB = captured[name]
+        ip = ((x.float() @ GA.T) * gA.float()).sum((1, 2)) + ((gB.float() @ GB) * h.float()).sum((1, 2))
+        total = ip if total is None else total + ip
+    if not torch.isfinite(total).all():
+        raise FloatingPointError("non-finite gradient inner product (NaN/Inf in captured or summed gradients)")
     return total
 
 

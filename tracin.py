@@ -22,7 +22,8 @@ import time
 import torch
 
 from data.gsm_synth.prepare import encode_prompt, encode_text
-from ghost import compute_ghost_inner_product_matrix, ghost_mode, install_ghost_hooks, per_sample_grad, subset_gradients
+from ghost import (compute_ghost_inner_product_matrix, ghost_mode, install_ghost_hooks, per_sample_grad,
+                   subset_gradients, summed_gradient, summed_inner_products)
 from grpo import completion_logprobs, grpo_loss, policy_backward, rollout_batch
 from lora import LoRALinear, load_lora_state_dict, lora_state_dict
 from model import check_device, load_checkpoint
@@ -57,24 +58,39 @@ def reference_solutions(enc, examples, device):
 
 
 def tracin_backward(model, optimizer, rollouts, val_batch, cfg, amp, times):
-    """TracIn-GRPO's backward, in place of grpo.policy_backward: every rollout's and every validation
-    row's LoRA gradient from the hooks, influence_i = <g_i, sum_j g_val_j>, the selection, and the
-    selected rollouts' summed gradient written into .grad from the hooks' buffers (no 4th pass).
-    Returns (loss stats, influence (N,), keep (N,) bool, log entries)."""
-    with install_ghost_hooks(model) as hooks, ghost_mode(optimizer):  # no weight can change in here
-        t0 = time.time()
-        stats = policy_backward(model, rollouts, cfg, amp, times, cfg["beta"])   # per-sample train gradients
-        times["grad_capture_train"] = time.time() - t0
-        hooks.split, t0 = "val", time.time()
-        policy_backward(model, val_batch, cfg, amp, times, beta=0.0)  # validation: its loss without a KL term
-        times["grad_capture_val"] = time.time() - t0
-        train_grads, val_grads = hooks.collect("train"), hooks.collect("val")
+    """TracIn-GRPO's backward, in place of grpo.policy_backward: every rollout's LoRA gradient from the
+    hooks, influence_i = <g_i, sum_j g_val_j>, the selection, and the selected rollouts' summed gradient
+    written into .grad from the hooks' buffers (no 4th pass). cfg['tracin_influence']:
+      'summed'  G = sum_j g_val_j from ONE ordinary backward of the validation loss (no validation hooks),
+                then <g_i, G> per layer from the train buffers: O(T d r) per rollout
+      'matrix'  every validation row's gradient captured too; the row sums of the [N, N_val] matrix
+    Both give the same influence up to float rounding. Returns (loss stats, influence (N,), keep (N,)
+    bool, log entries)."""
+    summed = cfg["tracin_influence"] == "summed"
+    with ghost_mode(optimizer):  # no weight can change in here; the .grad there before comes back
+        if summed:
+            t0 = time.time()
+            policy_backward(model, val_batch, cfg, amp, times, beta=0.0)  # validation loss, no KL term: G in .grad
+            val_grads = summed_gradient(model)                            # {layer: (G_A, G_B)}; .grad cleared
+            times["grad_capture_val"] = time.time() - t0
+        with install_ghost_hooks(model) as hooks:
+            t0 = time.time()
+            stats = policy_backward(model, rollouts, cfg, amp, times, cfg["beta"])   # per-sample train gradients
+            times["grad_capture_train"] = time.time() - t0
+            if not summed:
+                hooks.split, t0 = "val", time.time()
+                policy_backward(model, val_batch, cfg, amp, times, beta=0.0)  # per-sample validation gradients
+                times["grad_capture_val"] = time.time() - t0
+                val_grads = hooks.collect("val")
+            train_grads = hooks.collect("train")
     t0 = time.time()
-    inner = compute_ghost_inner_product_matrix(train_grads, val_grads)          # (N, N_val)
-    influence = inner.sum(1)  # <g_i, sum_j g_val_j>: validation GRADIENTS are summed, not activations
+    if summed:
+        influence = summed_inner_products(train_grads, val_grads)            # <g_i, G>: (N,)
+    else:  # row sums: validation GRADIENTS are summed, not activations
+        influence = compute_ghost_inner_product_matrix(train_grads, val_grads).sum(1)
     keep = select_rollouts(influence, cfg["tracin_selection"], cfg["tracin_topk_frac"])
     subset_gradients(model, train_grads, keep)
-    del train_grads, val_grads, inner  # every LoRA layer's per-sample inputs and output gradients
+    del train_grads, val_grads  # every LoRA layer's per-sample inputs and output gradients (and G)
     times["influence"] = time.time() - t0
     log = {"selection_rate": keep.float().mean().item(), "n_selected": int(keep.sum()),
            "influence/mean": influence.mean().item(), "influence/std": influence.std().item(),
@@ -102,14 +118,20 @@ def sample_losses(model, idx, pad_left, mask, advantages, temperature=1.0):
     return loss
 
 
-def capture_grads(model, hooks, split, batch, temperature, micro_batch=64):
-    """Per-sample LoRA gradients of `batch` via the hooks: {layer: (x, gA, h, gB)}."""
+def backward_per_sample(model, batch, temperature, micro_batch=64):
+    """Backward of sum_i L(z_i), micro-batch by micro-batch: .grad gets the summed gradient, and under
+    the ghost hooks every sample's own gradient is captured."""
     idx, pad_left, mask, adv = batch
-    hooks.clear(split)
-    hooks.split = split
     for s in range(0, idx.size(0), micro_batch):
         sl = slice(s, s + micro_batch)
         sample_losses(model, idx[sl], pad_left[sl], mask[sl], adv[sl], temperature).backward()
+
+
+def capture_grads(model, hooks, split, batch, temperature, micro_batch=64):
+    """Per-sample LoRA gradients of `batch` via the hooks: {layer: (x, gA, h, gB)}."""
+    hooks.clear(split)
+    hooks.split = split
+    backward_per_sample(model, batch, temperature, micro_batch)
     return hooks.collect(split)
 
 
@@ -123,23 +145,24 @@ def sq_norms(captured, layer_filter=None):
 
 
 def hook_products(model, train_batch, test_batch, temperature, layer_filter, micro_batch, norms):
-    """One checkpoint through the ghost hooks: (<g_i, g_test_j> (n, m), ||g_i||^2 (n,), ||sum_j g_test_j||^2),
-    the two norms only if `norms` (materialising per-sample gradients costs O(T d p) each)."""
-    n = train_batch[0].size(0)
+    """One checkpoint: (<g_i, G> (n,), ||g_i||^2 (n,), ||G||^2) with G = sum_j g_test_j from ONE ordinary
+    backward of the summed test loss (no hooks, LoRA-sized), and the train gradients from the hooks,
+    chunk by chunk; the two norms only if `norms` (||g_i||^2 materialises each per-sample gradient)."""
+    model.zero_grad(set_to_none=True)
+    backward_per_sample(model, test_batch, temperature, micro_batch)  # before the hooks exist: no test buffers
+    G = summed_gradient(model, layer_filter)  # {layer: (G_A, G_B)}; .grad cleared, the train capture starts clean
+    te_sq = sum(GA.pow(2).sum() + GB.pow(2).sum() for GA, GB in G.values()) if norms else None
+    inner, tr_sq = [], []
     with install_ghost_hooks(model) as hooks:
-        test_grads = capture_grads(model, hooks, "val", test_batch, temperature, micro_batch)
-        # ||sum_j g_j||^2 = sum_{j,k} <g_j, g_k>: the test samples' own inner-product matrix, summed
-        te_sq = compute_ghost_inner_product_matrix(test_grads, test_grads, layer_filter=layer_filter).sum() if norms else None
-        inner_rows, tr_sq = [], []
-        for s in range(0, n, micro_batch):      # train chunk by chunk: buffers stay small
+        for s in range(0, train_batch[0].size(0), micro_batch):      # train chunk by chunk: buffers stay small
             chunk = tuple(b[s:s + micro_batch] for b in train_batch)
             train_grads = capture_grads(model, hooks, "train", chunk, temperature, micro_batch)
-            inner_rows.append(compute_ghost_inner_product_matrix(train_grads, test_grads, layer_filter=layer_filter))
+            inner.append(summed_inner_products(train_grads, G))       # <g_i, G>: (chunk,)
             if norms:
                 tr_sq.append(sq_norms(train_grads, layer_filter))
             del train_grads  # this chunk's activations and gradients
     model.zero_grad(set_to_none=True)  # capture's .grad is not an update
-    return torch.cat(inner_rows), torch.cat(tr_sq) if norms else None, te_sq
+    return torch.cat(inner), torch.cat(tr_sq) if norms else None, te_sq
 
 
 def loop_gradients(model, batch, temperature, layer_filter=None):
@@ -183,11 +206,11 @@ def check_attribution_inputs(model, checkpoints, train_samples, test_samples, mo
 
 def checkpoint_products(model, train_batch, test_batch, temperature, layer_filter, gradient_method, micro_batch,
                         norms, t):
-    """At the loaded checkpoint t: (<g_i, g_test_j> (n, n_test), ||g_i||^2 (n,), ||sum_j g_test_j||^2),
+    """At the loaded checkpoint t: (<g_i, G> (n,), ||g_i||^2 (n,), ||G||^2) with G = sum_j g_test_j,
     float64 on the CPU whatever the model's device; the norms are None from the hooks unless asked for."""
     if gradient_method == "loop":
         tr, te = (loop_gradients(model, b, temperature, layer_filter) for b in (train_batch, test_batch))
-        inner, tr_sq, te_sq = tr @ te.T, tr.pow(2).sum(1), te.sum(0).pow(2).sum()
+        inner, tr_sq, te_sq = tr @ te.sum(0), tr.pow(2).sum(1), te.sum(0).pow(2).sum()
     else:
         inner, tr_sq, te_sq = hook_products(model, train_batch, test_batch, temperature, layer_filter, micro_batch, norms)
     if not torch.isfinite(inner).all():
@@ -267,7 +290,7 @@ def find_critical_samples(model, checkpoints, train_samples, test_samples, enc, 
             w *= checkpoint_steps[t] if checkpoint_steps is not None else 1.0   # w_t = eta_t k_t
             inner, tr_sq, te_sq = checkpoint_products(model, train_batch, test_batch, temperature, layer_filter,
                                                    gradient_method, micro_batch, normalize or self_influence, t)
-            contrib = w * inner.sum(1)                   # <g_i, G_t> summed over test samples: (n,)
+            contrib = w * inner                          # w_t <g_i, G_t>, G_t = sum_j g_test_j: (n,)
             scores += contrib
             contributions.append(contrib)
             if normalize:

@@ -1,0 +1,154 @@
+# Tests for the summed-gradient influence <g_i, sum_j g_val_j> (ghost.summed_gradient,
+# ghost.summed_inner_products, tracin_influence='summed' in tracin.tracin_backward, and the summed
+# test gradient of post-hoc find_critical_samples). Run: python -m pytest tests/test_influence_summed.py -q
+#
+# Independent references:
+#   test_summed_products_match_bruteforce_and_matrix  flattened torch.func per-sample gradients (each
+#       sample run alone, test_tracin.func_per_sample_grads): train @ sum of val rows; and the row sums
+#       of the [n, n_val] matrix. Both sides go through grpo.policy_backward with micro-batches that do
+#       not divide the batch (6 rows by 4, 4 rows by 3) and left-padded, early-ended rows.
+#   test_summed_gradient_is_the_batch_gradient  .grad of the same backward, read before it is cleared.
+#   test_tracin_backward_summed_equals_matrix  the 'matrix' path: same influence (<= 1e-5 relative),
+#       same kept set, same .grad afterwards, same weights; a spy shows that 'summed' never forms the
+#       matrix and never collects validation buffers.
+#   test_posthoc_summed_with_filter_and_chunks  plain torch.autograd.grad per sample over the filtered
+#       LoRA parameters, with train and test chunks that do not divide their batches.
+import pytest
+import torch
+
+import ghost
+import tracin
+import train_grpo
+from grpo import policy_backward
+from lora import load_lora_state_dict, lora_parameters
+from model import load_checkpoint
+from test_tracin import (LAYERS, TRAIN_ADV, TRAIN_PROMPTS, VAL_ADV, VAL_PROMPTS, ByteEnc, flat,
+                         func_per_sample_grads, make_batch, make_model, posthoc_setup)
+
+pytestmark = pytest.mark.filterwarnings("ignore:There is a performance drop")
+AMP = torch.autocast("cpu", enabled=False)
+
+
+@pytest.fixture
+def world():
+    m = make_model()
+    train = make_batch(m, TRAIN_PROMPTS, 2, seed=3, end_early=[(0, 2), (3, 4)])
+    val = make_batch(m, VAL_PROMPTS, 1, seed=4, end_early=[(1, 1), (2, 5)])
+    assert (train[1] > 0).any() and (val[1] > 0).any()  # left padding on both sides
+    return m, train, val
+
+
+def cfg(mb, **kw):
+    """train_grpo's defaults with the grpo loss (per completion / N), as func_per_sample_grads uses."""
+    return {**train_grpo.defaults, "micro_batch_size": mb, "beta": 0.0, "loss_type": "grpo", **kw}
+
+
+def as_batch(data, adv):
+    idx, pl, mask = data
+    return dict(idx=idx, pad_left=pl, mask=mask, advantages=adv)
+
+
+def summed_and_matrix(m, train, val, mb_train=4, mb_val=3):
+    """(summed influence, matrix row sums, G) for the same batches through policy_backward."""
+    policy_backward(m, as_batch(val, VAL_ADV), cfg(mb_val), AMP, {}, 0.0)  # ordinary backward: G in .grad
+    G = ghost.summed_gradient(m)
+    assert all(p.grad is None for p in lora_parameters(m))  # cleared for the next backward
+    with ghost.install_ghost_hooks(m) as hooks:
+        policy_backward(m, as_batch(train, TRAIN_ADV), cfg(mb_train), AMP, {}, 0.0)
+        hooks.split = "val"
+        policy_backward(m, as_batch(val, VAL_ADV), cfg(mb_val), AMP, {}, 0.0)
+        tr, va = hooks.collect("train"), hooks.collect("val")
+    assert len(tr) == len(va) == LAYERS
+    m.zero_grad(set_to_none=True)
+    return ghost.summed_inner_products(tr, G), ghost.compute_ghost_inner_product_matrix(tr, va).sum(1), G
+
+
+def rel(a, b):
+    return ((a - b).abs().max() / b.abs().max()).item()
+
+
+def test_summed_products_match_bruteforce_and_matrix(world):
+    m, train, val = world
+    summed, rows, _ = summed_and_matrix(m, train, val)
+    want = flat(func_per_sample_grads(m, train, TRAIN_ADV)) @ flat(func_per_sample_grads(m, val, VAL_ADV)).sum(0)
+    assert summed.shape == (train[0].size(0),) and summed.dtype == torch.float32
+    assert (want.abs() > 1e-3 * want.abs().max()).all()  # every row has a real influence to get right
+    assert rel(summed, want) <= 1e-5 and rel(summed, rows) <= 1e-5
+    for i in range(len(want)):  # each row, not only the largest
+        assert abs(summed[i] - want[i]) <= 1e-5 * abs(want[i]) + 1e-6 * want.abs().max(), i
+
+
+def test_summed_gradient_is_the_batch_gradient(world):
+    m, _, val = world
+    policy_backward(m, as_batch(val, VAL_ADV), cfg(3), AMP, {}, 0.0)
+    grads = {n: p.grad.clone() for n, p in m.named_parameters() if ".lora_" in n}
+    G = ghost.summed_gradient(m, layer_filter="mlp")
+    assert len(G) == LAYERS // 2 and all("mlp" in k for k in G)
+    for k, (GA, GB) in G.items():
+        assert torch.equal(GA, grads[f"{k}.lora_A.weight"]) and torch.equal(GB, grads[f"{k}.lora_B.weight"])
+    assert all(p.grad is None for p in lora_parameters(m))  # filtered or not, every layer is cleared
+    with pytest.raises(RuntimeError, match="summed loss first"):
+        ghost.summed_gradient(m)
+
+
+@pytest.mark.parametrize("rule,beta", [("positive", 0.0), ("topk", 0.1)])
+def test_tracin_backward_summed_equals_matrix(world, monkeypatch, rule, beta):
+    m, train, val = world
+    adv = TRAIN_ADV.clone()
+    adv[[1, 4]] = 0.0  # with beta 0: zero gradient, influence exactly 0 on both paths, never kept by 'positive'
+    opt = torch.optim.AdamW(lora_parameters(m), lr=0.1)
+    weights = [p.detach().clone() for p in lora_parameters(m)]
+    out, calls = {}, []
+    real_matrix, real_collect = ghost.compute_ghost_inner_product_matrix, ghost.GhostHooks.collect
+    monkeypatch.setattr(tracin, "compute_ghost_inner_product_matrix", lambda *a, **k: calls.append("matrix") or real_matrix(*a, **k))
+    monkeypatch.setattr(ghost.GhostHooks, "collect", lambda self, split: calls.append(split) or real_collect(self, split))
+    for how in ("summed", "matrix"):
+        calls.clear()
+        c = cfg(4, beta=beta, tracin_influence=how, tracin_selection=rule, tracin_topk_frac=0.5)
+        _, infl, keep, log = tracin.tracin_backward(m, opt, as_batch(train, adv), as_batch(val, VAL_ADV), c, AMP, {})
+        out[how] = infl, keep, [p.grad.clone() for p in lora_parameters(m)]
+        assert sorted(calls) == (["train"] if how == "summed" else ["matrix", "train", "val"])
+        m.zero_grad(set_to_none=True)
+    (si, sk, sg), (mi, mk, mg) = out["summed"], out["matrix"]
+    assert rel(si, mi) <= 1e-5
+    assert torch.equal(sk, mk) and 0 < int(sk.sum()) < len(sk)  # same kept set, and a real choice
+    if beta == 0:
+        assert (si[[1, 4]] == 0).all() and (mi[[1, 4]] == 0).all()
+    for a, b in zip(sg, mg):
+        assert torch.equal(a, b)  # the same subset gradient from the same train buffers
+    assert all(torch.equal(p, w) for p, w in zip(lora_parameters(m), weights))
+
+
+def autograd_filtered(m, paths, samples, keep):
+    """Per checkpoint, (n, P) gradients of each sample's own loss over the LoRA parameters whose name
+    passes `keep`, one torch.autograd.grad per sample (batch of 1)."""
+    batch, out = tracin.rollout_batch(ByteEnc(), samples, "cpu"), []
+    params = [p for n, p in m.named_parameters() if ".lora_" in n and keep(n)]
+    for path in paths:
+        load_lora_state_dict(m, load_checkpoint(path)["lora"])
+        rows = [torch.autograd.grad(tracin.sample_losses(m, *(t[i:i + 1] for t in batch)), params)
+                for i in range(len(samples))]
+        out.append(torch.stack([torch.cat([g.flatten() for g in r]) for r in rows]).double())
+    return out
+
+
+def test_posthoc_summed_with_filter_and_chunks(world, tmp_path):
+    """4 train rows in chunks of 3, 3 test rows in micro-batches of 3 and 2: G_t sums over micro-batches."""
+    m = world[0]
+    paths, lrs, train, test = posthoc_setup(tmp_path, m)
+    test = test + [{"prompt": "zz", "completion_tokens": [8, 2, 5, 0], "completion_mask": [1] * 4, "advantage": 1.0},
+                   {"prompt": "qrs", "completion_tokens": [4, 0], "completion_mask": [1, 1], "advantage": 1.0}]
+    scores = {}
+    for filt in (None, "attn"):
+        keep = (lambda n: True) if filt is None else (lambda n: filt in n)
+        tr, te = autograd_filtered(m, paths, train, keep), autograd_filtered(m, paths, test, keep)
+        score = scores[filt] = sum(lr * (g @ G.sum(0)) for lr, g, G in zip(lrs, tr, te))
+        cos = sum(lr * (g @ G.sum(0)) / (g.norm(dim=1) * G.sum(0).norm()) for lr, g, G in zip(lrs, tr, te))
+        for mb in (3, 2):
+            res = tracin.find_critical_samples(m, paths, train, test, ByteEnc(), layer_filter=filt, micro_batch=mb,
+                                               normalize=True)
+            got = torch.tensor([e["tracin_score"] for e in res["scores"]], dtype=torch.float64)
+            got_cos = torch.tensor([e["cosine_score"] for e in res["scores"]], dtype=torch.float64)
+            assert torch.allclose(got, score, rtol=1e-4, atol=1e-10), (filt, mb)
+            assert torch.allclose(got_cos, cos, rtol=1e-4, atol=1e-8), (filt, mb)
+    assert not torch.allclose(scores[None], scores["attn"], rtol=1e-2)  # the filter matters
