@@ -35,6 +35,7 @@ seed = 1337
 device = "cpu"              # 'cpu', 'cuda', 'cuda:1', 'mps'
 # task: synthetic GSM8K-style problems (data/gsm_synth/prepare.py)
 task_steps = 2              # operations per problem
+task_min_steps = 0          # if set, each problem has task_min_steps..task_steps operations (0 = task_steps)
 task_max_operand = 20       # operands drawn from 1..task_max_operand
 task_ops = "+-"             # any of '+-*/'
 task_noise = 0.0            # fraction of training solutions that stop one step early (see prepare.py)
@@ -70,7 +71,7 @@ defaults = {k: v for k, v in dict(globals()).items()
 def load_task(cfg, verbose=True):
     """Prepare the task data if missing; return (data_dir, tokenizer)."""
     data_dir = prepare(cfg["task_steps"], cfg["task_max_operand"], cfg["task_ops"], cfg["task_noise"],
-                       n_train=cfg["n_train"], verbose=verbose)
+                       n_train=cfg["n_train"], verbose=verbose, min_steps=cfg["task_min_steps"])
     return data_dir, load_tokenizer(data_dir)
 
 
@@ -164,6 +165,8 @@ def validate(cfg):
     check(cfg, "task_ops", cfg["task_ops"] != "" and set(cfg["task_ops"]) <= set(TEMPLATES),
           f"one or more of the operations {''.join(TEMPLATES)!r}, e.g. '+-'")
     check(cfg, "task_noise", 0 <= cfg["task_noise"] <= 1, "must be in [0, 1]")
+    check(cfg, "task_min_steps", 0 <= cfg["task_min_steps"] <= cfg["task_steps"],
+          f"must be in [0, task_steps={cfg['task_steps']}] (0 = every problem has task_steps operations)")
     check(cfg, "task_noise", cfg["task_noise"] == 0 or cfg["task_steps"] >= 2,
           "needs task_steps >= 2 (a noisy solution stops one step early)")
 

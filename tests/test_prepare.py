@@ -308,3 +308,31 @@ def test_noise_truncates_some_training_solutions_only(data_dirs, tmp_path):
             eqs = clean["solution"].split("\n")[:-1]        # stop one step early, report that result
             assert noisy["solution"] == "\n".join(eqs[:-1] + ["#### " + eqs[-2].split("=")[1]])
     assert 0.3 * 300 < n_noisy < 0.7 * 300
+
+
+def test_min_steps_mixes_lengths_and_keeps_the_default_directory(tmp_path):
+    """min_steps=1, steps=3: every split holds correct problems of 1, 2 and 3 operations, each count
+    about a third; noise stops only problems of >= 2 operations early; min_steps == steps is the
+    default data, in the default directory."""
+    root = str(tmp_path)
+    knobs = dict(steps=3, max_operand=20, ops="+-", n_train=600, n_val=60, n_test=60, num_merges=20, verbose=False)
+    d = prepare(**knobs, min_steps=1, root=root)
+    assert os.path.basename(d).endswith("_l1")
+    clean = {s: load_split(d, s) for s in ("train", "val", "test")}
+    for split, rows in clean.items():
+        counts = {n: 0 for n in (1, 2, 3)}
+        for e in rows:
+            n = sum(1 for s in e["question"].split(". ") if s) - 2  # "X has n items." ... "How many ...?"
+            check_arithmetic(e, n)
+            counts[n] += 1
+        assert min(counts.values()) >= len(rows) / 6, (split, counts)  # uniform: a third each
+    noisy = load_split(prepare(**knobs, min_steps=1, noise=0.5, root=root), "train")
+    early = [c for c, n in zip(clean["train"], noisy) if c["solution"] != n["solution"]]
+    assert early and all(c["solution"].count("\n") >= 2 for c in early)
+    assert all(prep.stop_early(c["solution"]) == n["solution"]
+               for c, n in zip(clean["train"], noisy) if c["solution"] != n["solution"])
+    plain = prepare(**knobs, root=root)
+    assert prepare(**knobs, min_steps=3, root=root) == plain and "_l" not in os.path.basename(plain)
+    with pytest.raises(UserError, match=r"min_steps=4: must be in \[0, steps=3\]"):
+        prepare(**knobs, min_steps=4, root=root)
+    assert "--min_steps=1" in prep.rebuild_command(d)

@@ -2,6 +2,7 @@
 Synthetic GSM8K-style word problems and their tokenizer, built offline and deterministically.
 
     python data/gsm_synth/prepare.py --steps=2 --max_operand=20 --ops=+-
+    python data/gsm_synth/prepare.py --steps=3 --min_steps=1      # 1 to 3 operations per problem
 
 writes data/gsm_synth/<knobs>/{train,val,test}.jsonl, tokenizer.json and meta.json. Every
 training script calls prepare() itself, so a fresh clone needs no manual step. Running it
@@ -36,7 +37,7 @@ if REPO not in sys.path:  # run as a script: configurator.py is at the repositor
 from configurator import UserError, cli_main, configure  # noqa: E402
 
 DEFAULTS = dict(steps=2, max_operand=20, ops="+-", noise=0.0, n_train=20000, n_val=500, n_test=500,
-                num_merges=150, seed=1337, root=ROOT)
+                num_merges=150, seed=1337, min_steps=0, root=ROOT)
 SPLITS = ("train", "val", "test")
 FIELDS = ("question", "solution", "answer")
 EOT = "<|endoftext|>"
@@ -202,9 +203,9 @@ def rebuild_command(data_dir):
         meta = read_meta(data_dir)
         knobs = {k: meta[k] for k in ("steps", "max_operand", "ops", "noise")}
         knobs.update({f"n_{k}": meta["sizes"][k] for k in SPLITS}, num_merges=meta["vocab_size"] - 257)
-        knobs["seed"] = meta["seed"]
+        knobs["seed"], knobs["min_steps"] = meta["seed"], meta.get("min_steps", 0)
     except (OSError, ValueError, KeyError, TypeError):
-        m = re.fullmatch(r"s(\d+)_m(\d+)_([asmd]+)_n([\d.e-]+)((?:_[tvebr]\d+)*)",
+        m = re.fullmatch(r"s(\d+)_m(\d+)_([asmd]+)_n([\d.e-]+)((?:_[tvebrl]\d+)*)",
                          os.path.basename(os.path.normpath(data_dir)))
         if not m:
             return "python data/gsm_synth/prepare.py with the knobs of the run that made it"
@@ -273,7 +274,8 @@ def write_atomic(path, text):
 
 
 # knobs that change the data but are not in the directory name at their defaults (letter in the name)
-EXTRA_KNOBS = (("n_train", "t"), ("n_val", "v"), ("n_test", "e"), ("num_merges", "b"), ("seed", "r"))
+EXTRA_KNOBS = (("n_train", "t"), ("n_val", "v"), ("n_test", "e"), ("num_merges", "b"), ("seed", "r"),
+               ("min_steps", "l"))
 
 
 def data_dir_for(steps, max_operand, ops, noise=0.0, root=ROOT, **extra):
@@ -285,9 +287,10 @@ def data_dir_for(steps, max_operand, ops, noise=0.0, root=ROOT, **extra):
     return os.path.join(root, name)
 
 
-def check_knobs(steps, max_operand, ops, noise, n_train, n_val, n_test):
+def check_knobs(steps, max_operand, ops, noise, n_train, n_val, n_test, min_steps=0):
     """Raise a one-line UserError naming the first knob out of range, its value and what is allowed."""
-    rules = [("steps", steps, steps >= 1, ">= 1"), ("max_operand", max_operand, max_operand >= 1, ">= 1"),
+    rules = [("steps", steps, steps >= 1, ">= 1"),
+             ("min_steps", min_steps, 0 <= min_steps <= steps, f"in [0, steps={steps}] (0 = steps)"), ("max_operand", max_operand, max_operand >= 1, ">= 1"),
              ("ops", ops, bool(ops) and not set(ops) - set(TEMPLATES), "a non-empty subset of '+-*/'"),
              ("noise", noise, 0 <= noise <= 1, "between 0 and 1"),
              ("noise", noise, noise == 0 or steps >= 2, f"0 with steps={steps} (stopping one step early needs "
@@ -300,15 +303,18 @@ def check_knobs(steps, max_operand, ops, noise, n_train, n_val, n_test):
 
 
 def prepare(steps=2, max_operand=20, ops="+-", noise=0.0, n_train=20000, n_val=500, n_test=500,
-            num_merges=150, seed=1337, verbose=True, root=ROOT):
+            num_merges=150, seed=1337, verbose=True, root=ROOT, min_steps=0):
     """Build the data set for these knobs if it is missing or damaged; return its directory.
 
+    min_steps: if set (1 <= min_steps < steps), each problem has between min_steps and steps
+    operations, drawn uniformly, in every split; 0 = exactly `steps`.
     noise: fraction of TRAINING solutions that stop one step early (stop_early) while their
     `answer` field stays correct. A base model trained on them has both habits; a correctness
     reward can teach it to finish. Validation and test solutions are always clean."""
-    check_knobs(steps, max_operand, ops, noise, n_train, n_val, n_test)
+    check_knobs(steps, max_operand, ops, noise, n_train, n_val, n_test, min_steps)
+    min_steps = 0 if min_steps == steps else min_steps  # the same data as the default: the same directory
     data_dir = data_dir_for(steps, max_operand, ops, noise, root, n_train=n_train, n_val=n_val, n_test=n_test,
-                            num_merges=num_merges, seed=seed)
+                            num_merges=num_merges, seed=seed, min_steps=min_steps)
     meta_path = os.path.join(data_dir, "meta.json")
     if os.path.exists(meta_path):
         problem = check_data_dir(data_dir)
@@ -321,7 +327,8 @@ def prepare(steps=2, max_operand=20, ops="+-", noise=0.0, n_train=20000, n_val=5
     rng = random.Random(seed)
     n_total, seen, examples = n_train + n_val + n_test, set(), []
     for _ in range(50 * n_total):  # unique questions: the splits can then share none
-        q, sol, ans = make_problem(rng, steps, max_operand, ops)
+        n_steps = rng.randint(min_steps, steps) if min_steps else steps  # no extra draw at the default
+        q, sol, ans = make_problem(rng, n_steps, max_operand, ops)
         if q not in seen:
             seen.add(q)
             examples.append({"question": q, "solution": sol, "answer": ans})
@@ -333,7 +340,8 @@ def prepare(steps=2, max_operand=20, ops="+-", noise=0.0, n_train=20000, n_val=5
     splits = {"test": examples[:n_test], "val": examples[n_test:n_test + n_val],
               "train": examples[n_test + n_val:]}
     noise_rng = random.Random(seed + 1)
-    splits["train"] = [{**e, "solution": stop_early(e["solution"])} if noise_rng.random() < noise else e
+    splits["train"] = [{**e, "solution": stop_early(e["solution"])}  # a 1-step solution cannot stop early
+                       if noise_rng.random() < noise and e["solution"].count("\n") >= 2 else e
                        for e in splits["train"]]
     merges = train_bpe([prompt_text(e["question"]) + e["solution"] for e in splits["train"][:5000]],
                        num_merges)
@@ -344,6 +352,7 @@ def prepare(steps=2, max_operand=20, ops="+-", noise=0.0, n_train=20000, n_val=5
     write_atomic(os.path.join(data_dir, "tokenizer.json"),
                  json.dumps({"name": "gsm_synth", "pat_str": PAT_STR, "merges": [m.hex() for m in merges]}))
     meta = {"steps": steps, "max_operand": max_operand, "ops": ops, "noise": noise, "seed": seed,
+            **({"min_steps": min_steps} if min_steps else {}),
             "vocab_size": enc.n_vocab, "eot_token": enc.eot_token,
             "sizes": {k: len(v) for k, v in splits.items()}}
     write_atomic(meta_path, json.dumps(meta, indent=1))  # written last: marks completion
