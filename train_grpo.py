@@ -29,8 +29,10 @@ import time
 
 import torch
 
-from data.gsm_synth.prepare import encode_prompt
+from curriculum import Curriculum, parse_levels
+from data.gsm_synth.prepare import encode_prompt, read_meta
 from grpo import LOSS_TYPES, grpo_updates, make_rollouts, rollouts_rewards_in_background, update
+from metrics import print_step, rollout_record, step_log
 from lora import apply_lora, lora_parameters, lora_state_dict, load_lora_state_dict
 from model import check_device, check_same_base, load_checkpoint, memory_stats, save_checkpoint
 from rewards import REWARD_FUNCS
@@ -68,6 +70,10 @@ scale_rewards = "group"     # 'group' / 'batch' std, or 'none' (Dr. GRPO)
 advantage_epsilon = 0.0     # A = (r - mean) / (std + advantage_epsilon); TRL uses 1e-4
 reward_cache = True         # a completion (text, answer) seen before is not scored again
 background_rewards = False  # score on a worker thread while the reference pass runs (pays off for slow rewards)
+curriculum = ""             # easy -> hard levels 'steps:max_operand', e.g. '1:20,2:20,3:20' (curriculum.py);
+                            # '' = prompts from the base's train split
+curriculum_threshold = 0.5  # move up a level when the moving training accuracy reaches this
+curriculum_window = 10      # steps in that moving mean
 mask_truncated_completions = False  # completions that never emitted end-of-text get no loss
 reward_funcs = ("correctness", "format")
 reward_weights = (1.0, 0.1)
@@ -140,34 +146,6 @@ def grpo_step(model, optimizer, enc, questions, answers, cfg, generator, amp, va
         rollout_record(questions, answers, rollouts, cfg)
 
 
-def step_log(rollouts, stats, cfg, grad_norm, skipped, extra, times, cache=None):
-    """One log.jsonl line, with TRL's metric names."""
-    n, ntok, rewards, per_fn, mask = rollouts["idx"].size(0), stats["num_tokens"], rollouts["rewards"], \
-        rollouts["per_fn"], rollouts["mask"]
-    nanmean = lambda v: torch.tensor(v, dtype=torch.float64).nanmean().item()  # None scores are NaN
-    scored = rewards[~rewards.isnan()]
-    return {"loss": sum(stats["losses"]), "reward": scored.mean().item(), "reward_std": scored.std().item(),
-            **{f"rewards/{k}": nanmean(v) for k, v in per_fn.items()}, "rewards/unscored": n - scored.numel(),
-            **({"rewards/cache_hit_rate": cache.get("hits", 0) / cache["lookups"]} if cache and cache.get("lookups") else {}),
-            "accuracy": nanmean(per_fn["correctness"]) if "correctness" in per_fn else float("nan"),
-            "frac_reward_zero_std": rollouts["n_zero_std"] / (n // cfg["group_size"]),
-            "kl": stats["kl_sum"] / ntok, "entropy": stats["ent_sum"] / ntok,
-            "completions/mean_length": mask.sum(1).float().mean().item(),
-            "completions/clipped_ratio": rollouts["truncated"].float().mean().item(),
-            "clip_ratio": stats["clipped"] / ntok, "clip_ratio/low": stats["clipped_low"] / ntok,
-            "clip_ratio/high": stats["clipped_high"] / ntok, "grad_norm": grad_norm, "skipped": skipped,
-            "reward_errors": sum(rollouts["errors"].values()), **extra, **{f"time/{k}": v for k, v in times.items()}}
-
-
-def rollout_record(questions, answers, rollouts, cfg):
-    """One rollouts.jsonl line: what post-hoc TracIn (tracin.py) attributes to."""
-    T = rollouts["mask"].size(1)
-    return {"prompts": questions, "answers": answers, "completion_tokens": rollouts["idx"][:, -T:].tolist(),
-            "completion_mask": rollouts["mask"].tolist(), "rewards": rollouts["rewards"].tolist(),
-            "advantages": rollouts["advantages"].tolist(),
-            **({"influence": rollouts["influence"], "selected": rollouts["selected"]} if cfg["tracin"] else {})}
-
-
 # -----------------------------------------------------------------------------
 def first_step_result(example):
     """The planted wrong answer: the result of the solution's first equation ("8-7=1" -> 1)."""
@@ -183,7 +161,7 @@ def validate(cfg):
     check_choice(cfg, "init_from", ("base", "resume"))
     check_positive(cfg, "batch_size", "micro_batch_size", "max_new_tokens", "learning_rate", "grad_clip",
                    "log_interval", "eval_interval", "eval_n", "eval_k", "ckpt_interval", "max_skipped_steps",
-                   "lora_r", "lora_alpha", "tracin_val_batch_size")
+                   "lora_r", "lora_alpha", "tracin_val_batch_size", "curriculum_window")
     check_nonnegative(cfg, "max_iters", "min_lr", "warmup_iters", "lr_decay_iters", "weight_decay", "beta",
                       "epsilon_high", "advantage_epsilon")
     check(cfg, "group_size", cfg["group_size"] >= 2, "must be >= 2: advantages are relative within a group")
@@ -197,6 +175,10 @@ def validate(cfg):
     check(cfg, "epsilon_low", 0 <= cfg["epsilon_low"] < 1, "must be in [0, 1)")
     check(cfg, "lora_dropout", 0 <= cfg["lora_dropout"] < 1, "must be in [0, 1)")
     check(cfg, "defect_frac", 0 <= cfg["defect_frac"] <= 1, "must be in [0, 1]")
+    levels = parse_levels(cfg["curriculum"])  # a bad level list is an error here, before any work
+    check(cfg, "defect_frac", cfg["defect_frac"] == 0 or not levels,
+          "must be 0 with a curriculum: the planted wrong answers belong to the base's train split")
+    check(cfg, "curriculum_threshold", 0 < cfg["curriculum_threshold"] <= 1, "must be in (0, 1]")
     check(cfg, "tracin_topk_frac", 0 < cfg["tracin_topk_frac"] <= 1, "must be in (0, 1]")
     check_choice(cfg, "loss_type", LOSS_TYPES)
     check_choice(cfg, "importance_sampling_level", ("token", "sequence"))
@@ -275,6 +257,11 @@ class Run:
         self.generator = torch.Generator(device=device).manual_seed(cfg["seed"])  # which completions
         self.iter_num, self.elapsed_before, self.last_ckpt, self.t_start = 0, 0.0, None, time.time()
         self.reward_cache = {} if cfg["reward_cache"] else None  # (reward, completion, answer) -> score
+        levels = parse_levels(cfg["curriculum"])
+        self.curriculum = Curriculum(levels, read_meta(self.data_dir)["ops"], cfg["curriculum_threshold"],
+                                     cfg["curriculum_window"]) if levels else None
+        if self.curriculum:  # the target level's problems, none of them a base training question
+            self.test = self.curriculum.test_set(cfg["eval_n"], {e["question"] for e in self.train_split})
         if resume is not None:
             self.restore(resume)
         n_lora = sum(p.numel() for p in lora_parameters(self.model))
@@ -286,6 +273,8 @@ class Run:
         self.iter_num = self.last_ckpt = resume["iter_num"]
         self.elapsed_before = resume["train_seconds"]
         self.rng.setstate(resume["rng"]["python"])
+        if self.curriculum:
+            self.curriculum.load_state_dict(resume["curriculum"])
         saved_on, here = resume["rng"].get("device", self.generator.device.type), self.generator.device.type
         if saved_on == here:
             self.generator.set_state(resume["rng"]["generator"])
@@ -307,6 +296,7 @@ class Run:
                  "iter_num": self.iter_num, "lr": self.lr_at(self.iter_num), "config": self.cfg,
                  "base_ckpt": self.cfg["base_ckpt"], "base_fingerprint": self.fingerprint, "data_dir": self.data_dir,
                  "train_seconds": self.elapsed_before + time.time() - self.t_start,
+                 **({"curriculum": self.curriculum.state_dict()} if self.curriculum else {}),
                  "rng": {"python": self.rng.getstate(), "generator": self.generator.get_state(),
                          "device": self.generator.device.type}}
         save_checkpoint(state, os.path.join(self.out, f"ckpt_{self.iter_num:06d}.pt"))  # history, for TracIn
@@ -326,16 +316,25 @@ class Run:
         return {f"test/{k}": v for k, v in r.items()}
 
     def step(self, lr):
-        """Draw the prompts (a defective one carries the planted wrong answer), run grpo_step."""
+        """Draw the prompts (a defective one carries the planted wrong answer; with a curriculum, new
+        problems of the current level), run grpo_step."""
         cfg, t_step = self.cfg, time.time()
-        picks = [self.rng.randrange(len(self.train_split)) for _ in range(cfg["batch_size"])]
-        batch = [{**self.train_split[i], "answer": first_step_result(self.train_split[i])} if i in self.defective
-                 else self.train_split[i] for i in picks]
+        if self.curriculum:
+            batch = [self.curriculum.draw(self.rng) for _ in range(cfg["batch_size"])]
+        else:
+            picks = [self.rng.randrange(len(self.train_split)) for _ in range(cfg["batch_size"])]
+            batch = [{**self.train_split[i], "answer": first_step_result(self.train_split[i])}
+                     if i in self.defective else self.train_split[i] for i in picks]
         val = ([self.val_split[self.rng.randrange(len(self.val_split))] for _ in range(cfg["tracin_val_batch_size"])]
                if cfg["tracin"] else None)
         log, rollouts = grpo_step(self.model, self.optimizer, self.enc, [e["question"] for e in batch],
                                   [e["answer"] for e in batch], cfg, self.generator, self.amp, val, self.reward_cache)
         self.iter_num += 1
+        if self.curriculum:  # the level this step trained at; then perhaps the next one
+            log["curriculum/level"] = self.curriculum.level + 1
+            if self.curriculum.observe(log.get("accuracy", float("nan"))):
+                print(f"curriculum: {self.curriculum.describe()} from iter {self.iter_num}")
+            log["curriculum/moving_accuracy"] = self.curriculum.moving_accuracy()
         if cfg["defect_frac"] > 0 and rollouts is not None:  # selection precision: are kept rollouts clean?
             clean = torch.tensor([i not in self.defective for i in picks]).repeat_interleave(cfg["group_size"])
             log["defect/clean_base_rate"] = clean.float().mean().item()
@@ -401,20 +400,6 @@ class Run:
             where = (f"last checkpoint {os.path.join(out, 'ckpt.pt')} (iter {self.last_ckpt}); resume with: "
                      f"python train_grpo.py --out_dir={shlex.quote(out)} --init_from=resume")
         return Interrupted(f"train_grpo.py stopped at iter {self.iter_num} of {self.cfg['max_iters']}; {where}")
-
-
-def print_step(log, cfg, lr):
-    """One |-separated line per log_interval steps."""
-    if log.get("reward") is None:  # sampling gave NaN/Inf: no rollouts, no statistics
-        print(f"iter {log['iter']:4d} | skipped ({log['skip_reason']}) | lr {lr:.1e}")
-        return
-    print(f"iter {log['iter']:4d} | reward {log['reward']:.3f} | acc {log['accuracy']:.3f} | "
-          f"zero_std {log['frac_reward_zero_std']:.2f} | kl {log['kl']:.4f} | ent {log['entropy']:.3f} | "
-          f"len {log['completions/mean_length']:.1f} | lr {lr:.1e} | {log['step_seconds'] * 1000:.0f} ms "
-          f"(gen {log['time/generation'] * 1000:.0f}, policy {log['time/policy'] * 1000:.0f}, "
-          f"ref {log['time/reference'] * 1000:.0f}) | mem {log['mem_max_alloc_mb']:.0f} MB"
-          + (f" | selected {log['n_selected']}/{cfg['batch_size'] * cfg['group_size']} "
-             f"(infl {log['influence/mean']:+.2e})" if cfg["tracin"] else ""))
 
 
 if __name__ == "__main__":

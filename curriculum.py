@@ -1,0 +1,91 @@
+"""
+Curriculum by difficulty for GRPO: training problems are drawn from easy to hard, and the run moves
+to the next level when its moving training accuracy passes a threshold.
+
+    python train_grpo.py config/hard_curriculum.py          # curriculum = "1:20,2:20,3:20"
+
+A level is `steps:max_operand` (data/gsm_synth/prepare.py's knobs): problems with that many
+operations, operands up to max_operand. Problems are generated on the fly by prepare.make_problem
+from the run's own prompt stream (so they are checkpointed and resumed with it) and encoded by the
+base's byte-level tokenizer, which encodes any text. The LAST level is the target: the test set is
+eval_n problems of that level, the same for every seed and for a one-level curriculum, which is
+the no-curriculum baseline on the same task ("3:20").
+
+Why it can help: GRPO learns only from groups whose rewards differ. On problems the policy almost
+never solves, nearly every group is all-wrong (frac_reward_zero_std near 1) and the step is
+wasted; on easier problems the groups are mixed and the gradient is informative.
+"""
+import random
+
+from configurator import UserError
+from data.gsm_synth.prepare import make_problem
+
+TEST_SEED = 20240601  # the target level's test problems: one fixed set, whatever the run's seed
+
+
+def parse_levels(text):
+    """'1:20,2:20,3:20' -> [(1, 20), (2, 20), (3, 20)]; '' -> [] (no curriculum)."""
+    levels = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        try:
+            steps, max_operand = (int(x) for x in part.split(":"))
+        except ValueError:
+            steps = max_operand = 0
+        if steps < 1 or max_operand < 1:
+            raise UserError(f"config key 'curriculum' = {text!r} is not allowed: levels are steps:max_operand "
+                            f"with both >= 1, easy to hard, e.g. '1:20,2:20,3:20' ('' = off)")
+        levels.append((steps, max_operand))
+    return levels
+
+
+class Curriculum:
+    """The current level, and the training accuracies seen at it (the moving window)."""
+
+    def __init__(self, levels, ops, threshold, window):
+        self.levels, self.ops, self.threshold, self.window = levels, ops, threshold, window
+        self.level, self.recent = 0, []
+
+    def draw(self, rng):
+        """One problem of the current level, from the run's prompt stream `rng`."""
+        steps, max_operand = self.levels[self.level]
+        question, solution, answer = make_problem(rng, steps, max_operand, self.ops)
+        return {"question": question, "solution": solution, "answer": answer}
+
+    def observe(self, accuracy):
+        """After a step: record its training accuracy; move up a level when the mean of the last
+        `window` steps at this level reaches the threshold. Returns True when it moved."""
+        if accuracy != accuracy or self.level == len(self.levels) - 1:  # NaN (skipped step), or the top
+            return False
+        self.recent = (self.recent + [accuracy])[-self.window:]
+        if len(self.recent) == self.window and sum(self.recent) / self.window >= self.threshold:
+            self.level, self.recent = self.level + 1, []
+            return True
+        return False
+
+    def moving_accuracy(self):
+        return sum(self.recent) / len(self.recent) if self.recent else float("nan")
+
+    def describe(self):
+        steps, max_operand = self.levels[self.level]
+        return f"level {self.level + 1}/{len(self.levels)} ({steps}-step problems, operands <= {max_operand})"
+
+    def test_set(self, n, exclude=()):
+        """n distinct problems of the target (last) level, none of whose questions is in `exclude`
+        (the base's training questions)."""
+        steps, max_operand = self.levels[-1]
+        rng, seen, out = random.Random(TEST_SEED), set(exclude), []
+        for _ in range(50 * n):
+            question, solution, answer = make_problem(rng, steps, max_operand, self.ops)
+            if question not in seen:
+                seen.add(question)
+                out.append({"question": question, "solution": solution, "answer": answer})
+                if len(out) == n:
+                    return out
+        raise UserError(f"only {len(out)} distinct test problems at curriculum level {steps}:{max_operand}; "
+                        f"lower eval_n or raise the last level's max_operand")
+
+    def state_dict(self):
+        return {"level": self.level, "recent": list(self.recent)}
+
+    def load_state_dict(self, state):
+        self.level, self.recent = state["level"], list(state["recent"])

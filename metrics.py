@@ -1,0 +1,48 @@
+"""
+What a GRPO step writes down: one log.jsonl line (TRL's metric names), one rollouts.jsonl line (what
+post-hoc TracIn, tracin.py, attributes to) and one console line.
+"""
+import torch
+
+
+def step_log(rollouts, stats, cfg, grad_norm, skipped, extra, times, cache=None):
+    """One log.jsonl line, with TRL's metric names."""
+    n, ntok, rewards, per_fn, mask = rollouts["idx"].size(0), stats["num_tokens"], rollouts["rewards"], \
+        rollouts["per_fn"], rollouts["mask"]
+    nanmean = lambda v: torch.tensor(v, dtype=torch.float64).nanmean().item()  # None scores are NaN
+    scored = rewards[~rewards.isnan()]
+    return {"loss": sum(stats["losses"]), "reward": scored.mean().item(), "reward_std": scored.std().item(),
+            **{f"rewards/{k}": nanmean(v) for k, v in per_fn.items()}, "rewards/unscored": n - scored.numel(),
+            **({"rewards/cache_hit_rate": cache.get("hits", 0) / cache["lookups"]} if cache and cache.get("lookups") else {}),
+            "accuracy": nanmean(per_fn["correctness"]) if "correctness" in per_fn else float("nan"),
+            "frac_reward_zero_std": rollouts["n_zero_std"] / (n // cfg["group_size"]),
+            "kl": stats["kl_sum"] / ntok, "entropy": stats["ent_sum"] / ntok,
+            "completions/mean_length": mask.sum(1).float().mean().item(),
+            "completions/clipped_ratio": rollouts["truncated"].float().mean().item(),
+            "clip_ratio": stats["clipped"] / ntok, "clip_ratio/low": stats["clipped_low"] / ntok,
+            "clip_ratio/high": stats["clipped_high"] / ntok, "grad_norm": grad_norm, "skipped": skipped,
+            "reward_errors": sum(rollouts["errors"].values()), **extra, **{f"time/{k}": v for k, v in times.items()}}
+
+
+def rollout_record(questions, answers, rollouts, cfg):
+    """One rollouts.jsonl line: what post-hoc TracIn (tracin.py) attributes to."""
+    T = rollouts["mask"].size(1)
+    return {"prompts": questions, "answers": answers, "completion_tokens": rollouts["idx"][:, -T:].tolist(),
+            "completion_mask": rollouts["mask"].tolist(), "rewards": rollouts["rewards"].tolist(),
+            "advantages": rollouts["advantages"].tolist(),
+            **({"influence": rollouts["influence"], "selected": rollouts["selected"]} if cfg["tracin"] else {})}
+
+
+def print_step(log, cfg, lr):
+    """One |-separated line per log_interval steps."""
+    if log.get("reward") is None:  # sampling gave NaN/Inf: no rollouts, no statistics
+        print(f"iter {log['iter']:4d} | skipped ({log['skip_reason']}) | lr {lr:.1e}")
+        return
+    print(f"iter {log['iter']:4d} | reward {log['reward']:.3f} | acc {log['accuracy']:.3f} | "
+          f"zero_std {log['frac_reward_zero_std']:.2f} | kl {log['kl']:.4f} | ent {log['entropy']:.3f} | "
+          f"len {log['completions/mean_length']:.1f} | lr {lr:.1e} | {log['step_seconds'] * 1000:.0f} ms "
+          f"(gen {log['time/generation'] * 1000:.0f}, policy {log['time/policy'] * 1000:.0f}, "
+          f"ref {log['time/reference'] * 1000:.0f}) | mem {log['mem_max_alloc_mb']:.0f} MB"
+          + (f" | selected {log['n_selected']}/{cfg['batch_size'] * cfg['group_size']} "
+             f"(infl {log['influence/mean']:+.2e})" if cfg["tracin"] else "")
+          + (f" | level {log['curriculum/level']}" if "curriculum/level" in log else ""))
