@@ -5,7 +5,9 @@ seconds per step, each against steps (left) and against wall time (right), all r
     python plot.py out/cmpB/grpo_s1 out/cmpB/tracin_s1 [--out=plot.png] [--labels=grpo,tracin]
 
 Standard GRPO runs are solid blue lines, TracIn runs (those that log a selection_rate) dashed
-orange-red ones; several seeds of a kind get several shades. Labels default to the directory names.
+orange-red ones, curriculum runs (those that log curriculum/level) dash-dotted green ones, whose
+third row is the curriculum level instead of the selection rate; several seeds of a kind get
+several shades. Labels default to the directory names.
 Needs matplotlib, which requirements.txt leaves optional: pip install matplotlib.
 """
 import json
@@ -17,6 +19,13 @@ from rundir import read_jsonl
 SMOOTH = 10  # reward, selection rate and step time are noisy step to step: also draw their moving average
 ROWS = [("reward", "reward"), ("test/accuracy", "test accuracy"),
         ("selection_rate", "selection rate"), ("step_seconds", "step time (s)")]
+KINDS = {"standard": ("Blues", "-"), "TracIn": ("Oranges", "--"), "curriculum": ("Greens", "-.")}
+
+
+def kind(log):
+    if any("selection_rate" in line for line in log):
+        return "TracIn"
+    return "curriculum" if any("curriculum/level" in line for line in log) else "standard"
 COLS = [("iter", "step"), ("elapsed", "wall time (s, evaluations included)")]
 
 
@@ -61,16 +70,17 @@ def make_figure(runs):
     # a bare Figure (no pyplot) renders with the Agg backend: no display needed, no global figure state
     fig = Figure(figsize=(12, 12), dpi=100, layout="constrained")
     axes = fig.subplots(len(ROWS), len(COLS), sharex="col")
-    tracin = [any("selection_rate" in l for l in log) for _, log in runs]
-    # one colour family per kind, one shade per run of that kind, TracIn also dashed: readable in grey too.
+    kinds = [kind(log) for _, log in runs]
+    rows = list(ROWS)
+    if "TracIn" not in kinds and "curriculum" in kinds:  # no selection rate to show: the level instead
+        rows[2] = ("curriculum/level", "curriculum level")
+    # one colour family and line style per kind, one shade per run of that kind: readable in grey too.
     # (lists, not generators: a generator would read cmap and n only later, after the loop changed them)
-    shades = {}
-    for kind, cmap in ((False, "Blues"), (True, "Oranges")):
-        n = tracin.count(kind)
-        shades[kind] = iter([colormaps[cmap](0.85 - 0.35 * i / max(n - 1, 1)) for i in range(n)])
-    for (label, log), is_tracin in zip(runs, tracin):
-        color, style = next(shades[is_tracin]), "--" if is_tracin else "-"
-        for r, (key, _) in enumerate(ROWS):
+    shades = {k: iter([colormaps[cmap](0.85 - 0.35 * i / max(kinds.count(k) - 1, 1)) for i in range(kinds.count(k))])
+              for k, (cmap, _) in KINDS.items()}
+    for (label, log), k in zip(runs, kinds):
+        color, style = next(shades[k]), KINDS[k][1]
+        for r, (key, _) in enumerate(rows):
             pts = [l for l in log if key in l]
             for c, (xkey, _) in enumerate(COLS):
                 ax, xs, ys = axes[r][c], [l[xkey] for l in pts], [l[key] for l in pts]
@@ -79,7 +89,7 @@ def make_figure(runs):
                 elif xs:
                     ax.plot(xs, ys, "-", color=color, alpha=0.25, linewidth=0.8, label="_per step")
                     ax.plot(xs, moving_average(ys, SMOOTH), style, color=color, linewidth=1.8, label=label)
-    for r, (key, ylabel) in enumerate(ROWS):
+    for r, (key, ylabel) in enumerate(rows):
         axes[r][0].set_ylabel(ylabel)
         for c in range(len(COLS)):
             axes[r][c].grid(alpha=0.3)
@@ -88,15 +98,17 @@ def make_figure(runs):
         axes[0][c].set_title(f"against {xlabel.split(' (')[0]}")
     axes[1][0].set_ylim(bottom=0)
     axes[1][1].set_ylim(bottom=0)
-    if not all(tracin):  # say why the standard runs are missing from the selection-rate row
+    if rows[2][0] == "selection_rate" and kinds.count("TracIn") < len(kinds):  # why the others are missing
         for ax in axes[2]:
             note, = ax.plot([], [], color=colormaps["Blues"](0.85))
             ax.legend([note], ["standard GRPO trains on all rollouts (rate 1)"], loc="best", fontsize="small")
     # one legend for the whole figure (the same runs are in every panel), below: above, it covers the title.
     # Its handles: the accuracy panel's lines, exactly one per run, in order (drawn even with no evaluation)
-    names = [f"{label} ({'TracIn' if t else 'standard'})" for (label, _), t in zip(runs, tracin)]
+    names = [f"{label} ({k})" for (label, _), k in zip(runs, kinds)]
     fig.legend(axes[1][0].get_lines(), names, loc="outside lower center", ncols=min(len(names), 4))
-    fig.suptitle(f"GRPO runs: standard (solid) vs TracIn-guided (dashed)\nfaint lines: each step; "
+    styles = {"-": "solid", "--": "dashed", "-.": "dash-dotted"}
+    shown = ", ".join(f"{k} ({styles[KINDS[k][1]]})" for k in KINDS if k in kinds)
+    fig.suptitle(f"GRPO runs: {shown}\nfaint lines: each step; "
                  f"bold: moving average over {SMOOTH} steps; dots: test evaluations")
     return fig
 

@@ -330,7 +330,7 @@ class Run:
         log, rollouts = grpo_step(self.model, self.optimizer, self.enc, [e["question"] for e in batch],
                                   [e["answer"] for e in batch], cfg, self.generator, self.amp, val, self.reward_cache)
         self.iter_num += 1
-        if self.curriculum:  # the level this step trained at; then perhaps the next one
+        if self.curriculum and len(self.curriculum.levels) > 1:  # the level this step trained at; perhaps the next
             log["curriculum/level"] = self.curriculum.level + 1
             if self.curriculum.observe(log.get("accuracy", float("nan"))):
                 print(f"curriculum: {self.curriculum.describe()} from iter {self.iter_num}")

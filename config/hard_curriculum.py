@@ -1,19 +1,19 @@
-# GRPO with a curriculum by difficulty (curriculum.py): 1-step, then 2-step, then 3-step problems
-# with operands up to 20, moving up a level when the mean training accuracy of the last 10 steps
-# reaches curriculum_threshold. Same base, test problems and step budget as config/hard_grpo.py,
+# GRPO with a curriculum by difficulty (curriculum.py): 1-, 2-, then 3-step problems with operands
+# up to 10, then up to 20 (the target), moving up a level when the mean training accuracy of the
+# last 10 steps reaches curriculum_threshold. Same base, test problems and step budget as config/hard_grpo.py,
 # the no-curriculum baseline; the two are compared in docs/experiments.md.
 # python train_grpo.py config/hard_curriculum.py   (trains config/hard_base.py first if it is missing)
 out_dir = "out/hard_curriculum"
 base_ckpt = "out/hard_base/ckpt.pt"
 base_config = "config/hard_base.py"
-curriculum = "1:20,2:20,3:20"
+curriculum = "1:10,2:10,3:10,3:20"
 curriculum_threshold = 0.5
 curriculum_window = 10
 batch_size = 8
 group_size = 8
 micro_batch_size = 64
 max_new_tokens = 48
-max_iters = 300
+max_iters = 400
 learning_rate = 2e-3
 beta = 0.0
 eval_interval = 100

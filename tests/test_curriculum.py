@@ -119,3 +119,14 @@ def test_bad_curriculum_knobs(tiny_setup, tmp_path, chars_reward, extra, message
     with pytest.raises(UserError, match=message):
         run(tiny_setup, tmp_path / "run", "--max_iters=1", *extra)
     assert not (tmp_path / "run").exists()
+
+
+def test_one_level_is_training_on_generated_problems(tiny_setup, tmp_path, chars_reward):
+    """curriculum='2:5' (the baseline's form): every prompt is a 2-step problem, nothing moves and no
+    level is logged (plot.py draws it as a standard run); the test set is 2-step problems too."""
+    out = tmp_path / "run"
+    run(tiny_setup, out, "--max_iters=2", "--curriculum=2:5", "--eval_interval=1")
+    logs = [json.loads(l) for l in open(out / "log.jsonl")]
+    assert not any("curriculum/level" in l for l in logs) and "test/accuracy" in logs[-1]
+    for r in (json.loads(l) for l in open(out / "rollouts.jsonl")):
+        assert [operations(q) for q in r["prompts"]] == [2, 2]

@@ -162,3 +162,25 @@ def test_figure_of_logs_without_evaluations(tmp_path):
     (acc,) = lines_of(ax[2], "start")                 # one evaluation, no step
     assert list(acc.get_xdata()) == [0] and list(acc.get_ydata()) == [0.40]
     assert not lines_of(ax[0], "start")
+
+
+def test_curriculum_runs_show_their_level(tmp_path):
+    """A curriculum run (it logs curriculum/level) is dash-dotted green, and with no TracIn run the
+    third row shows the level it trained at, at exactly the logged steps."""
+    pytest.importorskip("matplotlib")
+    cur = fake_log(STD_EVALS, 0.5, tracin=False)
+    for line in cur[1:]:
+        line["curriculum/level"] = 1 + (line["iter"] > 4) + (line["iter"] > 8)
+    logs = [("std", fake_log(STD_EVALS, 0.5, tracin=False)), ("cur", cur)]
+    fig = plot.make_figure(logs)
+    ax = fig.axes
+    assert ax[4].get_ylabel() == "curriculum level"
+    assert not lines_of(ax[4], "std") and ax[4].get_legend() is None
+    (level,) = lines_of(ax[4], "cur")
+    raw = [ln for ln in ax[4].get_lines() if ln.get_label() == "_per step"]
+    assert list(raw[0].get_ydata()) == [1, 1, 1, 1, 2, 2, 2, 2, 3, 3]
+    (c,) = lines_of(ax[0], "cur")
+    r, g, b, _ = c.get_color()
+    assert c.get_linestyle() == "-." and g > r and g > b
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == ["std (standard)", "cur (curriculum)"]
+    assert "curriculum (dash-dotted)" in fig._suptitle.get_text()
