@@ -35,7 +35,8 @@ class GhostHooks:
     """Forward/backward hooks on every lora_A / lora_B. Buffers (dicts: layer name -> list of
     per-micro-batch tensors, rows = samples):
         train: _train_xs, _train_hs, _train_gAs, _train_gBs      validation: _xs, _hs, _gAs, _gBs
-    Set `.split` to 'train' or 'val' before each capture; `.remove()` detaches every hook."""
+    Set `.split` to 'train' or 'val' before each capture, or to None for an ordinary backward that keeps
+    nothing (its summed gradient is read from .grad); `.remove()` detaches every hook."""
 
     def __init__(self, model):
         self._train_xs, self._train_hs, self._train_gAs, self._train_gBs = {}, {}, {}, {}
@@ -62,8 +63,8 @@ class GhostHooks:
 
     def _hook_A(self, name):
         def hook(module, inputs, h):
-            if not (torch.is_grad_enabled() and h.requires_grad):
-                return  # sampling / reference passes: nothing to capture
+            if self.split is None or not (torch.is_grad_enabled() and h.requires_grad):
+                return  # sampling / reference passes, or split None: nothing to capture
             xs, gAs, hs, _ = self.buffers()
             xs.setdefault(name, []).append(inputs[0].detach())       # x  (n, T, d_in)
             hs.setdefault(name, []).append(h.detach())               # h = A x  (n, T, r)
@@ -72,7 +73,7 @@ class GhostHooks:
 
     def _hook_B(self, name):
         def hook(module, inputs, u):
-            if torch.is_grad_enabled() and u.requires_grad:
+            if self.split is not None and torch.is_grad_enabled() and u.requires_grad:
                 _, _, _, gBs = self.buffers()
                 u.register_hook(self._keep(gBs, name))               # gB = dL/d(B h)
         return hook

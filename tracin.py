@@ -61,33 +61,27 @@ def tracin_backward(model, optimizer, rollouts, val_batch, cfg, amp, times):
     """TracIn-GRPO's backward, in place of grpo.policy_backward: every rollout's LoRA gradient from the
     hooks, influence_i = <g_i, sum_j g_val_j>, the selection, and the selected rollouts' summed gradient
     written into .grad from the hooks' buffers (no 4th pass). cfg['tracin_influence']:
-      'summed'  G = sum_j g_val_j from ONE ordinary backward of the validation loss (no validation hooks),
+      'summed'  G = sum_j g_val_j from ONE ordinary backward of the validation loss (nothing kept per row),
                 then <g_i, G> per layer from the train buffers: O(T d r) per rollout
       'matrix'  every validation row's gradient captured too; the row sums of the [N, N_val] matrix
     Both give the same influence up to float rounding. Returns (loss stats, influence (N,), keep (N,)
     bool, log entries)."""
-    summed = cfg["tracin_influence"] == "summed"
-    with ghost_mode(optimizer):  # no weight can change in here; the .grad there before comes back
-        if summed:
-            t0 = time.time()
-            policy_backward(model, val_batch, cfg, amp, times, beta=0.0)  # validation loss, no KL term: G in .grad
-            val_grads = summed_gradient(model)                            # {layer: (G_A, G_B)}; .grad cleared
-            times["grad_capture_val"] = time.time() - t0
-        with install_ghost_hooks(model) as hooks:
-            t0 = time.time()
-            stats = policy_backward(model, rollouts, cfg, amp, times, cfg["beta"])   # per-sample train gradients
-            times["grad_capture_train"] = time.time() - t0
-            if not summed:
-                hooks.split, t0 = "val", time.time()
-                policy_backward(model, val_batch, cfg, amp, times, beta=0.0)  # per-sample validation gradients
-                times["grad_capture_val"] = time.time() - t0
-                val_grads = hooks.collect("val")
-            train_grads = hooks.collect("train")
+    matrix = cfg["tracin_influence"] == "matrix"
+    with install_ghost_hooks(model) as hooks, ghost_mode(optimizer):  # no weight can change in here
+        t0 = time.time()
+        stats = policy_backward(model, rollouts, cfg, amp, times, cfg["beta"])   # per-sample train gradients
+        times["grad_capture_train"], t0 = time.time() - t0, time.time()
+        optimizer.zero_grad(set_to_none=True)  # the train batch's summed gradient: the hooks hold it per sample
+        hooks.split = "val" if matrix else None  # 'summed': the hooks keep nothing, G adds up in .grad
+        policy_backward(model, val_batch, cfg, amp, times, beta=0.0)  # validation loss, no KL term
+        times["grad_capture_val"] = time.time() - t0
+        train_grads = hooks.collect("train")
+        val_grads = hooks.collect("val") if matrix else summed_gradient(model)  # per row, or G {layer: (G_A, G_B)}
     t0 = time.time()
-    if summed:
-        influence = summed_inner_products(train_grads, val_grads)            # <g_i, G>: (N,)
-    else:  # row sums: validation GRADIENTS are summed, not activations
+    if matrix:  # row sums of the [N, N_val] matrix: validation GRADIENTS are summed, not activations
         influence = compute_ghost_inner_product_matrix(train_grads, val_grads).sum(1)
+    else:
+        influence = summed_inner_products(train_grads, val_grads)  # <g_i, G>: (N,), O(T d r) per rollout
     keep = select_rollouts(influence, cfg["tracin_selection"], cfg["tracin_topk_frac"])
     subset_gradients(model, train_grads, keep)
     del train_grads, val_grads  # every LoRA layer's per-sample inputs and output gradients (and G)
@@ -118,21 +112,19 @@ def sample_losses(model, idx, pad_left, mask, advantages, temperature=1.0):
     return loss
 
 
-def backward_per_sample(model, batch, temperature, micro_batch=64):
-    """Backward of sum_i L(z_i), micro-batch by micro-batch: .grad gets the summed gradient, and under
-    the ghost hooks every sample's own gradient is captured."""
+def chunks(batch, size, order=None):
+    """The batch's rows (in `order`) in chunks of `size`, each without the columns that all its rows pad:
+    the left padding they share and the completion columns after the longest completion. Positions count
+    from each row's first real token and attention is causal, so every row's loss and gradient are as in
+    the full batch; only less padding is computed."""
     idx, pad_left, mask, adv = batch
-    for s in range(0, idx.size(0), micro_batch):
-        sl = slice(s, s + micro_batch)
-        sample_losses(model, idx[sl], pad_left[sl], mask[sl], adv[sl], temperature).backward()
-
-
-def capture_grads(model, hooks, split, batch, temperature, micro_batch=64):
-    """Per-sample LoRA gradients of `batch` via the hooks: {layer: (x, gA, h, gB)}."""
-    hooks.clear(split)
-    hooks.split = split
-    backward_per_sample(model, batch, temperature, micro_batch)
-    return hooks.collect(split)
+    order = torch.arange(idx.size(0), device=idx.device) if order is None else order
+    P = idx.size(1) - mask.size(1)
+    for s in range(0, idx.size(0), size):
+        rows = order[s:s + size]
+        m, left = mask[rows], int(pad_left[rows].min())
+        T = int(m.any(0).nonzero().max()) + 1 if m.any() else 1
+        yield idx[rows, left:P + T], pad_left[rows] - left, m[:, :T], adv[rows]
 
 
 def sq_norms(captured, layer_filter=None):
@@ -149,20 +141,25 @@ def hook_products(model, train_batch, test_batch, temperature, layer_filter, mic
     backward of the summed test loss (no hooks, LoRA-sized), and the train gradients from the hooks,
     chunk by chunk; the two norms only if `norms` (||g_i||^2 materialises each per-sample gradient)."""
     model.zero_grad(set_to_none=True)
-    backward_per_sample(model, test_batch, temperature, micro_batch)  # before the hooks exist: no test buffers
+    for c in chunks(test_batch, micro_batch):  # before the hooks exist: no per-sample test buffers
+        sample_losses(model, *c, temperature).backward()  # micro-batches add up in .grad
     G = summed_gradient(model, layer_filter)  # {layer: (G_A, G_B)}; .grad cleared, the train capture starts clean
     te_sq = sum(GA.pow(2).sum() + GB.pow(2).sum() for GA, GB in G.values()) if norms else None
     inner, tr_sq = [], []
+    idx, pad_left, mask, _ = train_batch
+    order = (idx.size(1) - mask.size(1) - pad_left + mask.sum(1)).argsort()  # by length: chunks pad little
     with install_ghost_hooks(model) as hooks:
-        for s in range(0, train_batch[0].size(0), micro_batch):      # train chunk by chunk: buffers stay small
-            chunk = tuple(b[s:s + micro_batch] for b in train_batch)
-            train_grads = capture_grads(model, hooks, "train", chunk, temperature, micro_batch)
+        for c in chunks(train_batch, micro_batch, order):  # chunk by chunk: buffers stay small
+            hooks.clear("train")
+            sample_losses(model, *c, temperature).backward()
+            train_grads = hooks.collect("train")
             inner.append(summed_inner_products(train_grads, G))       # <g_i, G>: (chunk,)
             if norms:
                 tr_sq.append(sq_norms(train_grads, layer_filter))
             del train_grads  # this chunk's activations and gradients
     model.zero_grad(set_to_none=True)  # capture's .grad is not an update
-    return torch.cat(inner), torch.cat(tr_sq) if norms else None, te_sq
+    back = order.argsort()  # the rows' own order again
+    return torch.cat(inner)[back], torch.cat(tr_sq)[back] if norms else None, te_sq
 
 
 def loop_gradients(model, batch, temperature, layer_filter=None):

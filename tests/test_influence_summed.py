@@ -7,12 +7,14 @@
 #       sample run alone, test_tracin.func_per_sample_grads): train @ sum of val rows; and the row sums
 #       of the [n, n_val] matrix. Both sides go through grpo.policy_backward with micro-batches that do
 #       not divide the batch (6 rows by 4, 4 rows by 3) and left-padded, early-ended rows.
-#   test_summed_gradient_is_the_batch_gradient  .grad of the same backward, read before it is cleared.
+#   test_summed_gradient_is_the_batch_gradient  .grad of the same backward without any hooks; idle hooks
+#       (split None) keep no buffer.
 #   test_tracin_backward_summed_equals_matrix  the 'matrix' path: same influence (<= 1e-5 relative),
 #       same kept set, same .grad afterwards, same weights; a spy shows that 'summed' never forms the
 #       matrix and never collects validation buffers.
 #   test_posthoc_summed_with_filter_and_chunks  plain torch.autograd.grad per sample over the filtered
-#       LoRA parameters, with train and test chunks that do not divide their batches.
+#       LoRA parameters, each sample alone; rows of different lengths in train and test chunks that do
+#       not divide their batches (chunks are sorted by length and trimmed of shared padding).
 import pytest
 import torch
 
@@ -80,8 +82,13 @@ def test_summed_products_match_bruteforce_and_matrix(world):
 
 def test_summed_gradient_is_the_batch_gradient(world):
     m, _, val = world
-    policy_backward(m, as_batch(val, VAL_ADV), cfg(3), AMP, {}, 0.0)
+    policy_backward(m, as_batch(val, VAL_ADV), cfg(3), AMP, {}, 0.0)  # no hooks at all
     grads = {n: p.grad.clone() for n, p in m.named_parameters() if ".lora_" in n}
+    m.zero_grad(set_to_none=True)
+    with ghost.install_ghost_hooks(m) as hooks:
+        hooks.split = None  # idle hooks, as tracin_backward's 'summed' validation pass: nothing kept
+        policy_backward(m, as_batch(val, VAL_ADV), cfg(3), AMP, {}, 0.0)
+        assert not any(d for split in ("train", "val") for d in hooks.buffers(split))
     G = ghost.summed_gradient(m, layer_filter="mlp")
     assert len(G) == LAYERS // 2 and all("mlp" in k for k in G)
     for k, (GA, GB) in G.items():
@@ -133,9 +140,14 @@ def autograd_filtered(m, paths, samples, keep):
 
 
 def test_posthoc_summed_with_filter_and_chunks(world, tmp_path):
-    """4 train rows in chunks of 3, 3 test rows in micro-batches of 3 and 2: G_t sums over micro-batches."""
+    """6 train rows of different lengths in chunks of 3 and 2 (find_critical_samples sorts them by length and
+    trims each chunk's padding), 3 test rows in micro-batches of 3 and 2: G_t sums over micro-batches."""
     m = world[0]
     paths, lrs, train, test = posthoc_setup(tmp_path, m)
+    train = [{"prompt": "klmnop", "completion_tokens": [2, 3, 4, 5, 6, 0], "completion_mask": [1] * 6, "advantage": 0.9},
+             *train, {"prompt": "q", "completion_tokens": [7, 0], "completion_mask": [1, 1], "advantage": -0.4}]
+    lengths = [len(r["prompt"]) + len(r["completion_tokens"]) for r in train]
+    assert sorted(lengths) != lengths  # the sorted order is not the given one: results must be put back
     test = test + [{"prompt": "zz", "completion_tokens": [8, 2, 5, 0], "completion_mask": [1] * 4, "advantage": 1.0},
                    {"prompt": "qrs", "completion_tokens": [4, 0], "completion_mask": [1, 1], "advantage": 1.0}]
     scores = {}
