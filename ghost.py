@@ -219,11 +219,16 @@ def summed_inner_products(captured, summed):
 
 def subset_gradients(model, captured, weights):
     """Write sum_i weights_i * grad L(sample_i) into each LoRA parameter's .grad, from the hooks'
-    buffers alone: the update for the selected rollouts needs no extra forward or backward."""
-    w = weights.float()
+    buffers alone: the update for the selected rollouts needs no extra forward or backward.
+        dA = sum_{i,t} (w_i gA_it) x_it^T        dB = sum_{i,t} gB_it (w_i h_it)^T
+    one matmul each over the (sample, position) rows; samples with w_i = 0 are left out, and w scales
+    the r-wide factor (gA, h), the cheaper one."""
     for name, m in model.named_modules():
         if isinstance(m, LoRALinear):
             x, gA, h, gB = captured[name]
-            wd = w.to(x.device)
-            m.lora_A.weight.grad = torch.einsum("n,ntr,ntd->rd", wd, gA.float(), x.float()).to(m.lora_A.weight.dtype)
-            m.lora_B.weight.grad = torch.einsum("n,nto,ntr->or", wd, gB.float(), h.float()).to(m.lora_B.weight.dtype)
+            keep = (weights != 0).to(x.device)
+            w = weights.to(x.device)[keep].float()[:, None, None]                       # (n', 1, 1)
+            gA, x = (gA[keep].float() * w).flatten(0, 1), x[keep].float().flatten(0, 1)  # (n' T, r), (n' T, d_in)
+            gB, h = gB[keep].float().flatten(0, 1), (h[keep].float() * w).flatten(0, 1)  # (n' T, d_out), (n' T, r)
+            m.lora_A.weight.grad = (gA.T @ x).to(m.lora_A.weight.dtype)                 # (r, d_in)
+            m.lora_B.weight.grad = (gB.T @ h).to(m.lora_B.weight.dtype)                 # (d_out, r)

@@ -1,6 +1,7 @@
 # Tests for the summed-gradient influence <g_i, sum_j g_val_j> (ghost.summed_gradient,
-# ghost.summed_inner_products, tracin_influence='summed' in tracin.tracin_backward, and the summed
-# test gradient of post-hoc find_critical_samples). Run: python -m pytest tests/test_influence_summed.py -q
+# ghost.summed_inner_products, tracin_influence='summed' in tracin.tracin_backward, the summed test
+# gradient of post-hoc find_critical_samples) and the subset update (ghost.subset_gradients).
+# Run: python -m pytest tests/test_influence_summed.py -q
 #
 # Independent references:
 #   test_summed_products_match_bruteforce_and_matrix  flattened torch.func per-sample gradients (each
@@ -12,6 +13,7 @@
 #   test_tracin_backward_summed_equals_matrix  the 'matrix' path: same influence (<= 1e-5 relative),
 #       same kept set, same .grad afterwards, same weights; a spy shows that 'summed' never forms the
 #       matrix and never collects validation buffers.
+#   test_subset_gradients_weighted_and_empty  torch.func per-sample gradients, weighted and summed by hand.
 #   test_posthoc_summed_with_filter_and_chunks  plain torch.autograd.grad per sample over the filtered
 #       LoRA parameters, each sample alone; rows of different lengths in train and test chunks that do
 #       not divide their batches (chunks are sorted by length and trimmed of shared padding).
@@ -24,7 +26,7 @@ import train_grpo
 from grpo import policy_backward
 from lora import load_lora_state_dict, lora_parameters
 from model import load_checkpoint
-from test_tracin import (LAYERS, TRAIN_ADV, TRAIN_PROMPTS, VAL_ADV, VAL_PROMPTS, ByteEnc, flat,
+from test_tracin import (LAYERS, TRAIN_ADV, TRAIN_PROMPTS, VAL_ADV, VAL_PROMPTS, ByteEnc, capture_both, flat,
                          func_per_sample_grads, make_batch, make_model, posthoc_setup)
 
 pytestmark = pytest.mark.filterwarnings("ignore:There is a performance drop")
@@ -164,3 +166,19 @@ def test_posthoc_summed_with_filter_and_chunks(world, tmp_path):
             assert torch.allclose(got, score, rtol=1e-4, atol=1e-10), (filt, mb)
             assert torch.allclose(got_cos, cos, rtol=1e-4, atol=1e-8), (filt, mb)
     assert not torch.allclose(scores[None], scores["attn"], rtol=1e-2)  # the filter matters
+
+
+def test_subset_gradients_weighted_and_empty(world):
+    """sum_i w_i g_i with real weights (zeros among them) against torch.func per-sample gradients; no row
+    kept: exact zeros."""
+    m, train, val = world
+    tr, _ = capture_both(m, train, val)
+    want = func_per_sample_grads(m, train, TRAIN_ADV)
+    w = torch.tensor([0.5, 0.0, -2.0, 1.0, 0.0, 3.0])
+    ghost.subset_gradients(m, tr, w)
+    for n, p in m.named_parameters():
+        if ".lora_" in n:
+            ref = torch.einsum("n,n...->...", w, want[n])
+            assert rel(p.grad, ref) <= 1e-5, n
+    ghost.subset_gradients(m, tr, torch.zeros(6, dtype=torch.bool))
+    assert all(torch.equal(p, torch.zeros_like(p)) for p in (q.grad for q in lora_parameters(m)))
