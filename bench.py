@@ -8,12 +8,17 @@ Speed and memory claims measured side by side in one process (same inputs, warm-
 Rows:
   sampling   KV-cache generation vs nanoGPT-style full recompute of the whole prefix per token;
              tokens/s, ratio, and whether the greedy tokens are identical.
-  step cost  one TracIn-GRPO step / one standard GRPO step on the same prompts, per phase (the
-             TracIn-GRPO comparison guide's timing table: generation, reward, grad capture
-             train/val, influence, training)
+  step cost  (bench_step.py) one TracIn-GRPO step / one standard GRPO step on the same prompts, per
+             phase, validation loss 'pg' (target 2.0x) and 'nll' (1.10x), influence from the summed
+             validation gradient; and the same kept rollouts as the full-matrix path.
+  rewards    (bench_step.py) one standard GRPO step with background_rewards off / on, the task's
+             rewards and a slow one (slow_reward_ms per completion); reward cache off.
   influence  train x val gradient inner products: the hooks (ghost / materialised by cost) vs the
              per-sample autograd loop of the TracIn documentation (Pruthi et al. 2020) vs
              torch.func vmap; time and max relative error against the loop.
+  posthoc    (bench_posthoc.py) post-hoc attribution (find_critical_samples) vs Captum TracInCP on
+             the same checkpoints, rollouts and losses: time, max relative difference, Spearman.
+             Skipped with a note when captum is not installed.
   memory     (bench_memory.py) peak memory of one GRPO step, the project's code (sample.generate +
              policy_backward) vs straightforward_grpo_step (keeps sampling logits, full log_softmax,
              deepcopy reference, no del), same inputs and seed, each next to predicted_memory's
@@ -24,11 +29,6 @@ Rows:
              completions/s (the target is an H100's).
 Writes the markdown table to bench_<device>.md as well (not with --quick).
 """
-import contextlib
-import io
-import os
-import random
-import statistics
 import sys
 import time
 import warnings
@@ -36,15 +36,15 @@ import warnings
 import torch
 from torch.func import functional_call, grad, vmap
 
-import train_grpo
 from bench_memory import bench_memory, bench_throughput
+from bench_posthoc import bench_posthoc
+from bench_step import bench_model, bench_rewards, bench_step_cost, timed
 from configurator import check, cli_main, configure
-from data.gsm_synth.prepare import ROOT, load_split, load_tokenizer, prepare
-from grpo import completion_logprobs, grpo_loss, selective_log_softmax
-from lora import apply_lora, lora_parameters
-from model import GPT, GPTConfig, check_device, load_checkpoint, model_from_checkpoint
-from sample import generate
 from ghost import compute_ghost_inner_product_matrix, install_ghost_hooks
+from grpo import completion_logprobs, grpo_loss, selective_log_softmax
+from lora import apply_lora
+from model import check_device
+from sample import generate
 
 defaults = dict(
     device="cpu",
@@ -58,8 +58,14 @@ defaults = dict(
     base_ckpt="out/base/ckpt.pt",  # step cost: this base model if it exists, else random weights
     step_batch_size=8,    # step cost: prompts x group_size 8, as config/tiny_tracin.py
     step_val_batch_size=16,
-    step_repeats=7,       # step cost: rounds of (standard, pg, nll); one step is short and the ratio noisy
+    step_new_tokens=40,   # step cost, rewards: max_new_tokens, as config/tiny_tracin.py
+    step_repeats=7,       # step cost, rewards: rounds of every variant; one step is short and the ratio noisy
     data_root="",         # step cost without a base model: where to build the task data ('' = data/gsm_synth)
+    slow_reward_ms=20,    # rewards: the slow reward's sleep per completion
+    posthoc_prompts=32,   # posthoc: prompts x group rollouts (256), checkpoints, test answers
+    posthoc_group=8,
+    posthoc_checkpoints=3,
+    posthoc_tests=1,
     mem_n_layer=0,        # memory: 0 = by device (CUDA: GPT-2 small, 12 layers; CPU: 2)
     mem_n_head=0,         # memory: 0 = by device (12 / 2)
     mem_n_embd=0,         # memory: 0 = by device (768 / 128)
@@ -83,29 +89,11 @@ defaults = dict(
 
 # --quick: smoke sizes for every row (what the tests run)
 QUICK = dict(n_seq=4, new_tokens=16, n_train=4, n_val=2, seq_lens=(8,), repeats=1, step_repeats=1,
-             step_batch_size=2, step_val_batch_size=2,
+             step_batch_size=2, step_val_batch_size=2, step_new_tokens=8, slow_reward_ms=2, posthoc_prompts=2, posthoc_group=2,
+             posthoc_checkpoints=2,
              mem_n_layer=1, mem_n_head=2, mem_n_embd=32, mem_vocab=512, mem_prompts=2, mem_group=2,
              mem_prompt_len=8, mem_new_tokens=8, thr_n_layer=1, thr_n_head=2, thr_n_embd=32, thr_prompts=2,
              thr_group=2, thr_prompt_len=8, thr_new_tokens=8)
-
-
-def timed(fn, device, repeats):
-    """Median seconds of `repeats` calls after one warm-up call; returns (seconds, last result)."""
-    sync = torch.cuda.synchronize if "cuda" in device else (lambda: None)
-    out = fn()
-    times = []
-    for _ in range(repeats):
-        sync(); t0 = time.perf_counter()
-        out = fn()
-        sync(); times.append(time.perf_counter() - t0)
-    return statistics.median(times), out
-
-
-def bench_model(device, block_size, vocab_size=395):
-    """The tiny-config GPT (4 layers, 64 wide, vocab 395) with random weights, larger context."""
-    torch.manual_seed(0)
-    cfg = GPTConfig(block_size=block_size, vocab_size=vocab_size, n_layer=4, n_head=4, n_embd=64)
-    return GPT(cfg).to(device).eval()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -134,81 +122,6 @@ def bench_sampling(cfg):
     return [("sampling", f"KV cache {n * T / t_kv:,.0f} tok/s vs full recompute {n * T / t_full:,.0f} tok/s "
              f"({n} seqs x {T} new tokens); identical greedy tokens: {same}", f"{ratio:.1f}x", ">= 5x",
              "met" if ratio >= 5 and same else "MISSED")]
-
-
-# ---------------------------------------------------------------------------------------------
-# step cost: train_grpo.grpo_step, standard vs TracIn, per phase
-
-STEP_PHASES = ("time/generation", "time/reward", "time/grad_capture_train", "time/grad_capture_val",
-               "time/influence", "time/policy", "time/optimizer", "total")
-
-
-def step_cost_setup(cfg):
-    """The base model at base_ckpt (else random weights on the tiny task) with a fresh LoRA adapter, its
-    tokenizer, what it is, and the training and validation examples every mode gets."""
-    dev = cfg["device"]
-    if os.path.exists(cfg["base_ckpt"]):
-        ck = load_checkpoint(cfg["base_ckpt"])
-        model, data_dir, what = model_from_checkpoint(ck), ck["data_dir"], cfg["base_ckpt"]
-    else:  # random weights on the tiny task: same shapes, garbage completions
-        data_dir = prepare(2, 10, "+-", 0.55, verbose=False, root=cfg["data_root"] or ROOT)
-        model, what = bench_model(dev, 96, load_tokenizer(data_dir).n_vocab), "random weights"
-    enc = load_tokenizer(data_dir)
-    apply_lora(model, 8, 16, 0.0, ("c_attn", "c_proj", "c_fc"))
-    model.to(dev)
-    rng = random.Random(cfg["seed"])
-    train, val = load_split(data_dir, "train"), load_split(data_dir, "val")
-    tb = [train[rng.randrange(len(train))] for _ in range(cfg["step_batch_size"])]
-    vb = [val[rng.randrange(len(val))] for _ in range(cfg["step_val_batch_size"])]
-    return model, enc, what, tb, vb
-
-
-def timed_grpo_step(model, enc, tb, vb, mode, cfg, amp):
-    """One train_grpo.grpo_step, 'standard' or TracIn with validation loss `mode` ('pg' / 'nll'), with
-    lr 0 and the sampling seed reset; returns its log with the wall time added as 'total'."""
-    dev = cfg["device"]
-    c = {**train_grpo.defaults, "device": dev, "beta": 0.0, "tracin": mode != "standard", "micro_batch_size": 64,
-         "tracin_val_loss": mode if mode != "standard" else "pg"}
-    opt = torch.optim.AdamW(lora_parameters(model), lr=0.0)  # lr 0: the weights stay as they are
-    gen = torch.Generator(device=dev).manual_seed(cfg["seed"])
-    t0 = time.perf_counter()
-    with contextlib.redirect_stdout(io.StringIO()):  # its notices ("no rollout kept") are not bench output
-        log, _ = train_grpo.grpo_step(model, opt, enc, [e["question"] for e in tb], [e["answer"] for e in tb], c,
-                                      gen, amp, vb if c["tracin"] else None)
-    log["total"] = time.perf_counter() - t0
-    return log
-
-
-def step_cost_row(mode, name, s, t, what):
-    """The row of TracIn `mode` (phase medians t) against the standard step (phase medians s)."""
-    ratio = t["total"] / s["total"]
-    detail = (f"{what}; {name}; standard: generation {s['time/generation']:.2f} s, reward "
-              f"{s['time/reward']:.3f} s, training (pass 2 + backward + AdamW) "
-              f"{s['time/policy'] + s['time/optimizer']:.2f} s, total {s['total']:.2f} s; TracIn: generation "
-              f"{t['time/generation']:.2f} s, reward {t['time/reward']:.3f} s, grad capture train "
-              f"{t['time/grad_capture_train']:.2f} s, grad capture val {t['time/grad_capture_val']:.2f} s, "
-              f"influence {t['time/influence']:.3f} s, training {t['time/optimizer']:.3f} s, "
-              f"total {t['total']:.2f} s")
-    return (f"step cost, TracIn {mode}", detail, f"{ratio:.2f}x", "<= 1.3x (comparison guide: 2.0x)",
-            "met" if ratio <= 1.3 else "MISSED")
-
-
-def bench_step_cost(cfg):
-    """Standard vs TracIn grpo_step on the same prompts with the same sampling seed, per phase."""
-    model, enc, what, tb, vb = step_cost_setup(cfg)
-    amp = torch.autocast("cuda", dtype=torch.bfloat16, enabled="cuda" in cfg["device"])
-    modes = ("standard", "pg", "nll")  # TracIn's validation loss: sampled rollouts, or reference solutions
-    runs = {mode: [] for mode in modes}
-    for r in range(cfg["step_repeats"] + 1):  # the first round is a warm-up
-        for mode in modes:  # interleaved, so that a slow spell of a shared machine hits every mode alike
-            log = timed_grpo_step(model, enc, tb, vb, mode, cfg, amp)
-            if r > 0:
-                runs[mode].append(log)
-    phases = {mode: {k: statistics.median(log.get(k, 0.0) for log in runs[mode]) for k in STEP_PHASES}
-              for mode in modes}
-    return [step_cost_row("pg", "val = sampled rollouts (the TracIn-GRPO comparison guide's setup)",
-                          phases["standard"], phases["pg"], what),
-            step_cost_row("nll", "val = reference solutions", phases["standard"], phases["nll"], what)]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -307,7 +220,8 @@ def bench_influence(cfg):
 # ---------------------------------------------------------------------------------------------
 # every row, in this order, into one table
 
-ROWS = (bench_sampling, bench_step_cost, bench_influence, bench_memory, bench_throughput)
+ROWS = (bench_sampling, bench_step_cost, bench_rewards, bench_influence, bench_posthoc, bench_memory,
+        bench_throughput)
 
 
 def check_knobs(cfg):
@@ -332,7 +246,8 @@ def main(argv):
         print(f"bench: {fn.__name__[len('bench_'):]} ({time.time() - t0:.0f} s so far)", file=sys.stderr, flush=True)
         rows += fn(cfg)
     dev_name = torch.cuda.get_device_name() if "cuda" in cfg["device"] else "CPU"
-    lines = [f"bench.py on {dev_name}, torch {torch.__version__}, {time.strftime('%Y-%m-%d')}", "",
+    lines = [f"bench.py on {dev_name}, torch {torch.__version__}, {torch.get_num_threads()} CPU threads, "
+             f"{time.strftime('%Y-%m-%d')}", "",
              "| row | measured | ratio | target | verdict |", "| --- | --- | --- | --- | --- |"]
     lines += [f"| {' | '.join(r)} |" for r in rows]
     text = "\n".join(lines)

@@ -1,31 +1,49 @@
-# Tests for bench.py and bench_memory.py. Run: python -m pytest tests/test_bench.py -q
+# Tests for bench.py, bench_step.py, bench_posthoc.py and bench_memory.py. Run: python -m pytest tests/test_bench.py -q
 # Reference: the bench's own second paths: the full-recompute generation must give the KV
-# cache's tokens, the per-sample autograd loop must give the hooks' inner products, and the
+# cache's tokens, the per-sample autograd loop must give the hooks' inner products, the TracIn step
+# with the summed validation gradient must keep the rollouts the full-matrix path keeps, Captum's
+# TracInCP (when installed) must give find_critical_samples' scores, and the
 # straightforward GRPO step (full log_softmax, deepcopy reference) must give the loss and gradients
 # of grpo.completion_logprobs + grpo.grpo_loss on the same tokens. predicted_memory is checked
 # against the formulas worked out by hand for tiny sizes.
+import importlib.util
 import re
+import sys
 
 import pytest
 import torch
 
 import bench
 import bench_memory
+import bench_posthoc
+import rewards
 from grpo import completion_logprobs, grpo_loss
 from lora import disable_lora, lora_parameters
 from sample import generate
 
 
 def test_quick_bench_rows(capsys, tmp_path):
+    funcs = dict(rewards.REWARD_FUNCS)
     rows = bench.main(["--quick=True", f"--base_ckpt={tmp_path / 'none.pt'}", f"--data_root={tmp_path}"])
-    assert [r[0] for r in rows] == ["sampling", "step cost, TracIn pg", "step cost, TracIn nll", "influence T=8",
-                                    "memory", "throughput"]
+    assert [r[0] for r in rows] == ["sampling", "step cost, TracIn pg", "step cost, TracIn nll", "rewards, task",
+                                    "rewards, slow", "influence T=8", "posthoc vs Captum", "memory", "throughput"]
     for r in rows[1:3]:
         assert "random weights" in r[1] and float(r[2].rstrip("x")) > 0
+        assert "same kept set as the matrix path: True" in r[1]
+    for r in rows[3:5]:  # background_rewards off / on, every completion scored
+        assert "reward cache off" in r[1] and float(r[2].rstrip("x")) > 0 and r[4] == "n/a"
+    assert "2 ms sleep per completion" in rows[4][1]
+    assert rewards.REWARD_FUNCS == funcs  # the slow reward was registered only while its row ran
     assert "identical greedy tokens: True" in rows[0][1]
-    err = float(re.search(r"hooks max rel err vs loop ([0-9.e+-]+)", rows[3][1]).group(1))
+    err = float(re.search(r"hooks max rel err vs loop ([0-9.e+-]+)", rows[5][1]).group(1))
     assert err <= 1e-5
-    assert all(r[4] in ("met", "MISSED") for r in rows if r[0] != "throughput")
+    if importlib.util.find_spec("captum"):  # an optional benchmark dependency
+        diff = float(re.search(r"max rel diff ([0-9.e+-]+)", rows[6][1]).group(1))
+        assert diff <= 1e-4 and "Spearman 1.0000" in rows[6][1] and "4 rollouts x 2 checkpoints" in rows[6][1]
+    else:
+        assert rows[6][1].startswith("skipped: captum is not installed")
+    assert all(r[4] in ("met", "MISSED") for r in rows if r[0] not in ("throughput", "rewards, task", "rewards, slow")
+               and not r[1].startswith("skipped"))
     assert rows[-1][4] == "n/a (H100 target)"  # the throughput target is an H100's; this is the CPU
     mem = rows[-2][1]
     assert "peak RSS (a CPU proxy, not CUDA memory)" in mem and "same tokens: True" in mem
@@ -33,6 +51,14 @@ def test_quick_bench_rows(capsys, tmp_path):
     assert abs(float(losses[0]) - float(losses[1])) <= 1e-5
     assert "completions/s" in rows[-1][1] and float(rows[-1][2].split("x")[0]) > 0
     assert "| sampling |" in capsys.readouterr().out
+
+
+def test_posthoc_row_without_captum(monkeypatch):
+    """captum missing: one row that says so, and no work (find_spec sees None in sys.modules)."""
+    monkeypatch.setitem(sys.modules, "captum", None)
+    monkeypatch.setattr(bench_posthoc, "posthoc_inputs", lambda *a: pytest.fail("work started"))
+    (row,) = bench_posthoc.bench_posthoc(dict(bench.defaults))
+    assert row[0] == "posthoc vs Captum" and row[1] == "skipped: captum is not installed (pip install captum)"
 
 
 def test_full_recompute_matches_kv_cache():

@@ -1,0 +1,183 @@
+"""
+One GRPO step (train_grpo.grpo_step) timed, for bench.py's rows, with the weights left as they are
+(AdamW at lr 0) and the sampling seed reset, so that every variant sees the same rollouts:
+
+  step cost  one TracIn-GRPO step / one standard GRPO step on the same prompts, per phase, for
+             TracIn's two validation losses ('pg': sampled rollouts; 'nll': reference solutions), with
+             tracin_influence='summed'; and whether the step keeps the same rollouts as
+             tracin_influence='matrix' (the full [n, n_val] matrix's row sums) on the same rollouts.
+  rewards    one standard GRPO step (beta 0.04: there is a reference pass to overlap) with
+             background_rewards off / on, for the task's reward functions and for a deliberately slow
+             one (the first of them wrapped to sleep slow_reward_ms per completion, registered only
+             while this row runs); no reward cache, so every completion is scored in every step.
+Also what bench.py and bench_posthoc.py share: timed, bench_model, task_setup.
+"""
+import contextlib
+import io
+import os
+import random
+import statistics
+import time
+
+import torch
+
+import rewards
+import train_grpo
+from data.gsm_synth.prepare import ROOT, load_split, load_tokenizer, prepare
+from lora import apply_lora, lora_parameters
+from model import GPT, GPTConfig, load_checkpoint, model_from_checkpoint
+
+
+def timed(fn, device, repeats):
+    """Median seconds of `repeats` calls after one warm-up call; returns (seconds, last result)."""
+    sync = torch.cuda.synchronize if "cuda" in device else (lambda: None)
+    out = fn()
+    times = []
+    for _ in range(repeats):
+        sync(); t0 = time.perf_counter()
+        out = fn()
+        sync(); times.append(time.perf_counter() - t0)
+    return statistics.median(times), out
+
+
+def bench_model(device, block_size, vocab_size=395):
+    """The tiny-config GPT (4 layers, 64 wide, vocab 395) with random weights, larger context."""
+    torch.manual_seed(0)
+    cfg = GPTConfig(block_size=block_size, vocab_size=vocab_size, n_layer=4, n_head=4, n_embd=64)
+    return GPT(cfg).to(device).eval()
+
+
+def task_setup(cfg, n_train, n_val):
+    """The base model at base_ckpt (else random weights on the tiny task) with a fresh LoRA adapter, its
+    tokenizer, what it is, and n_train training and n_val validation examples drawn with the seed."""
+    dev = cfg["device"]
+    if os.path.exists(cfg["base_ckpt"]):
+        ck = load_checkpoint(cfg["base_ckpt"])
+        model, data_dir, what = model_from_checkpoint(ck), ck["data_dir"], cfg["base_ckpt"]
+    else:  # random weights on the tiny task: same shapes, garbage completions
+        data_dir = prepare(2, 10, "+-", 0.55, verbose=False, root=cfg["data_root"] or ROOT)
+        model, what = bench_model(dev, 96, load_tokenizer(data_dir).n_vocab), "random weights"
+    enc = load_tokenizer(data_dir)
+    apply_lora(model, 8, 16, 0.0, ("c_attn", "c_proj", "c_fc"))
+    model.to(dev)
+    rng = random.Random(cfg["seed"])
+    train, val = load_split(data_dir, "train"), load_split(data_dir, "val")
+    return (model, enc, what, [train[rng.randrange(len(train))] for _ in range(n_train)],
+            [val[rng.randrange(len(val))] for _ in range(n_val)])
+
+
+def timed_grpo_step(model, enc, tb, vb, mode, cfg, amp, **overrides):
+    """One train_grpo.grpo_step, 'standard' or TracIn with validation loss `mode` ('pg' / 'nll'), lr 0,
+    the sampling seed reset, no reward cache; `overrides` go into its config. Returns its log with the
+    wall time as 'total' and, for TracIn, the kept rollouts as 'selected'."""
+    dev = cfg["device"]
+    c = {**train_grpo.defaults, "device": dev, "beta": 0.0, "tracin": mode != "standard", "micro_batch_size": 64,
+         "max_new_tokens": cfg["step_new_tokens"], "tracin_val_loss": mode if mode != "standard" else "pg",
+         **overrides}
+    opt = torch.optim.AdamW(lora_parameters(model), lr=0.0)  # lr 0: the weights stay as they are
+    gen = torch.Generator(device=dev).manual_seed(cfg["seed"])
+    t0 = time.perf_counter()
+    with contextlib.redirect_stdout(io.StringIO()):  # its notices ("no rollout kept") are not bench output
+        log, record = train_grpo.grpo_step(model, opt, enc, [e["question"] for e in tb], [e["answer"] for e in tb],
+                                           c, gen, amp, vb if c["tracin"] else None)  # cache None: all scored
+    log["total"] = time.perf_counter() - t0
+    log["selected"] = (record or {}).get("selected")
+    return log
+
+
+def interleaved(variants, rounds, step):
+    """{variant: [log, ...]}: `rounds` rounds after a warm-up round, every variant once per round, so that
+    a slow spell of a shared machine hits every variant alike."""
+    runs = {v: [] for v in variants}
+    for r in range(rounds + 1):
+        for v in variants:
+            log = step(v)
+            if r > 0:
+                runs[v].append(log)
+    return runs
+
+
+def medians(logs, keys):
+    return {k: statistics.median(log.get(k, 0.0) for log in logs) for k in keys}
+
+
+# ---------------------------------------------------------------------------------------------
+# step cost: standard vs TracIn, per phase
+
+STEP_PHASES = ("time/generation", "time/reward", "time/grad_capture_train", "time/grad_capture_val",
+               "time/influence", "time/policy", "time/optimizer", "total")
+STEP_TARGETS = {"pg": 2.0, "nll": 1.10}  # TracIn step / standard step
+
+
+def step_cost_row(mode, name, s, t, m, what, same, n_kept, n):
+    """The row of TracIn `mode` (phase medians t) against the standard step (phase medians s); m: one
+    step of the matrix path on the same rollouts."""
+    ratio, target = t["total"] / s["total"], STEP_TARGETS[mode]
+    detail = (f"{what}; {name}; standard: generation {s['time/generation']:.2f} s, reward "
+              f"{s['time/reward']:.3f} s, training (pass 2 + backward + AdamW) "
+              f"{s['time/policy'] + s['time/optimizer']:.2f} s, total {s['total']:.2f} s; TracIn (summed): "
+              f"generation {t['time/generation']:.2f} s, reward {t['time/reward']:.3f} s, grad capture train "
+              f"{t['time/grad_capture_train']:.2f} s, val gradient {t['time/grad_capture_val']:.3f} s, "
+              f"influence + subset update {t['time/influence']:.3f} s, clip + AdamW {t['time/optimizer']:.3f} s, "
+              f"total {t['total']:.2f} s; matrix path (one step): val capture {m['time/grad_capture_val']:.3f} s, "
+              f"influence + subset update {m['time/influence']:.3f} s; kept {n_kept} of {n}, same kept set as the "
+              f"matrix path: {same}")
+    return (f"step cost, TracIn {mode}", detail, f"{ratio:.2f}x", f"<= {target:.2f}x, same kept set",
+            "met" if ratio <= target and same else "MISSED")
+
+
+def bench_step_cost(cfg):
+    """Standard vs TracIn grpo_step on the same prompts with the same sampling seed, per phase; then one
+    TracIn step per validation loss with tracin_influence='matrix', whose kept set must be the same."""
+    model, enc, what, tb, vb = task_setup(cfg, cfg["step_batch_size"], cfg["step_val_batch_size"])
+    amp = torch.autocast("cuda", dtype=torch.bfloat16, enabled="cuda" in cfg["device"])
+    modes = ("standard", "pg", "nll")  # TracIn's validation loss: sampled rollouts, or reference solutions
+    runs = interleaved(modes, cfg["step_repeats"], lambda mode: timed_grpo_step(model, enc, tb, vb, mode, cfg, amp))
+    phases = {mode: medians(runs[mode], STEP_PHASES) for mode in modes}
+    rows = []
+    for mode, name in (("pg", "val = sampled rollouts (the TracIn-GRPO comparison guide's setup)"),
+                       ("nll", "val = reference solutions")):
+        kept = runs[mode][-1]["selected"]
+        matrix = timed_grpo_step(model, enc, tb, vb, mode, cfg, amp, tracin_influence="matrix")
+        rows.append(step_cost_row(mode, name, phases["standard"], phases[mode], matrix, what,
+                                  kept == matrix["selected"], sum(kept), len(kept)))
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------
+# rewards: scoring on the critical path, or on a worker thread during the reference pass
+
+def slow(fn, ms):
+    """`fn` that first sleeps `ms` milliseconds: a reward that calls a verifier, a sandbox or a model."""
+    def slow_reward(completion, answer):
+        time.sleep(ms / 1000)  # releases the GIL, as waiting on a subprocess or a socket does
+        return fn(completion, answer)
+    return slow_reward
+
+
+def bench_rewards(cfg):
+    """A standard step with background_rewards off and on, for the task's rewards and a slow one."""
+    model, enc, what, tb, _ = task_setup(cfg, cfg["step_batch_size"], 0)
+    amp = torch.autocast("cuda", dtype=torch.bfloat16, enabled="cuda" in cfg["device"])
+    funcs, ms = tuple(train_grpo.defaults["reward_funcs"]), cfg["slow_reward_ms"]
+    slow_name = f"{funcs[0]}_slow"
+    kinds = {"task": funcs, "slow": (slow_name, *funcs[1:])}
+    rewards.REWARD_FUNCS[slow_name] = slow(rewards.REWARD_FUNCS[funcs[0]], ms)  # looked up by name per call
+    try:
+        variants = [(kind, bg) for kind in kinds for bg in (False, True)]
+        runs = interleaved(variants, cfg["step_repeats"], lambda v: timed_grpo_step(
+            model, enc, tb, None, "standard", cfg, amp, beta=0.04, reward_funcs=kinds[v[0]], background_rewards=v[1]))
+    finally:
+        del rewards.REWARD_FUNCS[slow_name]
+    rows, keys = [], ("time/reward", "time/reference", "total")
+    for kind, label in (("task", f"task rewards {', '.join(funcs)}"),
+                        ("slow", f"{funcs[0]} + {ms:g} ms sleep per completion, {', '.join(funcs[1:])}")):
+        off, on = medians(runs[kind, False], keys), medians(runs[kind, True], keys)
+        n = len(tb) * train_grpo.defaults["group_size"]
+        rows.append((f"rewards, {kind}", f"{what}; standard step, beta 0.04, reward cache off (all {n} completions "
+                     f"scored every step); {label}; background_rewards off: total {off['total']:.2f} s (reward "
+                     f"{off['time/reward']:.3f} s, reference {off['time/reference']:.3f} s); on: total "
+                     f"{on['total']:.2f} s (reward on the worker thread {on['time/reward']:.3f} s, reference "
+                     f"{on['time/reference']:.3f} s); at most min(reward, reference) can be hidden",
+                     f"{off['total'] / on['total']:.2f}x", "none (off / on)", "n/a"))
+    return rows
