@@ -162,12 +162,36 @@ def cli_main(main, argv=None):
     try:
         main(sys.argv[1:] if argv is None else argv)
     except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+        print(f"error: {_rank_prefix()}{e}", file=sys.stderr)
+        _exit(2)
     except OSError as e:
         where = f"{e.filename}: " if e.filename else ""
-        print(f"error: {where}{e.strerror or e}", file=sys.stderr)
-        sys.exit(2)
+        print(f"error: {_rank_prefix()}{where}{e.strerror or e}", file=sys.stderr)
+        _exit(2)
     except KeyboardInterrupt as e:
         print(f"interrupted: {e}" if str(e) else "interrupted (Ctrl-C)", file=sys.stderr)
-        sys.exit(130)
+        _exit(130)
+    except Exception:  # a crash under torchrun: its traceback, then end at once (see _exit)
+        if _distributed() is None or _distributed().world_size() == 1:
+            raise
+        traceback.print_exc()
+        _exit(1)
+
+
+def _distributed():
+    """distributed.py if this process loaded it (configurator itself must not import torch: it is
+    imported first so that a Ctrl-C during the slow imports is one line)."""
+    return sys.modules.get("distributed")
+
+
+def _rank_prefix():
+    d = _distributed()
+    return f"rank {d.rank()}: " if d is not None and d.world_size() > 1 else ""
+
+
+def _exit(code):
+    """sys.exit(code); under torchrun os._exit, so that the other ranks are not left waiting in a
+    collective for this one (distributed.fail)."""
+    if _distributed() is not None:
+        _distributed().fail(code)
+    sys.exit(code)

@@ -15,6 +15,7 @@ from contextlib import nullcontext
 import torch
 from torch.autograd.function import once_differentiable
 
+import distributed
 from configurator import UserError
 from data.gsm_synth.prepare import encode_prompt
 from lora import disable_lora, lora_parameters
@@ -198,6 +199,7 @@ def policy_backward(model, batch, cfg, amp, times, beta):
     norm = dict(num_seqs=N, num_tokens=batch["mask"].sum().clamp(min=1).item(), max_len=cfg["max_new_tokens"],
                 num_micro_batches=-(-N // mb), importance_sampling_level=cfg["importance_sampling_level"],
                 use_bias_correction_kl=cfg["use_bias_correction_kl"])
+    norm.update(batch.get("global_counts", {}))  # one rank's share of a batch: divide by the whole batch's counts
     adv, mask = batch["advantages"].to(device), batch["mask"].to(device)
     stats = {"losses": [], "kl_sum": 0.0, "clipped": 0.0, "clipped_low": 0.0, "clipped_high": 0.0,
              "ent_sum": 0.0, "num_tokens": norm["num_tokens"]}
@@ -314,17 +316,52 @@ def grpo_updates(model, optimizer, rollouts, cfg, amp, times):
     num_iterations: with mu > 1 the old (sampling) and reference log-probs are taken once, before the
     first update, so later updates see ratios != 1 and the clip acts. Returns (stats summed over the
     updates, the last gradient norm, the first skip reason or None)."""
+    batch = rank_share(rollouts, cfg["micro_batch_size"])  # under torchrun, this process's rows
     if cfg["num_iterations"] > 1:  # the sampling policy's and the reference's log-probs, once, for every update
-        rollouts["old_logp"] = logprobs_no_grad(model, rollouts, cfg, amp, times, "old_logp")
+        batch["old_logp"] = logprobs_no_grad(model, batch, cfg, amp, times, "old_logp")
         if cfg["beta"] != 0:
-            rollouts["ref_logp"] = logprobs_no_grad(model, rollouts, cfg, amp, times, "reference", disabled=True)
+            batch["ref_logp"] = logprobs_no_grad(model, batch, cfg, amp, times, "reference", disabled=True)
     total, first_skip = None, None
     for _ in range(cfg["num_iterations"]):
-        stats = policy_backward(model, rollouts, cfg, amp, times, cfg["beta"])
+        stats = sum_over_ranks(model, policy_backward(model, batch, cfg, amp, times, cfg["beta"]))
         grad_norm, skip_reason = update(model, optimizer, cfg, stats, False, times)
         first_skip = first_skip or skip_reason
         total = stats if total is None else {k: total[k] + stats[k] for k in total}  # lists concatenate
     return total, grad_norm, first_skip
+
+
+def rank_share(rollouts, micro_batch_size):
+    """This process's contiguous rows of the global batch (the whole batch in a single process), with
+    the global counts the loss divides by, so the ranks' gradients add up to the single-process one.
+    Every rank sampled and scored the whole batch (distributed.py), and a rank holds whole prompts,
+    so the group-relative advantages are those of the single process. bnpo divides by each
+    micro-batch's tokens: equal to the single process when micro-batches do not straddle ranks."""
+    if distributed.world_size() == 1:
+        return rollouts
+    N, rows = rollouts["idx"].size(0), distributed.shard(rollouts["idx"].size(0))
+    share = {k: rollouts[k][rows] for k in ("idx", "pad_left", "mask", "advantages", "old_logp", "ref_logp")
+             if rollouts.get(k) is not None}
+    share["global_counts"] = dict(num_seqs=N, num_tokens=rollouts["mask"].sum().clamp(min=1).item(),
+                                  num_micro_batches=distributed.world_size() * -(-(rows.stop - rows.start)
+                                                                               // micro_batch_size))
+    return share
+
+
+def sum_over_ranks(model, stats):
+    """Under torchrun: the LoRA gradients and the loss statistics summed over the ranks, before the
+    clip, so every rank clips, skips or steps identically. An explicit all_reduce rather than DDP:
+    the LoRA tensors are few and small (one call each is cheap), the three passes and the TracIn
+    hooks stay plain module calls, and no DDP wrapper sits around a model that also runs with LoRA
+    disabled (the reference pass) or without grad (sampling)."""
+    if distributed.world_size() == 1:
+        return stats
+    for p in lora_parameters(model):
+        if p.grad is None:  # every rank must all-reduce the same list of tensors
+            p.grad = torch.zeros_like(p)
+    distributed.all_reduce_sum([p.grad for p in lora_parameters(model)])
+    keys = ("kl_sum", "clipped", "clipped_low", "clipped_high", "ent_sum")
+    total = distributed.sum_floats([sum(stats["losses"])] + [stats[k] for k in keys])
+    return {**stats, "losses": [total[0]], **dict(zip(keys, total[1:]))}
 
 
 def rollout_batch(enc, samples, device):

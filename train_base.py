@@ -20,6 +20,7 @@ from types import SimpleNamespace
 
 import torch
 
+import distributed
 from data.gsm_synth.prepare import TEMPLATES, encode_prompt, encode_text, load_split, load_tokenizer, prepare
 from model import (GPT, GPTConfig, base_fingerprint, check_device, load_checkpoint, model_from_checkpoint,
                    save_checkpoint)
@@ -88,6 +89,9 @@ def ensure_base(base_ckpt, base_config, device, resuming=False):
             " (the base this run was trained on: put it back)" if resuming else
             f"; train it with: python train_base.py {base_config} --out_dir={out_dir}"
             f" (only {where}, where base_config puts it, is trained automatically)"))
+    if distributed.launched():  # every rank would train its own copy into the same file
+        raise UserError(f"base_ckpt {base_ckpt} not found; train it first, in one process: "
+                        f"python train_base.py {base_config} --out_dir={out_dir}")
     print(f"base model not found at {base_ckpt}: training it first with {base_config}")
     main([base_config, f"--out_dir={out_dir}", f"--device={device}"])
 

@@ -3,6 +3,7 @@ GRPO (Group Relative Policy Optimization, DeepSeekMath arXiv 2402.03300) with Lo
 
     python train_grpo.py config/tiny_grpo.py       # trains the base model first if it is missing
     python train_grpo.py --out_dir=out/grpo --init_from=resume
+    torchrun --standalone --nproc_per_node=2 train_grpo.py config/tiny_grpo.py   # 2 processes: distributed.py
 
 One step (grpo_step), in the order it runs; the parts live in grpo.py:
   1. take batch_size prompts, each repeated group_size times
@@ -26,11 +27,13 @@ import os
 import random
 import shlex
 import time
+from contextlib import nullcontext
 
 import torch
 
 from curriculum import Curriculum, parse_levels
 from data.gsm_synth.prepare import encode_prompt, read_meta
+import distributed
 from grpo import LOSS_TYPES, grpo_updates, make_rollouts, rollouts_rewards_in_background, update
 from metrics import print_step, rollout_record, step_log
 from lora import apply_lora, lora_parameters, lora_state_dict, load_lora_state_dict
@@ -165,6 +168,9 @@ def validate(cfg):
     check_nonnegative(cfg, "max_iters", "min_lr", "warmup_iters", "lr_decay_iters", "weight_decay", "beta",
                       "epsilon_high", "advantage_epsilon")
     check(cfg, "group_size", cfg["group_size"] >= 2, "must be >= 2: advantages are relative within a group")
+    world = int(os.environ["WORLD_SIZE"]) if distributed.launched() else 1  # checked before any process group
+    check(cfg, "batch_size", cfg["batch_size"] % world == 0, f"must split evenly over the {world} processes")
+    check(cfg, "tracin", world == 1 or not cfg["tracin"], "TracIn runs in one process only (no torchrun)")
     n = cfg["batch_size"] * cfg["group_size"]
     check(cfg, "micro_batch_size", cfg["micro_batch_size"] >= n or n % cfg["micro_batch_size"] == 0,
           f"batch_size*group_size = {n} completions must divide into micro-batches of this size")
@@ -227,11 +233,13 @@ def main(argv):
         cfg = configure(defaults, argv, saved=resume.get("config", {}))
         cfg["base_ckpt"] = resume["base_ckpt"]
     validate(cfg)
-    amp = check_device(cfg["device"], cfg["dtype"])  # bf16 autocast on CUDA, a no-op on CPU
-    with run_lock(cfg["out_dir"]):  # a second run in this out_dir is refused from here on
-        run = Run(cfg, amp, resume)
-        del resume  # the saved optimizer state now lives in the optimizer: free the loaded copy
-        run.train()
+    with distributed.process_group(cfg["device"]) as cfg["device"]:  # under torchrun: cuda:LOCAL_RANK
+        amp = check_device(cfg["device"], cfg["dtype"])  # bf16 autocast on CUDA, a no-op on CPU
+        # a second run in this out_dir is refused from here on (rank 0 holds the lock for the whole job)
+        with run_lock(cfg["out_dir"]) if distributed.is_main() else nullcontext():
+            run = Run(cfg, amp, resume)
+            del resume  # the saved optimizer state now lives in the optimizer: free the loaded copy
+            run.train()
     return cfg
 
 
@@ -241,7 +249,7 @@ class Run:
 
     def __init__(self, cfg, amp, resume):
         self.cfg, self.amp, self.out, device = cfg, amp, cfg["out_dir"], cfg["device"]
-        if resume is None:
+        if resume is None and distributed.is_main():  # (the others would see rank 0's first files)
             refuse_existing_run(self.out)  # any run file: resume it, or use another out_dir
         self.model, self.fingerprint, self.data_dir, self.enc, splits = load_base(cfg, self.out, resume)
         self.train_split, self.val_split = splits["train"], splits["val"]
@@ -282,7 +290,7 @@ class Run:
             print(f"warning: run saved on {saved_on}, resumed on {here}: completions are sampled from seed "
                   f"{self.cfg['seed'] + self.iter_num} from here on, so they differ from an uninterrupted run")
             self.generator.manual_seed(self.cfg["seed"] + self.iter_num)
-        for name in ("log.jsonl", "rollouts.jsonl"):  # lines after the checkpoint would be counted twice
+        for name in ("log.jsonl", "rollouts.jsonl") if distributed.is_main() else ():  # lines after the
             truncate_jsonl(os.path.join(self.out, name), self.iter_num)
         print(f"resuming {self.out} at iter {self.iter_num}")
 
@@ -299,12 +307,15 @@ class Run:
                  **({"curriculum": self.curriculum.state_dict()} if self.curriculum else {}),
                  "rng": {"python": self.rng.getstate(), "generator": self.generator.get_state(),
                          "device": self.generator.device.type}}
-        save_checkpoint(state, os.path.join(self.out, f"ckpt_{self.iter_num:06d}.pt"))  # history, for TracIn
-        save_checkpoint(state, os.path.join(self.out, "ckpt.pt"))                      # latest, for resume
+        if distributed.is_main():  # every rank holds the same state (distributed.py); rank 0 writes it
+            save_checkpoint(state, os.path.join(self.out, f"ckpt_{self.iter_num:06d}.pt"))  # history, for TracIn
+            save_checkpoint(state, os.path.join(self.out, "ckpt.pt"))                      # latest, for resume
         self.last_ckpt = self.iter_num
 
     def evaluate(self):
         k = self.cfg["eval_k"]
+        if not distributed.is_main():  # rank 0 evaluates alone, the others wait at the next collective
+            return {}
         try:
             with self.amp:
                 r = evaluate(self.model, self.enc, self.test, self.cfg["max_new_tokens"], k=k, seed=self.cfg["seed"])
@@ -352,7 +363,8 @@ class Run:
             if self.iter_num == 0:
                 self.checkpoint()  # ckpt_000000: the trajectory starts at the base model
             # the logs are opened only now: a run stopped before its first checkpoint leaves no log behind
-            log_f, roll_f = open(os.path.join(out, "log.jsonl"), "a"), open(os.path.join(out, "rollouts.jsonl"), "a")
+            log_f, roll_f = (open(os.path.join(out, n), "a") if distributed.is_main() else open(os.devnull, "w")
+                             for n in ("log.jsonl", "rollouts.jsonl"))  # rank 0 writes, the others write nowhere
             if first is not None:
                 log_f.write(json.dumps(first) + "\n")
             while self.iter_num < cfg["max_iters"]:
@@ -367,7 +379,7 @@ class Run:
                     roll_f.write(json.dumps({"iter": it, "lr": lr, **rollouts}) + "\n")
                 log_f.write(json.dumps(log) + "\n")
                 log_f.flush(); roll_f.flush()
-                if it % cfg["log_interval"] == 0:
+                if it % cfg["log_interval"] == 0 and distributed.is_main():
                     print_step(log, cfg, lr)
                 skipped_in_a_row = skipped_in_a_row + 1 if log["skipped"] else 0
                 if skipped_in_a_row >= cfg["max_skipped_steps"]:
@@ -393,7 +405,7 @@ class Run:
         """Ctrl-C: one line saying where the run stopped and how to resume it."""
         out = self.out
         if self.last_ckpt is None:  # a new run stopped before ckpt.pt: what it began (ckpt_000000.pt?) is
-            for f in run_files(out):
+            for f in run_files(out) if distributed.is_main() else ():
                 os.remove(f)        # removed, so that the same command can start it again
             where = "no checkpoint written yet: run the same command again to start over"
         else:

@@ -1,0 +1,134 @@
+"""
+More than one process (one per GPU, or several on a CPU) through PyTorch's own torch.distributed,
+launched by torchrun as in nanoGPT:
+
+    torchrun --standalone --nproc_per_node=2 train_grpo.py config/tiny_grpo.py
+
+torchrun sets RANK, WORLD_SIZE and LOCAL_RANK in each process's environment. Without them
+(`python train_grpo.py ...`) setup() initialises nothing and every helper here is a no-op, so a
+single process runs exactly the code it ran before.
+
+How train_grpo.py splits a GRPO step of batch_size prompts over the ranks:
+  - every rank draws the same prompts (same seeded stream) and samples and scores the WHOLE global
+    batch with the same generator (pass 1 and rewards are replicated). The simplest exact scheme:
+    each completion's tokens depend only on (seed, step, global row), as in one process, so 1 and N
+    processes draw the same tokens; the Python and torch RNG states stay identical on every rank,
+    so a checkpoint is the same whichever rank writes it; and rank 0 already holds every rollout
+    (rollouts.jsonl, the batch means of the log) with no gather. Splitting sampling too would need
+    one generator per row, which would change the single-process draws.
+  - rank r keeps its contiguous batch_size / world_size prompts (whole groups) for passes 3 and 2
+    and the backward, the part with gradients (grpo.rank_share); the loss divides by the whole
+    batch's counts and the LoRA gradients are summed over the ranks before the clip
+    (grpo.sum_over_ranks), so the update is the single-process update of the same batch.
+  - rank 0 alone takes the out_dir lock, evaluates, logs and writes checkpoints.
+"""
+import os
+import sys
+from contextlib import contextmanager
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from configurator import UserError
+
+# A rank that waits longer than this in a collective (its peer died, or is stuck) fails instead of
+# waiting forever. It must exceed the longest stretch one rank works alone: rank 0's evaluation and
+# checkpoint writes while the others wait at the next collective.
+TIMEOUT = timedelta(minutes=10)
+_state = {"rank": 0, "world_size": 1}  # this process's place in the job, set by setup()
+
+
+def launched():
+    """Started by torchrun (or anything that sets its environment variables)?"""
+    return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
+
+
+def setup(device):
+    """(rank, world_size, device) of this process. Under torchrun: the process group is initialised
+    (nccl between GPUs, gloo on CPU: nccl moves only CUDA tensors) and each rank takes the GPU
+    cuda:LOCAL_RANK of its node. Otherwise (0, 1, device) and nothing is initialised."""
+    if not launched():
+        return 0, 1, device
+    rank, world, local = (int(os.environ[k]) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
+    if device.startswith("cuda"):
+        device = f"cuda:{local}"
+        torch.cuda.set_device(device)  # nccl uses the current device for this rank's communicator
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if device.startswith("cuda") else "gloo", timeout=TIMEOUT)
+    _state.update(rank=rank, world_size=world)
+    return rank, world, device
+
+
+def rank():
+    return _state["rank"]
+
+
+def world_size():
+    return _state["world_size"]
+
+
+def is_main():
+    """Rank 0: the one process that writes files (logs, checkpoints) and prints progress."""
+    return _state["rank"] == 0
+
+
+def all_reduce_sum(tensors):
+    """Sum each tensor over the ranks, in place (the same values on every rank afterwards)."""
+    if world_size() > 1:
+        for t in tensors:
+            dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return tensors
+
+
+def sum_floats(values):
+    """Python floats summed over the ranks: one all-reduce of a float64 tensor for all of them."""
+    if world_size() == 1:
+        return list(values)
+    t = torch.tensor(list(values), dtype=torch.float64,
+                     device=f"cuda:{torch.cuda.current_device()}" if dist.get_backend() == "nccl" else "cpu")
+    dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return t.tolist()
+
+
+def gather_objects(obj):
+    """A list of every rank's `obj` (pickled) in rank order on rank 0; None on the other ranks."""
+    if world_size() == 1:
+        return [obj]
+    out = [None] * world_size() if is_main() else None
+    dist.gather_object(obj, out, dst=0)
+    return out
+
+
+def shard(n):
+    """This rank's contiguous rows of a global batch of n rows (slice); n must divide evenly."""
+    if n % world_size():
+        raise UserError(f"{n} rows do not split evenly over {world_size()} processes")
+    per = n // world_size()
+    return slice(rank() * per, (rank() + 1) * per)
+
+
+def fail(code):
+    """End this process at once after an error, under torchrun. A normal exit would run the process
+    group's destructors, which can wait on the other ranks; os._exit does not, and the closed
+    connections make the other ranks' collectives fail (gloo) or torchrun stops them (nccl)."""
+    if world_size() > 1:
+        sys.stdout.flush(); sys.stderr.flush()
+        os._exit(code)
+
+
+@contextmanager
+def process_group(device):
+    """`with process_group(device) as device:` setup() on entry (yields this rank's device), teardown()
+    on exit, also after an error."""
+    try:
+        yield setup(device)[2]
+    finally:
+        teardown()
+
+
+def teardown():
+    """Release the process group at the end of a run (a no-op in a single process)."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    _state.update(rank=0, world_size=1)

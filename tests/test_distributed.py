@@ -1,0 +1,108 @@
+# train_grpo.py under torch.distributed (gloo, CPU), 2 processes started with torch.multiprocessing.spawn
+# and the environment torchrun would give them, against the same run in one process (the reference).
+# Run: python -m pytest -q tests/test_distributed.py
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+import train_grpo as tg
+from model import load_checkpoint
+from test_train_grpo import run
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def chars(completion, answer):  # conftest's chars_reward, at module level so that spawned processes can use it
+    return len(completion) / 10
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def worker(rank, world, port, argv):
+    """One rank, as torchrun would start it: its environment, then train_grpo.main."""
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    import rewards
+    rewards.REWARD_FUNCS["chars"] = chars
+    tg.main(argv)
+
+
+def run_ranks(world, base, out, *extra):
+    """test_train_grpo.run's arguments, in `world` processes."""
+    argv = []
+    real_main, tg.main = tg.main, argv.extend  # run() builds the argument list; capture it instead
+    try:
+        run(base, out, *extra)
+    finally:
+        tg.main = real_main
+    mp.spawn(worker, args=(world, free_port(), argv), nprocs=world)
+
+
+def lines(path):
+    return [json.loads(l) for l in open(path)]
+
+
+def assert_same_run(a, b, iters):
+    """b (2 processes) made the same steps as a (1 process): samples, logged means and LoRA weights."""
+    ra, rb = lines(a / "rollouts.jsonl"), lines(b / "rollouts.jsonl")
+    assert [r["iter"] for r in rb] == iters  # every rank's rollouts, once (only rank 0 writes)
+    for x, y in zip(ra, rb):
+        assert x["completion_tokens"] == y["completion_tokens"] and x["prompts"] == y["prompts"]
+        assert x["advantages"] == pytest.approx(y["advantages"], rel=1e-6, abs=1e-7)
+    la, lb = lines(a / "log.jsonl"), lines(b / "log.jsonl")
+    assert [r["iter"] for r in lb] == [r["iter"] for r in la]
+    for x, y in zip(la[1:], lb[1:]):  # loss and grad_norm catch a normalisation off by the number of ranks
+        for k in ("loss", "grad_norm", "kl", "entropy", "reward", "accuracy", "clip_ratio", "completions/mean_length"):
+            assert y[k] == pytest.approx(x[k], rel=1e-5, abs=1e-7), k
+    wa, wb = load_checkpoint(str(a / "ckpt.pt")), load_checkpoint(str(b / "ckpt.pt"))
+    assert wa["iter_num"] == wb["iter_num"] == iters[-1]
+    assert wa["rng"]["python"] == wb["rng"]["python"] and torch.equal(wa["rng"]["generator"], wb["rng"]["generator"])
+    for k in wa["lora"]:
+        torch.testing.assert_close(wb["lora"][k], wa["lora"][k], rtol=1e-5, atol=1e-7)
+
+
+def test_two_processes_make_the_single_process_update(tiny_setup, tmp_path, chars_reward):
+    one, two = tmp_path / "one", tmp_path / "two"
+    run(tiny_setup, one, "--max_iters=3")
+    run_ranks(2, tiny_setup, two, "--max_iters=3")
+    assert_same_run(one, two, [1, 2, 3])
+    l0 = load_checkpoint(str(one / "ckpt_000000.pt"))["lora"]  # the steps did move the adapter
+    assert not all(torch.equal(l0[k], load_checkpoint(str(one / "ckpt.pt"))["lora"][k]) for k in l0)
+    assert sorted(os.listdir(two)) == sorted(os.listdir(one))  # no lock or stray file left by rank 1
+    # resume under 2 processes continues exactly: 2 steps, then 1 more, equal to 3 in one go
+    three = tmp_path / "three"
+    run_ranks(2, tiny_setup, three, "--max_iters=2")
+    run_ranks(2, tiny_setup, three, "--max_iters=3", "--init_from=resume")
+    assert_same_run(one, three, [1, 2, 3])
+
+
+def test_token_level_loss_and_two_updates_per_generation(tiny_setup, tmp_path, chars_reward):
+    """dapo divides by the tokens of the WHOLE batch, which differ per rank; num_iterations=2 takes the
+    old and reference log-probs on each rank's share and lets the clip act."""
+    one, two = tmp_path / "one", tmp_path / "two"
+    extra = ("--max_iters=2", "--loss_type=dapo", "--num_iterations=2", "--epsilon_low=0.01", "--epsilon_high=0.01")
+    run(tiny_setup, one, *extra)
+    run_ranks(2, tiny_setup, two, *extra)
+    assert_same_run(one, two, [1, 2])
+
+
+def test_batch_that_does_not_split_is_refused_in_one_line(tiny_setup, tmp_path):
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                        "train_grpo.py", f"--base_ckpt={tiny_setup}", f"--out_dir={tmp_path / 'run'}",
+                        "--batch_size=3", "--group_size=2"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0
+    errors = [l for l in r.stderr.splitlines() if l.startswith("error:")]
+    assert errors and set(errors) == {"error: config key 'batch_size' = 3 is not allowed: must split evenly "
+                                      "over the 2 processes"}, r.stderr
+    assert 'train_grpo.py", line' not in r.stderr and not (tmp_path / "run").exists()  # no traceback of ours
