@@ -120,11 +120,10 @@ def fail(code):
 @contextmanager
 def process_group(device):
     """`with process_group(device) as device:` setup() on entry (yields this rank's device), teardown()
-    on exit, also after an error."""
-    try:
-        yield setup(device)[2]
-    finally:
-        teardown()
+    at the end. Not after an error: the group stays up for the error handler (configurator.cli_main
+    -> fail), since destroying it can wait on ranks that are still working."""
+    yield setup(device)[2]
+    teardown()
 
 
 def teardown():

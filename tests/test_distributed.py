@@ -106,3 +106,34 @@ def test_batch_that_does_not_split_is_refused_in_one_line(tiny_setup, tmp_path):
     assert errors and set(errors) == {"error: config key 'batch_size' = 3 is not allowed: must split evenly "
                                       "over the 2 processes"}, r.stderr
     assert 'train_grpo.py", line' not in r.stderr and not (tmp_path / "run").exists()  # no traceback of ours
+
+
+def failing_worker(rank, world, port, argv):
+    """Rank 1 meets an error in its first loss; the command line's error handling (cli_main) runs."""
+    import grpo
+    from configurator import UserError, cli_main
+    if rank == 1:
+        def planted(*args, **kwargs):
+            raise UserError("planted failure")
+        grpo.grpo_loss = planted
+    cli_main(lambda a: worker(rank, world, port, a), argv)
+
+
+def test_an_error_on_one_rank_ends_every_rank(tiny_setup, tmp_path, capfd):
+    """Rank 1 prints its one line and exits at once; rank 0, waiting for it in the gradient all-reduce,
+    fails instead of waiting (the join's limit only keeps a regression from hanging the suite)."""
+    argv = []
+    real_main, tg.main = tg.main, argv.extend
+    try:
+        run(tiny_setup, tmp_path / "run", "--max_iters=2")
+    finally:
+        tg.main = real_main
+    ctx = mp.start_processes(failing_worker, args=(2, free_port(), argv), nprocs=2, join=False)
+    for p in ctx.processes:  # each rank ends by itself: no launcher stops rank 0 here
+        p.join(timeout=120)
+    codes = [p.exitcode for p in ctx.processes]
+    for p in ctx.processes:
+        p.kill()
+    assert codes == [1, 2]  # rank 0: the failed collective's traceback; rank 1: the user error's status
+    err = capfd.readouterr().err
+    assert "error: rank 1: planted failure" in err and "Traceback" in err
