@@ -21,6 +21,12 @@ How train_grpo.py splits a GRPO step of batch_size prompts over the ranks:
     batch's counts and the LoRA gradients are summed over the ranks before the clip
     (grpo.sum_over_ranks), so the update is the single-process update of the same batch.
   - rank 0 alone takes the out_dir lock, evaluates, logs and writes checkpoints.
+train_base.py does the same with its batch of training rows (train_base.rank_rows); with dropout > 0
+each rank draws its own masks, so the run is equivalent but no longer equal to one process's.
+
+Not split yet: TracIn-GRPO is refused under torchrun (it needs the summed validation gradient,
+ghost.summed_gradient, all-reduced before the influences, and the kept rollouts' gradients summed
+over the ranks); evaluation runs on rank 0 alone (not sharded); sampling is replicated (above).
 """
 import os
 import sys
@@ -118,6 +124,16 @@ def fail(code):
 
 
 @contextmanager
+def main_first():
+    """Rank 0 runs the block first (it writes files, e.g. the task data), then the others (they read them)."""
+    if not is_main():  # (world_size() > 1 here)
+        dist.barrier()
+    yield
+    if is_main() and world_size() > 1:
+        dist.barrier()
+
+
+@contextmanager
 def process_group(device):
     """`with process_group(device) as device:` setup() on entry (yields this rank's device), teardown()
     at the end. Not after an error: the group stays up for the error handler (configurator.cli_main
@@ -129,5 +145,6 @@ def process_group(device):
 def teardown():
     """Release the process group at the end of a run (a no-op in a single process)."""
     if dist.is_initialized():
+        dist.barrier()  # a rank that finishes first must not tear down while rank 0 still evaluates or writes
         dist.destroy_process_group()
     _state.update(rank=0, world_size=1)

@@ -3,6 +3,7 @@ Supervised training of the small base GPT on the task, so that GRPO has a policy
 
     python train_base.py config/tiny_base.py            # ~3 min on a 2-core CPU
     python train_base.py config/tiny_base.py --init_from=resume
+    torchrun --standalone --nproc_per_node=2 train_base.py config/tiny_base.py   # 2 processes (distributed.py)
 
 Loss: next-token cross-entropy on the solution tokens only (the question is given, not learned).
 Prints one line per log_interval, evaluates greedy test accuracy every eval_interval, and writes
@@ -16,6 +17,7 @@ import os
 import random
 import shlex
 import time
+from contextlib import nullcontext
 from types import SimpleNamespace
 
 import torch
@@ -173,6 +175,8 @@ def validate(cfg):
           f"must be in [0, task_steps={cfg['task_steps']}] (0 = every problem has task_steps operations)")
     check(cfg, "task_noise", cfg["task_noise"] == 0 or cfg["task_steps"] >= 2,
           "needs task_steps >= 2 (a noisy solution stops one step early)")
+    world = int(os.environ["WORLD_SIZE"]) if distributed.launched() else 1  # checked before any process group
+    check(cfg, "batch_size", cfg["batch_size"] % world == 0, f"must split evenly over the {world} processes")
 
 
 def main(argv):
@@ -182,23 +186,26 @@ def main(argv):
         ckpt = load_checkpoint(os.path.join(cfg["out_dir"], "ckpt.pt"))
         cfg = configure(defaults, argv, saved=ckpt.get("config", {}))
     validate(cfg)
-    amp = check_device(cfg["device"], cfg["dtype"])  # bf16 autocast on CUDA, a no-op on CPU
-    with run_lock(cfg["out_dir"]):  # a second run in this out_dir is refused from here on
-        run = setup(cfg, ckpt)
-        del ckpt  # the weights and optimizer state now live in the model and optimizer: free the loaded copy
-        return train(cfg, amp, run)
+    with distributed.process_group(cfg["device"]) as cfg["device"]:  # under torchrun: cuda:LOCAL_RANK
+        amp = check_device(cfg["device"], cfg["dtype"])  # bf16 autocast on CUDA, a no-op on CPU
+        # a second run in this out_dir is refused from here on (rank 0 holds the lock for the whole job)
+        with run_lock(cfg["out_dir"]) if distributed.is_main() else nullcontext():
+            run = setup(cfg, ckpt)
+            del ckpt  # the weights and optimizer state now live in the model and optimizer: free the loaded copy
+            return train(cfg, amp, run)
 
 
 def setup(cfg, ckpt):
     """The task data, the model and its optimizer: new, or restored from the checkpoint `ckpt`."""
     ckpt_path = os.path.join(cfg["out_dir"], "ckpt.pt")
-    if ckpt is None and os.path.exists(ckpt_path):
+    if ckpt is None and os.path.exists(ckpt_path) and distributed.is_main():
         raise UserError(f"{ckpt_path} exists: continue that run with --init_from=resume, or train a new base "
                         f"with another --out_dir (or delete {ckpt_path})")
     torch.manual_seed(cfg["seed"])
     run = SimpleNamespace(ckpt_path=ckpt_path, rng=random.Random(cfg["seed"]), iter_num=0, elapsed_before=0.0,
                           last_ckpt=None)
-    run.data_dir, run.enc = load_task(cfg)
+    with distributed.main_first():  # rank 0 writes the task data if missing, the others then read it
+        run.data_dir, run.enc = load_task(cfg)
     run.train_pairs = tokenize_examples(run.enc, load_split(run.data_dir, "train"))
     run.test = load_split(run.data_dir, "test")[:cfg["eval_n"]]
     longest = max(len(p) + len(c) for p, c in run.train_pairs)
@@ -227,16 +234,28 @@ def setup(cfg, ckpt):
     return run
 
 
+def rank_rows(x, y):
+    """Under torchrun: this rank's contiguous rows of the whole batch (every rank drew all of it from
+    the same seeded stream) and the factor that turns the mean loss over its target tokens into its
+    share of the mean over the whole batch's, so that the summed gradients are the single-process
+    gradient. In one process: (x, y, 1.0)."""
+    if distributed.world_size() == 1:
+        return x, y, 1.0
+    rows = distributed.shard(x.size(0))
+    return x[rows], y[rows], ((y[rows] != -1).sum() / (y != -1).sum()).item()
+
+
 def train(cfg, amp, run):
     """The training loop: one line per log_interval, an evaluation and a checkpoint per eval_interval."""
     model, optimizer, rng = run.model, run.optimizer, run.rng
 
     def checkpoint(metrics):
-        save_checkpoint({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                         "model_args": run.model_args, "iter_num": run.iter_num, "config": cfg,
-                         "data_dir": run.data_dir, "train_seconds": run.elapsed_before + time.time() - t_start,
-                         "metrics": metrics, "rng": {"torch": torch.get_rng_state(), "python": rng.getstate()}},
-                        run.ckpt_path)
+        if distributed.is_main():  # every rank holds the same weights; rank 0 writes them
+            save_checkpoint({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                             "model_args": run.model_args, "iter_num": run.iter_num, "config": cfg,
+                             "data_dir": run.data_dir, "train_seconds": run.elapsed_before + time.time() - t_start,
+                             "metrics": metrics, "rng": {"torch": torch.get_rng_state(), "python": rng.getstate()}},
+                            run.ckpt_path)
         run.last_ckpt = run.iter_num
 
     t_start = t_log = time.time()
@@ -247,28 +266,36 @@ def train(cfg, amp, run):
                         cfg["warmup_iters"])
             for g in optimizer.param_groups:
                 g["lr"] = lr
-            x, y = get_batch(run.train_pairs, cfg["batch_size"], rng, cfg["device"])
+            x, y, share = rank_rows(*get_batch(run.train_pairs, cfg["batch_size"], rng, cfg["device"]))
             model.train()
             with amp:
                 _, loss = model(x, targets=y)
+            if share != 1.0:
+                loss = loss * share
             loss.backward()
+            # summed over the ranks by an explicit all-reduce per tensor: one code path with the single
+            # process; DDP would overlap it with the backward, which pays off only for a large model
+            distributed.all_reduce_sum([p.grad for p in model.parameters() if p.grad is not None])
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg["grad_clip"])
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             run.iter_num += 1
             it = run.iter_num
             at_eval = it % cfg["eval_interval"] == 0 or it == cfg["max_iters"]
-            if (at_eval or it % cfg["log_interval"] == 0) and not math.isfinite(loss.item()):
-                raise UserError(f"the training loss is {loss.item()} at iter {it}: training diverged; lower "
+            if at_eval or it % cfg["log_interval"] == 0:  # the whole batch's loss: the ranks' shares summed
+                loss_value = distributed.sum_floats([loss.item()])[0]
+            if (at_eval or it % cfg["log_interval"] == 0) and not math.isfinite(loss_value):
+                raise UserError(f"the training loss is {loss_value} at iter {it}: training diverged; lower "
                                 f"learning_rate (last checkpoint: {run.ckpt_path if run.last_ckpt is not None else 'none'})")
-            if it % cfg["log_interval"] == 0:
+            if it % cfg["log_interval"] == 0 and distributed.is_main():
                 dt, t_log = (time.time() - t_log) / cfg["log_interval"], time.time()
-                print(f"iter {it:5d} | loss {loss.item():.4f} | lr {lr:.2e} | {dt * 1000:.0f} ms/iter"
+                print(f"iter {it:5d} | loss {loss_value:.4f} | lr {lr:.2e} | {dt * 1000:.0f} ms/iter"
                       f" | {run.elapsed_before + time.time() - t_start:.0f}s")
-            if at_eval:
+            if at_eval and distributed.is_main():  # rank 0 evaluates alone; the others wait at the next step
                 with amp:
                     metrics = evaluate(model, run.enc, run.test, cfg["max_new_tokens"])
                 print(f"eval  {it:5d} | test accuracy {metrics['accuracy']:.3f} (greedy, {len(run.test)} problems)")
+            if at_eval:
                 checkpoint(metrics)
     except KeyboardInterrupt:
         where = (f"last checkpoint {run.ckpt_path} (iter {run.last_ckpt}); resume with: python train_base.py "
@@ -276,8 +303,9 @@ def train(cfg, amp, run):
             "no checkpoint written yet (one is written at every eval_interval): run the same command again"
         raise Interrupted(f"train_base.py stopped at iter {run.iter_num} of {cfg['max_iters']}; {where}") from None
     total = run.elapsed_before + time.time() - t_start
-    print(f"done: {run.iter_num} iters in {total:.0f}s, test accuracy {metrics.get('accuracy', float('nan')):.3f}"
-          f", checkpoint {run.ckpt_path}")
+    if distributed.is_main():
+        print(f"done: {run.iter_num} iters in {total:.0f}s, test accuracy {metrics.get('accuracy', float('nan')):.3f}"
+              f", checkpoint {run.ckpt_path}")
     return metrics
 
 

@@ -137,3 +137,38 @@ def test_an_error_on_one_rank_ends_every_rank(tiny_setup, tmp_path, capfd):
     assert codes == [1, 2]  # rank 0: the failed collective's traceback; rank 1: the user error's status
     err = capfd.readouterr().err
     assert "error: rank 1: planted failure" in err and "Traceback" in err
+
+
+def base_worker(rank, world, port, argv, data_dir):
+    """train_base.py in one rank, on test_train_base's tiny task."""
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    import train_base as tb
+    from data.gsm_synth.prepare import load_tokenizer
+    tb.load_task = lambda cfg, verbose=True: (data_dir, load_tokenizer(data_dir))
+    tb.main(argv)
+
+
+@pytest.fixture(scope="module")
+def tiny_task(tmp_path_factory):  # test_train_base's task
+    from data.gsm_synth.prepare import load_tokenizer, prepare
+    d = prepare(steps=1, max_operand=5, ops="+", n_train=300, n_val=20, n_test=20, num_merges=20,
+                verbose=False, root=str(tmp_path_factory.mktemp("d")))
+    return d, load_tokenizer(d)
+
+
+def test_train_base_in_two_processes_makes_the_single_process_updates(tiny_task, tmp_path, monkeypatch):
+    """Every rank draws the whole batch and keeps its half; the loss is each rank's share of the whole
+    batch's mean (rows hold different numbers of target tokens), the gradients are summed."""
+    import train_base as tb
+    from test_train_base import ARGS
+    monkeypatch.setattr(tb, "load_task", lambda cfg, verbose=True: tiny_task)
+    argv = [*ARGS, "--max_iters=12", "--log_interval=4", "--eval_interval=6"]
+    tb.main([f"--out_dir={tmp_path / 'one'}", *argv])
+    mp.spawn(base_worker, args=(2, free_port(), [f"--out_dir={tmp_path / 'two'}", *argv], tiny_task[0]), nprocs=2)
+    a, b = load_checkpoint(str(tmp_path / "one" / "ckpt.pt")), load_checkpoint(str(tmp_path / "two" / "ckpt.pt"))
+    assert a["iter_num"] == b["iter_num"] == 12 and a["rng"]["python"] == b["rng"]["python"]
+    assert sorted(os.listdir(tmp_path / "two")) == ["ckpt.pt"]  # rank 0's checkpoint only, no lock left
+    for k in a["model"]:
+        torch.testing.assert_close(b["model"][k], a["model"][k], rtol=1e-5, atol=1e-6)
