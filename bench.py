@@ -89,8 +89,8 @@ defaults = dict(
 
 # --quick: smoke sizes for every row (what the tests run)
 QUICK = dict(n_seq=4, new_tokens=16, n_train=4, n_val=2, seq_lens=(8,), repeats=1, step_repeats=1,
-             step_batch_size=2, step_val_batch_size=2, step_new_tokens=8, slow_reward_ms=2, posthoc_prompts=2, posthoc_group=2,
-             posthoc_checkpoints=2,
+             step_batch_size=2, step_val_batch_size=2, step_new_tokens=8, slow_reward_ms=2,
+             posthoc_prompts=2, posthoc_group=2, posthoc_checkpoints=2,
              mem_n_layer=1, mem_n_head=2, mem_n_embd=32, mem_vocab=512, mem_prompts=2, mem_group=2,
              mem_prompt_len=8, mem_new_tokens=8, thr_n_layer=1, thr_n_head=2, thr_n_embd=32, thr_prompts=2,
              thr_group=2, thr_prompt_len=8, thr_new_tokens=8)

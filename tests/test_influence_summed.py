@@ -109,8 +109,10 @@ def test_tracin_backward_summed_equals_matrix(world, monkeypatch, rule, beta):
     weights = [p.detach().clone() for p in lora_parameters(m)]
     out, calls = {}, []
     real_matrix, real_collect = ghost.compute_ghost_inner_product_matrix, ghost.GhostHooks.collect
-    monkeypatch.setattr(tracin, "compute_ghost_inner_product_matrix", lambda *a, **k: calls.append("matrix") or real_matrix(*a, **k))
-    monkeypatch.setattr(ghost.GhostHooks, "collect", lambda self, split: calls.append(split) or real_collect(self, split))
+    monkeypatch.setattr(tracin, "compute_ghost_inner_product_matrix",
+                        lambda *a, **k: calls.append("matrix") or real_matrix(*a, **k))
+    monkeypatch.setattr(ghost.GhostHooks, "collect",
+                        lambda self, split: calls.append(split) or real_collect(self, split))
     for how in ("summed", "matrix"):
         calls.clear()
         c = cfg(4, beta=beta, tracin_influence=how, tracin_selection=rule, tracin_topk_frac=0.5)
@@ -146,7 +148,8 @@ def test_posthoc_summed_with_filter_and_chunks(world, tmp_path):
     trims each chunk's padding), 3 test rows in micro-batches of 3 and 2: G_t sums over micro-batches."""
     m = world[0]
     paths, lrs, train, test = posthoc_setup(tmp_path, m)
-    train = [{"prompt": "klmnop", "completion_tokens": [2, 3, 4, 5, 6, 0], "completion_mask": [1] * 6, "advantage": 0.9},
+    train = [{"prompt": "klmnop", "completion_tokens": [2, 3, 4, 5, 6, 0], "completion_mask": [1] * 6,
+              "advantage": 0.9},
              *train, {"prompt": "q", "completion_tokens": [7, 0], "completion_mask": [1, 1], "advantage": -0.4}]
     lengths = [len(r["prompt"]) + len(r["completion_tokens"]) for r in train]
     assert sorted(lengths) != lengths  # the sorted order is not the given one: results must be put back
