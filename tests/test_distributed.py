@@ -172,3 +172,38 @@ def test_train_base_in_two_processes_makes_the_single_process_updates(tiny_task,
     assert sorted(os.listdir(tmp_path / "two")) == ["ckpt.pt"]  # rank 0's checkpoint only, no lock left
     for k in a["model"]:
         torch.testing.assert_close(b["model"][k], a["model"][k], rtol=1e-5, atol=1e-6)
+
+
+def helpers_worker(rank, world, port, out):
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+    import distributed
+    with distributed.process_group("cpu") as device:
+        t = [torch.tensor([1.0, 2.0]) * (rank + 1), torch.tensor(rank + 10.0)]
+        got = dict(device=device, rank=distributed.rank(), world=distributed.world_size(),
+                   sums=[x.tolist() for x in distributed.all_reduce_sum(t)],
+                   floats=distributed.sum_floats([0.5 * rank, 1.0]), rows=distributed.shard(6))
+        gathered = distributed.gather_objects(got)
+        if distributed.is_main():
+            torch.save(gathered, out)
+        else:
+            assert gathered is None
+
+
+def test_helpers_in_two_processes(tmp_path):
+    """Sums, gather order and row shares, against values computed by hand."""
+    out = str(tmp_path / "gathered.pt")
+    mp.spawn(helpers_worker, args=(2, free_port(), out), nprocs=2)
+    g = torch.load(out, weights_only=False)
+    assert [r["rank"] for r in g] == [0, 1] and all(r["world"] == 2 and r["device"] == "cpu" for r in g)
+    assert all(r["sums"] == [[3.0, 6.0], 21.0] and r["floats"] == [0.5, 2.0] for r in g)
+    assert [r["rows"] for r in g] == [slice(0, 3), slice(3, 6)]
+
+
+def test_helpers_in_one_process_do_nothing():
+    import distributed
+    assert not distributed.launched() and distributed.setup("cpu") == (0, 1, "cpu")
+    t = torch.tensor([1.0])
+    assert distributed.all_reduce_sum([t])[0].item() == 1.0 and distributed.sum_floats([2.0]) == [2.0]
+    assert distributed.gather_objects("x") == ["x"] and distributed.shard(4) == slice(0, 4)
+    assert not torch.distributed.is_initialized()
