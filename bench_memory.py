@@ -104,7 +104,9 @@ def straightforward_grpo_step(model, optimizer, prompts, group, new_tokens, adva
         for t in range(new_tokens):
             step_logits.append(logits[:, -1])                         # (N, V), kept for the old log-probs
             probs = torch.softmax(logits[:, -1].float() / temperature, dim=-1)
-            nxt = torch.multinomial(probs, 1, generator=gen)
+            cdf = probs.cumsum(-1)                                    # sample.sample_next's inverse-CDF draw,
+            u = torch.rand(N, generator=gen, device=dev)              # so that both sides sample the same tokens
+            nxt = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True).clamp(max=cdf.size(-1) - 1)
             idx = torch.cat([idx, nxt], dim=1)
             if t + 1 < new_tokens:
                 logits, _ = model(nxt, cache=cache)

@@ -38,8 +38,11 @@ def pad_prompts(prompts, pad_id, device):
     return idx.to(device), pad_left.to(device)
 
 
-def sample_next(logits, temperature, top_k, top_p, generator):
-    """logits (N, V) of the last position only -> next token ids (N,)."""
+def sample_next(logits, temperature, top_k, top_p, generator, u=None):
+    """logits (N, V) of the last position only -> next token ids (N,). Each row's token is drawn by
+    inverse CDF from ONE uniform number u_i (drawn here from `generator` unless given): the first
+    token whose cumulative probability exceeds u_i. A row's draw thus depends on its own u_i only,
+    which lets several processes each sample their rows of one batch exactly as one process would."""
     if temperature == 0:
         return logits.argmax(dim=-1)                      # greedy
     logits = logits.float() / temperature
@@ -52,13 +55,16 @@ def sample_next(logits, temperature, top_k, top_p, generator):
         drop = cum - sorted_logits.softmax(-1) >= top_p   # tokens entirely beyond the nucleus
         drop[:, 0] = False                                # the most likely token always stays, for any top_p
         logits = logits.masked_fill(torch.zeros_like(drop).scatter(-1, order, drop), float("-inf"))
-    probs = logits.softmax(dim=-1)
-    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    cdf = logits.softmax(dim=-1).cumsum(-1)
+    if u is None:
+        u = torch.rand(cdf.size(0), generator=generator, device=cdf.device)
+    nxt = torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(-1), right=True).squeeze(-1)
+    return nxt.clamp_(max=cdf.size(-1) - 1)  # right=True never lands on a zero-probability token
 
 
 @torch.no_grad()  # pass 1 needs no graph: no activations are stored for backward
 def generate(model, prompts, max_new_tokens, eot_id, num_samples=1, temperature=1.0,
-             top_k=None, top_p=None, seed=None, generator=None, check_every=None):
+             top_k=None, top_p=None, seed=None, generator=None, check_every=None, rows=None):
     """prompts: list of token-id lists (any lengths). Each prompt gets `num_samples` completions.
 
     Returns (idx, pad_left, completion_mask):
@@ -66,7 +72,12 @@ def generate(model, prompts, max_new_tokens, eot_id, num_samples=1, temperature=
           prompt adjacent; after a row's end-of-text every token is eot_id (padding),
       pad_left (B*num_samples,), completion_mask (B*num_samples, T) 1 on generated tokens up to
           and including end-of-text.
-    Only the last position's logits (N, V) exist at any step; none are returned."""
+    Only the last position's logits (N, V) exist at any step; none are returned.
+    Random numbers: each step draws one uniform per row of the whole batch, and a call always uses
+    max_new_tokens steps' worth (those of steps skipped once every row ended are drawn at the end).
+    rows=(first, total): these N rows are rows first..first+N-1 of a batch of `total` rows sampled
+    by several processes from the same generator state; each draws every row's numbers and uses
+    its own, so every row gets the tokens one process sampling all `total` rows would give it."""
     device = next(model.parameters()).device
     check_every = check_every or (8 if device.type == "cuda" else 1)  # see "all rows done?" below
     idx, pad_left = pad_prompts(prompts, eot_id, device)
@@ -85,6 +96,10 @@ def generate(model, prompts, max_new_tokens, eot_id, num_samples=1, temperature=
     cache.repeat_interleave(num_samples)                  # share the prefill among the samples
     logits = logits[:, -1].repeat_interleave(num_samples, dim=0)   # (N, V)
     N = B * num_samples
+    first, total = rows or (0, N)
+
+    def draw(steps):  # one uniform per row of the whole batch per step
+        return torch.rand(steps, total, generator=generator, device=device)
     out = torch.full((N, max_new_tokens), eot_id, dtype=torch.long, device=device)
     done = torch.zeros(N, dtype=torch.bool, device=device)
     nonfinite = torch.zeros(N, dtype=torch.bool, device=device)
@@ -92,7 +107,8 @@ def generate(model, prompts, max_new_tokens, eot_id, num_samples=1, temperature=
         bad = ~torch.isfinite(logits).all(-1)             # NaN/Inf: recorded without a host sync,
         nonfinite |= bad                                  # raised once at the end (below)
         logits = logits.masked_fill(bad[:, None], 0.0)    # so multinomial gets valid probabilities meanwhile
-        nxt = sample_next(logits, temperature, top_k, top_p, generator)
+        u = draw(1)[0, first:first + N] if temperature > 0 else None
+        nxt = sample_next(logits, temperature, top_k, top_p, generator, u)
         del logits                                        # the only logits alive; nothing keeps them
         nxt = nxt.masked_fill(done, eot_id)               # finished rows only emit padding
         out[:, t] = nxt
@@ -104,6 +120,8 @@ def generate(model, prompts, max_new_tokens, eot_id, num_samples=1, temperature=
             break
         logits, _ = model(nxt[:, None], cache=cache)      # one new column for every row
         logits = logits[:, -1]
+    if temperature > 0 and t + 1 < max_new_tokens:
+        draw(max_new_tokens - t - 1)  # steps not taken: where the stream ends never depends on the rows
     if was_training:
         model.train()
     if bool(nonfinite.any()):

@@ -320,3 +320,40 @@ def test_check_every_changes_nothing_within_a_call(sharp_gpt):
         b = generate(sharp_gpt, PROMPTS, 20, eot, check_every=8, **kw)
         assert all(torch.equal(x, y) for x, y in zip(a, b))
         assert a[2].size(1) < 20 or not bool((a[0][:, -1] == eot).all())  # some early stop was exercised
+
+
+def test_inverse_cdf_draws_follow_the_probabilities():
+    """sample_next's inverse-CDF draw: empirical frequencies of 40,000 draws from one row match the
+    softmax (within 5 standard errors), a zero-probability (top-k filtered) token never appears."""
+    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0, 0.5, -3.0]]).repeat(40000, 1)
+    draws = sample_next(logits, 1.0, 5, None, torch.Generator().manual_seed(0))
+    freq = torch.bincount(draws, minlength=6).double() / len(draws)
+    p = torch.tensor([2.0, 1.0, 0.0, -1.0, 0.5, float("-inf")]).double().softmax(0)
+    assert freq[5] == 0
+    assert ((freq - p).abs() <= 5 * (p * (1 - p) / len(draws)).sqrt() + 1e-12).all(), (freq, p)
+    u = torch.tensor([0.0, 0.999999])  # the ends of [0, 1): the first and the last allowed token
+    assert sample_next(logits[:2], 1.0, 5, None, None, u).tolist() == [0, 4]
+
+
+@pytest.mark.parametrize("split", [1, 2])
+def test_rows_of_a_batch_sampled_apart_equal_one_call(tiny_gpt, split):
+    """Two calls with rows=(first, total), each on its share of the prompts and from the same
+    generator state, give exactly the rows (and leave the generator exactly where) one call over all
+    prompts does: what several processes sampling their shares of one batch rely on."""
+    kw = dict(max_new_tokens=9, eot_id=3, num_samples=3, temperature=1.0, top_p=0.9)
+    g = torch.Generator().manual_seed(5)
+    whole = generate(tiny_gpt, PROMPTS, generator=g, **kw)
+    after = g.get_state()
+    cut = split * len(PROMPTS) // 3 or 1
+    parts = []
+    for lo, hi in ((0, cut), (cut, len(PROMPTS))):
+        gp = torch.Generator().manual_seed(5)
+        parts.append(generate(tiny_gpt, PROMPTS[lo:hi], generator=gp, rows=(lo * 3, len(PROMPTS) * 3), **kw))
+        assert torch.equal(gp.get_state(), after)
+    T = whole[2].size(1)
+    for (lo, hi), (idx, pad, mask) in zip(((0, cut), (cut, len(PROMPTS))), parts):
+        n = mask.size(1)
+        assert torch.equal(mask, whole[2][lo * 3:hi * 3, :n]) and not whole[2][lo * 3:hi * 3, n:].any()
+        assert torch.equal(idx[:, -n:], whole[0][lo * 3:hi * 3, -T:][:, :n])
+    assert torch.equal(generate(tiny_gpt, PROMPTS, generator=g, **kw)[0],
+                       generate(tiny_gpt, PROMPTS, generator=torch.Generator().manual_seed(5).set_state(after), **kw)[0])
