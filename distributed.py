@@ -20,13 +20,19 @@ How train_grpo.py splits a GRPO step of batch_size prompts over the ranks:
     and the backward, the part with gradients (grpo.rank_share); the loss divides by the whole
     batch's counts and the LoRA gradients are summed over the ranks before the clip
     (grpo.sum_over_ranks), so the update is the single-process update of the same batch.
-  - rank 0 alone takes the out_dir lock, evaluates, logs and writes checkpoints.
+  - with tracin=True (tracin.tracin_backward) each rank captures the per-rollout gradients of its
+    share and the summed validation gradient G of its share of the validation rows (the validation
+    batch is the same on every rank), both divided by the whole batch's counts; G is all-reduced, the
+    influences are gathered (a 'topk' threshold is global) and the kept rollouts' gradients are summed
+    like the standard ones, so the kept set and the update are those of one process.
+  - evaluation is shared: each rank scores a contiguous run of whole chunks of the test problems and
+    the counts are summed (train_base.evaluate); whole chunks keep each chunk's pass@k seed and draws.
+  - rank 0 alone takes the out_dir lock, logs and writes checkpoints.
 train_base.py does the same with its batch of training rows (train_base.rank_rows); with dropout > 0
 each rank draws its own masks, so the run is equivalent but no longer equal to one process's.
 
-Not split yet: TracIn-GRPO is refused under torchrun (it needs the summed validation gradient,
-ghost.summed_gradient, all-reduced before the influences, and the kept rollouts' gradients summed
-over the ranks); evaluation runs on rank 0 alone (not sharded); sampling is replicated (above).
+Not split: sampling (pass 1) and scoring stay replicated, for the reasons above; they cost the same on
+every rank, so more processes shorten only the passes with gradients and the evaluation.
 """
 import os
 import sys
@@ -39,8 +45,9 @@ import torch.distributed as dist
 from configurator import UserError
 
 # A rank that waits longer than this in a collective (its peer died, or is stuck) fails instead of
-# waiting forever. It must exceed the longest stretch one rank works alone: rank 0's evaluation and
-# checkpoint writes while the others wait at the next collective.
+# waiting forever. It must exceed the longest stretch one rank works alone: rank 0's checkpoint and log
+# writes while the others wait at the next collective (the evaluation is shared, unevenly when the test
+# chunks do not split evenly).
 TIMEOUT = timedelta(minutes=10)
 _state = {"rank": 0, "world_size": 1}  # this process's place in the job, set by setup()
 
@@ -112,6 +119,23 @@ def shard(n):
         raise UserError(f"{n} rows do not split evenly over {world_size()} processes")
     per = n // world_size()
     return slice(rank() * per, (rank() + 1) * per)
+
+
+def split(n):
+    """This rank's contiguous part of n items when n need not divide evenly (slice): the first n % world
+    ranks take one more item; a rank may get none (it still joins the collectives that follow)."""
+    per, extra = divmod(n, world_size())
+    start = rank() * per + min(rank(), extra)
+    return slice(start, start + per + (rank() < extra))
+
+
+def all_gather_cat(t):
+    """Every rank's tensor t (the same shape on each), concatenated along dim 0 in rank order, on every rank."""
+    if world_size() == 1:
+        return t
+    parts = [torch.empty_like(t) for _ in range(world_size())]
+    dist.all_gather(parts, t.contiguous())
+    return torch.cat(parts)
 
 
 def fail(code):

@@ -24,7 +24,8 @@ import torch
 from data.gsm_synth.prepare import encode_prompt, encode_text
 from ghost import (compute_ghost_inner_product_matrix, ghost_mode, install_ghost_hooks, per_sample_grad,
                    subset_gradients, summed_gradient, summed_inner_products)
-from grpo import completion_logprobs, grpo_loss, policy_backward, rollout_batch
+import distributed
+from grpo import completion_logprobs, grpo_loss, policy_backward, rank_share, rollout_batch, sum_over_ranks
 from lora import LoRALinear, load_lora_state_dict, lora_state_dict
 from model import check_device, load_checkpoint
 from rundir import read_jsonl, run_lock
@@ -64,27 +65,34 @@ def tracin_backward(model, optimizer, rollouts, val_batch, cfg, amp, times):
       'summed'  G = sum_j g_val_j from ONE ordinary backward of the validation loss (nothing kept per row),
                 then <g_i, G> per layer from the train buffers: O(T d r) per rollout
       'matrix'  every validation row's gradient captured too; the row sums of the [N, N_val] matrix
-    Both give the same influence up to float rounding. Returns (loss stats, influence (N,), keep (N,)
-    bool, log entries)."""
-    matrix = cfg["tracin_influence"] == "matrix"
+    Both give the same influence up to float rounding. Under torchrun each rank captures its share of the
+    rollouts and, for 'summed', of the validation rows, both divided by the whole batch's counts
+    (grpo.rank_share): G is all-reduced (LoRA-sized), so no rank pays the whole validation pass and G is
+    the single-process G. 'matrix' needs every validation row's buffers: each rank runs them all. The
+    influences are gathered ('topk' needs the global threshold), the kept gradients summed over ranks.
+    Returns (loss stats, influence (N,), keep (N,) bool, log entries), all of the whole batch."""
+    matrix, mb = cfg["tracin_influence"] == "matrix", cfg["micro_batch_size"]
     with install_ghost_hooks(model) as hooks, ghost_mode(optimizer):  # no weight can change in here
         t0 = time.time()
-        stats = policy_backward(model, rollouts, cfg, amp, times, cfg["beta"])   # per-sample train gradients
+        stats = policy_backward(model, rank_share(rollouts, mb), cfg, amp, times, cfg["beta"])  # per-sample grads
         times["grad_capture_train"], t0 = time.time() - t0, time.time()
         optimizer.zero_grad(set_to_none=True)  # the train batch's summed gradient: the hooks hold it per sample
         hooks.split = "val" if matrix else None  # 'summed': the hooks keep nothing, G adds up in .grad
-        policy_backward(model, val_batch, cfg, amp, times, beta=0.0)  # validation loss, no KL term
-        times["grad_capture_val"] = time.time() - t0
+        policy_backward(model, val_batch if matrix else rank_share(val_batch, mb), cfg, amp, times, beta=0.0)
+        times["grad_capture_val"] = time.time() - t0  # (validation loss: no KL term)
         train_grads = hooks.collect("train")
         val_grads = hooks.collect("val") if matrix else summed_gradient(model)  # per row, or G {layer: (G_A, G_B)}
     t0 = time.time()
     if matrix:  # row sums of the [N, N_val] matrix: validation GRADIENTS are summed, not activations
         influence = compute_ghost_inner_product_matrix(train_grads, val_grads).sum(1)
     else:
+        distributed.all_reduce_sum([g for pair in val_grads.values() for g in pair])  # the whole batch's G
         influence = summed_inner_products(train_grads, val_grads)  # <g_i, G>: (N,), O(T d r) per rollout
+    influence = distributed.all_gather_cat(influence)  # every rollout's, in global order
     keep = select_rollouts(influence, cfg["tracin_selection"], cfg["tracin_topk_frac"])
-    subset_gradients(model, train_grads, keep)
+    subset_gradients(model, train_grads, keep[distributed.shard(keep.numel())])  # this rank's kept rollouts
     del train_grads, val_grads  # every LoRA layer's per-sample inputs and output gradients (and G)
+    stats = sum_over_ranks(model, stats)  # the kept rollouts' gradients and the loss stats of every rank
     times["influence"] = time.time() - t0
     log = {"selection_rate": keep.float().mean().item(), "n_selected": int(keep.sum()),
            "influence/mean": influence.mean().item(), "influence/std": influence.std().item(),

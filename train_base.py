@@ -28,7 +28,7 @@ from model import (GPT, GPTConfig, base_fingerprint, check_device, load_checkpoi
                    save_checkpoint)
 from rewards import extract_answer
 from rundir import run_lock
-from sample import decode_completions, generate
+from sample import NonFiniteLogits, decode_completions, generate
 
 # -----------------------------------------------------------------------------
 # default config values (override with a config file and/or --key=value)
@@ -119,20 +119,30 @@ def get_lr(it, max_iters, learning_rate, min_lr, warmup_iters):
 
 @torch.no_grad()
 def evaluate(model, enc, examples, max_new_tokens, k=1, temperature=1.0, batch=100, seed=0):
-    """Greedy accuracy on `examples`; with k > 1 also pass@k (any of k samples correct)."""
-    greedy, passk = 0, 0
-    for i in range(0, len(examples), batch):
-        chunk = examples[i:i + batch]
-        prompts = [encode_prompt(enc, e["question"]) for e in chunk]
-        idx, _, mask = generate(model, prompts, max_new_tokens, enc.eot_token, temperature=0)
-        texts = decode_completions(enc, idx, mask)
-        greedy += sum(extract_answer(t) == e["answer"] for t, e in zip(texts, chunk))
-        if k > 1:
-            idx, _, mask = generate(model, prompts, max_new_tokens, enc.eot_token, num_samples=k,
-                                    temperature=temperature, seed=seed + i)
+    """Greedy accuracy on `examples`; with k > 1 also pass@k (any of k samples correct).
+    Under torchrun every rank must call it: each scores a contiguous run of whole chunks of `batch`
+    problems and the counts are summed. Whole chunks, because a chunk's pass@k draws depend on all
+    its rows (one generator, seeded seed + the chunk's start), so they stay those of one process."""
+    greedy, passk, failed = 0, 0, None
+    starts = range(0, len(examples), batch)
+    try:
+        for i in starts[distributed.split(len(starts))]:
+            chunk = examples[i:i + batch]
+            prompts = [encode_prompt(enc, e["question"]) for e in chunk]
+            idx, _, mask = generate(model, prompts, max_new_tokens, enc.eot_token, temperature=0)
             texts = decode_completions(enc, idx, mask)
-            passk += sum(any(extract_answer(texts[j * k + s]) == e["answer"] for s in range(k))
-                         for j, e in enumerate(chunk))
+            greedy += sum(extract_answer(t) == e["answer"] for t, e in zip(texts, chunk))
+            if k > 1:
+                idx, _, mask = generate(model, prompts, max_new_tokens, enc.eot_token, num_samples=k,
+                                        temperature=temperature, seed=seed + i)
+                texts = decode_completions(enc, idx, mask)
+                passk += sum(any(extract_answer(texts[j * k + s]) == e["answer"] for s in range(k))
+                             for j, e in enumerate(chunk))
+    except NonFiniteLogits as e:  # the other ranks must still reach the sum below, and fail with this one
+        failed = e
+    greedy, passk, n_failed = distributed.sum_floats([greedy, passk, int(failed is not None)])
+    if n_failed:
+        raise failed or NonFiniteLogits("non-finite logits in another process's share of the evaluation")
     n = max(1, len(examples))
     return {"accuracy": greedy / n, f"pass@{k}": passk / n} if k > 1 else {"accuracy": greedy / n}
 
@@ -291,9 +301,10 @@ def train(cfg, amp, run):
                 dt, t_log = (time.time() - t_log) / cfg["log_interval"], time.time()
                 print(f"iter {it:5d} | loss {loss_value:.4f} | lr {lr:.2e} | {dt * 1000:.0f} ms/iter"
                       f" | {run.elapsed_before + time.time() - t_start:.0f}s")
-            if at_eval and distributed.is_main():  # rank 0 evaluates alone; the others wait at the next step
+            if at_eval:  # every rank scores its share of the test problems
                 with amp:
                     metrics = evaluate(model, run.enc, run.test, cfg["max_new_tokens"])
+            if at_eval and distributed.is_main():
                 print(f"eval  {it:5d} | test accuracy {metrics['accuracy']:.3f} (greedy, {len(run.test)} problems)")
             if at_eval:
                 checkpoint(metrics)

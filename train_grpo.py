@@ -170,7 +170,8 @@ def validate(cfg):
     check(cfg, "group_size", cfg["group_size"] >= 2, "must be >= 2: advantages are relative within a group")
     world = int(os.environ["WORLD_SIZE"]) if distributed.launched() else 1  # checked before any process group
     check(cfg, "batch_size", cfg["batch_size"] % world == 0, f"must split evenly over the {world} processes")
-    check(cfg, "tracin", world == 1 or not cfg["tracin"], "TracIn runs in one process only (no torchrun)")
+    check(cfg, "tracin_val_batch_size", cfg["tracin_val_batch_size"] % world == 0 or not cfg["tracin"],
+          f"must split evenly over the {world} processes (each takes its share of the validation gradient)")
     n = cfg["batch_size"] * cfg["group_size"]
     check(cfg, "micro_batch_size", cfg["micro_batch_size"] >= n or n % cfg["micro_batch_size"] == 0,
           f"batch_size*group_size = {n} completions must divide into micro-batches of this size")
@@ -314,16 +315,15 @@ class Run:
 
     def evaluate(self):
         k = self.cfg["eval_k"]
-        if not distributed.is_main():  # rank 0 evaluates alone, the others wait at the next collective
-            return {}
-        try:
+        try:  # every rank scores its share of the test problems (train_base.evaluate sums the counts)
             with self.amp:
                 r = evaluate(self.model, self.enc, self.test, self.cfg["max_new_tokens"], k=k, seed=self.cfg["seed"])
         except NonFiniteLogits as e:
             print(f"warning: evaluation at iter {self.iter_num} skipped: {e}")
             return {"test/accuracy": float("nan")}
         passk = f" | pass@{k} {r[f'pass@{k}']:.3f}" if k > 1 else ""
-        print(f"eval  {self.iter_num:4d} | test accuracy {r['accuracy']:.3f}{passk} ({len(self.test)} problems)")
+        if distributed.is_main():
+            print(f"eval  {self.iter_num:4d} | test accuracy {r['accuracy']:.3f}{passk} ({len(self.test)} problems)")
         return {f"test/{k}": v for k, v in r.items()}
 
     def step(self, lr):
