@@ -101,10 +101,12 @@ def test_token_level_loss_and_two_updates_per_generation(tiny_setup, tmp_path, c
 
 
 @pytest.mark.parametrize("extra", [("--tracin_val_loss=nll",), ("--tracin_val_loss=nll", "--tracin_selection=topk"),
-                                   ("--tracin_val_loss=pg", "--tracin_selection=topk", "--tracin_topk_frac=0.3")])
+                                   ("--tracin_val_loss=pg", "--tracin_selection=topk", "--tracin_topk_frac=0.3"),
+                                   ("--tracin_val_loss=pg", "--tracin_influence=matrix")])
 def test_tracin_in_two_processes_keeps_the_single_process_rollouts(tiny_setup, tmp_path, chars_reward, extra):
     """Each rank scores its rollouts against the all-reduced validation gradient of its share of the
-    validation rows; the kept set (a global top-k threshold too) and the update are those of one process."""
+    validation rows ('matrix': of every validation row); the kept set (a global top-k threshold too) and the
+    update are those of one process."""
     one, two = tmp_path / "one", tmp_path / "two"
     args = ("--max_iters=3", "--tracin=True", "--tracin_val_batch_size=2", *extra)
     run(tiny_setup, one, *args)
