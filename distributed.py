@@ -9,13 +9,13 @@ torchrun sets RANK, WORLD_SIZE and LOCAL_RANK in each process's environment. Wit
 single process runs exactly the code it ran before.
 
 How train_grpo.py splits a GRPO step of batch_size prompts over the ranks:
-  - every rank draws the same prompts (same seeded stream) and samples and scores the WHOLE global
-    batch with the same generator (pass 1 and rewards are replicated). The simplest exact scheme:
-    each completion's tokens depend only on (seed, step, global row), as in one process, so 1 and N
-    processes draw the same tokens; the Python and torch RNG states stay identical on every rank,
-    so a checkpoint is the same whichever rank writes it; and rank 0 already holds every rollout
-    (rollouts.jsonl, the batch means of the log) with no gather. Splitting sampling too would need
-    one generator per row, which would change the single-process draws.
+  - every rank draws the same prompts (same seeded stream) and samples ITS contiguous share of them
+    (split) from the same generator state: sample.generate draws one uniform per row of the whole
+    batch per step and each rank uses its rows' (rows=...), so a completion's tokens depend only on
+    (seed, step, global row) and 1 and N processes draw the same tokens; the generator and Python
+    RNG states stay identical on every rank, so a checkpoint is the same whichever rank writes it.
+    The sampled ids are then gathered on every rank in the single-process layout (gather_sampled)
+    and every rank scores the whole batch (rewards are cheap; rank 0 logs them all).
   - rank r keeps its contiguous batch_size / world_size prompts (whole groups) for passes 3 and 2
     and the backward, the part with gradients (grpo.rank_share); the loss divides by the whole
     batch's counts and the LoRA gradients are summed over the ranks before the clip
@@ -31,8 +31,7 @@ How train_grpo.py splits a GRPO step of batch_size prompts over the ranks:
 train_base.py does the same with its batch of training rows (train_base.rank_rows); with dropout > 0
 each rank draws its own masks, so the run is equivalent but no longer equal to one process's.
 
-Not split: sampling (pass 1) and scoring stay replicated, for the reasons above; they cost the same on
-every rank, so more processes shorten only the passes with gradients and the evaluation.
+Not split: scoring (replicated, above); the reference log-probs with background_rewards.
 """
 import os
 import sys
@@ -121,12 +120,14 @@ def shard(n):
     return slice(rank() * per, (rank() + 1) * per)
 
 
-def split(n):
-    """This rank's contiguous part of n items when n need not divide evenly (slice): the first n % world
-    ranks take one more item; a rank may get none (it still joins the collectives that follow)."""
+def split(n, r=None):
+    """Rank r's (default: this rank's) contiguous part of n items when n need not divide evenly (slice):
+    the first n % world ranks take one more item; a rank may get none (it still joins the collectives
+    that follow)."""
+    r = rank() if r is None else r
     per, extra = divmod(n, world_size())
-    start = rank() * per + min(rank(), extra)
-    return slice(start, start + per + (rank() < extra))
+    start = r * per + min(r, extra)
+    return slice(start, start + per + (r < extra))
 
 
 def all_gather_cat(t):
@@ -172,3 +173,22 @@ def teardown():
         dist.barrier()  # a rank that finishes first must not tear down while rank 0 still evaluates or writes
         dist.destroy_process_group()
     _state.update(rank=0, world_size=1)
+
+
+def gather_sampled(idx, pad_left, mask, pad_id, counts):
+    """Every rank's sampled rows on every rank, laid out as one process sampling them all lays them
+    out: prompts left-padded to the widest of all, completions padded to the longest, rows in rank
+    order. counts[r] = rows of rank r; rank r's prompts were left-padded to
+    its own widest and its completions cut after its own longest (sample.generate)."""
+    if world_size() == 1:
+        return idx, pad_left, mask
+    p, t = idx.size(1) - mask.size(1), mask.size(1)
+    P, T = (int(v) for v in all_gather_cat(torch.tensor([[p, t]], device=idx.device)).max(0).values)
+    most, n = max(counts), idx.size(0)  # all_gather needs equal shapes: pad every share to the largest
+    idx = torch.cat([idx.new_full((n, P - p), pad_id), idx, idx.new_full((n, T - t), pad_id)], 1)
+    idx = torch.cat([idx, idx.new_full((most - n, P + T), pad_id)])
+    mask = torch.cat([torch.cat([mask, mask.new_zeros(n, T - t)], 1), mask.new_zeros(most - n, T)])
+    pad_left = torch.cat([pad_left + (P - p), pad_left.new_zeros(most - n)])
+    keep = torch.cat([torch.arange(r * most, r * most + c) for r, c in enumerate(counts)]).to(idx.device)
+    return all_gather_cat(idx)[keep], all_gather_cat(pad_left)[keep], all_gather_cat(mask)[keep]
+

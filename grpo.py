@@ -243,13 +243,18 @@ def make_rollouts(model, enc, batches, cfg, generator, amp, times, cache=None):
 
 
 def sample_rollouts(model, enc, batches, cfg, generator, amp, times):
-    """PASS 1: (idx, pad_left, mask) of group_size completions for every prompt of every batch."""
-    t0 = time.time()
+    """PASS 1: (idx, pad_left, mask) of group_size completions for every prompt of every batch. Under
+    torchrun each rank samples its contiguous share of the prompts (the rows one process would give
+    them, see sample.generate's rows=) and the shares are gathered on every rank."""
+    t0, G = time.time(), cfg["group_size"]
     prompts = [encode_prompt(enc, q) for questions, _ in batches for q in questions]
+    mine = distributed.split(len(prompts))  # whole prompts: a group never spans two ranks
     with amp:
-        sampled = generate(model, prompts, cfg["max_new_tokens"], enc.eot_token, num_samples=cfg["group_size"],
+        sampled = generate(model, prompts[mine], cfg["max_new_tokens"], enc.eot_token, num_samples=G,
                            temperature=cfg["temperature"], top_k=cfg["top_k"] or None, top_p=cfg["top_p"],
-                           generator=generator)
+                           generator=generator, rows=(mine.start * G, len(prompts) * G))
+    shares = [distributed.split(len(prompts), r) for r in range(distributed.world_size())]  # rows per rank
+    sampled = distributed.gather_sampled(*sampled, enc.eot_token, [G * (s.stop - s.start) for s in shares])
     sync(cfg["device"]); times["generation"] = times.get("generation", 0.0) + time.time() - t0
     return sampled
 

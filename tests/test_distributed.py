@@ -277,3 +277,53 @@ def test_helpers_in_one_process_do_nothing():
     assert distributed.gather_objects("x") == ["x"] and distributed.shard(4) == slice(0, 4)
     assert distributed.split(5) == slice(0, 5) and distributed.all_gather_cat(t) is t
     assert not torch.distributed.is_initialized()
+
+
+SAMPLE_CFG = dict(group_size=3, max_new_tokens=7, temperature=1.0, top_k=0, top_p=0.95, device="cpu")
+
+
+def sampling_setup():
+    """A random model, a tokenizer over bytes and 5 questions of different lengths (the split is uneven)."""
+    import tiktoken
+    from conftest import build_gpt
+    enc = tiktoken.Encoding(name="bytes", pat_str=r".", mergeable_ranks={bytes([i]): i for i in range(256)},
+                            special_tokens={"<|endoftext|>": 256})
+    questions = ["ab", "a longer question", "c", "dd ee", "the fifth one, longest of them all"]
+    return build_gpt(seed=3, vocab_size=257, block_size=64), enc, [(questions, [0] * 5)]
+
+
+def sampling_worker(rank, world, port, out):
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    import contextlib
+    import distributed
+    import grpo
+    model, enc, batches = sampling_setup()
+    seen, real = [], grpo.generate
+    grpo.generate = lambda m, prompts, *a, **k: seen.append(len(prompts)) or real(m, prompts, *a, **k)
+    with distributed.process_group("cpu"):
+        g = torch.Generator().manual_seed(11)
+        sampled = grpo.sample_rollouts(model, enc, batches, SAMPLE_CFG, g, contextlib.nullcontext(), {})
+        again = grpo.sample_rollouts(model, enc, batches, SAMPLE_CFG, g, contextlib.nullcontext(), {})
+        torch.save(dict(sampled=sampled, again=again, state=g.get_state(), seen=seen), f"{out}.{rank}")
+
+
+def test_each_rank_samples_its_share_and_all_get_the_single_process_batch(tmp_path):
+    """Sampling split over 2 ranks (3 + 2 prompts): each rank's generate sees only its prompts, and the
+    gathered ids, padding and masks of two consecutive steps, and the generator state after them,
+    equal one process sampling all 5 prompts."""
+    import contextlib
+    import grpo
+    model, enc, batches = sampling_setup()
+    g = torch.Generator().manual_seed(11)
+    ref = [grpo.sample_rollouts(model, enc, batches, SAMPLE_CFG, g, contextlib.nullcontext(), {}) for _ in range(2)]
+    out = str(tmp_path / "sampled")
+    mp.spawn(sampling_worker, args=(2, free_port(), out), nprocs=2)
+    for rank, share in ((0, 3), (1, 2)):
+        got = torch.load(f"{out}.{rank}", weights_only=False)
+        assert got["seen"] == [share, share]
+        for mine, theirs in zip((got["sampled"], got["again"]), ref):
+            assert all(torch.equal(a, b) for a, b in zip(mine, theirs))
+        assert torch.equal(got["state"], g.get_state())
+    assert ref[0][2].size(1) > 1 and (ref[0][1] > 0).any()  # padding on both sides was exercised
