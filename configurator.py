@@ -99,6 +99,7 @@ def configure(defaults: dict, argv: list[str], saved: dict | None = None) -> dic
     saved: a resumed run's config. It replaces the defaults (a resume continues the run as it was
     configured), and only what argv gives overrides it; each change against the saved run is printed."""
     cfg = dict(defaults)
+    say = print if os.environ.get("RANK", "0") == "0" else (lambda *a, **k: None)  # torchrun: rank 0 speaks
     if saved is not None:
         cfg.update({k: _check_type(k, v, defaults[k]) for k, v in saved.items() if k in defaults})
     for arg in argv:
@@ -116,9 +117,9 @@ def configure(defaults: dict, argv: list[str], saved: dict | None = None) -> dic
                 raise UserError(f"unknown config key '{key}' (from {source}); {hint}")
             value = _check_type(key, value, defaults[key])
             if saved is None:
-                print(f"Overriding: {key} = {value}")
+                say(f"Overriding: {key} = {value}")
             elif key in saved and saved[key] != value and key not in ("init_from", "out_dir"):
-                print(f"resume: {key} = {value} (the saved run had {saved[key]})")
+                say(f"resume: {key} = {value} (the saved run had {saved[key]})")
             cfg[key] = value
     return cfg
 

@@ -398,8 +398,9 @@ class Run:
             for f in (log_f, roll_f):
                 if f is not None:
                     f.close()
-        print(f"done: {self.iter_num} GRPO steps in {self.elapsed_before + time.time() - self.t_start:.0f}s; "
-              f"run directory {out}")
+        if distributed.is_main():
+            print(f"done: {self.iter_num} GRPO steps in {self.elapsed_before + time.time() - self.t_start:.0f}s; "
+                  f"run directory {out}")
 
     def interrupted(self):
         """Ctrl-C: one line saying where the run stopped and how to resume it."""

@@ -165,3 +165,14 @@ def test_saved_config_replaced_by_argv_only(capsys):
     assert cfg == {**DEFAULTS, "learning_rate": 0.5, "batch_size": 3, "out_dir": "new"}
     printed = capsys.readouterr().out
     assert printed == "resume: batch_size = 3 (the saved run had 99)\n"   # only the change that matters
+
+
+@pytest.mark.parametrize("rank, printed", [(None, True), ("0", True), ("1", False)])
+def test_only_rank_zero_prints_the_overrides(monkeypatch, capsys, rank, printed):
+    """Under torchrun every process parses the same command line: one copy of the lines is enough."""
+    if rank is None:
+        monkeypatch.delenv("RANK", raising=False)
+    else:
+        monkeypatch.setenv("RANK", rank)
+    assert configure(DEFAULTS, ["--batch_size=4"])["batch_size"] == 4
+    assert ("Overriding: batch_size = 4" in capsys.readouterr().out) == printed
