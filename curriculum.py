@@ -62,6 +62,17 @@ class Curriculum:
             return True
         return False
 
+    def check_fits(self, prompt_tokens, room):
+        """Refuse, before any work, a level whose prompts do not fit: the longest of 500 drawn (a
+        fixed stream) must leave the completion `room` tokens. prompt_tokens: question -> length."""
+        for steps, max_operand in self.levels:
+            rng = random.Random(TEST_SEED + steps)
+            longest = max(prompt_tokens(make_problem(rng, steps, max_operand, self.ops)[0]) for _ in range(500))
+            if longest > room:
+                raise UserError(f"curriculum level {steps}:{max_operand} does not fit the base's context: its prompts "
+                                f"reach {longest} tokens, only {room} fit beside max_new_tokens; use fewer steps or "
+                                f"smaller operands in that level, or lower max_new_tokens")
+
     def moving_accuracy(self):
         return sum(self.recent) / len(self.recent) if self.recent else float("nan")
 

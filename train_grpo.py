@@ -269,7 +269,9 @@ class Run:
         levels = parse_levels(cfg["curriculum"])
         self.curriculum = Curriculum(levels, read_meta(self.data_dir)["ops"], cfg["curriculum_threshold"],
                                      cfg["curriculum_window"]) if levels else None
-        if self.curriculum:  # the target level's problems, none of them a base training question
+        if self.curriculum:  # every level must fit the context; the test set: the target level's problems
+            self.curriculum.check_fits(lambda q: len(encode_prompt(self.enc, q)),
+                                       self.model.config.block_size - cfg["max_new_tokens"])
             self.test = self.curriculum.test_set(cfg["eval_n"], {e["question"] for e in self.train_split})
         if resume is not None:
             self.restore(resume)

@@ -114,6 +114,7 @@ def test_curriculum_resume_is_exact(tiny_setup, tmp_path, always_correct, chars_
     (["--curriculum=1:5", "--defect_frac=0.2"], "must be 0 with a curriculum"),
     (["--curriculum=1:5", "--curriculum_threshold=0"], r"must be in \(0, 1\]"),
     (["--curriculum=1:5", "--curriculum_window=0"], "curriculum_window"),
+    (["--curriculum=1:5,12:5,2:5"], r"curriculum level 12:5 does not fit the base's context: its prompts reach \d+"),
 ])
 def test_bad_curriculum_knobs(tiny_setup, tmp_path, chars_reward, extra, message):
     with pytest.raises(UserError, match=message):
