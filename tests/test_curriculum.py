@@ -10,7 +10,6 @@ import pytest
 import torch
 
 import rewards
-import train_grpo as tg
 from configurator import UserError
 from curriculum import Curriculum, parse_levels
 from model import load_checkpoint
