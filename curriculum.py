@@ -2,7 +2,7 @@
 Curriculum by difficulty for GRPO: training problems are drawn from easy to hard, and the run moves
 to the next level when its moving training accuracy passes a threshold.
 
-    python train_grpo.py config/hard_curriculum.py          # curriculum = "1:20,2:20,3:20"
+    python train_grpo.py config/hard_curriculum.py          # curriculum = "1:10,2:10,3:10,3:20"
 
 A level is `steps:max_operand` (data/gsm_synth/prepare.py's knobs): problems with that many
 operations, operands up to max_operand. Problems are generated on the fly by prepare.make_problem
@@ -17,8 +17,9 @@ wasted; on easier problems the groups are mixed and the gradient is informative.
 """
 import random
 
+import distributed
 from configurator import UserError
-from data.gsm_synth.prepare import make_problem
+from data.gsm_synth.prepare import encode_prompt, make_problem, read_meta
 
 TEST_SEED = 20240601  # the target level's test problems: one fixed set, whatever the run's seed
 
@@ -36,6 +37,17 @@ def parse_levels(text):
                             f"with both >= 1, easy to hard, e.g. '1:20,2:20,3:20' ('' = off)")
         levels.append((steps, max_operand))
     return levels
+
+
+def from_config(cfg, data_dir, enc, block_size, train_split):
+    """train_grpo.py's Curriculum and its test set, or (None, None) with cfg['curriculum'] = ''. Every
+    level must fit the context; the test problems are not base training questions."""
+    levels = parse_levels(cfg["curriculum"])
+    if not levels:
+        return None, None
+    c = Curriculum(levels, read_meta(data_dir)["ops"], cfg["curriculum_threshold"], cfg["curriculum_window"])
+    c.check_fits(lambda q: len(encode_prompt(enc, q)), block_size - cfg["max_new_tokens"])
+    return c, c.test_set(cfg["eval_n"], {e["question"] for e in train_split})
 
 
 class Curriculum:
@@ -72,6 +84,14 @@ class Curriculum:
                 raise UserError(f"curriculum level {steps}:{max_operand} does not fit the base's context: its prompts "
                                 f"reach {longest} tokens, only {room} fit beside max_new_tokens; use fewer steps or "
                                 f"smaller operands in that level, or lower max_new_tokens")
+
+    def after_step(self, log, it):
+        """Log the level step `it` trained at (a one-level run logs none), then perhaps move up."""
+        if len(self.levels) > 1:
+            log["curriculum/level"] = self.level + 1
+            if self.observe(log.get("accuracy", float("nan"))) and distributed.is_main():
+                print(f"curriculum: {self.describe()} from iter {it}")
+            log["curriculum/moving_accuracy"] = self.moving_accuracy()
 
     def moving_accuracy(self):
         return sum(self.recent) / len(self.recent) if self.recent else float("nan")

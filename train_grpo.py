@@ -31,8 +31,8 @@ from contextlib import nullcontext
 
 import torch
 
-from curriculum import Curriculum, parse_levels
-from data.gsm_synth.prepare import encode_prompt, read_meta
+from curriculum import from_config, parse_levels
+from data.gsm_synth.prepare import encode_prompt
 import distributed
 from grpo import LOSS_TYPES, grpo_updates, make_rollouts, rollouts_rewards_in_background, update
 from metrics import print_step, rollout_record, step_log
@@ -266,13 +266,8 @@ class Run:
         self.generator = torch.Generator(device=device).manual_seed(cfg["seed"])  # which completions
         self.iter_num, self.elapsed_before, self.last_ckpt, self.t_start = 0, 0.0, None, time.time()
         self.reward_cache = {} if cfg["reward_cache"] else None  # (reward, completion, answer) -> score
-        levels = parse_levels(cfg["curriculum"])
-        self.curriculum = Curriculum(levels, read_meta(self.data_dir)["ops"], cfg["curriculum_threshold"],
-                                     cfg["curriculum_window"]) if levels else None
-        if self.curriculum:  # every level must fit the context; the test set: the target level's problems
-            self.curriculum.check_fits(lambda q: len(encode_prompt(self.enc, q)),
-                                       self.model.config.block_size - cfg["max_new_tokens"])
-            self.test = self.curriculum.test_set(cfg["eval_n"], {e["question"] for e in self.train_split})
+        self.curriculum, test = from_config(cfg, self.data_dir, self.enc, self.model.config.block_size, self.train_split)
+        self.test = test or self.test  # with a curriculum, its last level's problems
         if resume is not None:
             self.restore(resume)
         n_lora = sum(p.numel() for p in lora_parameters(self.model))
@@ -343,11 +338,8 @@ class Run:
         log, rollouts = grpo_step(self.model, self.optimizer, self.enc, [e["question"] for e in batch],
                                   [e["answer"] for e in batch], cfg, self.generator, self.amp, val, self.reward_cache)
         self.iter_num += 1
-        if self.curriculum and len(self.curriculum.levels) > 1:  # the level this step trained at; perhaps the next
-            log["curriculum/level"] = self.curriculum.level + 1
-            if self.curriculum.observe(log.get("accuracy", float("nan"))):
-                print(f"curriculum: {self.curriculum.describe()} from iter {self.iter_num}")
-            log["curriculum/moving_accuracy"] = self.curriculum.moving_accuracy()
+        if self.curriculum:
+            self.curriculum.after_step(log, self.iter_num)
         if cfg["defect_frac"] > 0 and rollouts is not None:  # selection precision: are kept rollouts clean?
             clean = torch.tensor([i not in self.defective for i in picks]).repeat_interleave(cfg["group_size"])
             log["defect/clean_base_rate"] = clean.float().mean().item()
