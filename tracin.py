@@ -78,7 +78,8 @@ def tracin_backward(model, optimizer, rollouts, val_batch, cfg, amp, times):
         times["grad_capture_train"], t0 = time.time() - t0, time.time()
         optimizer.zero_grad(set_to_none=True)  # the train batch's summed gradient: the hooks hold it per sample
         hooks.split = "val" if matrix else None  # 'summed': the hooks keep nothing, G adds up in .grad
-        policy_backward(model, val_batch if matrix else rank_share(val_batch, mb), cfg, amp, times, beta=0.0)
+        policy_backward(model, val_batch if matrix else informative_rows(rank_share(val_batch, mb), cfg),
+                        cfg, amp, times, beta=0.0)
         times["grad_capture_val"] = time.time() - t0  # (validation loss: no KL term)
         train_grads = hooks.collect("train")
         val_grads = hooks.collect("val") if matrix else summed_gradient(model)  # per row, or G {layer: (G_A, G_B)}
@@ -98,6 +99,20 @@ def tracin_backward(model, optimizer, rollouts, val_batch, cfg, amp, times):
            "influence/mean": influence.mean().item(), "influence/std": influence.std().item(),
            "influence/min": influence.min().item(), "influence/max": influence.max().item()}
     return stats, influence, keep, log
+
+
+def informative_rows(batch, cfg):
+    """The validation rows that can move G. The validation loss has no KL term, so a row whose advantage
+    is 0 (with 'pg': every sample of a group that scored alike) has exactly zero gradient: its forward
+    and backward are skipped. The batch's own counts stay the normalisers, so G is unchanged ('bnpo',
+    which divides per micro-batch, keeps every row; one row is kept so that every LoRA .grad exists)."""
+    keep = batch["advantages"] != 0
+    if cfg["loss_type"] == "bnpo" or bool(keep.all()):
+        return batch
+    keep[0] |= not keep.any()
+    counts = batch.get("global_counts") or dict(num_seqs=keep.numel(), num_tokens=batch["mask"].sum().clamp(min=1).item())
+    return {**{k: batch[k][keep.to(batch[k].device)] for k in ("idx", "pad_left", "mask", "advantages")},
+            "global_counts": counts}
 
 
 # ---------------------------------------------------------------------------------------------

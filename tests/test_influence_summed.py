@@ -185,3 +185,26 @@ def test_subset_gradients_weighted_and_empty(world):
             assert rel(p.grad, ref) <= 1e-5, n
     ghost.subset_gradients(m, tr, torch.zeros(6, dtype=torch.bool))
     assert all(torch.equal(p, torch.zeros_like(p)) for p in (q.grad for q in lora_parameters(m)))
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "dapo", "dr_grpo", "bnpo"])
+def test_zero_advantage_validation_rows_are_skipped_and_G_is_unchanged(world, monkeypatch, loss_type):
+    """informative_rows drops the validation rows with advantage 0 (their gradient is exactly zero without
+    a KL term) and keeps the whole batch's counts as normalisers: G equals the G of every row, with fewer
+    rows forwarded. bnpo (per micro-batch counts) keeps every row; all-zero keeps one row and G = 0."""
+    m, _, val = world
+    adv = VAL_ADV.clone()
+    adv[[0, 2]] = 0.0
+    c = cfg(2, loss_type=loss_type)
+    Gs, rows = [], []
+    for batch in (as_batch(val, adv), tracin.informative_rows(as_batch(val, adv), c)):
+        rows.append(batch["idx"].size(0))
+        policy_backward(m, batch, c, AMP, {}, 0.0)
+        Gs.append(torch.cat([torch.cat([a.flatten(), b.flatten()]) for a, b in ghost.summed_gradient(m).values()]))
+    assert rel(Gs[1], Gs[0]) <= 1e-6
+    assert rows == ([len(adv)] * 2 if loss_type == "bnpo" else [len(adv), len(adv) - 2])
+    none = tracin.informative_rows(as_batch(val, torch.zeros_like(adv)), c)
+    if loss_type != "bnpo":
+        assert none["idx"].size(0) == 1
+        policy_backward(m, none, c, AMP, {}, 0.0)
+        assert all((g == 0).all() for pair in ghost.summed_gradient(m).values() for g in pair)
