@@ -75,13 +75,13 @@ def test_resume_a_cpu_run_on_cuda(tiny_setup, tmp_path, capsys):
 
 def test_posthoc_attribution_on_cuda_equals_cpu(tmp_path):
     """find_critical_samples with the model on CUDA (float32): the same scores as on the CPU."""
-    import tracin
+    import attribution
     from test_tracin import ByteEnc, make_model, posthoc_setup
     m = make_model()
     paths, _, train, test = posthoc_setup(tmp_path, m)
     kw = dict(mode="memory_efficient", normalize=True, self_influence=True)
-    want = tracin.find_critical_samples(m, paths, train, test, ByteEnc(), **kw)["scores"]
-    got = tracin.find_critical_samples(m.cuda(), paths, train, test, ByteEnc(), **kw)["scores"]
+    want = attribution.find_critical_samples(m, paths, train, test, ByteEnc(), **kw)["scores"]
+    got = attribution.find_critical_samples(m.cuda(), paths, train, test, ByteEnc(), **kw)["scores"]
     for key in ("tracin_score", "cosine_score", "self_influence"):
         assert torch.allclose(torch.tensor([e[key] for e in got]), torch.tensor([e[key] for e in want]),
                               rtol=1e-4, atol=1e-8), key

@@ -10,6 +10,7 @@ import shutil
 
 import pytest
 
+import attribution
 import tracin
 from configurator import UserError, cli_main
 from model import load_checkpoint, save_checkpoint
@@ -37,7 +38,7 @@ def run(grpo_dir, tmp_path):
 @pytest.fixture
 def spy(monkeypatch):
     """Records each find_critical_samples call's arguments and whether the run lock was held, then scores."""
-    calls, real = [], tracin.find_critical_samples
+    calls, real = [], attribution.find_critical_samples
 
     def record(model, checkpoints, train, test, enc, **kw):
         lock = os.path.join(os.path.dirname(checkpoints[0]), "run.lock")
