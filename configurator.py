@@ -162,6 +162,8 @@ def cli_main(main, argv=None):
         signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         main(sys.argv[1:] if argv is None else argv)
+        if _distributed() is not None:
+            _distributed().finish()  # under torchrun: end now, the work is done (see distributed.finish)
     except UserError as e:
         print(f"error: {_rank_prefix()}{e}", file=sys.stderr)
         _exit(2)

@@ -175,6 +175,15 @@ def teardown():
     _state.update(rank=0, world_size=1)
 
 
+def finish():
+    """End a torchrun process once its work is done and the group torn down, skipping the interpreter's
+    finalisation: gloo's worker threads can abort the process there ('terminate called without an
+    active exception', SIGABRT) although every file is written and closed. A no-op without torchrun."""
+    if launched():
+        sys.stdout.flush(); sys.stderr.flush()
+        os._exit(0)
+
+
 def gather_sampled(idx, pad_left, mask, pad_id, counts):
     """Every rank's sampled rows on every rank, laid out as one process sampling them all lays them
     out: prompts left-padded to the widest of all, completions padded to the longest, rows in rank

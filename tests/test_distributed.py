@@ -12,6 +12,7 @@ import torch
 import torch.multiprocessing as mp
 
 import train_grpo as tg
+from distributed import finish  # each worker ends with it, as configurator.cli_main does under torchrun
 from model import load_checkpoint
 from test_train_grpo import run
 
@@ -36,6 +37,7 @@ def worker(rank, world, port, argv):
     import rewards
     rewards.REWARD_FUNCS["chars"] = chars
     tg.main(argv)
+    finish()
 
 
 def run_ranks(world, base, out, *extra):
@@ -137,6 +139,7 @@ def eval_worker(rank, world, port, base, out):
         r = evaluate_in_chunks(base)
         if distributed.is_main():
             torch.save(r, out)
+    finish()
 
 
 def evaluate_in_chunks(base):
@@ -212,6 +215,7 @@ def base_worker(rank, world, port, argv, data_dir):
     from data.gsm_synth.prepare import load_tokenizer
     tb.load_task = lambda cfg, verbose=True: (data_dir, load_tokenizer(data_dir))
     tb.main(argv)
+    finish()
 
 
 @pytest.fixture(scope="module")
@@ -255,6 +259,7 @@ def helpers_worker(rank, world, port, out):
             torch.save(gathered, out)
         else:
             assert gathered is None
+    finish()
 
 
 def test_helpers_in_two_processes(tmp_path):
@@ -307,6 +312,7 @@ def sampling_worker(rank, world, port, out):
         sampled = grpo.sample_rollouts(model, enc, batches, SAMPLE_CFG, g, contextlib.nullcontext(), {})
         again = grpo.sample_rollouts(model, enc, batches, SAMPLE_CFG, g, contextlib.nullcontext(), {})
         torch.save(dict(sampled=sampled, again=again, state=g.get_state(), seen=seen), f"{out}.{rank}")
+    finish()
 
 
 def test_each_rank_samples_its_share_and_all_get_the_single_process_batch(tmp_path):
