@@ -111,7 +111,8 @@ def informative_rows(batch, cfg):
     if cfg["loss_type"] == "bnpo" or bool(keep.all()):
         return batch
     keep[0] |= not keep.any()
-    counts = batch.get("global_counts") or dict(num_seqs=keep.numel(), num_tokens=batch["mask"].sum().clamp(min=1).item())
+    counts = batch.get("global_counts") or dict(num_seqs=keep.numel(),
+                                                num_tokens=batch["mask"].sum().clamp(min=1).item())
     return {**{k: batch[k][keep.to(batch[k].device)] for k in ("idx", "pad_left", "mask", "advantages")},
             "global_counts": counts}
 

@@ -233,7 +233,8 @@ def setup(cfg, ckpt):
     else:
         run.model = GPT(GPTConfig(**run.model_args))
     run.model.to(cfg["device"])
-    print(f"GPT with {run.model.num_params() / 1e6:.2f}M parameters, vocab {run.enc.n_vocab}")
+    if distributed.is_main():
+        print(f"GPT with {run.model.num_params() / 1e6:.2f}M parameters, vocab {run.enc.n_vocab}")
     decay = [p for p in run.model.parameters() if p.dim() >= 2]   # no weight decay on gains and biases
     no_decay = [p for p in run.model.parameters() if p.dim() < 2]
     run.optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": cfg["weight_decay"]},

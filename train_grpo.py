@@ -108,7 +108,8 @@ tracin_val_loss = "pg"      # 'pg': sample each val prompt group_size times, GRP
                             # 'nll': negative log-likelihood of the val prompts' clean reference solutions
 tracin_selection = "positive"  # 'positive': influence > 0; 'topk': the top tracin_topk_frac
 tracin_topk_frac = 0.5
-tracin_influence = "summed"  # 'summed': <g_i, sum of val gradients> from one backward; 'matrix': the full [n, n_val] ghost matrix
+tracin_influence = "summed"  # 'summed': <g_i, sum of val gradients> from one backward;
+                             # 'matrix': the row sums of the full [n, n_val] ghost matrix
 # a planted defect, to see whether selection matters: this fraction of training prompts carries a
 # wrong reference answer (the result of the FIRST step, i.e. what stopping early gives), and the
 # correctness reward trusts it. The program knows which prompts (logged as selection precision);
@@ -266,12 +267,15 @@ class Run:
         self.generator = torch.Generator(device=device).manual_seed(cfg["seed"])  # which completions
         self.iter_num, self.elapsed_before, self.last_ckpt, self.t_start = 0, 0.0, None, time.time()
         self.reward_cache = {} if cfg["reward_cache"] else None  # (reward, completion, answer) -> score
-        self.curriculum, test = from_config(cfg, self.data_dir, self.enc, self.model.config.block_size, self.train_split)
+        self.curriculum, test = from_config(cfg, self.data_dir, self.enc, self.model.config.block_size,
+                                            self.train_split)
         self.test = test or self.test  # with a curriculum, its last level's problems
         if resume is not None:
             self.restore(resume)
         n_lora = sum(p.numel() for p in lora_parameters(self.model))
-        print(f"GRPO: {self.model.num_params() / 1e6:.2f}M base parameters frozen, {n_lora} LoRA parameters trained")
+        if distributed.is_main():
+            print(f"GRPO: {self.model.num_params() / 1e6:.2f}M base parameters frozen, "
+                  f"{n_lora} LoRA parameters trained")
 
     def restore(self, resume):
         load_lora_state_dict(self.model, resume["lora"])
@@ -290,7 +294,8 @@ class Run:
             self.generator.manual_seed(self.cfg["seed"] + self.iter_num)
         for name in ("log.jsonl", "rollouts.jsonl") if distributed.is_main() else ():  # lines after the
             truncate_jsonl(os.path.join(self.out, name), self.iter_num)
-        print(f"resuming {self.out} at iter {self.iter_num}")
+        if distributed.is_main():
+            print(f"resuming {self.out} at iter {self.iter_num}")
 
     def lr_at(self, it):
         c = self.cfg
