@@ -130,3 +130,14 @@ def test_one_level_is_training_on_generated_problems(tiny_setup, tmp_path, chars
     assert not any("curriculum/level" in l for l in logs) and "test/accuracy" in logs[-1]
     for r in (json.loads(l) for l in open(out / "rollouts.jsonl")):
         assert [operations(q) for q in r["prompts"]] == [2, 2]
+
+
+def test_resume_with_a_curriculum_the_run_did_not_have(tiny_setup, tmp_path, chars_reward, capsys):
+    """A curriculum given only on resume starts at its first level (one line says so), not a KeyError;
+    so does one with fewer levels than the saved level."""
+    out = tmp_path / "run"
+    run(tiny_setup, out, "--max_iters=1")
+    run(tiny_setup, out, "--max_iters=2", "--init_from=resume", "--curriculum=2:5,3:5")
+    assert "curriculum: the checkpoint's level does not exist in this curriculum; level 1/2" in capsys.readouterr().out
+    last = [json.loads(l) for l in open(out / "log.jsonl")][-1]
+    assert last["iter"] == 2 and last["curriculum/level"] == 1
