@@ -119,4 +119,10 @@ class Curriculum:
         return {"level": self.level, "recent": list(self.recent)}
 
     def load_state_dict(self, state):
+        """A checkpoint's level and window; None (the run had no curriculum) or a level this curriculum
+        does not have: its first level, said in one line."""
+        if state is None or state["level"] >= len(self.levels):
+            if distributed.is_main():
+                print(f"curriculum: the checkpoint's level does not exist in this curriculum; {self.describe()}")
+            return
         self.level, self.recent = state["level"], list(state["recent"])

@@ -97,6 +97,8 @@ def generate(model, prompts, max_new_tokens, eot_id, num_samples=1, temperature=
     logits = logits[:, -1].repeat_interleave(num_samples, dim=0)   # (N, V)
     N = B * num_samples
     first, total = rows or (0, N)
+    if not 0 <= first <= total - N:
+        raise ValueError(f"rows={rows}: these {N} rows must lie within the batch of {total}")
 
     def draw(steps):  # one uniform per row of the whole batch per step
         return torch.rand(steps, total, generator=generator, device=device)

@@ -283,8 +283,8 @@ class Run:
         self.iter_num = self.last_ckpt = resume["iter_num"]
         self.elapsed_before = resume["train_seconds"]
         self.rng.setstate(resume["rng"]["python"])
-        if self.curriculum:
-            self.curriculum.load_state_dict(resume["curriculum"])
+        if self.curriculum:  # a curriculum given only now, or with fewer levels, starts at its first level
+            self.curriculum.load_state_dict(resume.get("curriculum"))
         saved_on, here = resume["rng"].get("device", self.generator.device.type), self.generator.device.type
         if saved_on == here:
             self.generator.set_state(resume["rng"]["generator"])

@@ -358,3 +358,8 @@ def test_rows_of_a_batch_sampled_apart_equal_one_call(tiny_gpt, split):
     resumed = torch.Generator().manual_seed(5).set_state(after)
     assert torch.equal(generate(tiny_gpt, PROMPTS, generator=g, **kw)[0],
                        generate(tiny_gpt, PROMPTS, generator=resumed, **kw)[0])
+
+
+def test_rows_outside_the_batch_are_refused(tiny_gpt):
+    with pytest.raises(ValueError, match="must lie within the batch"):
+        generate(tiny_gpt, PROMPTS, 3, NEVER, num_samples=2, seed=0, rows=(5, 10))  # 8 rows from 5: past 10
