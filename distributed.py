@@ -56,6 +56,12 @@ def launched():
     return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
 
 
+def launched_world_size():
+    """The number of processes torchrun started (1 without torchrun), known before setup(): for the
+    knob checks that run before any process group exists."""
+    return int(os.environ["WORLD_SIZE"]) if launched() else 1
+
+
 def setup(device):
     """(rank, world_size, device) of this process. Under torchrun: the process group is initialised
     (nccl between GPUs, gloo on CPU: nccl moves only CUDA tensors) and each rank takes the GPU
@@ -116,8 +122,7 @@ def shard(n):
     """This rank's contiguous rows of a global batch of n rows (slice); n must divide evenly."""
     if n % world_size():
         raise UserError(f"{n} rows do not split evenly over {world_size()} processes")
-    per = n // world_size()
-    return slice(rank() * per, (rank() + 1) * per)
+    return split(n)
 
 
 def split(n, r=None):

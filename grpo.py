@@ -248,12 +248,13 @@ def sample_rollouts(model, enc, batches, cfg, generator, amp, times):
     them, see sample.generate's rows=) and the shares are gathered on every rank."""
     t0, G = time.time(), cfg["group_size"]
     prompts = [encode_prompt(enc, q) for questions, _ in batches for q in questions]
-    mine = distributed.split(len(prompts))  # whole prompts: a group never spans two ranks
+    # each rank's contiguous prompts: whole prompts, so a group never spans two ranks
+    shares = [distributed.split(len(prompts), r) for r in range(distributed.world_size())]
+    mine = shares[distributed.rank()]
     with amp:
         sampled = generate(model, prompts[mine], cfg["max_new_tokens"], enc.eot_token, num_samples=G,
                            temperature=cfg["temperature"], top_k=cfg["top_k"] or None, top_p=cfg["top_p"],
                            generator=generator, rows=(mine.start * G, len(prompts) * G))
-    shares = [distributed.split(len(prompts), r) for r in range(distributed.world_size())]  # rows per rank
     sampled = distributed.gather_sampled(*sampled, enc.eot_token, [G * (s.stop - s.start) for s in shares])
     sync(cfg["device"]); times["generation"] = times.get("generation", 0.0) + time.time() - t0
     return sampled
@@ -338,8 +339,8 @@ def grpo_updates(model, optimizer, rollouts, cfg, amp, times):
 def rank_share(rollouts, micro_batch_size):
     """This process's contiguous rows of the global batch (the whole batch in a single process), with
     the global counts the loss divides by, so the ranks' gradients add up to the single-process one.
-    Every rank sampled and scored the whole batch (distributed.py), and a rank holds whole prompts,
-    so the group-relative advantages are those of the single process. bnpo divides by each
+    Every rank holds the whole sampled and scored batch (sample_rollouts gathers the ranks' shares),
+    and a rank's share is whole prompts, so the group-relative advantages are those of the single process. bnpo divides by each
     micro-batch's tokens: equal to the single process when micro-batches do not straddle ranks."""
     if distributed.world_size() == 1:
         return rollouts

@@ -185,7 +185,7 @@ def validate(cfg):
           f"must be in [0, task_steps={cfg['task_steps']}] (0 = every problem has task_steps operations)")
     check(cfg, "task_noise", cfg["task_noise"] == 0 or cfg["task_steps"] >= 2,
           "needs task_steps >= 2 (a noisy solution stops one step early)")
-    world = int(os.environ["WORLD_SIZE"]) if distributed.launched() else 1  # checked before any process group
+    world = distributed.launched_world_size()  # checked before any process group
     check(cfg, "batch_size", cfg["batch_size"] % world == 0, f"must split evenly over the {world} processes")
 
 

@@ -169,7 +169,7 @@ def validate(cfg):
     check_nonnegative(cfg, "max_iters", "min_lr", "warmup_iters", "lr_decay_iters", "weight_decay", "beta",
                       "epsilon_high", "advantage_epsilon")
     check(cfg, "group_size", cfg["group_size"] >= 2, "must be >= 2: advantages are relative within a group")
-    world = int(os.environ["WORLD_SIZE"]) if distributed.launched() else 1  # checked before any process group
+    world = distributed.launched_world_size()  # checked before any process group
     check(cfg, "batch_size", cfg["batch_size"] % world == 0, f"must split evenly over the {world} processes")
     check(cfg, "tracin_val_batch_size", cfg["tracin_val_batch_size"] % world == 0 or not cfg["tracin"],
           f"must split evenly over the {world} processes (each takes its share of the validation gradient)")
