@@ -187,6 +187,13 @@ def logprobs_no_grad(model, batch, cfg, amp, times, phase, disabled=False):
     return torch.cat(out)
 
 
+def batch_counts(mask):
+    """The counts grpo_loss divides by, of a batch whose completion mask is `mask` (n, T): sequences and
+    completion tokens. A part of a batch (a rank's share, the rows left after a filter) passes its
+    whole batch's counts as batch['global_counts'], so the parts' gradients add up to the batch's."""
+    return dict(num_seqs=mask.size(0), num_tokens=mask.sum().clamp(min=1).item())
+
+
 def policy_backward(model, batch, cfg, amp, times, beta):
     """Passes 3 and 2 and the backward of the GRPO loss, per micro-batch. batch: idx, pad_left, mask,
     advantages (a make_rollouts result), and old_logp / ref_logp when num_iterations > 1 took them
@@ -196,7 +203,7 @@ def policy_backward(model, batch, cfg, amp, times, beta):
     policy builds its graph, so the peak is the larger of the two passes, not their sum."""
     idx, pad_left, T = batch["idx"], batch["pad_left"], batch["mask"].size(1)
     N, mb, device = idx.size(0), cfg["micro_batch_size"], cfg["device"]
-    norm = dict(num_seqs=N, num_tokens=batch["mask"].sum().clamp(min=1).item(), max_len=cfg["max_new_tokens"],
+    norm = dict(**batch_counts(batch["mask"]), max_len=cfg["max_new_tokens"],
                 num_micro_batches=-(-N // mb), importance_sampling_level=cfg["importance_sampling_level"],
                 use_bias_correction_kl=cfg["use_bias_correction_kl"])
     norm.update(batch.get("global_counts", {}))  # one rank's share of a batch: divide by the whole batch's counts
@@ -344,10 +351,10 @@ def rank_share(rollouts, micro_batch_size):
     micro-batch's tokens: equal to the single process when micro-batches do not straddle ranks."""
     if distributed.world_size() == 1:
         return rollouts
-    N, rows = rollouts["idx"].size(0), distributed.shard(rollouts["idx"].size(0))
+    rows = distributed.shard(rollouts["idx"].size(0))
     share = {k: rollouts[k][rows] for k in ("idx", "pad_left", "mask", "advantages", "old_logp", "ref_logp")
              if rollouts.get(k) is not None}
-    share["global_counts"] = dict(num_seqs=N, num_tokens=rollouts["mask"].sum().clamp(min=1).item(),
+    share["global_counts"] = dict(**batch_counts(rollouts["mask"]),
                                   num_micro_batches=distributed.world_size() * -(-(rows.stop - rows.start)
                                                                                // micro_batch_size))
     return share

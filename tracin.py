@@ -27,7 +27,7 @@ from attribution import find_critical_samples, trapezoid_steps
 from data.gsm_synth.prepare import encode_prompt, encode_text
 from ghost import (compute_ghost_inner_product_matrix, ghost_mode, install_ghost_hooks, subset_gradients,
                    summed_gradient, summed_inner_products)
-from grpo import policy_backward, rank_share, rollout_batch, sum_over_ranks
+from grpo import batch_counts, policy_backward, rank_share, rollout_batch, sum_over_ranks
 from model import check_device, load_checkpoint
 from rundir import read_jsonl, run_lock
 from sample import generate, load_policy
@@ -111,8 +111,7 @@ def informative_rows(batch, cfg):
     if cfg["loss_type"] == "bnpo" or bool(keep.all()):
         return batch
     keep[0] |= not keep.any()
-    counts = batch.get("global_counts") or dict(num_seqs=keep.numel(),
-                                                num_tokens=batch["mask"].sum().clamp(min=1).item())
+    counts = batch.get("global_counts") or batch_counts(batch["mask"])
     return {**{k: batch[k][keep.to(batch[k].device)] for k in ("idx", "pad_left", "mask", "advantages")},
             "global_counts": counts}
 
