@@ -13,13 +13,8 @@ import rewards
 from configurator import UserError
 from curriculum import Curriculum, parse_levels
 from model import load_checkpoint
-from test_prepare import check_arithmetic
+from test_prepare import check_arithmetic, operations
 from test_train_grpo import run
-
-
-def operations(question):
-    """How many operations a generated question asks for: its sentences minus the first and the last."""
-    return len(re.findall(r"[.?](?: |$)", question)) - 2
 
 
 def test_parse_levels():

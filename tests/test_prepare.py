@@ -77,6 +77,11 @@ def test_split_sizes_and_no_shared_question(data_dirs):
     assert meta["sizes"] == {"train": 300, "val": 20, "test": 20}
 
 
+def operations(question):
+    """How many operations a generated question asks for: its sentences minus the first and the last."""
+    return len(re.findall(r"[.?](?: |$)", question)) - 2
+
+
 def check_arithmetic(example, steps):
     """Every line `a op b = c` is right, lines chain, and the last line is `#### <answer>`."""
     lines = example["solution"].split("\n")
@@ -322,7 +327,7 @@ def test_min_steps_mixes_lengths_and_keeps_the_default_directory(tmp_path):
     for split, rows in clean.items():
         counts = {n: 0 for n in (1, 2, 3)}
         for e in rows:
-            n = sum(1 for s in e["question"].split(". ") if s) - 2  # "X has n items." ... "How many ...?"
+            n = operations(e["question"])
             check_arithmetic(e, n)
             counts[n] += 1
         assert min(counts.values()) >= len(rows) / 6, (split, counts)  # uniform: a third each
