@@ -19,7 +19,7 @@ import random
 
 import distributed
 from configurator import UserError
-from data.gsm_synth.prepare import encode_prompt, make_problem, read_meta
+from data.gsm_synth.prepare import distinct_problems, encode_prompt, make_problem, read_meta
 
 TEST_SEED = 20240601  # the target level's test problems: one fixed set, whatever the run's seed
 
@@ -104,14 +104,10 @@ class Curriculum:
         """n distinct problems of the target (last) level, none of whose questions is in `exclude`
         (the base's training questions)."""
         steps, max_operand = self.levels[-1]
-        rng, seen, out = random.Random(TEST_SEED), set(exclude), []
-        for _ in range(50 * n):
-            question, solution, answer = make_problem(rng, steps, max_operand, self.ops)
-            if question not in seen:
-                seen.add(question)
-                out.append({"question": question, "solution": solution, "answer": answer})
-                if len(out) == n:
-                    return out
+        rng = random.Random(TEST_SEED)
+        out = distinct_problems(n, lambda: make_problem(rng, steps, max_operand, self.ops), exclude)
+        if len(out) == n:
+            return out
         raise UserError(f"only {len(out)} distinct test problems at curriculum level {steps}:{max_operand}; "
                         f"lower eval_n or raise the last level's max_operand")
 

@@ -90,6 +90,20 @@ def make_problem(rng, steps, max_operand, ops):
     return " ".join(sentences), "\n".join(lines + [f"#### {cur}"]), cur
 
 
+def distinct_problems(n, draw, exclude=()):
+    """Up to n problems from draw() -> (question, solution, answer), no two with the same question and
+    none whose question is in `exclude`; fewer if 50 * n draws do not find n (the caller says why)."""
+    seen, out = set(exclude), []
+    for _ in range(50 * n):
+        question, solution, answer = draw()
+        if question not in seen:
+            seen.add(question)
+            out.append({"question": question, "solution": solution, "answer": answer})
+            if len(out) == n:
+                break
+    return out
+
+
 def stop_early(solution):
     """The slip planted by `noise`: the solution stops one step early and reports the
     intermediate result ("12+5=17\n#### 17" instead of going on to 17-3=14)."""
@@ -325,15 +339,9 @@ def prepare(steps=2, max_operand=20, ops="+-", noise=0.0, n_train=20000, n_val=5
     if verbose:
         print(f"preparing task data in {data_dir} ...")
     rng = random.Random(seed)
-    n_total, seen, examples = n_train + n_val + n_test, set(), []
-    for _ in range(50 * n_total):  # unique questions: the splits can then share none
-        n_steps = rng.randint(min_steps, steps) if min_steps else steps  # no extra draw at the default
-        q, sol, ans = make_problem(rng, n_steps, max_operand, ops)
-        if q not in seen:
-            seen.add(q)
-            examples.append({"question": q, "solution": sol, "answer": ans})
-            if len(examples) == n_total:
-                break
+    n_total = n_train + n_val + n_test
+    examples = distinct_problems(n_total, lambda: make_problem(  # unique questions: the splits share none
+        rng, rng.randint(min_steps, steps) if min_steps else steps, max_operand, ops))  # no extra draw by default
     if len(examples) < n_total:
         raise UserError(f"only {len(examples)} distinct problems for these knobs; "
                         f"lower n_train or raise max_operand/steps")
