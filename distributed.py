@@ -149,8 +149,12 @@ def fail(code):
     group's destructors, which can wait on the other ranks; os._exit does not, and the closed
     connections make the other ranks' collectives fail (gloo) or torchrun stops them (nccl)."""
     if world_size() > 1:
-        sys.stdout.flush(); sys.stderr.flush()
-        os._exit(code)
+        _exit_now(code)
+
+
+def _exit_now(code):
+    sys.stdout.flush(); sys.stderr.flush()
+    os._exit(code)
 
 
 @contextmanager
@@ -185,8 +189,7 @@ def finish():
     finalisation: gloo's worker threads can abort the process there ('terminate called without an
     active exception', SIGABRT) although every file is written and closed. A no-op without torchrun."""
     if launched():
-        sys.stdout.flush(); sys.stderr.flush()
-        os._exit(0)
+        _exit_now(0)
 
 
 def gather_sampled(idx, pad_left, mask, pad_id, counts):
