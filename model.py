@@ -9,7 +9,11 @@ A GPT in the nanoGPT mould (GPT-2 names: wte, wpe, c_attn, c_proj, c_fc, lm_head
   - `keep_last=k`: the LM head runs on the last k positions only (GRPO needs completion
     logits only; the head is the largest matmul and logits the largest activation),
   - optional gradient checkpointing per block,
-plus checkpoint I/O (atomic writes, weights_only loads, one-line errors).
+  - the families of real checkpoints as a few switches (GPTConfig.arch and below): GPT-2 is
+    this GPT with biases and tanh GELU; Qwen2 and Llama swap LayerNorm for RMSNorm, learned
+    positions for RoPE, GELU for SwiGLU, and may share key/value heads (grouped-query attention),
+plus GPT.from_pretrained (a local Hugging Face directory, read with safetensors) and checkpoint I/O
+(atomic writes, weights_only loads, one-line errors).
 """
 import hashlib
 import io
@@ -25,6 +29,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint as activation_checkpoint
 
 from configurator import UserError
+from hf import hf_config_args, read_hf_config, read_hf_weights
 
 
 @dataclass
@@ -37,6 +42,16 @@ class GPTConfig:
     dropout: float = 0.0
     bias: bool = False
     grad_checkpoint: bool = False  # recompute each block's activations in backward
+    # family switches: the defaults are the tiny GPT; GPT.from_pretrained sets them from config.json
+    arch: str = "gpt2"          # 'gpt2': LayerNorm, learned positions, GELU MLP, one fused c_attn;
+                                # 'llama' (Qwen2 too): RMSNorm, RoPE, SwiGLU MLP, q/k/v/o_proj
+    n_kv_head: int = 0          # grouped-query attention: keys and values have n_kv_head heads (0 = n_head)
+    n_inner: int = 0            # MLP width (0 = 4 * n_embd)
+    gelu: str = "none"          # F.gelu's `approximate`: 'tanh' is GPT-2's gelu_new
+    norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    qkv_bias: bool = False      # a bias on q, k and v only (Qwen2); `bias` puts one everywhere (GPT-2)
+    tie_head: bool = True       # lm_head shares wte's weight
 
 
 class KVCache:
@@ -69,54 +84,116 @@ def attention_mask(pad_left, q_start, Tq, Tk, device):
     return (((k <= q)[None] & real) | (k == q)[None])[:, None]            # (B, 1, Tq, Tk)
 
 
+class RMSNorm(nn.Module):
+    """x / sqrt(mean(x^2) + eps) * weight (Qwen2, Llama), in float32 whatever the weights' dtype."""
+
+    def __init__(self, n, eps):
+        super().__init__()
+        self.weight, self.eps = nn.Parameter(torch.ones(n)), eps
+
+    def forward(self, x):
+        h = x.float()
+        return self.weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
+
+
+def make_norm(config):
+    if config.arch == "llama":
+        return RMSNorm(config.n_embd, config.norm_eps)
+    return nn.LayerNorm(config.n_embd, eps=config.norm_eps, bias=config.bias)
+
+
+def rope_cos_sin(pos, head_dim, theta):
+    """Rotary position embedding (RoFormer, arXiv 2104.09864): pair i of a head is rotated by the
+    angle pos * theta^(-2i / head_dim). pos (B|1, T) -> cos, sin (B|1, 1, T, head_dim), float32."""
+    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, device=pos.device).float() / head_dim)
+    angles = pos[..., None].float() * inv_freq                # (B, T, head_dim / 2)
+    angles = torch.cat((angles, angles), dim=-1)[:, None]     # (B, 1, T, head_dim): rotate_half layout
+    return angles.cos(), angles.sin()
+
+
+def apply_rope(x, cos, sin):
+    """x (B, H, T, hd) rotated: the first and second half of each head form the pairs (rotate_half)."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos.to(x.dtype) + torch.cat((-x2, x1), dim=-1) * sin.to(x.dtype)
+
+
 class CausalSelfAttention(nn.Module):
     def __init__(self, config):
         super().__init__()
         assert config.n_embd % config.n_head == 0, "n_embd must be divisible by n_head"
-        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
-        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
+        C, self.hd = config.n_embd, config.n_embd // config.n_head
+        self.n_head, self.n_kv_head = config.n_head, config.n_kv_head or config.n_head
+        assert self.n_head % self.n_kv_head == 0, "n_head must be a multiple of n_kv_head"
+        kv = self.n_kv_head * self.hd
+        self.split = (C, kv, kv)
+        if config.arch == "gpt2":  # q, k, v from one fused matmul
+            self.c_attn = nn.Linear(C, C + 2 * kv, bias=config.bias)
+            self.c_proj = nn.Linear(C, C, bias=config.bias)
+        else:
+            qkv_bias = config.bias or config.qkv_bias
+            self.q_proj = nn.Linear(C, C, bias=qkv_bias)
+            self.k_proj = nn.Linear(C, kv, bias=qkv_bias)
+            self.v_proj = nn.Linear(C, kv, bias=qkv_bias)
+            self.o_proj = nn.Linear(C, C, bias=config.bias)
         self.resid_dropout = nn.Dropout(config.dropout)
-        self.n_head, self.n_embd, self.dropout = config.n_head, config.n_embd, config.dropout
+        self.dropout = config.dropout
 
-    def forward(self, x, mask=None, cache=None, layer=0):
+    def forward(self, x, mask=None, cache=None, layer=0, rope=None):
         B, T, C = x.size()
-        q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
-        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
+        if hasattr(self, "c_attn"):
+            q, k, v = self.c_attn(x).split(self.split, dim=2)
+        else:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q = q.view(B, T, self.n_head, self.hd).transpose(1, 2)             # (B, H, T, hd)
+        k, v = (t.view(B, T, self.n_kv_head, self.hd).transpose(1, 2) for t in (k, v))  # (B, Hkv, T, hd)
+        if rope is not None:
+            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         if cache is not None:  # write this step's keys/values, then attend over all filled columns
             cache.k[layer, :, :, cache.pos:cache.pos + T] = k
             cache.v[layer, :, :, cache.pos:cache.pos + T] = v
             k = cache.k[layer, :, :, :cache.pos + T]
             v = cache.v[layer, :, :, :cache.pos + T]
+        if self.n_kv_head < self.n_head:  # grouped-query: each key/value head serves n_head / n_kv_head queries
+            k, v = (t.repeat_interleave(self.n_head // self.n_kv_head, dim=1) for t in (k, v))
         dropout_p = self.dropout if self.training else 0.0
         if mask is None:  # no padding, no cache: the fused causal kernel
             y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
         else:
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
         y = y.transpose(1, 2).contiguous().view(B, T, C)
-        return self.resid_dropout(self.c_proj(y))
+        return self.resid_dropout(self.c_proj(y) if hasattr(self, "c_proj") else self.o_proj(y))
 
 
 class MLP(nn.Module):
     def __init__(self, config):
         super().__init__()
-        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
-        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
+        C, hidden = config.n_embd, config.n_inner or 4 * config.n_embd
+        if config.arch == "gpt2":
+            self.c_fc = nn.Linear(C, hidden, bias=config.bias)
+            self.c_proj = nn.Linear(hidden, C, bias=config.bias)
+        else:  # SwiGLU (Shazeer 2020): down(silu(gate x) * up x)
+            self.gate_proj = nn.Linear(C, hidden, bias=config.bias)
+            self.up_proj = nn.Linear(C, hidden, bias=config.bias)
+            self.down_proj = nn.Linear(hidden, C, bias=config.bias)
         self.dropout = nn.Dropout(config.dropout)
+        self.gelu = config.gelu
 
     def forward(self, x):
-        return self.dropout(self.c_proj(F.gelu(self.c_fc(x))))
+        if hasattr(self, "c_fc"):
+            return self.dropout(self.c_proj(F.gelu(self.c_fc(x), approximate=self.gelu)))
+        return self.dropout(self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x)))
 
 
 class Block(nn.Module):
     def __init__(self, config):
         super().__init__()
-        self.ln_1 = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.ln_1 = make_norm(config)
         self.attn = CausalSelfAttention(config)
-        self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.ln_2 = make_norm(config)
         self.mlp = MLP(config)
 
-    def forward(self, x, mask=None, cache=None, layer=0):
-        x = x + self.attn(self.ln_1(x), mask, cache, layer)
+    def forward(self, x, mask=None, cache=None, layer=0, rope=None):
+        x = x + self.attn(self.ln_1(x), mask, cache, layer, rope)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -126,13 +203,15 @@ class GPT(nn.Module):
         self.config = config
         self.transformer = nn.ModuleDict(dict(
             wte=nn.Embedding(config.vocab_size, config.n_embd),
-            wpe=nn.Embedding(config.block_size, config.n_embd),
+            # learned positions; 'llama' rotates q and k instead (RoPE)
+            **(dict(wpe=nn.Embedding(config.block_size, config.n_embd)) if config.arch == "gpt2" else {}),
             drop=nn.Dropout(config.dropout),
             h=nn.ModuleList([Block(config) for _ in range(config.n_layer)]),
-            ln_f=nn.LayerNorm(config.n_embd, bias=config.bias),
+            ln_f=make_norm(config),
         ))
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
-        self.transformer.wte.weight = self.lm_head.weight  # weight tying, as in GPT-2
+        if config.tie_head:
+            self.transformer.wte.weight = self.lm_head.weight  # weight tying, as in GPT-2
         self.apply(self._init_weights)
         for pn, p in self.named_parameters():  # GPT-2: scale residual projections by depth
             if pn.endswith("c_proj.weight"):
@@ -147,14 +226,15 @@ class GPT(nn.Module):
             torch.nn.init.normal_(module.weight, mean=0.0, std=0.02)
 
     def num_params(self):
-        return sum(p.numel() for p in self.parameters()) - self.transformer.wpe.weight.numel()
+        wpe = self.transformer.wpe.weight.numel() if "wpe" in self.transformer else 0
+        return sum(p.numel() for p in self.parameters()) - wpe
 
     def new_cache(self, B, max_len, pad_left=None):
         c, p = self.config, next(self.parameters())
         if pad_left is None:
             pad_left = torch.zeros(B, dtype=torch.long, device=p.device)
         dtype = torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else p.dtype
-        return KVCache(c.n_layer, B, c.n_head, max_len, c.n_embd // c.n_head, pad_left, p.device, dtype)
+        return KVCache(c.n_layer, B, c.n_kv_head or c.n_head, max_len, c.n_embd // c.n_head, pad_left, p.device, dtype)
 
     def forward(self, idx, targets=None, pad_left=None, cache=None, keep_last=None):
         """idx (B, T) token ids.
@@ -175,13 +255,18 @@ class GPT(nn.Module):
         else:
             pos = (cols[None] - pad_left[:, None]).clamp(min=0)  # (B, T): 0 at the first real token
             mask = attention_mask(pad_left, start, T, start + T, idx.device)
-        x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
+        x, rope = self.transformer.wte(idx), None
+        if "wpe" in self.transformer:
+            x = x + self.transformer.wpe(pos)
+        else:  # RoPE: cos/sin of each position, shared by every layer
+            rope = rope_cos_sin(pos, self.config.n_embd // self.config.n_head, self.config.rope_theta)
+        x = self.transformer.drop(x)
         for i, block in enumerate(self.transformer.h):
             if self.config.grad_checkpoint and self.training and torch.is_grad_enabled():
                 # store only the block's input; recompute its insides during backward
-                x = activation_checkpoint(block, x, mask, cache, i, use_reentrant=False)
+                x = activation_checkpoint(block, x, mask, cache, i, rope, use_reentrant=False)
             else:
-                x = block(x, mask, cache, i)
+                x = block(x, mask, cache, i, rope)
         if cache is not None:
             cache.pos += T
         x = self.transformer.ln_f(x)
@@ -190,6 +275,26 @@ class GPT(nn.Module):
             loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
             return logits, loss
         return self.lm_head(x[:, -(keep_last or 1):]), None  # (B, keep_last, V)
+
+
+    @classmethod
+    def from_pretrained(cls, path, dtype=torch.float32):
+        """nanoGPT's name: a GPT-2, Qwen2 or Llama-family model from a local Hugging Face directory
+        (config.json + model.safetensors, or shards named in model.safetensors.index.json), its
+        weights kept in `dtype`. Nothing is downloaded: fetch the directory first (README)."""
+        config = GPTConfig(**hf_config_args(read_hf_config(path), path))
+        with torch.device("meta"):  # no memory yet: each tensor arrives once, straight from the file
+            model = cls(config)
+        shapes = {k: v.shape for k, v in model.state_dict().items()}
+        if config.tie_head:  # the head is wte's weight (a file may still carry a copy: skipped)
+            del shapes["lm_head.weight"]
+        sd = read_hf_weights(path, config.arch, shapes, dtype)
+        if config.tie_head:
+            sd["lm_head.weight"] = sd["transformer.wte.weight"]
+        model.load_state_dict(sd, assign=True)  # the loaded tensors become the parameters: no copy
+        if config.tie_head:  # assign made two Parameters of one tensor: make them one again
+            model.lm_head.weight = model.transformer.wte.weight
+        return model.eval()
 
 
 # ---------------------------------------------------------------------------------------------

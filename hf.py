@@ -1,0 +1,136 @@
+"""
+Hugging Face model directories, in and out, with no transformers import:
+  - config.json -> the GPTConfig switches of this project's GPT (gpt2, qwen2, llama families),
+  - one table from module names here to a checkpoint's tensor names (HF_RENAME),
+  - the safetensors file or shards holding the weights,
+  - out: a run's adapter as a peft adapter directory, the merged model as a model directory.
+GPT.from_pretrained (model.py) reads with these.
+"""
+import json
+import os
+import re
+
+from configurator import UserError
+
+
+
+# module and tensor names here -> a Hugging Face checkpoint's, replaced in this order (GPT-2: the same)
+HF_RENAME = {"gpt2": (), "llama": (
+    ("transformer.wte", "model.embed_tokens"), ("transformer.ln_f", "model.norm"),
+    ("transformer.h.", "model.layers."), (".ln_1", ".input_layernorm"), (".ln_2", ".post_attention_layernorm"),
+    (".attn.", ".self_attn."))}
+
+
+def hf_name(name, arch):
+    for ours, theirs in HF_RENAME[arch]:
+        name = name.replace(ours, theirs)
+    return name
+
+
+def read_hf_config(path):
+    file = os.path.join(path, "config.json")
+    if not os.path.isfile(file):
+        raise UserError(f"{path} is not a Hugging Face model directory (no config.json)" if os.path.isdir(path)
+                        else f"model directory not found: {path}")
+    try:
+        with open(file) as f:
+            hf = json.load(f)
+    except (OSError, ValueError) as e:
+        raise UserError(f"{file} cannot be read as JSON ({e})") from None
+    if not isinstance(hf, dict):
+        raise UserError(f"{file} is not a model config (a JSON object)")
+    return hf
+
+
+def hf_config_args(hf, path):
+    """GPTConfig arguments for a config.json; anything this GPT would compute differently is an error."""
+    kind = hf.get("model_type")
+
+    def refuse(what):
+        raise UserError(f"{path}/config.json: {what} is not implemented here; the model would compute "
+                        f"something else")
+    try:
+        if kind == "gpt2":
+            gelu = {"gelu_new": "tanh", "gelu_pytorch_tanh": "tanh", "gelu": "none"}.get(
+                hf.get("activation_function", "gelu_new"))
+            if gelu is None:
+                refuse(f"activation_function {hf['activation_function']!r}")
+            if hf.get("scale_attn_by_inverse_layer_idx") or hf.get("reorder_and_upcast_attn") \
+                    or not hf.get("scale_attn_weights", True):
+                refuse("GPT-2's attention scaling options")
+            return dict(arch="gpt2", block_size=hf["n_positions"], vocab_size=hf["vocab_size"],
+                        n_layer=hf["n_layer"], n_head=hf["n_head"], n_embd=hf["n_embd"], n_inner=hf.get("n_inner") or 0,
+                        bias=True, gelu=gelu, norm_eps=hf.get("layer_norm_epsilon", 1e-5), tie_head=True)
+        if kind in ("qwen2", "llama"):
+            rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}  # transformers 5 | 4
+            if rope.get("rope_type", rope.get("type", "default")) != "default":
+                refuse(f"rope scaling {rope.get('rope_type', rope.get('type'))!r}")
+            if hf.get("hidden_act", "silu") != "silu":
+                refuse(f"hidden_act {hf['hidden_act']!r}")
+            if hf.get("use_sliding_window") or "sliding_attention" in (hf.get("layer_types") or ()):
+                refuse("sliding-window attention")
+            if hf.get("attention_bias") or hf.get("mlp_bias"):
+                refuse("attention_bias / mlp_bias")
+            C, H = hf["hidden_size"], hf["num_attention_heads"]
+            if hf.get("head_dim") not in (None, C // H):
+                refuse(f"head_dim {hf['head_dim']} != hidden_size / num_attention_heads")
+            return dict(arch="llama", block_size=hf["max_position_embeddings"], vocab_size=hf["vocab_size"],
+                        n_layer=hf["num_hidden_layers"], n_head=H, n_embd=C,
+                        n_kv_head=hf.get("num_key_value_heads") or H, n_inner=hf["intermediate_size"],
+                        norm_eps=hf.get("rms_norm_eps", 1e-6), qkv_bias=kind == "qwen2",
+                        rope_theta=float(rope.get("rope_theta", hf.get("rope_theta", 10000.0))),
+                        tie_head=bool(hf.get("tie_word_embeddings", False)))
+    except KeyError as e:
+        raise UserError(f"{path}/config.json lacks {e.args[0]!r}, which a {kind} model needs") from None
+    raise UserError(f"{path}/config.json: model_type {kind!r} is not supported (gpt2, qwen2, llama)")
+
+
+def hf_weight_files(path):
+    """{file: its tensor names, or None for all of them}: one model.safetensors or the index's shards."""
+    single, index = os.path.join(path, "model.safetensors"), os.path.join(path, "model.safetensors.index.json")
+    if os.path.isfile(single):
+        return {single: None}
+    if not os.path.isfile(index):
+        found = [f for f in os.listdir(path) if f.endswith((".bin", ".pt", ".pth", ".h5", ".msgpack"))]
+        raise UserError(f"{path} has no model.safetensors nor model.safetensors.index.json"
+                        + (f" (found {found[0]}: only safetensors weights are read)" if found else ""))
+    try:
+        with open(index) as f:
+            weight_map = json.load(f)["weight_map"]
+        files = {}
+        for key, name in weight_map.items():
+            files.setdefault(os.path.join(path, name), []).append(key)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise UserError(f"{index} is not a safetensors index ({type(e).__name__}: {e})") from None
+    for file in files:
+        if not os.path.isfile(file):
+            raise UserError(f"{index} names {os.path.basename(file)}, which is missing from {path}")
+    return files
+
+
+def read_hf_weights(path, arch, shapes, dtype):
+    """{name here: tensor in dtype} for every name of `shapes` (name -> expected shape), read one
+    tensor at a time from memory-mapped safetensors files: a model never needs twice its size."""
+    from safetensors import safe_open  # only needed here: the tiny GPT runs without it
+    names, sd = {hf_name(k, arch): k for k in shapes}, {}  # checkpoint's name -> ours
+    for file, keys in hf_weight_files(path).items():
+        with safe_open(file, framework="pt") as f:
+            for key in keys if keys is not None else f.keys():
+                theirs = key if arch != "gpt2" or key.startswith(("transformer.", "lm_head.")) \
+                    else "transformer." + key  # GPT-2 files exist with and without the prefix
+                if theirs not in names:
+                    if re.fullmatch(r".*\.attn\.(masked_)?bias|.*rotary_emb\.inv_freq|lm_head\.weight", theirs):
+                        continue  # buffers older files carry; a tied head's copy of wte
+                    raise UserError(f"{file}: unexpected tensor {key} for a {arch} model of this config.json")
+                t = f.get_tensor(key)
+                if arch == "gpt2" and re.search(r"\.(c_attn|c_proj|c_fc)\.weight$", theirs):
+                    t = t.t()  # GPT-2's Conv1D stores (in, out); nn.Linear holds (out, in)
+                ours = names.pop(theirs)
+                if t.shape != shapes[ours]:
+                    raise UserError(f"{file}: tensor {key} has shape {tuple(t.shape)}, config.json implies "
+                                    f"{tuple(shapes[ours])}")
+                sd[ours] = t.to(dtype).contiguous()
+    if names:
+        raise UserError(f"{path}: missing tensor {sorted(names)[0]}"
+                        + (f" and {len(names) - 1} more" if len(names) > 1 else ""))
+    return sd
