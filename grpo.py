@@ -21,7 +21,7 @@ from data.gsm_synth.prepare import encode_prompt
 from lora import disable_lora, lora_parameters
 from model import sync
 from rewards import compute_rewards
-from sample import decode_completions, generate, pad_prompts
+from sample import decode_completions, generate, pad_prompts, stop_tokens
 
 
 def compute_group_advantages(rewards, group_size, scale_rewards="group", epsilon=0.0):
@@ -259,9 +259,9 @@ def sample_rollouts(model, enc, batches, cfg, generator, amp, times):
     shares = [distributed.split(len(prompts), r) for r in range(distributed.world_size())]
     mine = shares[distributed.rank()]
     with amp:
-        sampled = generate(model, prompts[mine], cfg["max_new_tokens"], enc.eot_token, num_samples=G,
+        sampled = generate(model, prompts[mine], cfg["max_new_tokens"], stop_tokens(enc), num_samples=G,
                            temperature=cfg["temperature"], top_k=cfg["top_k"] or None, top_p=cfg["top_p"],
-                           generator=generator, rows=(mine.start * G, len(prompts) * G))
+                           generator=generator, rows=(mine.start * G, len(prompts) * G), vocab_size=enc.n_vocab)
     sampled = distributed.gather_sampled(*sampled, enc.eot_token, [G * (s.stop - s.start) for s in shares])
     sync(cfg["device"]); times["generation"] = times.get("generation", 0.0) + time.time() - t0
     return sampled
@@ -280,7 +280,7 @@ def score_rollouts(enc, sampled, batches, cfg, times, cache=None):
                                                   list(cfg["reward_funcs"]), list(cfg["reward_weights"]), cache)
         rewards = torch.tensor(rewards)  # NaN where no reward function could score the completion
         advantages, n_zero_std = compute_group_advantages(rewards, G, cfg["scale_rewards"], cfg["advantage_epsilon"])
-        truncated = (idx[rows, -T:] != enc.eot_token).all(dim=1)  # never emitted end-of-text
+        truncated = ~torch.isin(idx[rows, -T:], torch.tensor(stop_tokens(enc), device=idx.device)).any(1)  # no end
         m = mask[rows] * (~truncated).long()[:, None] if cfg["mask_truncated_completions"] else mask[rows]
         out.append(dict(idx=idx[rows], pad_left=pad_left[rows], mask=m, rewards=rewards, advantages=advantages,
                         per_fn=per_fn, errors=errors, n_zero_std=n_zero_std, truncated=truncated))

@@ -9,6 +9,10 @@ GPT.from_pretrained (model.py) reads with these.
 import json
 import os
 import re
+import shutil
+
+import torch
+import torch.nn as nn
 
 from configurator import UserError
 
@@ -134,3 +138,79 @@ def read_hf_weights(path, arch, shapes, dtype):
         raise UserError(f"{path}: missing tensor {sorted(names)[0]}"
                         + (f" and {len(names) - 1} more" if len(names) > 1 else ""))
     return sd
+
+
+# ---------------------------------------------------------------------------------------------
+# out: what other tools read
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
+                   "merges.txt", "generation_config.json", "chat_template.jinja")
+
+
+def new_directory(out):
+    """A temporary directory beside `out`; the caller renames it to `out` once complete, so an
+    interrupted export leaves no half directory. An existing `out` is never overwritten."""
+    if os.path.exists(out):
+        raise UserError(f"{out} exists: remove it, or give another output directory")
+    tmp = out.rstrip("/") + ".tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+    return tmp
+
+
+def save_peft_adapter(model, out, base_path, r, alpha):
+    """The adapter as peft writes one (adapter_config.json + adapter_model.safetensors), so that
+    PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base_path), out) computes what
+    this project's base + LoRA computes: peft's lora_A / lora_B hold the same (r, in) / (out, r)
+    matrices and scale by lora_alpha / r, as lora.LoRALinear does."""
+    from safetensors.torch import save_file
+    arch = model.config.arch
+    theirs = {hf_name(n, arch): m for n, m in model.named_modules() if hasattr(m, "lora_A")}  # lora.LoRALinear
+    leaves = sorted({n.rsplit(".", 1)[-1] for n in theirs})
+    same_leaf = {hf_name(n, arch) for n, m in model.named_modules() if n.rsplit(".", 1)[-1] in leaves
+                 and (hasattr(m, "lora_A") or isinstance(m, nn.Linear)) and ".lora_" not in n}
+    tensors = {f"base_model.model.{n}.{ab}.weight": getattr(m, ab).weight.detach().float().cpu().contiguous()
+               for n, m in theirs.items() for ab in ("lora_A", "lora_B")}  # adapters stay float32
+    config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": os.path.abspath(base_path),
+              "r": r, "lora_alpha": alpha, "lora_dropout": 0.0, "bias": "none", "use_rslora": False,
+              "use_dora": False, "fan_in_fan_out": arch == "gpt2",  # GPT-2's Conv1D: (in, out) weights
+              # the layer names, or where only some layers of a name were adapted, a regex naming each one
+              "target_modules": leaves if same_leaf == set(theirs) else "|".join(map(re.escape, sorted(theirs))),
+              "inference_mode": True, "init_lora_weights": True, "modules_to_save": None}
+    tmp = new_directory(out)
+    save_file(tensors, os.path.join(tmp, "adapter_model.safetensors"), metadata={"format": "pt"})
+    with open(os.path.join(tmp, "adapter_config.json"), "w") as f:
+        json.dump(config, f, indent=2)
+    os.replace(tmp, out)
+
+
+def save_pretrained(model, out, base_path, dtype):
+    """A merged model (no LoRA layers left) as a Hugging Face directory in `dtype`: the base's
+    config.json, the weights under the checkpoint's names (GPT-2's Conv1D transposed back, a tied
+    head written once), and the base's tokenizer files. GPT.from_pretrained and transformers read it."""
+    from safetensors.torch import save_file
+    arch, tied = model.config.arch, model.config.tie_head
+    tensors = {}
+    for k, v in model.state_dict().items():
+        if tied and k == "lm_head.weight":
+            continue
+        if arch == "gpt2" and re.search(r"\.(c_attn|c_proj|c_fc)\.weight$", k):
+            v = v.t()
+        tensors[hf_name(k, arch)] = v.detach().to(dtype).cpu().contiguous()
+    config = read_hf_config(base_path)
+    config.update(dtype=str(dtype).removeprefix("torch."), torch_dtype=str(dtype).removeprefix("torch."))
+    tmp = new_directory(out)
+    save_file(tensors, os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
+    with open(os.path.join(tmp, "config.json"), "w") as f:
+        json.dump(config, f, indent=2)
+    for name in TOKENIZER_FILES:
+        if os.path.isfile(os.path.join(base_path, name)):
+            shutil.copyfile(os.path.join(base_path, name), os.path.join(tmp, name))
+    os.replace(tmp, out)
+
+
+def hf_dtype(path):
+    """The dtype a directory's weights are stored in (config.json's dtype / torch_dtype), float32 if unsaid."""
+    config = read_hf_config(path)
+    name = config.get("dtype") or config.get("torch_dtype") or "float32"
+    return getattr(torch, name) if isinstance(getattr(torch, name, None), torch.dtype) else torch.float32

@@ -3,6 +3,8 @@ Batched KV-cache sampling: GRPO's pass 1. Returns token ids and a completion mas
 
     python sample.py --ckpt=out/base/ckpt.pt --question="Mia has 3 apples. ..." --num_samples=4
     python sample.py --ckpt=out/grpo/ckpt.pt          # a GRPO run: LoRA applied on its base model
+    python sample.py --ckpt=models/qwen2.5-0.5b-instruct --start="The capital of France" --temperature=0
+                                                      # a Hugging Face directory; --start: raw text
 
 Layout of a batch (prompts of different lengths are left-padded, so every completion starts at
 the same column P and the cache advances one column per step for all rows):
@@ -17,9 +19,10 @@ import os
 
 import torch
 
-from data.gsm_synth.prepare import encode_prompt, load_split, load_tokenizer
+from data.gsm_synth.prepare import encode_prompt, load_split, load_tokenizer, prepare
 from lora import apply_lora, load_lora_state_dict, merge_lora
-from model import base_fingerprint, check_device, check_same_base, load_checkpoint, model_from_checkpoint
+from model import GPT, base_fingerprint, check_device, check_same_base, load_checkpoint, model_from_checkpoint
+from tokenizer import load_hf_tokenizer
 
 
 class NonFiniteLogits(FloatingPointError):
@@ -64,8 +67,11 @@ def sample_next(logits, temperature, top_k, top_p, generator, u=None):
 
 @torch.no_grad()  # pass 1 needs no graph: no activations are stored for backward
 def generate(model, prompts, max_new_tokens, eot_id, num_samples=1, temperature=1.0,
-             top_k=None, top_p=None, seed=None, generator=None, check_every=None, rows=None):
+             top_k=None, top_p=None, seed=None, generator=None, check_every=None, rows=None, vocab_size=None):
     """prompts: list of token-id lists (any lengths). Each prompt gets `num_samples` completions.
+    eot_id: the end-of-sequence id, or a tuple of them (an instruct model may end a turn with one of
+    several); the first pads. vocab_size: ids from here on are never drawn (the embedding rows a
+    checkpoint pads beyond its tokenizer's vocabulary, e.g. Qwen2's 151,665 tokens in 151,936 rows).
 
     Returns (idx, pad_left, completion_mask):
       idx (B*num_samples, P + T) prompt (left-padded) followed by the completion, rows of one
@@ -79,6 +85,8 @@ def generate(model, prompts, max_new_tokens, eot_id, num_samples=1, temperature=
     by several processes from the same generator state; each draws every row's numbers and uses
     its own, so every row gets the tokens one process sampling all `total` rows would give it."""
     device = next(model.parameters()).device
+    stops = torch.tensor(eot_id if isinstance(eot_id, (tuple, list)) else [eot_id], device=device)
+    eot_id = int(stops[0])
     check_every = check_every or (8 if device.type == "cuda" else 1)  # see "all rows done?" below
     idx, pad_left = pad_prompts(prompts, eot_id, device)
     B, P = idx.shape
@@ -110,11 +118,13 @@ def generate(model, prompts, max_new_tokens, eot_id, num_samples=1, temperature=
         nonfinite |= bad                                  # raised once at the end (below)
         logits = logits.masked_fill(bad[:, None], 0.0)    # so multinomial gets valid probabilities meanwhile
         u = draw(1)[0, first:first + N] if temperature > 0 else None
+        if vocab_size is not None and vocab_size < logits.size(-1):
+            logits = logits[:, :vocab_size]                # a view: rows past the tokenizer never drawn
         nxt = sample_next(logits, temperature, top_k, top_p, generator, u)
         del logits                                        # the only logits alive; nothing keeps them
         nxt = nxt.masked_fill(done, eot_id)               # finished rows only emit padding
         out[:, t] = nxt
-        done |= nxt == eot_id
+        done |= torch.isin(nxt, stops)
         # bool() waits for the device: on a GPU, asking every step would stall the kernel queue once
         # per token, so there we ask every 8 steps (at most 7 wasted steps once all rows are done;
         # they draw random numbers too, so a GPU run's later samples differ from asking every step)
@@ -129,7 +139,7 @@ def generate(model, prompts, max_new_tokens, eot_id, num_samples=1, temperature=
     if bool(nonfinite.any()):
         raise NonFiniteLogits(f"NaN/Inf logits in {int(nonfinite.sum())} of {N} sampled rows")
     # mask: 1 up to and including the first end-of-text of each row
-    is_eot = (out[:, :t + 1] == eot_id).long()
+    is_eot = torch.isin(out[:, :t + 1], stops).long()
     mask = ((is_eot.cumsum(1) - is_eot) == 0).long()      # 0 strictly after the first EOT
     T = int(mask.sum(0).nonzero().max()) + 1              # drop columns no row reached (all padding)
     out, mask = out[:, :T], mask[:, :T]
@@ -137,12 +147,17 @@ def generate(model, prompts, max_new_tokens, eot_id, num_samples=1, temperature=
         pad_left.repeat_interleave(num_samples), mask
 
 
+def stop_tokens(enc):
+    """The ids that end a completion: a Hugging Face tokenizer's end-of-sequence ids, else end-of-text."""
+    return tuple(getattr(enc, "stop_tokens", (enc.eot_token,)))
+
+
 def decode_completions(enc, idx, mask):
     """Text of each completion, end-of-text and padding removed. idx: (N, P+T), mask: (N, T)."""
-    T = mask.size(1)
+    T, stops = mask.size(1), stop_tokens(enc)
     texts = []
     for row, m in zip(idx[:, -T:].tolist(), mask.tolist()):
-        toks = [t for t, keep in zip(row, m) if keep and t != enc.eot_token]
+        toks = [t for t, keep in zip(row, m) if keep and t not in stops]
         texts.append(enc.decode(toks))
     return texts
 
@@ -150,8 +165,10 @@ def decode_completions(enc, idx, mask):
 # -----------------------------------------------------------------------------
 # CLI: sample from a base checkpoint or a GRPO run (LoRA weights applied on their base model)
 defaults = dict(
-    ckpt="out/base/ckpt.pt",  # base checkpoint, or a GRPO checkpoint (holds lora + base_ckpt)
+    ckpt="out/base/ckpt.pt",  # base checkpoint, a GRPO checkpoint (holds lora + base_ckpt), or a
+                              # Hugging Face model directory (config.json, *.safetensors, tokenizer)
     question="",              # empty: use the first questions of the test split
+    start="",                 # raw text to continue (nanoGPT's knob): no chat or task formatting
     num_questions=3,
     num_samples=2,
     max_new_tokens=48,
@@ -163,27 +180,54 @@ defaults = dict(
 )
 
 
+def load_base(path, data_dir="", **overrides):
+    """(model, tokenizer, data_dir) of a base model: a train_base.py checkpoint (with its task's
+    tokenizer and data), or a Hugging Face model directory (GPT.from_pretrained, its own tokenizer,
+    and data_dir as given: '' = none yet, see task_data). overrides: GPTConfig fields."""
+    if not os.path.isdir(path):
+        ckpt = load_checkpoint(path)
+        if data_dir and os.path.abspath(data_dir) != os.path.abspath(ckpt.get("data_dir", "")):
+            raise UserError(f"data_dir={data_dir} is for a Hugging Face base directory; the base checkpoint "
+                            f"{path} was trained on its own task data ({ckpt.get('data_dir')}): leave data_dir ''")
+        model = model_from_checkpoint(ckpt, path, **overrides)
+        return model, load_tokenizer(ckpt["data_dir"]), ckpt["data_dir"]
+    model, enc = GPT.from_pretrained(path), load_hf_tokenizer(path)
+    for k, v in overrides.items():  # read by forward (grad_checkpoint); dropout is 0 already
+        setattr(model.config, k, v)
+    if enc.n_vocab > model.config.vocab_size:
+        raise UserError(f"{path}: the tokenizer has {enc.n_vocab} tokens but the model only "
+                        f"{model.config.vocab_size} embedding rows: tokenizer and weights do not belong together")
+    return model, enc, data_dir
+
+
+def task_data(data_dir):
+    """A run's task data directory: the one given, or the default task's (built offline if missing)."""
+    return data_dir or prepare()
+
+
 def load_policy(ckpt_path, device="cpu", merge=False):
-    """(model, tokenizer, data_dir) from a base or a GRPO checkpoint. merge=True folds the adapter
-    into the base weights (W + s B A): plain nn.Linear layers, so sampling pays no LoRA matmuls."""
+    """(model, tokenizer, data_dir) from a base (checkpoint or Hugging Face directory) or a GRPO
+    checkpoint. merge=True folds the adapter into the base weights (W + s B A): plain nn.Linear
+    layers, so sampling pays no LoRA matmuls."""
+    if os.path.isdir(ckpt_path):
+        model, enc, data_dir = load_base(ckpt_path)
+        return model.to(device).eval(), enc, data_dir
     ckpt = load_checkpoint(ckpt_path)
-    lora_sd = None
-    if "lora" in ckpt:  # GRPO checkpoint: the adapter on top of the base it was trained from
-        adapter, lora_sd, cfg = ckpt, ckpt["lora"], ckpt["config"]
-        base_path = ckpt["base_ckpt"]  # relative to where the run was started, usually the repository
-        beside_code = os.path.join(os.path.dirname(os.path.abspath(__file__)), base_path)
-        if not os.path.exists(base_path) and os.path.exists(beside_code):
-            base_path = beside_code  # run from another directory
-        ckpt = load_checkpoint(base_path)
-    model = model_from_checkpoint(ckpt, ckpt_path if lora_sd is None else base_path)
-    if lora_sd is not None:
-        check_same_base(adapter, ckpt_path, base_fingerprint(model.state_dict()), base_path)
-        apply_lora(model, cfg["lora_r"], cfg["lora_alpha"], 0.0, cfg["lora_targets"])
-        load_lora_state_dict(model, lora_sd)
-        if merge:
-            merge_lora(model)
-    data_dir = ckpt["data_dir"]
-    return model.to(device).eval(), load_tokenizer(data_dir), data_dir
+    if "lora" not in ckpt:
+        model, enc, data_dir = load_base(ckpt_path)
+        return model.to(device).eval(), enc, data_dir
+    cfg = ckpt["config"]  # a GRPO checkpoint: the adapter on top of the base it was trained from
+    base_path = ckpt["base_ckpt"]  # relative to where the run was started, usually the repository
+    beside_code = os.path.join(os.path.dirname(os.path.abspath(__file__)), base_path)
+    if not os.path.exists(base_path) and os.path.exists(beside_code):
+        base_path = beside_code  # run from another directory
+    model, enc, data_dir = load_base(base_path, ckpt.get("data_dir", ""))
+    check_same_base(ckpt, ckpt_path, base_fingerprint(model.state_dict()), base_path)
+    apply_lora(model, cfg["lora_r"], cfg["lora_alpha"], 0.0, cfg["lora_targets"])
+    load_lora_state_dict(model, ckpt["lora"])
+    if merge:
+        merge_lora(model)
+    return model.to(device).eval(), enc, data_dir
 
 
 def main(argv):
@@ -194,13 +238,24 @@ def main(argv):
     check(cfg, "top_k", cfg["top_k"] >= 0, "must be >= 0 (0 = off)")
     check(cfg, "top_p", 0 < cfg["top_p"] <= 1, "must be in (0, 1] (1 = off)")
     check_device(cfg["device"])
+    check(cfg, "start", not (cfg["start"] and cfg["question"]), "give --start (raw text) or --question, not both")
     model, enc, data_dir = load_policy(cfg["ckpt"], cfg["device"], merge=True)
-    questions = [cfg["question"]] if cfg["question"] else \
-        [e["question"] for e in load_split(data_dir, "test")[:cfg["num_questions"]]]
-    prompts = [encode_prompt(enc, q) for q in questions]
-    idx, _, mask = generate(model, prompts, cfg["max_new_tokens"], enc.eot_token, cfg["num_samples"],
-                            cfg["temperature"], cfg["top_k"] or None, cfg["top_p"], seed=cfg["seed"])
+    if cfg["start"]:  # raw text, special tokens written in it included, continued as it is
+        prompts, questions = [enc.encode(cfg["start"], allowed_special="all")], [cfg["start"]]
+    else:
+        questions = [cfg["question"]] if cfg["question"] else \
+            [e["question"] for e in load_split(task_data(data_dir), "test")[:cfg["num_questions"]]]
+        prompts = [encode_prompt(enc, q) for q in questions]
+    idx, _, mask = generate(model, prompts, cfg["max_new_tokens"], stop_tokens(enc), cfg["num_samples"],
+                            cfg["temperature"], cfg["top_k"] or None, cfg["top_p"], seed=cfg["seed"],
+                            vocab_size=enc.n_vocab)
     texts = decode_completions(enc, idx, mask)
+    if cfg["start"]:  # nanoGPT's output: the text and its continuation, decoded together
+        for i in range(cfg["num_samples"]):
+            print(enc.decode(prompts[0] + [t for t, m in zip(idx[i, -mask.size(1):].tolist(), mask[i].tolist())
+                                           if m and t not in stop_tokens(enc)]))
+            print("---------------")
+        return
     for i, q in enumerate(questions):
         print(f"--- {q}")
         for s in range(cfg["num_samples"]):

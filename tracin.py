@@ -30,7 +30,7 @@ from ghost import (compute_ghost_inner_product_matrix, ghost_mode, install_ghost
 from grpo import batch_counts, policy_backward, rank_share, rollout_batch, sum_over_ranks
 from model import check_device, load_checkpoint
 from rundir import read_jsonl, run_lock
-from sample import generate, load_policy
+from sample import generate, load_policy, stop_tokens
 
 
 def select_rollouts(influence, rule="positive", topk_frac=0.5):
@@ -150,7 +150,7 @@ def load_rollouts(path, enc):
                 continue
             n = sum(m)
             samples.append({"iter": r["iter"], "prompt": r["prompts"][j // G], "answer": r["answers"][j // G],
-                            "completion": enc.decode([t for t in toks[:n] if t != enc.eot_token]),
+                            "completion": enc.decode([t for t in toks[:n] if t not in stop_tokens(enc)]),
                             "reward": r["rewards"][j], "advantage": r["advantages"][j],
                             "completion_tokens": toks[:n], "completion_mask": m[:n]})
     if not samples:
@@ -190,9 +190,9 @@ def main(argv):
             if len(prompt) >= model.config.block_size:
                 raise UserError(f"question of {len(prompt)} tokens does not fit the context of "
                                 f"{model.config.block_size}")
-            idx, _, mask = generate(model, [prompt], min(64, model.config.block_size - len(prompt)), enc.eot_token,
-                                    temperature=0)
-            completion = [t for t in idx[0, -mask.size(1):].tolist()[:int(mask.sum())] if t != enc.eot_token]
+            idx, _, mask = generate(model, [prompt], min(64, model.config.block_size - len(prompt)), stop_tokens(enc),
+                                    temperature=0, vocab_size=enc.n_vocab)
+            completion = [t for t in idx[0, -mask.size(1):].tolist()[:int(mask.sum())] if t not in stop_tokens(enc)]
         if len(prompt) + len(completion) + 1 > model.config.block_size:
             raise UserError(f"question + completion ({len(prompt) + len(completion) + 1} tokens) exceed the "
                             f"context of {model.config.block_size}")

@@ -28,7 +28,7 @@ from model import (GPT, GPTConfig, base_fingerprint, check_device, load_checkpoi
                    save_checkpoint)
 from rewards import extract_answer
 from rundir import run_lock
-from sample import NonFiniteLogits, decode_completions, generate
+from sample import NonFiniteLogits, decode_completions, generate, load_base, stop_tokens, task_data
 
 # -----------------------------------------------------------------------------
 # default config values (override with a config file and/or --key=value)
@@ -98,13 +98,12 @@ def ensure_base(base_ckpt, base_config, device, resuming=False):
     main([base_config, f"--out_dir={out_dir}", f"--device={device}"])
 
 
-def load_frozen_base(base_ckpt, grad_checkpoint=False):
+def load_frozen_base(base_ckpt, grad_checkpoint=False, data_dir=""):
     """For train_grpo.py: (model, fingerprint of its weights, data_dir, tokenizer, splits). Dropout is
-    off: with it on, GRPO's policy and reference passes would see different random masks."""
-    base = load_checkpoint(base_ckpt)
-    model = model_from_checkpoint(base, base_ckpt, dropout=0.0, grad_checkpoint=grad_checkpoint)
-    data_dir = base["data_dir"]
-    enc = load_tokenizer(data_dir)
+    off: with it on, GRPO's policy and reference passes would see different random masks. data_dir:
+    the task data for a Hugging Face base (sample.load_base)."""
+    model, enc, data_dir = load_base(base_ckpt, data_dir, dropout=0.0, grad_checkpoint=grad_checkpoint)
+    data_dir = task_data(data_dir)
     splits = {s: load_split(data_dir, s) for s in ("train", "val", "test")}
     return model, base_fingerprint(model.state_dict()), data_dir, enc, splits
 
@@ -129,12 +128,13 @@ def evaluate(model, enc, examples, max_new_tokens, k=1, temperature=1.0, batch=1
         for i in starts[distributed.split(len(starts))]:
             chunk = examples[i:i + batch]
             prompts = [encode_prompt(enc, e["question"]) for e in chunk]
-            idx, _, mask = generate(model, prompts, max_new_tokens, enc.eot_token, temperature=0)
+            idx, _, mask = generate(model, prompts, max_new_tokens, stop_tokens(enc), temperature=0,
+                                    vocab_size=enc.n_vocab)
             texts = decode_completions(enc, idx, mask)
             greedy += sum(extract_answer(t) == e["answer"] for t, e in zip(texts, chunk))
             if k > 1:
-                idx, _, mask = generate(model, prompts, max_new_tokens, enc.eot_token, num_samples=k,
-                                        temperature=temperature, seed=seed + i)
+                idx, _, mask = generate(model, prompts, max_new_tokens, stop_tokens(enc), num_samples=k,
+                                        temperature=temperature, seed=seed + i, vocab_size=enc.n_vocab)
                 texts = decode_completions(enc, idx, mask)
                 passk += sum(any(extract_answer(texts[j * k + s]) == e["answer"] for s in range(k))
                              for j, e in enumerate(chunk))

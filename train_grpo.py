@@ -50,6 +50,8 @@ out_dir = "out/grpo"
 init_from = "base"          # 'base': new LoRA on base_ckpt; 'resume': continue from out_dir/ckpt.pt
 base_ckpt = "out/base/ckpt.pt"
 base_config = "config/tiny_base.py"   # used to train the base model when base_ckpt is missing
+                            # base_ckpt may also be a Hugging Face model directory (GPT.from_pretrained)
+data_dir = ""               # task data for such a directory; '' = data/gsm_synth's default, built if missing
 seed = 1337
 device = "cpu"
 dtype = "bfloat16"          # autocast dtype on CUDA; CPU runs in float32
@@ -213,7 +215,8 @@ def load_base(cfg, out, resume):
     """The frozen base model (dropout off), its data and tokenizer; an adapter being resumed must
     have been trained on exactly these base weights, and every prompt + max_new_tokens must fit."""
     ensure_base(cfg["base_ckpt"], cfg["base_config"], cfg["device"], resuming=resume is not None)
-    model, fingerprint, data_dir, enc, splits = load_frozen_base(cfg["base_ckpt"], cfg["grad_checkpoint"])
+    model, fingerprint, data_dir, enc, splits = load_frozen_base(cfg["base_ckpt"], cfg["grad_checkpoint"],
+                                                                 cfg["data_dir"])
     if resume is not None:
         check_same_base(resume, os.path.join(out, "ckpt.pt"), fingerprint, cfg["base_ckpt"])
     longest = max(len(encode_prompt(enc, e["question"])) for rows in splits.values() for e in rows)

@@ -122,7 +122,15 @@ def encode_text(enc, text):
     return enc.encode(text, disallowed_special=())
 
 
+# an instruct model's user turn asks for the format in words (the tiny GPT learned it from examples)
+CHAT_INSTRUCTION = "\nWrite one equation per line, then the answer on a last line as '#### N'."
+
+
 def encode_prompt(enc, question):
+    """The prompt's ids; with an instruct model's tokenizer (tokenizer.py, `chat` set) the question
+    and CHAT_INSTRUCTION form the user turn of its chat format, ending in the assistant's header."""
+    if getattr(enc, "chat", None):
+        return enc.encode_chat(question + CHAT_INSTRUCTION)
     return encode_text(enc, prompt_text(question))
 
 

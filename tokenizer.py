@@ -1,0 +1,241 @@
+"""
+A Hugging Face model directory's tokenizer as a tiktoken.Encoding, read offline from its own files:
+
+    enc = load_hf_tokenizer("path/to/Qwen2.5-0.5B-Instruct")
+    enc.encode(text, disallowed_special=()), enc.decode(ids), enc.eot_token, enc.encode_chat(question)
+
+Only byte-level BPE is supported (GPT-2, Qwen2, SmolLM2, Llama 3): tokenizer.json, or GPT-2's
+vocab.json + merges.txt. Anything else is refused with a one-line UserError, never approximated.
+
+Why ranks = ids gives HF's tokens: inside each piece of the split pattern, tiktoken repeatedly merges
+the adjacent pair whose concatenation has the lowest rank; HF repeatedly applies the merge that comes
+first in its merges list. A BPE trainer gives each merge's result the next free id, so a merge listed
+earlier makes a token with a lower id: with ranks = ids, both pick the same pair at every step. Load
+checks that the ids never decrease along the merges list (they may repeat: Llama 3's merges, converted
+from tiktoken, list every split of a token) and that all 256 bytes are tokens (tiktoken starts from
+bytes). tiktoken also takes a whole piece that is in the vocabulary as one token, as HF does with
+`ignore_merges` and as a trained BPE's merges do anyway. The split pattern is the pre-tokenizer's
+regex; added tokens (HF matches them all in text) are tiktoken's special tokens.
+"""
+import json
+import os
+import unicodedata
+
+import regex  # tiktoken's own dependency, for the special-token split below
+import tiktoken
+
+from configurator import UserError
+
+SUPPORTED = "only byte-level BPE (GPT-2, Qwen2, SmolLM2, Llama 3) is supported"
+GPT2_PAT = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+# SmolLM2: Digits(individual_digits) isolates every \p{N} character (Rust's char::is_numeric), then
+# GPT-2's pattern runs on each piece. As one pattern: a digit is a piece alone (no space joins it), and
+# a piece may end just before a digit, where GPT-2's `(?!\S)` (end of piece) held, so "  7" is "  ", "7".
+DIGITS_GPT2_PAT = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+|\s+(?![^\s\p{N}])|\s+"""
+# a chat format is the special tokens it needs (plus a chat template in the directory)
+CHAT_TOKENS = {"chatml": {"<|im_start|>", "<|im_end|>"},
+               "llama3": {"<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"}}
+
+
+def _bytes_to_unicode():
+    """GPT-2's table: every byte as a printable character (printable bytes keep their own character)."""
+    bs = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    rest = [b for b in range(256) if b not in bs]  # unprintable bytes: characters 256, 257, ... in byte order
+    return dict(zip(bs + rest, map(chr, bs + [256 + n for n in range(len(rest))])))
+
+
+BYTE_OF_CHAR = {c: b for b, c in _bytes_to_unicode().items()}
+
+
+def _json(path):
+    """The JSON object in path, or None if there is no such file."""
+    if not os.path.isfile(path):
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            obj = json.load(f)
+    except (OSError, ValueError) as e:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        raise UserError(f"cannot read {path}: {e}") from None
+    if not isinstance(obj, dict):
+        raise UserError(f"{path} is not a JSON object")
+    return obj
+
+
+def _split_pattern(pre, path):
+    """The regex of a supported pre-tokenizer (see the module docstring), else UserError."""
+    steps = (pre.get("pretokenizers") if pre and pre.get("type") == "Sequence" else [pre]) or [None]
+    steps = [s or {} for s in steps]
+    first, last = steps[0], steps[-1]
+    if last.get("type") == "ByteLevel" and not last.get("add_prefix_space", True):
+        regex_on = last.get("use_regex", True)
+        if len(steps) == 1 and regex_on:
+            return GPT2_PAT
+        if len(steps) == 2 and first.get("type") == "Split" and "Regex" in first.get("pattern", {}) \
+                and first.get("behavior") == "Isolated" and not first.get("invert") and not regex_on:
+            return first["pattern"]["Regex"]
+        if len(steps) == 2 and first.get("type") == "Digits" and first.get("individual_digits") and regex_on:
+            return DIGITS_GPT2_PAT
+    found = "+".join(str(s.get("type")) + ("(add_prefix_space)" if s.get("add_prefix_space") else "") for s in steps)
+    if "Metaspace" in found:
+        raise UserError(f"{path} is a SentencePiece-style tokenizer (Metaspace); {SUPPORTED}")
+    raise UserError(f"{path}: pre-tokenizer {found} is not GPT-2's, Qwen2's, SmolLM2's or Llama 3's; {SUPPORTED}")
+
+
+def _to_bytes(token, path):
+    """A vocabulary string's bytes (its characters are GPT-2's stand-ins for bytes)."""
+    try:
+        return bytes(BYTE_OF_CHAR[c] for c in token)
+    except KeyError:
+        raise UserError(f"{path}: token {token!r} is not byte-level BPE; {SUPPORTED}") from None
+
+
+def _check_merges(vocab, merges, path):
+    """Refuse a BPE whose merges tiktoken would apply in another order (see the module docstring)."""
+    last = -1
+    for k, m in enumerate(merges):
+        a, b = m.split(" ") if isinstance(m, str) else m
+        i = vocab.get(a + b, -1)
+        if i < last:
+            raise UserError(f"{path}: merge {k} ({a!r} {b!r}) makes token id {i} after id {last} (-1: no such "
+                            f"token); tiktoken needs ids that follow the merge order")
+        last = i
+
+
+def _read_tokenizer_json(path):
+    """(vocab, merges, special tokens, split pattern, NFC?) from a tokenizer.json."""
+    tok = _json(path)
+    model = tok.get("model") or {}
+    norm, decoder = (tok.get("normalizer") or {}).get("type"), (tok.get("decoder") or {}).get("type")
+    if model.get("type") != "BPE":
+        kind = {"Unigram": "SentencePiece (Unigram)"}.get(model.get("type"), model.get("type"))
+        raise UserError(f"{path} is a {kind} tokenizer; {SUPPORTED}")
+    if model.get("byte_fallback"):
+        raise UserError(f"{path} is a SentencePiece-style BPE (byte_fallback); {SUPPORTED}")
+    if model.get("dropout") or model.get("continuing_subword_prefix") or model.get("end_of_word_suffix"):
+        raise UserError(f"{path}: BPE dropout or subword prefix/suffix is set; {SUPPORTED}")
+    if norm not in (None, "NFC"):
+        raise UserError(f"{path}: normalizer {norm} is not supported (only none or NFC)")
+    if decoder != "ByteLevel":
+        raise UserError(f"{path}: decoder {decoder} is not ByteLevel; {SUPPORTED}")
+    pat = _split_pattern(tok.get("pre_tokenizer"), path)
+    specials = {}
+    for t in tok.get("added_tokens", []):
+        if t.get("lstrip") or t.get("rstrip") or t.get("single_word"):  # whitespace tiktoken cannot strip
+            raise UserError(f"{path}: added token {t['content']!r} has lstrip/rstrip/single_word set")
+        specials[t["content"]] = t["id"]
+    return model["vocab"], model.get("merges", []), specials, pat, norm == "NFC"
+
+
+def _read_vocab_merges(folder, tok_config):
+    """The same from GPT-2's vocab.json + merges.txt (+ tokenizer_config.json's added tokens)."""
+    path = os.path.join(folder, "merges.txt")
+    vocab = _json(os.path.join(folder, "vocab.json"))
+    with open(path, encoding="utf-8") as f:
+        lines = f.read().split("\n")
+    merges = [m for k, m in enumerate(lines) if m.strip() and not (k == 0 and m.startswith("#version"))]
+    if tok_config.get("add_prefix_space"):
+        raise UserError(f"{os.path.join(folder, 'tokenizer_config.json')}: add_prefix_space is set; {SUPPORTED}")
+    specials = {"<|endoftext|>": vocab["<|endoftext|>"]} if "<|endoftext|>" in vocab else {}
+    specials.update({t["content"]: int(i) for i, t in tok_config.get("added_tokens_decoder", {}).items()})
+    return vocab, merges, specials, GPT2_PAT, False
+
+
+def _eos_ids(folder, tok_config, token_ids):
+    """(primary eos id, all eos ids) from generation_config.json, config.json or tokenizer_config.json."""
+    found = []
+    for name in ("generation_config.json", "config.json"):
+        eos = (_json(os.path.join(folder, name)) or {}).get("eos_token_id")
+        for i in eos if isinstance(eos, list) else [eos]:
+            if i is not None and i not in found:
+                if not isinstance(i, int) or i not in token_ids.values():
+                    raise UserError(f"{os.path.join(folder, name)}: eos_token_id {i} is not a token of the tokenizer")
+                found.append(i)
+    if not found:
+        eos = tok_config.get("eos_token") or "<|endoftext|>"
+        eos = eos.get("content") if isinstance(eos, dict) else eos  # older files: an AddedToken dict
+        if eos not in token_ids:
+            raise UserError(f"{folder}: no end-of-sequence token (no eos_token_id in generation_config.json or "
+                            f"config.json, and {eos!r} is not a token)")
+        found.append(token_ids[eos])
+    return found[0], tuple(found)
+
+
+class HFEncoding(tiktoken.Encoding):
+    """A tiktoken.Encoding plus what a model directory says: NFC normalisation, eos ids, chat format."""
+
+    def __init__(self, name, *, pat_str, mergeable_ranks, special_tokens, nfc=False, eot_token=None,
+                 stop_tokens=(), chat=None):
+        super().__init__(name, pat_str=pat_str, mergeable_ranks=mergeable_ranks, special_tokens=special_tokens)
+        self.nfc, self._eot, self.stop_tokens, self.chat = nfc, eot_token, tuple(stop_tokens), chat
+        # HF matches added tokens in the raw text and normalises only the text between them
+        specials = sorted(special_tokens, key=len, reverse=True)
+        self._special_split = regex.compile("(" + "|".join(map(regex.escape, specials)) + ")") if specials else None
+
+    @property
+    def eot_token(self):
+        return self._eot
+
+    def _normalize(self, text):
+        if not self.nfc:
+            return text
+        parts = self._special_split.split(text) if self._special_split else [text]
+        return "".join(p if k % 2 else unicodedata.normalize("NFC", p) for k, p in enumerate(parts))
+
+    def encode_ordinary(self, text):
+        return super().encode_ordinary(self._normalize(text))
+
+    def encode(self, text, **kwargs):
+        return super().encode(self._normalize(text), **kwargs)
+
+    def encode_chat(self, user_text):
+        """Ids of a one-turn chat prompt that ends in the assistant's header. The user's text is ordinary
+        text: a "<|im_end|>" typed in it stays characters (HF's chat template would make it a token)."""
+        s = self._special_tokens
+        if self.chat == "chatml":
+            parts = [s["<|im_start|>"], "user\n" + user_text, s["<|im_end|>"], "\n", s["<|im_start|>"], "assistant\n"]
+        elif self.chat == "llama3":
+            head, end = s["<|start_header_id|>"], s["<|end_header_id|>"]
+            parts = [s["<|begin_of_text|>"]] if "<|begin_of_text|>" in s else []
+            parts += [head, "user", end, "\n\n" + user_text, s["<|eot_id|>"], head, "assistant", end, "\n\n"]
+        else:
+            raise ValueError(f"tokenizer {self.name} has no chat format (ChatML or Llama 3 tokens and a chat template)")
+        return [t for p in parts for t in ([p] if isinstance(p, int) else self.encode_ordinary(p))]
+
+    def __getstate__(self):  # pickles with its own fields; tiktoken's __setstate__ calls __init__(**state)
+        return {**super().__getstate__(), "nfc": self.nfc, "eot_token": self._eot, "stop_tokens": self.stop_tokens,
+                "chat": self.chat}
+
+
+def load_hf_tokenizer(path):
+    """The HFEncoding of a Hugging Face model directory (UserError, one line, if it cannot be reproduced)."""
+    if not os.path.isdir(path):
+        raise UserError(f"tokenizer directory not found: {path}")
+    f = lambda name: os.path.join(path, name)  # noqa: E731
+    tok_config = _json(f("tokenizer_config.json")) or {}
+    if os.path.isfile(f("tokenizer.json")):
+        source = f("tokenizer.json")
+    elif os.path.isfile(f("vocab.json")) and os.path.isfile(f("merges.txt")):
+        source = f("merges.txt")
+    elif os.path.isfile(f("tokenizer.model")):
+        raise UserError(f"{f('tokenizer.model')} is a SentencePiece tokenizer; {SUPPORTED}")
+    else:
+        raise UserError(f"no tokenizer in {path}: looked for tokenizer.json, or vocab.json and merges.txt")
+    try:
+        vocab, merges, specials, pat, nfc = _read_tokenizer_json(source) if source.endswith(".json") \
+            else _read_vocab_merges(path, tok_config)
+        _check_merges(vocab, merges, source)
+        ranks = {_to_bytes(s, source): i for s, i in vocab.items() if s not in specials}  # added tokens: specials
+    except UserError:
+        raise
+    except (KeyError, TypeError, ValueError, AttributeError, OSError) as e:  # valid JSON, wrong contents
+        raise UserError(f"{source} is damaged ({type(e).__name__}: {e})") from None
+    missing = [b for b in range(256) if bytes([b]) not in ranks]
+    if missing:
+        raise UserError(f"{source}: {len(missing)} bytes have no token (first: {missing[0]}); tiktoken needs all 256")
+    if len(set(ranks.values())) < len(ranks) or set(ranks.values()) & set(specials.values()):
+        raise UserError(f"{source}: two tokens share an id")  # tiktoken's Rust core would panic
+    eot, stops = _eos_ids(path, tok_config, {**vocab, **specials})
+    has_template = bool(tok_config.get("chat_template")) or os.path.isfile(f("chat_template.jinja"))
+    chat = next((k for k, need in CHAT_TOKENS.items() if has_template and need <= specials.keys()), None)
+    return HFEncoding(os.path.basename(os.path.normpath(path)), pat_str=pat, mergeable_ranks=ranks,
+                      special_tokens=specials, nfc=nfc, eot_token=eot, stop_tokens=stops, chat=chat)
