@@ -85,8 +85,8 @@ def generate(model, prompts, max_new_tokens, eot_id, num_samples=1, temperature=
     by several processes from the same generator state; each draws every row's numbers and uses
     its own, so every row gets the tokens one process sampling all `total` rows would give it."""
     device = next(model.parameters()).device
-    stops = torch.tensor(eot_id if isinstance(eot_id, (tuple, list)) else [eot_id], device=device)
-    eot_id = int(stops[0])
+    stops = torch.tensor(eot_id if isinstance(eot_id, (tuple, list)) else [eot_id], device=device, dtype=torch.long)
+    eot_id = int(stops[0]) if len(stops) else 0  # the padding id; () = nothing stops a row
     check_every = check_every or (8 if device.type == "cuda" else 1)  # see "all rows done?" below
     idx, pad_left = pad_prompts(prompts, eot_id, device)
     B, P = idx.shape
@@ -148,7 +148,8 @@ def generate(model, prompts, max_new_tokens, eot_id, num_samples=1, temperature=
 
 
 def stop_tokens(enc):
-    """The ids that end a completion: a Hugging Face tokenizer's end-of-sequence ids, else end-of-text."""
+    """The ids that end a completion: a Hugging Face tokenizer's end-of-sequence ids (maybe none, see
+    tokenizer.py), else end-of-text."""
     return tuple(getattr(enc, "stop_tokens", (enc.eot_token,)))
 
 

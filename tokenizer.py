@@ -141,23 +141,27 @@ def _read_vocab_merges(folder, tok_config):
 
 
 def _eos_ids(folder, tok_config, token_ids):
-    """(primary eos id, all eos ids) from generation_config.json, config.json or tokenizer_config.json."""
-    found = []
+    """(end-of-text id, the ids that stop generation). The stop ids are those transformers' generate
+    stops on: generation_config.json's eos_token_id (int or list) if it says one, else config.json's.
+    An id the tokenizer lacks is left out (sampling never draws beyond the tokenizer's vocabulary);
+    if none is left, nothing stops generation, as in transformers. The end-of-text id (padding, the
+    end of a reference solution) is the first stop id, else tokenizer_config's eos_token or <|endoftext|>."""
+    stops = []
     for name in ("generation_config.json", "config.json"):
         eos = (_json(os.path.join(folder, name)) or {}).get("eos_token_id")
-        for i in eos if isinstance(eos, list) else [eos]:
-            if i is not None and i not in found:
-                if not isinstance(i, int) or i not in token_ids.values():
-                    raise UserError(f"{os.path.join(folder, name)}: eos_token_id {i} is not a token of the tokenizer")
-                found.append(i)
-    if not found:
-        eos = tok_config.get("eos_token") or "<|endoftext|>"
-        eos = eos.get("content") if isinstance(eos, dict) else eos  # older files: an AddedToken dict
-        if eos not in token_ids:
-            raise UserError(f"{folder}: no end-of-sequence token (no eos_token_id in generation_config.json or "
-                            f"config.json, and {eos!r} is not a token)")
-        found.append(token_ids[eos])
-    return found[0], tuple(found)
+        if eos is not None:
+            stops = [i for i in (eos if isinstance(eos, list) else [eos]) if isinstance(i, int)
+                     and not isinstance(i, bool) and i in token_ids.values()]
+            break
+    stops = list(dict.fromkeys(stops))  # no duplicates, primary first
+    if stops:
+        return stops[0], tuple(stops)
+    eos = tok_config.get("eos_token") or "<|endoftext|>"
+    eos = eos.get("content") if isinstance(eos, dict) else eos  # older files: an AddedToken dict
+    if eos not in token_ids:
+        raise UserError(f"{folder}: no end-of-sequence token (no eos_token_id of the tokenizer in "
+                        f"generation_config.json or config.json, and {eos!r} is not a token)")
+    return token_ids[eos], ()
 
 
 class HFEncoding(tiktoken.Encoding):

@@ -54,10 +54,9 @@ def make_dir(path, family, tied=True, pad_rows=16, kv_heads=2, rope_theta=10000.
     tok = make_tokenizer(path, family)
     V = len(tok) + pad_rows
     eot, im_end = tok.convert_tokens_to_ids("<|endoftext|>"), tok.convert_tokens_to_ids("<|im_end|>")
-    if family == "gpt2":
-        model = GPT2LMHeadModel(GPT2Config(vocab_size=V, n_embd=64, n_layer=2, n_head=4, n_positions=128,
-                                           bos_token_id=eot, eos_token_id=eot))
-        eos = eot
+    if family == "gpt2":  # GPT2Config's own eos id (50256) lies beyond this vocabulary: nothing stops generate
+        model = GPT2LMHeadModel(GPT2Config(vocab_size=V, n_embd=64, n_layer=2, n_head=4, n_positions=128))
+        eos = model.config.eos_token_id
     else:
         kw = dict(vocab_size=V, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
                   num_key_value_heads=kv_heads, max_position_embeddings=256, rope_theta=rope_theta,

@@ -180,13 +180,21 @@ def test_merges_listing_every_split(tmp_path):
 def test_eos_and_stop_tokens(tmp_path):
     path, hf = make_qwen2(tmp_path)
     eot, im_end = hf.convert_tokens_to_ids(["<|endoftext|>", "<|im_end|>"])
-    assert load_hf_tokenizer(path).eot_token == eot             # tokenizer_config.json's eos_token
+    enc = load_hf_tokenizer(path)  # no eos id anywhere: tokenizer_config.json's eos_token, nothing stops
+    assert (enc.eot_token, enc.stop_tokens) == (eot, ())
     with open(os.path.join(path, "config.json"), "w") as f:
         json.dump({"eos_token_id": eot}, f)
-    with open(os.path.join(path, "generation_config.json"), "w") as f:
-        json.dump({"eos_token_id": [im_end, eot]}, f)
+    assert load_hf_tokenizer(path).stop_tokens == (eot,)
+    with open(os.path.join(path, "generation_config.json"), "w") as f:  # it wins, as in transformers' generate
+        json.dump({"eos_token_id": [im_end]}, f)
+    assert load_hf_tokenizer(path).stop_tokens == (im_end,)
+    with open(os.path.join(path, "generation_config.json"), "w") as f:  # ids the tokenizer lacks never stop
+        json.dump({"eos_token_id": [im_end, 99999, eot, im_end]}, f)
     enc = load_hf_tokenizer(path)
     assert enc.eot_token == im_end and enc.stop_tokens == (im_end, eot)
+    with open(os.path.join(path, "generation_config.json"), "w") as f:
+        json.dump({"eos_token_id": 99999}, f)  # a random config's default eos beyond a small vocabulary
+    assert (load_hf_tokenizer(path).eot_token, load_hf_tokenizer(path).stop_tokens) == (eot, ())
     enc2 = pickle.loads(pickle.dumps(enc))                       # e.g. into a DataLoader worker
     assert (enc2.eot_token, enc2.stop_tokens, enc2.chat) == (im_end, (im_end, eot), "chatml")
     assert enc2.encode("cafe\u0301") == enc.encode("café")
@@ -264,6 +272,10 @@ def test_refused_tokenizers(tmp_path):
     with open(damaged / "tokenizer.json", "r+") as f:
         f.truncate(100)
     refused(damaged, "tokenizer.json")
-    shutil.copytree(gpt2, tmp_path / "badcfg")
+    shutil.copytree(gpt2, tmp_path / "badcfg")  # no usable eos id, and no end-of-text token either
     (tmp_path / "badcfg" / "generation_config.json").write_text('{"eos_token_id": [99999]}')
-    refused(tmp_path / "badcfg", "generation_config.json", "99999")
+    tok_json = json.load(open(tmp_path / "badcfg" / "tokenizer.json"))
+    tok_json["added_tokens"] = []
+    json.dump(tok_json, open(tmp_path / "badcfg" / "tokenizer.json", "w"))
+    os.remove(tmp_path / "badcfg" / "tokenizer_config.json")
+    refused(tmp_path / "badcfg", "no end-of-sequence token")

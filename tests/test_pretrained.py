@@ -168,8 +168,9 @@ def test_weight_file_errors_name_the_tensor(tmp_path, dirs):
     assert torch.equal(GPT.from_pretrained(str(d))(x)[0], GPT.from_pretrained(src)(x)[0])
 
 
-def test_sample_cli_continues_raw_text_as_transformers_does(dirs):
-    path, hf, tok = dirs["qwen2"]
+@pytest.mark.parametrize("name", ["gpt2", "qwen2", "llama"])
+def test_sample_cli_continues_raw_text_as_transformers_does(dirs, name):
+    path, hf, tok = dirs[name]
     text = "Sam buys 7 cards"
     ids = tok(text, add_special_tokens=False)["input_ids"]
     out = hf.generate(torch.tensor([ids]), max_new_tokens=16, do_sample=False, pad_token_id=0,
@@ -179,6 +180,7 @@ def test_sample_cli_continues_raw_text_as_transformers_does(dirs):
                           "--max_new_tokens=16", "--num_samples=1"], cwd=ROOT, capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
     assert expected in res.stdout.splitlines()
+    assert len(tok(expected)["input_ids"]) > len(tok(text)["input_ids"])  # it continued
 
 
 def test_lora_targets_name_the_familys_layers(dirs, tmp_path):
