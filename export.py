@@ -30,6 +30,7 @@ defaults = dict(
 def main(argv):
     cfg = configure(defaults, argv)
     check(cfg, "out_dir", cfg["out_dir"] != "", "give the out_dir of a train_grpo.py run")
+    check(cfg, "merged_dir", cfg["merged"] or not cfg["merged_dir"], "is written only with --merged=True")
     path = cfg["ckpt"] or os.path.join(cfg["out_dir"], "ckpt.pt")
     ckpt = load_checkpoint(path)
     if "lora" not in ckpt or "base_ckpt" not in ckpt:

@@ -34,6 +34,9 @@ def hf_name(name, arch):
 def read_hf_config(path):
     file = os.path.join(path, "config.json")
     if not os.path.isfile(file):
+        if os.path.isfile(os.path.join(path, "ckpt.pt")):  # a run's directory, not a model's
+            raise UserError(f"{path} is a run directory, not a Hugging Face model directory: give its checkpoint, "
+                            f"{os.path.join(path, 'ckpt.pt')}")
         raise UserError(f"{path} is not a Hugging Face model directory (no config.json)" if os.path.isdir(path)
                         else f"model directory not found: {path}")
     try:

@@ -260,6 +260,38 @@ def test_exported_adapter_gives_the_projects_logits_in_peft(run, dirs):
         export.main([f"--out_dir={run}"])
 
 
+def test_gpt2_adapter_on_conv1d_layers_loads_in_peft(dirs, tmp_path, chars_reward):
+    """GPT-2's c_attn / c_proj / c_fc are Conv1D in transformers ((in, out) weights): peft adapts them
+    with fan_in_fan_out, and computes what this project's nn.Linear + LoRA computes."""
+    peft = pytest.importorskip("peft", reason="peft is the test-only reference for adapters (installed by .ci/run)")
+    import export
+    import train_grpo
+    from data.gsm_synth.prepare import prepare
+    from sample import load_policy
+    from transformers import AutoModelForCausalLM
+    data = prepare(steps=1, max_operand=5, ops="+", n_train=100, n_val=10, n_test=10, num_merges=20,
+                   verbose=False, root=str(tmp_path))
+    path, run = dirs["gpt2"][0], str(tmp_path / "run")
+    train_grpo.main([f"--base_ckpt={path}", f"--data_dir={data}", f"--out_dir={run}", "--max_iters=2",
+                     "--batch_size=2", "--group_size=4", "--max_new_tokens=10", "--eval_n=2", "--learning_rate=0.05",
+                     "--reward_funcs=('chars',)", "--reward_weights=(1.0,)", "--lora_targets=('c_attn','c_fc')"])
+    export.main([f"--out_dir={run}"])
+    assert json.load(open(f"{run}/peft_adapter/adapter_config.json"))["fan_in_fan_out"] is True
+    ours, _, _ = load_policy(f"{run}/ckpt.pt")
+    theirs = peft.PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(path), f"{run}/peft_adapter").eval()
+    x = torch.randint(0, 300, (2, 11), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        assert rel(ours(x, keep_last=11)[0], theirs(x).logits) <= 1e-5
+        assert rel(ours(x, keep_last=11)[0], AutoModelForCausalLM.from_pretrained(path)(x).logits) > 1e-4
+
+
+def test_a_run_directory_given_as_a_model_directory_is_named(tmp_path):
+    os.makedirs(tmp_path / "run")
+    open(tmp_path / "run" / "ckpt.pt", "w").close()
+    with pytest.raises(UserError, match=r"is a run directory.*give its checkpoint"):
+        GPT.from_pretrained(str(tmp_path / "run"))
+
+
 def test_export_refuses_a_run_on_the_tiny_base(tiny_setup, tmp_path, chars_reward):
     import export
     import train_grpo
@@ -269,3 +301,5 @@ def test_export_refuses_a_run_on_the_tiny_base(tiny_setup, tmp_path, chars_rewar
         export.main([f"--out_dir={tmp_path}/run"])
     with pytest.raises(UserError, match="not a train_grpo.py checkpoint"):
         export.main([f"--out_dir={os.path.dirname(tiny_setup)}"])
+    with pytest.raises(UserError, match="merged_dir"):
+        export.main([f"--out_dir={tmp_path}/run", f"--merged_dir={tmp_path}/m"])
