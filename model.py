@@ -200,6 +200,7 @@ class Block(nn.Module):
 class GPT(nn.Module):
     def __init__(self, config):
         super().__init__()
+        assert config.arch in ("gpt2", "llama"), f"arch must be 'gpt2' or 'llama', got {config.arch!r}"
         self.config = config
         self.transformer = nn.ModuleDict(dict(
             wte=nn.Embedding(config.vocab_size, config.n_embd),
