@@ -237,7 +237,7 @@ def check_knobs(cfg):
 def main(argv):
     cfg = configure(defaults, argv)
     check_knobs(cfg)
-    check_device(cfg["device"])
+    check_device(cfg["device"])  # float32
     if cfg["quick"]:
         cfg.update(QUICK)
     torch.manual_seed(cfg["seed"])

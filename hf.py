@@ -115,6 +115,15 @@ def hf_weight_files(path):
     return files
 
 
+def hf_tensors(path):
+    """(name, tensor) of every tensor of the directory's weight files, as stored (memory-mapped)."""
+    from safetensors import safe_open
+    for file, keys in hf_weight_files(path).items():
+        with safe_open(file, framework="pt") as f:
+            for key in keys if keys is not None else f.keys():
+                yield key, f.get_tensor(key)
+
+
 def read_hf_weights(path, arch, shapes, dtype):
     """{name here: tensor in dtype} for every name of `shapes` (name -> expected shape), read one
     tensor at a time from memory-mapped safetensors files: a model never needs twice its size."""

@@ -28,14 +28,17 @@ class LoRALinear(nn.Module):
         self.lora_dropout = nn.Dropout(dropout)
         self.r, self.alpha, self.scaling = r, alpha, alpha / r
         self.disabled = False                                      # set by disable_lora()
-        self.lora_A.to(base.weight.device, base.weight.dtype)
-        self.lora_B.to(base.weight.device, base.weight.dtype)
+        self.lora_A.to(base.weight.device)                         # float32 even on a bf16 base: the
+        self.lora_B.to(base.weight.device)                         # trained weights and AdamW state
 
     def forward(self, x):
         out = self.base(x)
         if self.disabled:
             return out                                             # the base model, exactly
-        return out + self.lora_B(self.lora_A(self.lora_dropout(x))) * self.scaling
+        if not torch.is_autocast_enabled(x.device.type):  # a bf16 base feeds bf16 x: the adapter's matmuls in
+            x = x.to(self.lora_A.weight.dtype)               # float32 (under autocast: autocast's dtype)
+        u = self.lora_B(self.lora_A(self.lora_dropout(x)))
+        return out + (u * self.scaling).to(out.dtype)
 
 
 def apply_lora(model, r=8, alpha=16, dropout=0.0, targets=("c_attn", "c_proj", "c_fc")):
@@ -111,7 +114,8 @@ def merge_lora(model):
     for name, m in list(model.named_modules()):
         if isinstance(m, LoRALinear):
             # a new tensor, not +=: the base weight may be shared (lm_head is tied to wte)
-            m.base.weight = nn.Parameter(m.base.weight + (m.lora_B.weight @ m.lora_A.weight) * m.scaling,
+            delta = (m.lora_B.weight @ m.lora_A.weight) * m.scaling  # float32, then the base's dtype
+            m.base.weight = nn.Parameter((m.base.weight + delta).to(m.base.weight.dtype),
                                          requires_grad=m.base.weight.requires_grad)
             parent_name, _, child = name.rpartition(".")
             setattr(model.get_submodule(parent_name), child, m.base)

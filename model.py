@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint as activation_checkpoint
 
 from configurator import UserError
-from hf import hf_config_args, read_hf_config, read_hf_weights
+from hf import hf_config_args, hf_tensors, read_hf_config, read_hf_weights
 
 
 @dataclass
@@ -234,7 +234,8 @@ class GPT(nn.Module):
         c, p = self.config, next(self.parameters())
         if pad_left is None:
             pad_left = torch.zeros(B, dtype=torch.long, device=p.device)
-        dtype = torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else p.dtype
+        kind = p.device.type
+        dtype = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else p.dtype
         return KVCache(c.n_layer, B, c.n_kv_head or c.n_head, max_len, c.n_embd // c.n_head, pad_left, p.device, dtype)
 
     def forward(self, idx, targets=None, pad_left=None, cache=None, keep_last=None):
@@ -275,7 +276,8 @@ class GPT(nn.Module):
             logits = self.lm_head(x)  # (B, T, V)
             loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
             return logits, loss
-        return self.lm_head(x[:, -(keep_last or 1):]), None  # (B, keep_last, V)
+        # contiguous: on a strided slice the head's matmul copies its (V, C) weight per row (bf16: 10x slower)
+        return self.lm_head(x[:, -(keep_last or 1):].contiguous()), None  # (B, keep_last, V)
 
 
     @classmethod
@@ -301,10 +303,41 @@ class GPT(nn.Module):
 # ---------------------------------------------------------------------------------------------
 # device check and checkpoint I/O shared by every script
 
-def check_device(device, dtype="bfloat16"):
-    """Fail at start-up, with the fix in the message, on a device or autocast dtype that cannot work,
-    and make 'cuda:N' the current device: memory_allocated() and synchronize() read the current one.
-    Returns the scripts' autocast context: `dtype` on CUDA; off on CPU and for float32."""
+def bf16_is_fast(device):
+    """(bool, why): does `device` run bfloat16 matmuls natively (several times float32's rate)?
+    CUDA GPUs with bf16 (Ampere on); CPUs with AMX-BF16 or AVX512-BF16 (measured 3-10x float32)."""
+    if device.startswith("cuda"):
+        ok = torch.cuda.is_bf16_supported()
+        return ok, f"{torch.cuda.get_device_name()} {'has' if ok else 'lacks'} bfloat16"
+    if device == "cpu":
+        try:
+            with open("/proc/cpuinfo") as f:
+                flags = set(next((line for line in f if line.startswith("flags")), "").split())
+        except OSError:
+            flags = set()
+        for flag, name in (("amx_bf16", "AMX-BF16"), ("avx512_bf16", "AVX512-BF16")):
+            if flag in flags:
+                return True, f"the CPU has {name}"
+        return False, f"the CPU has neither AMX-BF16 nor AVX512-BF16 ({torch.backends.cpu.get_cpu_capability()})"
+    return False, f"{device}: bfloat16 not known to be faster"
+
+
+def resolve_dtype(device, dtype):
+    """'auto' -> 'bfloat16' where the device runs it fast, else 'float32' (printed, with the reason)."""
+    if dtype not in ("auto", "bfloat16", "float32"):  # float16 would need a GradScaler (loss scaling): not here
+        raise UserError(f"dtype must be 'auto', 'bfloat16' or 'float32', got {dtype!r}")
+    if dtype != "auto":
+        return dtype
+    fast, why = bf16_is_fast(device)
+    print(f"dtype auto: {'bfloat16' if fast else 'float32'} ({why})")
+    return "bfloat16" if fast else "float32"
+
+
+def check_device(device, dtype="float32"):
+    """Fail at start-up, with the fix in the message, on a device or dtype that cannot work, and
+    make 'cuda:N' the current device: memory_allocated() and synchronize() read the current one.
+    Returns (dtype, autocast context): 'auto' resolved (resolve_dtype); bfloat16 autocast on the
+    device for 'bfloat16', off for 'float32'."""
     if not re.fullmatch(r"cpu|cuda(:\d+)?|mps", device):
         raise UserError(f"unknown device {device!r}: use 'cpu', 'cuda', 'cuda:N' (N = GPU index) or 'mps'")
     if device == "mps" and not torch.backends.mps.is_available():
@@ -316,10 +349,8 @@ def check_device(device, dtype="bfloat16"):
         if torch.device(device).index is not None and torch.device(device).index >= torch.cuda.device_count():
             raise UserError(f"device={device!r} but this machine has {torch.cuda.device_count()} GPU(s)")
         torch.cuda.set_device(device)
-    if dtype not in ("bfloat16", "float32"):  # float16 would need a GradScaler (loss scaling): not in this project
-        raise UserError(f"dtype must be 'bfloat16' (autocast on CUDA) or 'float32', got {dtype!r}")
-    use_amp = device.startswith("cuda") and dtype != "float32"
-    return torch.autocast("cuda", dtype=getattr(torch, dtype), enabled=use_amp)
+    dtype = resolve_dtype(device, dtype)
+    return dtype, torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=dtype == "bfloat16")
 
 
 def sync(device):
@@ -388,12 +419,19 @@ def model_from_checkpoint(ckpt, path="checkpoint", **overrides):
     return model
 
 
-def base_fingerprint(state_dict):
+def base_fingerprint(path, model):
     """sha256 (16 hex digits) of every tensor's name, dtype, shape and bytes: two bases of the same
-    shape but other weights (retrained, another seed) get different fingerprints."""
+    shape but other weights (retrained, another seed) get different fingerprints. A Hugging Face
+    directory's are the tensors as its files store them, whatever dtype they were loaded in."""
+    if os.path.isdir(path):
+        return tensors_fingerprint(hf_tensors(path))
+    return tensors_fingerprint(model.state_dict().items())
+
+
+def tensors_fingerprint(named_tensors):
     h = hashlib.sha256()
-    for k in sorted(state_dict):
-        t = state_dict[k].detach().cpu().contiguous()
+    for k, t in sorted(named_tensors, key=lambda kv: kv[0]):
+        t = t.detach().cpu().contiguous()
         h.update(f"{k}|{t.dtype}|{tuple(t.shape)}|".encode())
         h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
     return h.hexdigest()[:16]

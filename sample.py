@@ -181,10 +181,11 @@ defaults = dict(
 )
 
 
-def load_base(path, data_dir="", **overrides):
+def load_base(path, data_dir="", dtype=torch.float32, **overrides):
     """(model, tokenizer, data_dir) of a base model: a train_base.py checkpoint (with its task's
     tokenizer and data), or a Hugging Face model directory (GPT.from_pretrained, its own tokenizer,
-    and data_dir as given: '' = none yet, see task_data). overrides: GPTConfig fields."""
+    and data_dir as given: '' = none yet, see task_data), in `dtype` (a checkpoint's stays float32:
+    cast it after its fingerprint). overrides: GPTConfig fields."""
     if not os.path.isdir(path):
         ckpt = load_checkpoint(path)
         if data_dir and os.path.abspath(data_dir) != os.path.abspath(ckpt.get("data_dir", "")):
@@ -192,7 +193,7 @@ def load_base(path, data_dir="", **overrides):
                             f"{path} was trained on its own task data ({ckpt.get('data_dir')}): leave data_dir ''")
         model = model_from_checkpoint(ckpt, path, **overrides)
         return model, load_tokenizer(ckpt["data_dir"]), ckpt["data_dir"]
-    model, enc = GPT.from_pretrained(path), load_hf_tokenizer(path)
+    model, enc = GPT.from_pretrained(path, dtype), load_hf_tokenizer(path)
     for k, v in overrides.items():  # read by forward (grad_checkpoint); dropout is 0 already
         setattr(model.config, k, v)
     if enc.n_vocab > model.config.vocab_size:
@@ -223,7 +224,7 @@ def load_policy(ckpt_path, device="cpu", merge=False):
     if not os.path.exists(base_path) and os.path.exists(beside_code):
         base_path = beside_code  # run from another directory
     model, enc, data_dir = load_base(base_path, ckpt.get("data_dir", ""))
-    check_same_base(ckpt, ckpt_path, base_fingerprint(model.state_dict()), base_path)
+    check_same_base(ckpt, ckpt_path, base_fingerprint(base_path, model), base_path)
     apply_lora(model, cfg["lora_r"], cfg["lora_alpha"], 0.0, cfg["lora_targets"])
     load_lora_state_dict(model, ckpt["lora"])
     if merge:
@@ -238,7 +239,7 @@ def main(argv):
     check(cfg, "temperature", cfg["temperature"] >= 0, "must be >= 0 (0 = greedy)")
     check(cfg, "top_k", cfg["top_k"] >= 0, "must be >= 0 (0 = off)")
     check(cfg, "top_p", 0 < cfg["top_p"] <= 1, "must be in (0, 1] (1 = off)")
-    check_device(cfg["device"])
+    check_device(cfg["device"])  # float32
     check(cfg, "start", not (cfg["start"] and cfg["question"]), "give --start (raw text) or --question, not both")
     model, enc, data_dir = load_policy(cfg["ckpt"], cfg["device"], merge=True)
     if cfg["start"]:  # raw text, special tokens written in it included, continued as it is

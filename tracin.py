@@ -166,7 +166,7 @@ def main(argv):
     check(cfg, "out_dir", cfg["out_dir"] != "", "give the run directory of a train_grpo.py run")
     if not cfg["question"]:
         raise UserError('give the question to attribute: --question="Mia has 3 apples. ..."')
-    check_device(cfg["device"])
+    check_device(cfg["device"])  # float32
     run = cfg["out_dir"]
     if not os.path.isdir(run):
         raise UserError(f"{run} is not a directory: give the --out_dir of a train_grpo.py run")

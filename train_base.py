@@ -65,7 +65,8 @@ log_interval = 50
 eval_interval = 500
 eval_n = 200                # test problems scored greedily at each eval
 max_new_tokens = 40
-dtype = "bfloat16"          # autocast dtype on CUDA; CPU runs in float32
+dtype = "auto"              # 'bfloat16': autocast (weights and AdamW stay float32); 'float32'; 'auto': bf16
+                            # where the device runs it fast (CUDA with bf16, CPUs with AMX / AVX512-BF16)
 # -----------------------------------------------------------------------------
 defaults = {k: v for k, v in dict(globals()).items()
             if not k.startswith("_") and isinstance(v, (int, float, bool, str))}
@@ -98,14 +99,17 @@ def ensure_base(base_ckpt, base_config, device, resuming=False):
     main([base_config, f"--out_dir={out_dir}", f"--device={device}"])
 
 
-def load_frozen_base(base_ckpt, grad_checkpoint=False, data_dir=""):
+def load_frozen_base(base_ckpt, grad_checkpoint=False, data_dir="", dtype="float32"):
     """For train_grpo.py: (model, fingerprint of its weights, data_dir, tokenizer, splits). Dropout is
     off: with it on, GRPO's policy and reference passes would see different random masks. data_dir:
-    the task data for a Hugging Face base (sample.load_base)."""
-    model, enc, data_dir = load_base(base_ckpt, data_dir, dropout=0.0, grad_checkpoint=grad_checkpoint)
+    the task data for a Hugging Face base (sample.load_base). dtype 'bfloat16': the frozen weights are
+    stored in bf16, so no step casts them again (the fingerprint is of the weights as saved)."""
+    model, enc, data_dir = load_base(base_ckpt, data_dir, getattr(torch, dtype), dropout=0.0,
+                                     grad_checkpoint=grad_checkpoint)
+    fingerprint = base_fingerprint(base_ckpt, model)
     data_dir = task_data(data_dir)
     splits = {s: load_split(data_dir, s) for s in ("train", "val", "test")}
-    return model, base_fingerprint(model.state_dict()), data_dir, enc, splits
+    return model.to(getattr(torch, dtype)), fingerprint, data_dir, enc, splits
 
 
 def get_lr(it, max_iters, learning_rate, min_lr, warmup_iters):
@@ -197,7 +201,7 @@ def main(argv):
         cfg = configure(defaults, argv, saved=ckpt.get("config", {}))
     validate(cfg)
     with distributed.process_group(cfg["device"]) as cfg["device"]:  # under torchrun: cuda:LOCAL_RANK
-        amp = check_device(cfg["device"], cfg["dtype"])  # bf16 autocast on CUDA, a no-op on CPU
+        cfg["dtype"], amp = check_device(cfg["device"], cfg["dtype"])  # 'auto' resolved; bf16 autocast or none
         # a second run in this out_dir is refused from here on (rank 0 holds the lock for the whole job)
         with run_lock(cfg["out_dir"]) if distributed.is_main() else nullcontext():
             run = setup(cfg, ckpt)

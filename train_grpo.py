@@ -54,7 +54,9 @@ base_config = "config/tiny_base.py"   # used to train the base model when base_c
 data_dir = ""               # task data for such a directory; '' = data/gsm_synth's default, built if missing
 seed = 1337
 device = "cpu"
-dtype = "bfloat16"          # autocast dtype on CUDA; CPU runs in float32
+dtype = "auto"              # 'bfloat16': frozen base weights stored in bf16 under bf16 autocast (LoRA, AdamW,
+                            # log-probs, loss, influence stay float32); 'float32'; 'auto': bf16 where the
+                            # device runs it fast (CUDA with bf16, CPUs with AMX / AVX512-BF16)
 # GRPO
 batch_size = 8              # prompts per step
 group_size = 8              # completions per prompt (G); advantages are relative within a group
@@ -216,7 +218,7 @@ def load_base(cfg, out, resume):
     have been trained on exactly these base weights, and every prompt + max_new_tokens must fit."""
     ensure_base(cfg["base_ckpt"], cfg["base_config"], cfg["device"], resuming=resume is not None)
     model, fingerprint, data_dir, enc, splits = load_frozen_base(cfg["base_ckpt"], cfg["grad_checkpoint"],
-                                                                 cfg["data_dir"])
+                                                                 cfg["data_dir"], cfg["dtype"])
     if resume is not None:
         check_same_base(resume, os.path.join(out, "ckpt.pt"), fingerprint, cfg["base_ckpt"])
     longest = max(len(encode_prompt(enc, e["question"])) for rows in splits.values() for e in rows)
@@ -239,7 +241,7 @@ def main(argv):
         cfg["base_ckpt"] = resume["base_ckpt"]
     validate(cfg)
     with distributed.process_group(cfg["device"]) as cfg["device"]:  # under torchrun: cuda:LOCAL_RANK
-        amp = check_device(cfg["device"], cfg["dtype"])  # bf16 autocast on CUDA, a no-op on CPU
+        cfg["dtype"], amp = check_device(cfg["device"], cfg["dtype"])  # 'auto' resolved; bf16 autocast or none
         # a second run in this out_dir is refused from here on (rank 0 holds the lock for the whole job)
         with run_lock(cfg["out_dir"]) if distributed.is_main() else nullcontext():
             run = Run(cfg, amp, resume)

@@ -20,3 +20,6 @@ beta = 0.0          # no KL term: then a zero-advantage rollout has exactly zero
 eval_interval = 75
 eval_n = 500
 ckpt_interval = 25
+# float32 on every machine: bf16 (dtype="auto" on a CPU with AMX / AVX512-BF16) is not yet measured
+# on this demo (docs/experiments.md); try it with --dtype=bfloat16
+dtype = "float32"

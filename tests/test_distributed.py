@@ -11,6 +11,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
+import train_base
 import train_grpo as tg
 from distributed import finish  # each worker ends with it, as configurator.cli_main does under torchrun
 from model import load_checkpoint
@@ -21,6 +22,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def chars(completion, answer):  # conftest's chars_reward, at module level so that spawned processes can use it
     return len(completion) / 10
+
+
+# the spawned processes import this file afresh: they run in float32 too, as conftest's float32_runs does
+tg.defaults["dtype"] = train_base.defaults["dtype"] = "float32"
 
 
 def free_port():

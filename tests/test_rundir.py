@@ -82,14 +82,14 @@ def test_truncate_jsonl_keeps_the_resumed_steps_only(tmp_path):
 
 def test_fingerprint_sees_one_changed_weight():
     sd = {"a.weight": torch.randn(4, 3), "b": torch.arange(5), "h": torch.randn(2).to(torch.bfloat16)}
-    fp = model.base_fingerprint(sd)
-    assert fp == model.base_fingerprint({k: v.clone() for k, v in reversed(list(sd.items()))})  # order-free
+    fp = model.tensors_fingerprint(sd.items())
+    assert fp == model.tensors_fingerprint({k: v.clone() for k, v in reversed(list(sd.items()))}.items())  # order-free
     changed = {k: v.clone() for k, v in sd.items()}
     changed["a.weight"][2, 1] += 1e-3
-    assert model.base_fingerprint(changed) != fp
-    assert model.base_fingerprint({**sd, "h": sd["h"].float()}) != fp   # same values, another dtype
+    assert model.tensors_fingerprint(changed.items()) != fp
+    assert model.tensors_fingerprint({**sd, "h": sd["h"].float()}.items()) != fp   # same values, another dtype
     with pytest.raises(UserError, match="other base weights than base.pt"):
-        model.check_same_base({"base_fingerprint": fp}, "run/ckpt.pt", model.base_fingerprint(changed), "base.pt")
+        model.check_same_base({"base_fingerprint": fp}, "run/ckpt.pt", model.tensors_fingerprint(changed.items()), "base.pt")
     model.check_same_base({"base_fingerprint": fp}, "run/ckpt.pt", fp, "base.pt")
 
 
