@@ -27,6 +27,9 @@ Rows:
   throughput (bench_memory.py) one standard GRPO step at the throughput size: 6 layers x 384,
              8 prompts x 8 completions x 64 tokens, per phase; steps/s, generated tokens/s,
              completions/s (the target is an H100's).
+  half precision (bench_half.py) the same step in float32 vs with the frozen base in bf16 under bf16
+             autocast (dtype='bfloat16'), per phase, at 4 x 128, 6 x 384 and GPT-2 small (12 x 768,
+             vocabulary 50,304); loss and LoRA gradient of both on the same rollouts.
 Writes the markdown table to bench_<device>.md as well (not with --quick).
 """
 import sys
@@ -36,6 +39,7 @@ import warnings
 import torch
 from torch.func import functional_call, grad, vmap
 
+from bench_half import bench_half
 from bench_memory import bench_memory, bench_throughput
 from bench_posthoc import bench_posthoc
 from bench_step import bench_model, bench_rewards, bench_step_cost, timed
@@ -83,6 +87,8 @@ defaults = dict(
     thr_prompt_len=24,
     thr_new_tokens=64,
     thr_repeats=0,        # throughput: 0 = repeats on CUDA, 1 on CPU (one step takes seconds there)
+    half_shapes=((4, 4, 128, 395), (6, 6, 384, 96), (12, 12, 768, 50304)),  # half precision: (layers, heads,
+    half_repeats=3,       # width, vocabulary) at the throughput batch; rounds after a warm-up
     seed=0,
 )
 
@@ -93,7 +99,7 @@ QUICK = dict(n_seq=4, new_tokens=16, n_train=4, n_val=2, seq_lens=(8,), repeats=
              posthoc_prompts=2, posthoc_group=2, posthoc_checkpoints=2,
              mem_n_layer=1, mem_n_head=2, mem_n_embd=32, mem_vocab=512, mem_prompts=2, mem_group=2,
              mem_prompt_len=8, mem_new_tokens=8, thr_n_layer=1, thr_n_head=2, thr_n_embd=32, thr_prompts=2,
-             thr_group=2, thr_prompt_len=8, thr_new_tokens=8)
+             thr_group=2, thr_prompt_len=8, thr_new_tokens=8, half_shapes=((1, 2, 32, 64),), half_repeats=1)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -221,7 +227,7 @@ def bench_influence(cfg):
 # every row, in this order, into one table
 
 ROWS = (bench_sampling, bench_step_cost, bench_rewards, bench_influence, bench_posthoc, bench_memory,
-        bench_throughput)
+        bench_throughput, bench_half)
 
 
 def check_knobs(cfg):
@@ -232,6 +238,9 @@ def check_knobs(cfg):
             check(cfg, k, v >= 0 if auto else v > 0, "must be >= 0 (0 = by device)" if auto else "must be > 0")
     check(cfg, "seq_lens", len(cfg["seq_lens"]) > 0 and all(isinstance(t, int) and t > 0 for t in cfg["seq_lens"]),
           "one or more positive completion lengths, e.g. (64, 256)")
+    check(cfg, "half_shapes", len(cfg["half_shapes"]) > 0 and all(
+          len(s) == 4 and all(isinstance(v, int) and v > 0 for v in s) and s[2] % s[1] == 0 for s in cfg["half_shapes"]),
+          "one or more (layers, heads, width, vocabulary), positive, width a multiple of heads")
 
 
 def main(argv):

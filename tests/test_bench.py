@@ -26,7 +26,12 @@ def test_quick_bench_rows(capsys, tmp_path):
     funcs = dict(rewards.REWARD_FUNCS)
     rows = bench.main(["--quick=True", f"--base_ckpt={tmp_path / 'none.pt'}", f"--data_root={tmp_path}"])
     assert [r[0] for r in rows] == ["sampling", "step cost, TracIn pg", "step cost, TracIn nll", "rewards, task",
-                                    "rewards, slow", "influence T=8", "posthoc vs Captum", "memory", "throughput"]
+                                    "rewards, slow", "influence T=8", "posthoc vs Captum", "memory", "throughput",
+                                    "half precision 1x32"]
+    half = rows.pop()  # float32 vs a bf16-stored base, one tiny shape: no target, the numbers are compared
+    cos = float(re.search(r"LoRA-gradient cosine ([0-9.]+)", half[1]).group(1))
+    l32, l16 = (float(x) for x in re.search(r"loss ([0-9.e+-]+) vs ([0-9.e+-]+)", half[1]).groups())
+    assert cos >= 0.99 and abs(l16 - l32) <= 1e-2 * abs(l32) and half[4].startswith("n/a")
     for r in rows[1:3]:
         assert "random weights" in r[1] and float(r[2].rstrip("x")) > 0
         assert "same kept set as the matrix path: True" in r[1]
