@@ -128,3 +128,30 @@ def test_adapter_and_merge_keep_their_dtypes():
     assert {v.dtype for k, v in m16.state_dict().items() if ".lora_" in k} == {torch.float32}  # what is saved
     merged = merge_lora(copy.deepcopy(m16))
     assert {p.dtype for p in merged.parameters()} == {torch.bfloat16}
+
+
+def test_a_bf16_run_stores_the_base_in_bf16_and_saves_float32(tiny_setup, tmp_path, chars_reward, capsys,
+                                                             monkeypatch):
+    """train_grpo.py --dtype=bfloat16 on the CPU: the frozen base in bf16, the adapter, its gradients and
+    AdamW's state in float32 (so is every checkpoint); 'auto' names its choice and the reason."""
+    import model as model_module
+    import train_grpo
+    seen = {}
+    real_update = grpo.update
+
+    def spy(model, optimizer, *args, **kwargs):
+        seen["base"] = {p.dtype for n, p in model.named_parameters() if ".lora_" not in n}
+        seen["grads"] = {p.grad.dtype for p in lora_parameters(model) if p.grad is not None}
+        return real_update(model, optimizer, *args, **kwargs)
+    monkeypatch.setattr(grpo, "update", spy)  # grpo_updates' clip + AdamW
+    monkeypatch.setattr(model_module, "bf16_is_fast", lambda device: (True, "a test's CPU"))
+    cfg = train_grpo.main([f"--base_ckpt={tiny_setup}", f"--out_dir={tmp_path}/run", "--dtype=auto",
+                           "--max_iters=2", "--batch_size=2", "--group_size=4", "--max_new_tokens=8", "--eval_n=4",
+                           "--reward_funcs=('chars',)", "--reward_weights=(1.0,)"])
+    assert "dtype auto: bfloat16 (a test's CPU)" in capsys.readouterr().out and cfg["dtype"] == "bfloat16"
+    assert seen == {"base": {torch.bfloat16}, "grads": {torch.float32}}
+    ckpt = torch.load(f"{tmp_path}/run/ckpt.pt", weights_only=True)
+    assert {v.dtype for v in ckpt["lora"].values()} == {torch.float32}
+    states = [t for s in ckpt["optimizer"]["state"].values() for t in s.values() if t.dim() > 0]
+    assert states and {t.dtype for t in states} == {torch.float32}
+    assert ckpt["config"]["dtype"] == "bfloat16"  # resumed as it ran
