@@ -47,7 +47,7 @@ from configurator import check, cli_main, configure
 from ghost import compute_ghost_inner_product_matrix, install_ghost_hooks
 from grpo import completion_logprobs, grpo_loss, selective_log_softmax
 from lora import apply_lora
-from model import check_device
+from device import check_device
 from sample import generate
 
 defaults = dict(

@@ -19,7 +19,7 @@ import distributed
 from configurator import UserError
 from data.gsm_synth.prepare import encode_prompt
 from lora import disable_lora, lora_parameters
-from model import sync
+from device import sync
 from rewards import compute_rewards
 from sample import decode_completions, generate, pad_prompts, stop_tokens
 

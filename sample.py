@@ -21,7 +21,8 @@ import torch
 
 from data.gsm_synth.prepare import encode_prompt, load_split, load_tokenizer, prepare
 from lora import apply_lora, load_lora_state_dict, merge_lora
-from model import GPT, base_fingerprint, check_device, check_same_base, load_checkpoint, model_from_checkpoint
+from device import check_device
+from model import GPT, base_fingerprint, check_same_base, load_checkpoint, model_from_checkpoint
 from tokenizer import load_hf_tokenizer
 
 

@@ -28,7 +28,8 @@ from data.gsm_synth.prepare import encode_prompt, encode_text
 from ghost import (compute_ghost_inner_product_matrix, ghost_mode, install_ghost_hooks, subset_gradients,
                    summed_gradient, summed_inner_products)
 from grpo import batch_counts, policy_backward, rank_share, rollout_batch, sum_over_ranks
-from model import check_device, load_checkpoint
+from device import check_device
+from model import load_checkpoint
 from rundir import read_jsonl, run_lock
 from sample import generate, load_policy, stop_tokens
 

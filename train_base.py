@@ -24,7 +24,8 @@ import torch
 
 import distributed
 from data.gsm_synth.prepare import TEMPLATES, encode_prompt, encode_text, load_split, load_tokenizer, prepare
-from model import (GPT, GPTConfig, base_fingerprint, check_device, load_checkpoint, model_from_checkpoint,
+from device import check_device
+from model import (GPT, GPTConfig, base_fingerprint, load_checkpoint, model_from_checkpoint,
                    save_checkpoint)
 from rewards import extract_answer
 from rundir import run_lock

@@ -37,7 +37,8 @@ import distributed
 from grpo import LOSS_TYPES, grpo_updates, make_rollouts, rollouts_rewards_in_background, update
 from metrics import print_step, rollout_record, step_log
 from lora import apply_lora, lora_parameters, lora_state_dict, load_lora_state_dict
-from model import check_device, check_same_base, load_checkpoint, memory_stats, save_checkpoint
+from device import check_device, memory_stats
+from model import check_same_base, load_checkpoint, save_checkpoint
 from rewards import REWARD_FUNCS
 from rundir import refuse_existing_run, run_files, run_lock, truncate_jsonl
 from sample import NonFiniteLogits

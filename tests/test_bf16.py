@@ -134,7 +134,7 @@ def test_a_bf16_run_stores_the_base_in_bf16_and_saves_float32(tiny_setup, tmp_pa
                                                              monkeypatch):
     """train_grpo.py --dtype=bfloat16 on the CPU: the frozen base in bf16, the adapter, its gradients and
     AdamW's state in float32 (so is every checkpoint); 'auto' names its choice and the reason."""
-    import model as model_module
+    import device as device_module
     import train_grpo
     seen = {}
     real_update = grpo.update
@@ -144,7 +144,7 @@ def test_a_bf16_run_stores_the_base_in_bf16_and_saves_float32(tiny_setup, tmp_pa
         seen["grads"] = {p.grad.dtype for p in lora_parameters(model) if p.grad is not None}
         return real_update(model, optimizer, *args, **kwargs)
     monkeypatch.setattr(grpo, "update", spy)  # grpo_updates' clip + AdamW
-    monkeypatch.setattr(model_module, "bf16_is_fast", lambda device: (True, "a test's CPU"))
+    monkeypatch.setattr(device_module, "bf16_is_fast", lambda device: (True, "a test's CPU"))
     cfg = train_grpo.main([f"--base_ckpt={tiny_setup}", f"--out_dir={tmp_path}/run", "--dtype=auto",
                            "--max_iters=2", "--batch_size=2", "--group_size=4", "--max_new_tokens=8", "--eval_n=4",
                            "--reward_funcs=('chars',)", "--reward_weights=(1.0,)"])

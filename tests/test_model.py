@@ -17,6 +17,7 @@ from dataclasses import asdict
 import pytest
 import torch
 
+import device as device_module
 import model as model_module
 from configurator import UserError
 from model import GPT, GPTConfig, load_checkpoint, model_from_checkpoint, save_checkpoint
@@ -329,28 +330,28 @@ def test_model_from_checkpoint_not_a_base_checkpoint():
 @pytest.mark.parametrize("device", ["cuda", "cuda:1"])
 def test_check_device_without_cuda_says_what_to_do(device):
     with pytest.raises(UserError, match="--device=cpu"):
-        model_module.check_device(device)
+        device_module.check_device(device)
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bf16", "int8"])
 def test_check_device_refuses_dtypes_without_a_loss_scaler(dtype):
     with pytest.raises(UserError, match="bfloat16"):
-        model_module.check_device("cpu", dtype)
-    dtype, amp = model_module.check_device("cpu", "float32")
+        device_module.check_device("cpu", dtype)
+    dtype, amp = device_module.check_device("cpu", "float32")
     with amp:  # float32: no autocast anywhere
         assert dtype == "float32" and not torch.is_autocast_enabled("cuda") and not torch.is_autocast_enabled("cpu")
-    dtype, amp = model_module.check_device("cpu", "bfloat16")
+    dtype, amp = device_module.check_device("cpu", "bfloat16")
     with amp:  # bfloat16 is honoured on the CPU too
         assert dtype == "bfloat16" and torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
 
 
 def test_auto_dtype_follows_the_hardware(monkeypatch, capsys):
     for fast, want in ((True, "bfloat16"), (False, "float32")):
-        monkeypatch.setattr(model_module, "bf16_is_fast", lambda device: (fast, "the reason"))
-        assert model_module.check_device("cpu", "auto")[0] == want
+        monkeypatch.setattr(device_module, "bf16_is_fast", lambda device: (fast, "the reason"))
+        assert device_module.check_device("cpu", "auto")[0] == want
         assert f"dtype auto: {want} (the reason)" in capsys.readouterr().out
     monkeypatch.undo()
-    fast, why = model_module.bf16_is_fast("cpu")  # against the CPU's own flags
+    fast, why = device_module.bf16_is_fast("cpu")  # against the CPU's own flags
     flags = open("/proc/cpuinfo").read() if os.path.exists("/proc/cpuinfo") else ""
     assert fast == ("amx_bf16" in flags or "avx512_bf16" in flags) and why
 
