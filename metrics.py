@@ -46,3 +46,27 @@ def print_step(log, cfg, lr):
           + (f" | selected {log['n_selected']}/{cfg['batch_size'] * cfg['group_size']} "
              f"(infl {log['influence/mean']:+.2e})" if cfg["tracin"] else "")
           + (f" | level {log['curriculum/level']}" if "curriculum/level" in log else ""))
+
+
+class NoSignal:
+    """Steps in which every group scored alike: every advantage is 0, so the step learns nothing. After
+    `patience` of them in a row, one warning naming the likely causes; summary() for the run's last line."""
+
+    def __init__(self, patience=5):
+        self.patience, self.in_a_row, self.steps, self.total, self.warned = patience, 0, 0, 0, False
+
+    def after_step(self, log, verbose=True):
+        self.total += 1
+        if log.get("frac_reward_zero_std") != 1.0:
+            self.in_a_row = 0
+            return
+        self.steps, self.in_a_row = self.steps + 1, self.in_a_row + 1
+        if self.in_a_row == self.patience and not self.warned and verbose:
+            self.warned = True
+            print(f"warning: {self.patience} steps in a row without a learning signal (every group's completions "
+                  f"scored alike, every advantage 0): the base may be too weak for the task, a reward may never fire "
+                  f"(see rewards/<fn> in log.jsonl), or the model may not follow the prompt's format (see the "
+                  f"completions in rollouts.jsonl)")
+
+    def summary(self):
+        return f"; {self.steps} of {self.total} steps had no learning signal" if self.steps else ""

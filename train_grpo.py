@@ -35,7 +35,7 @@ from curriculum import from_config, parse_levels
 from data.gsm_synth.prepare import encode_prompt
 import distributed
 from grpo import LOSS_TYPES, grpo_updates, make_rollouts, rollouts_rewards_in_background, update
-from metrics import print_step, rollout_record, step_log
+from metrics import NoSignal, print_step, rollout_record, step_log
 from lora import apply_lora, lora_parameters, lora_state_dict, load_lora_state_dict
 from device import check_device, memory_stats
 from model import check_same_base, load_checkpoint, save_checkpoint
@@ -363,6 +363,7 @@ class Run:
 
     def train(self):
         cfg, out, log_f, roll_f, skipped_in_a_row = self.cfg, self.out, None, None, 0
+        no_signal = NoSignal()
         try:
             first = {"iter": 0, "elapsed": 0.0, **self.evaluate()} if self.iter_num == 0 else None
             if self.iter_num == 0:
@@ -386,6 +387,7 @@ class Run:
                 log_f.flush(); roll_f.flush()
                 if it % cfg["log_interval"] == 0 and distributed.is_main():
                     print_step(log, cfg, lr)
+                no_signal.after_step(log, verbose=distributed.is_main())
                 skipped_in_a_row = skipped_in_a_row + 1 if log["skipped"] else 0
                 if skipped_in_a_row >= cfg["max_skipped_steps"]:
                     raise UserError(f"{skipped_in_a_row} steps in a row skipped ({log['skip_reason']}) at iter {it}: "
@@ -405,7 +407,7 @@ class Run:
                     f.close()
         if distributed.is_main():
             print(f"done: {self.iter_num} GRPO steps in {self.elapsed_before + time.time() - self.t_start:.0f}s; "
-                  f"run directory {out}")
+                  f"run directory {out}{no_signal.summary()}")
 
     def interrupted(self):
         """Ctrl-C: one line saying where the run stopped and how to resume it."""
