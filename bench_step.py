@@ -23,6 +23,7 @@ import torch
 
 import rewards
 import train_grpo
+from tasks import task_rewards
 from data.gsm_synth.prepare import ROOT, load_split, load_tokenizer, prepare
 from lora import apply_lora, lora_parameters
 from model import GPT, GPTConfig, load_checkpoint, model_from_checkpoint
@@ -159,14 +160,15 @@ def bench_rewards(cfg):
     """A standard step with background_rewards off and on, for the task's rewards and a slow one."""
     model, enc, what, tb, _ = task_setup(cfg, cfg["step_batch_size"], 0)
     amp = torch.autocast("cuda", dtype=torch.bfloat16, enabled="cuda" in cfg["device"])
-    funcs, ms = tuple(train_grpo.defaults["reward_funcs"]), cfg["slow_reward_ms"]
+    (funcs, weights), ms = task_rewards(train_grpo.defaults), cfg["slow_reward_ms"]
     slow_name = f"{funcs[0]}_slow"
     kinds = {"task": funcs, "slow": (slow_name, *funcs[1:])}
     rewards.REWARD_FUNCS[slow_name] = slow(rewards.REWARD_FUNCS[funcs[0]], ms)  # looked up by name per call
     try:
         variants = [(kind, bg) for kind in kinds for bg in (False, True)]
         runs = interleaved(variants, cfg["step_repeats"], lambda v: timed_grpo_step(
-            model, enc, tb, None, "standard", cfg, amp, beta=0.04, reward_funcs=kinds[v[0]], background_rewards=v[1]))
+            model, enc, tb, None, "standard", cfg, amp, beta=0.04, reward_funcs=kinds[v[0]], reward_weights=weights,
+            background_rewards=v[1]))
     finally:
         del rewards.REWARD_FUNCS[slow_name]
     rows, keys = [], ("time/reward", "time/reference", "total")

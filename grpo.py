@@ -22,6 +22,7 @@ from lora import disable_lora, lora_parameters
 from device import sync
 from rewards import compute_rewards
 from sample import decode_completions, generate, pad_prompts, stop_tokens
+from tasks import task_rewards
 
 
 def compute_group_advantages(rewards, group_size, scale_rewards="group", epsilon=0.0):
@@ -277,7 +278,7 @@ def score_rollouts(enc, sampled, batches, cfg, times, cache=None):
         start = rows.stop
         texts = decode_completions(enc, idx[rows], mask[rows])
         rewards, per_fn, errors = compute_rewards(texts, [a for a in answers for _ in range(G)],
-                                                  list(cfg["reward_funcs"]), list(cfg["reward_weights"]), cache)
+                                                  *map(list, task_rewards(cfg)), cache)
         rewards = torch.tensor(rewards)  # NaN where no reward function could score the completion
         advantages, n_zero_std = compute_group_advantages(rewards, G, cfg["scale_rewards"], cfg["advantage_epsilon"])
         truncated = ~torch.isin(idx[rows, -T:], torch.tensor(stop_tokens(enc), device=idx.device)).any(1)  # no end

@@ -4,6 +4,9 @@ post-hoc TracIn, tracin.py, attributes to) and one console line.
 """
 import torch
 
+from rewards import pop_counts
+from tasks import TASKS
+
 
 def step_log(rollouts, stats, cfg, grad_norm, skipped, extra, times, cache=None):
     """One log.jsonl line, with TRL's metric names."""
@@ -13,8 +16,10 @@ def step_log(rollouts, stats, cfg, grad_norm, skipped, extra, times, cache=None)
     scored = rewards[~rewards.isnan()]
     return {"loss": sum(stats["losses"]), "reward": scored.mean().item(), "reward_std": scored.std().item(),
             **{f"rewards/{k}": nanmean(v) for k, v in per_fn.items()}, "rewards/unscored": n - scored.numel(),
+            **{f"rewards/{k}": v for k, v in pop_counts().items()},  # e.g. countdown: not parsed (no <answer>)
             **({"rewards/cache_hit_rate": cache.get("hits", 0) / cache["lookups"]} if cache and cache.get("lookups") else {}),
-            "accuracy": nanmean(per_fn["correctness"]) if "correctness" in per_fn else float("nan"),
+            "accuracy": nanmean(per_fn[correct]) if (correct := TASKS[cfg.get("task", "arith")]["correct"]) in per_fn
+            else float("nan"),
             "frac_reward_zero_std": rollouts["n_zero_std"] / (n // cfg["group_size"]),
             "kl": stats["kl_sum"] / ntok, "entropy": stats["ent_sum"] / ntok,
             "completions/mean_length": mask.sum(1).float().mean().item(),

@@ -1,18 +1,24 @@
-"""Reward functions for GRPO on synthetic GSM8K-style arithmetic.
+"""Reward functions for GRPO, one set per task.
 
-A completion looks like:
+arith (the default): synthetic GSM8K-style arithmetic. A completion looks like:
 
     12+5=17
     17-3=14
     #### 14
 
 (the end-of-text token already stripped). Reference answers are ints.
+gsm8k: real GSM8K; the answer is after the last "####" or in the last \\boxed{}.
+countdown (TinyZero): reach a target from given numbers; the answer is
+[numbers, target] and the completion ends "<think>...</think><answer>expr</answer>".
 Every reward function has the signature ``fn(completion, answer) -> float`` so
 that new ones can be added to ``REWARD_FUNCS`` and selected by name from the
 config without touching the training loop.
 """
 
+import collections
+import operator
 import re
+from fractions import Fraction
 
 # The number after the final "####". Only horizontal whitespace may separate it
 # from the marker, so a number on a *later* line is not taken as the answer.
@@ -82,12 +88,227 @@ def length_reward(completion: str, answer: int) -> float:
     return -min(1.0, excess / (3 * LENGTH_TARGET))
 
 
+# --- gsm8k ---------------------------------------------------------------------
+
+# The content of a \boxed{...} that is an integer: sign, well-grouped thousands
+# commas, a whole decimal ("72.0"), spaces or $ around. ASCII digits only
+# ([0-9], not \d, which would also take "３" or "٣").
+_BOXED_RE = re.compile(r"[\s$]*([+-]?)([0-9]{1,3}(?:,[0-9]{3})+|[0-9]+)(?:\.(0+))?[\s$]*")
+
+
+def _boxed_answer(text: str) -> int | None:
+    """The integer in the LAST '\\boxed{...}', or None (nested braces, such as
+    \\frac{1}{2}, are never an integer, so the first '}' closes it)."""
+    start = text.rfind("\\boxed{")
+    if start < 0:
+        return None
+    start += len("\\boxed{")
+    end = text.find("}", start)
+    m = _BOXED_RE.fullmatch(text, start, end) if end >= 0 else None
+    if m is None:
+        return None
+    sign, digits, _ = m.groups()
+    try:
+        value = int(digits.replace(",", ""))
+    except ValueError:  # Python's limit on very long digit strings
+        return None
+    return -value if sign == "-" else value
+
+
+def gsm8k_reward(completion: str, answer: int) -> float:
+    """GSM8K correctness: 1.0 if the final answer equals the reference int.
+
+    The final answer is the number after the LAST '####' (extract_answer); if
+    that gives none (no marker, or no number after it), the integer in the LAST
+    '\\boxed{...}', which instruction-tuned models write instead.
+    """
+    value = extract_answer(completion)
+    if value is None:
+        value = _boxed_answer(completion)
+    return 1.0 if value is not None and value == answer else 0.0
+
+
+# --- countdown -----------------------------------------------------------------
+
+# Per-step counters for the training loop's log (see pop_counts):
+#   countdown/skipped: no well-formed <answer>...</answer>, so nothing was parsed
+#   countdown/parsed:  an answer was found and went through the parser
+COUNTS = collections.Counter()
+
+
+def pop_counts() -> dict:
+    """Return the counters since the last call and reset them (call it once per
+    step, after scoring has finished: a scoring thread still running would add
+    to the next step's counts)."""
+    out = dict(COUNTS)
+    COUNTS.clear()
+    return out
+
+
+# Bounds that keep a hostile answer cheap: an honest one with 4 numbers from
+# 1-99 needs ~20 characters and 3 levels of parentheses.
+COUNTDOWN_MAX_CHARS = 200
+COUNTDOWN_MAX_DEPTH = 32
+COUNTDOWN_MAX_DIGITS = 6
+
+_TOKEN_RE = re.compile(r"[0-9]+|[-+*/()]|[ \t\r\n]+")  # ASCII only, by construction
+
+
+class _Reject(Exception):
+    """Not a valid countdown expression; always caught inside countdown_reward."""
+
+
+def _tokenize(text: str) -> list:
+    """ints and operator characters; _Reject on anything else."""
+    tokens, pos = [], 0
+    while pos < len(text):
+        m = _TOKEN_RE.match(text, pos)
+        if m is None:
+            raise _Reject(f"bad character {text[pos]!r}")  # letters, '.', '=', '３', ...
+        tok, pos = m.group(), m.end()
+        if tok[0] in "0123456789":
+            # As given: no "03" for 3, and no literal long enough to cost anything.
+            if len(tok) > COUNTDOWN_MAX_DIGITS or (len(tok) > 1 and tok[0] == "0"):
+                raise _Reject(f"bad literal {tok[:10]!r}")
+            tokens.append(int(tok))
+        elif not tok.isspace():
+            tokens.append(tok)
+    return tokens
+
+
+class _Parser:
+    """Recursive descent over the tokens, evaluating exactly with Fraction:
+        expr   := term (('+' | '-') term)*
+        term   := factor (('*' | '/') factor)*
+        factor := INT | '(' expr ')'
+    No unary minus: the numbers must be used as given (so "-3+5" and "3--5" fail).
+    """
+
+    def __init__(self, tokens):
+        self.tokens, self.pos, self.depth = tokens, 0, 0
+
+    def peek(self):
+        return self.tokens[self.pos] if self.pos < len(self.tokens) else None
+
+    def take(self):
+        tok = self.peek()
+        self.pos += 1
+        return tok
+
+    def expr(self) -> Fraction:
+        value = self.term()
+        while self.peek() in ("+", "-"):
+            if self.take() == "+":
+                value += self.term()
+            else:
+                value -= self.term()
+        return value
+
+    def term(self) -> Fraction:
+        value = self.factor()
+        while self.peek() in ("*", "/"):
+            if self.take() == "*":
+                value *= self.factor()
+            else:
+                divisor = self.factor()
+                if divisor == 0:
+                    raise _Reject("division by zero")
+                value /= divisor
+        return value
+
+    def factor(self) -> Fraction:
+        tok = self.take()
+        if isinstance(tok, int):
+            return Fraction(tok)
+        if tok != "(":
+            raise _Reject(f"expected a number or '(', got {tok!r}")  # "**", "-3", "()", end
+        self.depth += 1
+        if self.depth > COUNTDOWN_MAX_DEPTH:
+            raise _Reject("parentheses nested too deep")
+        value = self.expr()
+        if self.take() != ")":
+            raise _Reject("unbalanced '('")
+        self.depth -= 1
+        return value
+
+
+def _countdown_value(text: str, numbers) -> Fraction | None:
+    """The exact value of the expression if it uses each of numbers exactly
+    once (as a multiset) and nothing else, else None."""
+    if len(text) > COUNTDOWN_MAX_CHARS:
+        return None
+    try:
+        tokens = _tokenize(text)
+        # Cheap before evaluating, and it bounds the value's size by the numbers'.
+        if collections.Counter(t for t in tokens if isinstance(t, int)) != collections.Counter(numbers):
+            return None
+        parser = _Parser(tokens)
+        value = parser.expr()
+        if parser.pos != len(tokens):
+            return None  # trailing tokens, e.g. the ")" of "3+5)"
+        return value
+    except _Reject:
+        return None
+
+
+def countdown_reward(completion: str, answer) -> float:
+    """Countdown (TinyZero): 1.0 if the LAST <answer>...</answer> holds an
+    arithmetic expression that uses each of the given numbers exactly once
+    and equals the target exactly, else 0.0.
+
+    answer: [numbers, target] (or a tuple; use a tuple of a tuple with the
+    compute_rewards cache, whose keys must be hashable). Only non-negative
+    integer literals, + - * / and parentheses are allowed, evaluated with
+    Fraction (so (99-3)/(4-1) = 32 counts, and 7/2*2 = 7 too). Rejected, like
+    anything else: unary minus, "**", decimals, leading zeros, non-ASCII digits,
+    and an "= target" after the expression (TinyZero does not accept it either:
+    the answer is the expression only). Never eval: a small parser, with caps on
+    length, nesting and literal size so a hostile answer costs microseconds.
+    A malformed `answer` is a dataset bug and raises ValueError.
+    """
+    try:  # operator.index: ints, and numpy ints from a parquet file, but not floats
+        numbers, target = answer
+        numbers, target = [operator.index(n) for n in numbers], operator.index(target)
+    except (TypeError, ValueError):
+        raise ValueError(f"countdown answer must be [list of ints, int], got {answer!r}") from None
+    # Cheap check first (early termination): find the last complete pair by
+    # string search, which is linear, before any parsing.
+    close = completion.rfind("</answer>")
+    start = completion.rfind("<answer>", 0, close) if close >= 0 else -1
+    if start < 0:
+        COUNTS["countdown/skipped"] += 1
+        return 0.0
+    COUNTS["countdown/parsed"] += 1
+    value = _countdown_value(completion[start + len("<answer>"):close].strip(), numbers)
+    return 1.0 if value is not None and value == target else 0.0
+
+
+# --- format for <think>/<answer> tasks ----------------------------------------
+
+_THINK_RE = re.compile(r"\s*<think>.*</think>\s*<answer>.*</answer>\s*", re.DOTALL)
+
+
+def think_format_reward(completion: str, answer) -> float:
+    """The DeepSeek-R1 style format reward (as TinyZero's Countdown): 1.0 if the
+    completion is <think>...</think> then <answer>...</answer>, with only
+    whitespace between and around and exactly one of each tag; else 0.0.
+    The think part may span lines; answer is ignored. If the prompt already
+    ends with "<think>", prepend it to the completion before scoring.
+    """
+    if any(completion.count(tag) != 1 for tag in ("<think>", "</think>", "<answer>", "</answer>")):
+        return 0.0  # also keeps the regex linear: each tag occurs once
+    return 1.0 if _THINK_RE.fullmatch(completion) else 0.0
+
+
 CACHE_SIZE = 200_000  # entries of a reward cache before it is emptied
 
 REWARD_FUNCS = {
     "correctness": correctness_reward,
     "format": format_reward,
     "length": length_reward,
+    "gsm8k": gsm8k_reward,
+    "countdown": countdown_reward,
+    "think_format": think_format_reward,
 }
 
 

@@ -19,10 +19,11 @@ import os
 
 import torch
 
-from data.gsm_synth.prepare import encode_prompt, load_split, load_tokenizer, prepare
+from data.gsm_synth.prepare import encode_prompt, load_split, load_tokenizer
 from lora import apply_lora, load_lora_state_dict, merge_lora
 from device import check_device
 from model import GPT, base_fingerprint, check_same_base, load_checkpoint, model_from_checkpoint
+from tasks import set_instruction, task_data
 from tokenizer import load_hf_tokenizer
 
 
@@ -185,7 +186,7 @@ defaults = dict(
 def load_base(path, data_dir="", dtype=torch.float32, **overrides):
     """(model, tokenizer, data_dir) of a base model: a train_base.py checkpoint (with its task's
     tokenizer and data), or a Hugging Face model directory (GPT.from_pretrained, its own tokenizer,
-    and data_dir as given: '' = none yet, see task_data), in `dtype` (a checkpoint's stays float32:
+    and data_dir as given: '' = none yet, see tasks.task_data), in `dtype` (a checkpoint's stays float32:
     cast it after its fingerprint). overrides: GPTConfig fields."""
     if not os.path.isdir(path):
         ckpt = load_checkpoint(path)
@@ -201,11 +202,6 @@ def load_base(path, data_dir="", dtype=torch.float32, **overrides):
         raise UserError(f"{path}: the tokenizer has {enc.n_vocab} tokens but the model only "
                         f"{model.config.vocab_size} embedding rows: tokenizer and weights do not belong together")
     return model, enc, data_dir
-
-
-def task_data(data_dir):
-    """A run's task data directory: the one given, or the default task's (built offline if missing)."""
-    return data_dir or prepare()
 
 
 def load_policy(ckpt_path, device="cpu", merge=False):
@@ -225,6 +221,7 @@ def load_policy(ckpt_path, device="cpu", merge=False):
     if not os.path.exists(base_path) and os.path.exists(beside_code):
         base_path = beside_code  # run from another directory
     model, enc, data_dir = load_base(base_path, ckpt.get("data_dir", ""))
+    set_instruction(enc, cfg.get("task", "arith"))  # the run's prompts
     check_same_base(ckpt, ckpt_path, base_fingerprint(base_path, model), base_path)
     apply_lora(model, cfg["lora_r"], cfg["lora_alpha"], 0.0, cfg["lora_targets"])
     load_lora_state_dict(model, ckpt["lora"])
@@ -247,7 +244,7 @@ def main(argv):
         prompts, questions = [enc.encode(cfg["start"], allowed_special="all")], [cfg["start"]]
     else:
         questions = [cfg["question"]] if cfg["question"] else \
-            [e["question"] for e in load_split(task_data(data_dir), "test")[:cfg["num_questions"]]]
+            [e["question"] for e in load_split(task_data("arith", data_dir), "test")[:cfg["num_questions"]]]
         prompts = [encode_prompt(enc, q) for q in questions]
     idx, _, mask = generate(model, prompts, cfg["max_new_tokens"], stop_tokens(enc), cfg["num_samples"],
                             cfg["temperature"], cfg["top_k"] or None, cfg["top_p"], seed=cfg["seed"],

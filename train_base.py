@@ -27,9 +27,10 @@ from data.gsm_synth.prepare import TEMPLATES, encode_prompt, encode_text, load_s
 from device import check_device
 from model import (GPT, GPTConfig, base_fingerprint, load_checkpoint, model_from_checkpoint,
                    save_checkpoint)
-from rewards import extract_answer
+from rewards import REWARD_FUNCS
 from rundir import run_lock
-from sample import NonFiniteLogits, decode_completions, generate, load_base, stop_tokens, task_data
+from sample import NonFiniteLogits, decode_completions, generate, load_base, stop_tokens
+from tasks import TASKS, load_task_split, set_instruction, task_data
 
 # -----------------------------------------------------------------------------
 # default config values (override with a config file and/or --key=value)
@@ -100,16 +101,17 @@ def ensure_base(base_ckpt, base_config, device, resuming=False):
     main([base_config, f"--out_dir={out_dir}", f"--device={device}"])
 
 
-def load_frozen_base(base_ckpt, grad_checkpoint=False, data_dir="", dtype="float32"):
+def load_frozen_base(base_ckpt, grad_checkpoint=False, data_dir="", dtype="float32", task="arith"):
     """For train_grpo.py: (model, fingerprint of its weights, data_dir, tokenizer, splits). Dropout is
     off: with it on, GRPO's policy and reference passes would see different random masks. data_dir:
-    the task data for a Hugging Face base (sample.load_base). dtype 'bfloat16': the frozen weights are
+    the task's data for a Hugging Face base (tasks.task_data). dtype 'bfloat16': the frozen weights are
     stored in bf16, so no step casts them again (the fingerprint is of the weights as saved)."""
     model, enc, data_dir = load_base(base_ckpt, data_dir, getattr(torch, dtype), dropout=0.0,
                                      grad_checkpoint=grad_checkpoint)
     fingerprint = base_fingerprint(base_ckpt, model)
-    data_dir = task_data(data_dir)
-    splits = {s: load_split(data_dir, s) for s in ("train", "val", "test")}
+    data_dir = task_data(task, data_dir)
+    splits = {s: load_task_split(data_dir, s) for s in ("train", "val", "test")}
+    set_instruction(enc, task)
     return model.to(getattr(torch, dtype)), fingerprint, data_dir, enc, splits
 
 
@@ -122,12 +124,14 @@ def get_lr(it, max_iters, learning_rate, min_lr, warmup_iters):
 
 
 @torch.no_grad()
-def evaluate(model, enc, examples, max_new_tokens, k=1, temperature=1.0, batch=100, seed=0):
-    """Greedy accuracy on `examples`; with k > 1 also pass@k (any of k samples correct).
+def evaluate(model, enc, examples, max_new_tokens, k=1, temperature=1.0, batch=100, seed=0, task="arith"):
+    """Greedy accuracy on `examples`; with k > 1 also pass@k (any of k samples correct), correct as
+    the task's correctness reward says (tasks.TASKS).
     Under torchrun every rank must call it: each scores a contiguous run of whole chunks of `batch`
     problems and the counts are summed. Whole chunks, because a chunk's pass@k draws depend on all
     its rows (one generator, seeded seed + the chunk's start), so they stay those of one process."""
     greedy, passk, failed = 0, 0, None
+    correct = REWARD_FUNCS[TASKS[task]["correct"]]
     starts = range(0, len(examples), batch)
     try:
         for i in starts[distributed.split(len(starts))]:
@@ -136,12 +140,12 @@ def evaluate(model, enc, examples, max_new_tokens, k=1, temperature=1.0, batch=1
             idx, _, mask = generate(model, prompts, max_new_tokens, stop_tokens(enc), temperature=0,
                                     vocab_size=enc.n_vocab)
             texts = decode_completions(enc, idx, mask)
-            greedy += sum(extract_answer(t) == e["answer"] for t, e in zip(texts, chunk))
+            greedy += sum(correct(t, e["answer"]) == 1.0 for t, e in zip(texts, chunk))
             if k > 1:
                 idx, _, mask = generate(model, prompts, max_new_tokens, stop_tokens(enc), num_samples=k,
                                         temperature=temperature, seed=seed + i, vocab_size=enc.n_vocab)
                 texts = decode_completions(enc, idx, mask)
-                passk += sum(any(extract_answer(texts[j * k + s]) == e["answer"] for s in range(k))
+                passk += sum(any(correct(texts[j * k + s], e["answer"]) == 1.0 for s in range(k))
                              for j, e in enumerate(chunk))
     except NonFiniteLogits as e:  # the other ranks must still reach the sum below, and fail with this one
         failed = e

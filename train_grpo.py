@@ -41,6 +41,7 @@ from device import check_device, memory_stats
 from model import check_same_base, load_checkpoint, save_checkpoint
 from rewards import REWARD_FUNCS
 from rundir import refuse_existing_run, run_files, run_lock, truncate_jsonl
+from tasks import TASKS, task_rewards
 from sample import NonFiniteLogits
 from tracin import reference_solutions, tracin_backward
 from train_base import ensure_base, evaluate, get_lr, load_frozen_base
@@ -52,7 +53,9 @@ init_from = "base"          # 'base': new LoRA on base_ckpt; 'resume': continue 
 base_ckpt = "out/base/ckpt.pt"
 base_config = "config/tiny_base.py"   # used to train the base model when base_ckpt is missing
                             # base_ckpt may also be a Hugging Face model directory (GPT.from_pretrained)
-data_dir = ""               # task data for such a directory; '' = data/gsm_synth's default, built if missing
+task = "arith"              # 'arith' (data/gsm_synth), 'gsm8k', 'countdown' (tasks.py); other than arith
+                            # needs a Hugging Face base_ckpt
+data_dir = ""               # the task's data for such a directory; '' = the task's default (tasks.task_data)
 seed = 1337
 device = "cpu"
 dtype = "auto"              # 'bfloat16': frozen base weights stored in bf16 under bf16 autocast (LoRA, AdamW,
@@ -83,8 +86,8 @@ curriculum = ""             # easy -> hard levels 'steps:max_operand', e.g. '1:2
 curriculum_threshold = 0.5  # move up a level when the moving training accuracy reaches this
 curriculum_window = 10      # steps in that moving mean
 mask_truncated_completions = False  # completions that never emitted end-of-text get no loss
-reward_funcs = ("correctness", "format")
-reward_weights = (1.0, 0.1)
+reward_funcs = ()           # () = the task's (tasks.TASKS): arith ('correctness', 'format') weighted (1.0, 0.1)
+reward_weights = ()
 # LoRA
 lora_r = 8
 lora_alpha = 16
@@ -202,7 +205,12 @@ def validate(cfg):
     check_choice(cfg, "tracin_val_loss", ("pg", "nll"))
     check_choice(cfg, "tracin_selection", ("positive", "topk"))
     check_choice(cfg, "tracin_influence", ("summed", "matrix"))
-    funcs, weights = cfg["reward_funcs"], cfg["reward_weights"]
+    check_choice(cfg, "task", tuple(TASKS))
+    check(cfg, "task", cfg["task"] == "arith" or os.path.isdir(cfg["base_ckpt"]), "needs a Hugging Face model "
+          "directory as base_ckpt (a train_base.py base knows the arith task only)")
+    check(cfg, "task", cfg["task"] == "arith" or not (levels or cfg["defect_frac"]),
+          "must be 'arith' with a curriculum or a planted defect (both are built from arith problems)")
+    cfg["reward_funcs"], cfg["reward_weights"] = funcs, weights = task_rewards(cfg)  # () = the task's
     check(cfg, "reward_funcs", len(funcs) > 0 and all(f in REWARD_FUNCS for f in funcs) and len(set(funcs)) == len(funcs),
           f"a non-empty list of distinct names from {sorted(REWARD_FUNCS)}")
     check(cfg, "reward_weights", len(weights) == len(funcs) and all(
@@ -219,7 +227,7 @@ def load_base(cfg, out, resume):
     have been trained on exactly these base weights, and every prompt + max_new_tokens must fit."""
     ensure_base(cfg["base_ckpt"], cfg["base_config"], cfg["device"], resuming=resume is not None)
     model, fingerprint, data_dir, enc, splits = load_frozen_base(cfg["base_ckpt"], cfg["grad_checkpoint"],
-                                                                 cfg["data_dir"], cfg["dtype"])
+                                                                 cfg["data_dir"], cfg["dtype"], cfg["task"])
     if resume is not None:
         check_same_base(resume, os.path.join(out, "ckpt.pt"), fingerprint, cfg["base_ckpt"])
     longest = max(len(encode_prompt(enc, e["question"])) for rows in splits.values() for e in rows)
@@ -325,7 +333,8 @@ class Run:
         k = self.cfg["eval_k"]
         try:  # every rank scores its share of the test problems (train_base.evaluate sums the counts)
             with self.amp:
-                r = evaluate(self.model, self.enc, self.test, self.cfg["max_new_tokens"], k=k, seed=self.cfg["seed"])
+                r = evaluate(self.model, self.enc, self.test, self.cfg["max_new_tokens"], k=k, seed=self.cfg["seed"],
+                             task=self.cfg["task"])
         except NonFiniteLogits as e:
             print(f"warning: evaluation at iter {self.iter_num} skipped: {e}")
             return {"test/accuracy": float("nan")}

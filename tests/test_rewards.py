@@ -104,6 +104,9 @@ def test_reward_funcs_registry():
         "correctness": correctness_reward,
         "format": format_reward,
         "length": length_reward,
+        "gsm8k": rewards.gsm8k_reward,
+        "countdown": rewards.countdown_reward,
+        "think_format": rewards.think_format_reward,
     }
 
 
