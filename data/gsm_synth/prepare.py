@@ -288,6 +288,28 @@ def check_data_dir(data_dir):
     return None
 
 
+def check_task_dir(data_dir, task, knobs):
+    """For the other tasks' directories (data/gsm8k, data/countdown): None if data_dir is complete and
+    was built for `task` from `knobs` (meta.json says so, every split has the size it promises), else
+    what is wrong or different."""
+    name = "meta.json"
+    try:
+        meta = read_json(os.path.join(data_dir, name))
+        if not isinstance(meta, dict) or meta.get("task") != task or not isinstance(meta.get("sizes"), dict):
+            return f"{name} is not a {task} meta.json"
+        changed = [k for k, v in knobs.items() if meta.get(k) != v]
+        if changed:
+            return f"built with other {', '.join(changed)}"
+        for split in SPLITS:
+            name = f"{split}.jsonl"
+            n = len(read_split(os.path.join(data_dir, name)))
+            if n != meta["sizes"].get(split):
+                return f"{name} has {n} problems, meta.json says {meta['sizes'].get(split)}"
+    except (OSError, ValueError) as e:
+        return f"{name}: {getattr(e, 'strerror', None) or e}"
+    return None
+
+
 def write_atomic(path, text):
     """Write via a temporary file and a rename: an interrupted write never leaves a half file under path."""
     tmp = f"{path}.{os.getpid()}.tmp"
