@@ -45,7 +45,8 @@ def make_tokenizer(path, family, vocab=400):
     return fast
 
 
-def make_dir(path, family, tied=True, pad_rows=16, kv_heads=2, rope_theta=10000.0, shard=False, scale=0.1):
+def make_dir(path, family, tied=True, pad_rows=16, kv_heads=2, rope_theta=10000.0, shard=False, scale=0.1,
+             positions=1024):
     """A random 2-layer, 64-wide model of `family` ('gpt2', 'qwen2', 'llama') with its tokenizer,
     embedding rows padded beyond the tokenizer's vocabulary; weights perturbed by `scale` (biases
     nonzero, logits far from uniform). Returns (transformers model, tokenizer)."""
@@ -59,7 +60,7 @@ def make_dir(path, family, tied=True, pad_rows=16, kv_heads=2, rope_theta=10000.
         eos = model.config.eos_token_id
     else:
         kw = dict(vocab_size=V, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=kv_heads, max_position_embeddings=256, rope_theta=rope_theta,
+                  num_key_value_heads=kv_heads, max_position_embeddings=positions, rope_theta=rope_theta,
                   tie_word_embeddings=tied, eos_token_id=eot, bos_token_id=None)
         model = (Qwen2ForCausalLM(Qwen2Config(**kw)) if family == "qwen2" else LlamaForCausalLM(LlamaConfig(**kw)))
         eos = [im_end, eot]
