@@ -87,6 +87,9 @@ def ensure_base(base_ckpt, base_config, device, resuming=False):
     training (a typo'd path), and so is a missing base on resume."""
     if os.path.exists(base_ckpt):
         return
+    if not base_ckpt.endswith(".pt"):  # a model directory: downloaded by the user, never at run time
+        raise UserError(f"model directory {base_ckpt} not found: download it once with huggingface-cli download "
+                        f"ORG/MODEL --local-dir {base_ckpt} (README: Use a pretrained model)")
     where = os.path.join(read_config_file(base_config).get("out_dir", defaults["out_dir"]), "ckpt.pt")
     out_dir = os.path.dirname(base_ckpt) or "."
     if resuming or os.path.normpath(where) != os.path.normpath(base_ckpt):

@@ -206,7 +206,7 @@ def validate(cfg):
     check_choice(cfg, "tracin_selection", ("positive", "topk"))
     check_choice(cfg, "tracin_influence", ("summed", "matrix"))
     check_choice(cfg, "task", tuple(TASKS))
-    check(cfg, "task", cfg["task"] == "arith" or os.path.isdir(cfg["base_ckpt"]), "needs a Hugging Face model "
+    check(cfg, "task", cfg["task"] == "arith" or not os.path.isfile(cfg["base_ckpt"]), "needs a Hugging Face model "
           "directory as base_ckpt (a train_base.py base knows the arith task only)")
     check(cfg, "task", cfg["task"] == "arith" or not (levels or cfg["defect_frac"]),
           "must be 'arith' with a curriculum or a planted defect (both are built from arith problems)")

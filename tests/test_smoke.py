@@ -75,3 +75,7 @@ def test_other_tasks_need_a_model_directory(tiny_setup, tmp_path):
         train_grpo.main([f"--base_ckpt={tiny_setup}", f"--out_dir={tmp_path}/r", "--task=countdown"])
     with pytest.raises(UserError, match="task"):
         train_grpo.main([f"--base_ckpt={tiny_setup}", f"--out_dir={tmp_path}/r", "--task=chess"])
+    with pytest.raises(UserError, match=f"model directory {tmp_path}/models/q not found: download it once"):
+        train_grpo.main(["config/countdown_qwen15b.py", f"--base_ckpt={tmp_path}/models/q", f"--out_dir={tmp_path}/r",
+                         "--device=cpu"])
+    assert not os.path.exists(f"{tmp_path}/r")  # refused before any file
