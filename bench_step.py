@@ -27,6 +27,7 @@ from tasks import task_rewards
 from data.gsm_synth.prepare import ROOT, load_split, load_tokenizer, prepare
 from lora import apply_lora, lora_parameters
 from model import GPT, GPTConfig, load_checkpoint, model_from_checkpoint
+from train_base import ensure_base
 
 
 def timed(fn, device, repeats):
@@ -52,6 +53,8 @@ def task_setup(cfg, n_train, n_val):
     """The base model at base_ckpt (else random weights on the tiny task) with a fresh LoRA adapter, its
     tokenizer, what it is, and n_train training and n_val validation examples drawn with the seed."""
     dev = cfg["device"]
+    if not cfg["quick"]:  # the trained base, trained first where train_grpo would train it (one line says so)
+        ensure_base(cfg["base_ckpt"], "config/tiny_base.py", dev)
     if os.path.exists(cfg["base_ckpt"]):
         ck = load_checkpoint(cfg["base_ckpt"])
         model, data_dir, what = model_from_checkpoint(ck), ck["data_dir"], cfg["base_ckpt"]
@@ -110,9 +113,18 @@ STEP_PHASES = ("time/generation", "time/reward", "time/grad_capture_train", "tim
 STEP_TARGETS = {"pg": 2.0, "nll": 1.10}  # TracIn step / standard step
 
 
-def step_cost_row(mode, name, s, t, m, what, same, n_kept, n):
+def degenerate(log, n_kept):
+    """Why a step cannot show what TracIn costs, or None: with every advantage 0 (each group scored
+    alike, e.g. random weights) there is nothing to select and nothing to update; keeping nothing
+    skips the subset update. Such a row gets no verdict."""
+    if log.get("frac_reward_zero_std", 1.0) >= 1.0:
+        return "no informative group (every advantage 0)"
+    return "kept nothing" if n_kept == 0 else None
+
+
+def step_cost_row(mode, name, s, t, m, what, same, n_kept, n, why=None):
     """The row of TracIn `mode` (phase medians t) against the standard step (phase medians s); m: one
-    step of the matrix path on the same rollouts."""
+    step of the matrix path on the same rollouts; why: the batch is degenerate (no verdict)."""
     ratio, target = t["total"] / s["total"], STEP_TARGETS[mode]
     detail = (f"{what}; {name}; standard: generation {s['time/generation']:.2f} s, reward "
               f"{s['time/reward']:.3f} s, training (pass 2 + backward + AdamW) "
@@ -123,8 +135,8 @@ def step_cost_row(mode, name, s, t, m, what, same, n_kept, n):
               f"total {t['total']:.2f} s; matrix path (one step): val capture {m['time/grad_capture_val']:.3f} s, "
               f"influence + subset update {m['time/influence']:.3f} s; kept {n_kept} of {n}, same kept set as the "
               f"matrix path: {same}")
-    return (f"step cost, TracIn {mode}", detail, f"{ratio:.2f}x", f"<= {target:.2f}x, same kept set",
-            "met" if ratio <= target and same else "MISSED")
+    verdict = f"invalid: {why}" if why else "met" if ratio <= target and same else "MISSED"
+    return (f"step cost, TracIn {mode}", detail, f"{ratio:.2f}x", f"<= {target:.2f}x, same kept set", verdict)
 
 
 def bench_step_cost(cfg):
@@ -141,7 +153,8 @@ def bench_step_cost(cfg):
         kept = runs[mode][-1]["selected"]
         matrix = timed_grpo_step(model, enc, tb, vb, mode, cfg, amp, tracin_influence="matrix")
         rows.append(step_cost_row(mode, name, phases["standard"], phases[mode], matrix, what,
-                                  kept == matrix["selected"], sum(kept), len(kept)))
+                                  kept == matrix["selected"], sum(kept), len(kept),
+                                  degenerate(runs[mode][-1], sum(kept))))
     return rows
 
 

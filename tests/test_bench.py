@@ -32,9 +32,10 @@ def test_quick_bench_rows(capsys, tmp_path):
     cos = float(re.search(r"LoRA-gradient cosine ([0-9.]+)", half[1]).group(1))
     l32, l16 = (float(x) for x in re.search(r"loss ([0-9.e+-]+) vs ([0-9.e+-]+)", half[1]).groups())
     assert cos >= 0.99 and abs(l16 - l32) <= 1e-2 * abs(l32) and half[4].startswith("n/a")
-    for r in rows[1:3]:
+    for r in rows[1:3]:  # random weights: every completion scores 0, no group informs, nothing to judge
         assert "random weights" in r[1] and float(r[2].rstrip("x")) > 0
         assert "same kept set as the matrix path: True" in r[1]
+        assert r[4] == "invalid: no informative group (every advantage 0)"
     for r in rows[3:5]:  # background_rewards off / on, every completion scored
         assert "reward cache off" in r[1] and float(r[2].rstrip("x")) > 0 and r[4] == "n/a"
     assert "2 ms sleep per completion" in rows[4][1]
@@ -48,7 +49,7 @@ def test_quick_bench_rows(capsys, tmp_path):
     else:
         assert rows[6][1].startswith("skipped: captum is not installed")
     assert all(r[4] in ("met", "MISSED") for r in rows if r[0] not in ("throughput", "rewards, task", "rewards, slow")
-               and not r[1].startswith("skipped"))
+               and not r[1].startswith("skipped") and not r[0].startswith("step cost"))
     assert rows[-1][4] == "n/a (H100 target)"  # the throughput target is an H100's; this is the CPU
     mem = rows[-2][1]
     assert "peak RSS (a CPU proxy, not CUDA memory)" in mem and "same tokens: True" in mem
@@ -118,3 +119,18 @@ def test_predicted_memory_by_hand():
 def test_quick_sizes_are_bench_knobs():
     """--quick overrides only knobs that exist (a misspelt key would silently leave a full size)."""
     assert set(bench.QUICK) <= set(bench.defaults)
+
+
+def test_step_cost_verdicts_only_on_an_informative_batch():
+    """A step whose groups all scored alike, or that kept nothing, cannot show what TracIn costs: its row
+    says invalid and why, whatever the ratio; an informative one is judged against the target."""
+    import bench_step
+    s = dict.fromkeys(bench_step.STEP_PHASES, 1.0)
+    fast = dict.fromkeys(bench_step.STEP_PHASES, 1.05)
+    m = {"time/grad_capture_val": 0.1, "time/influence": 0.1}
+    row = lambda why, same=True: bench_step.step_cost_row("nll", "x", s, fast, m, "w", same, 3, 8, why)[4]  # noqa: E731
+    assert bench_step.degenerate({"frac_reward_zero_std": 1.0}, 5) == "no informative group (every advantage 0)"
+    assert bench_step.degenerate({"frac_reward_zero_std": 0.5}, 0) == "kept nothing"
+    assert bench_step.degenerate({"frac_reward_zero_std": 0.5}, 5) is None
+    assert row("kept nothing") == "invalid: kept nothing"
+    assert row(None) == "met" and row(None, same=False) == "MISSED"
