@@ -33,9 +33,10 @@ def test_quick_bench_rows(capsys, tmp_path):
     l32, l16 = (float(x) for x in re.search(r"loss ([0-9.e+-]+) vs ([0-9.e+-]+)", half[1]).groups())
     assert cos >= 0.99 and abs(l16 - l32) <= 1e-2 * abs(l32) and half[4].startswith("n/a")
     for r in rows[1:3]:  # random weights: every completion scores 0, no group informs, nothing to judge
-        assert "random weights" in r[1] and float(r[2].rstrip("x")) > 0
+        assert "random weights" in r[1] and float(r[2].split("x")[0]) > 0
         assert "same kept set as the matrix path: True" in r[1]
         assert r[4] == "invalid: no informative group (every advantage 0)"
+    assert "beyond the floor" in rows[2][2] and "floor = standard + validation forward and backward" in rows[2][1]
     for r in rows[3:5]:  # background_rewards off / on, every completion scored
         assert "reward cache off" in r[1] and float(r[2].rstrip("x")) > 0 and r[4] == "n/a"
     assert "2 ms sleep per completion" in rows[4][1]
