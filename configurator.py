@@ -97,11 +97,14 @@ def configure(defaults: dict, argv: list[str], saved: dict | None = None) -> dic
     """Return a new dict: `defaults` with the config files and --key=value overrides in argv applied.
 
     saved: a resumed run's config. It replaces the defaults (a resume continues the run as it was
-    configured), and only what argv gives overrides it; each change against the saved run is printed."""
+    configured), and only what argv gives overrides it; each key whose final value differs from the saved
+    run's is printed once, after every argument (a later one may undo an earlier one)."""
     cfg = dict(defaults)
     say = print if os.environ.get("RANK", "0") == "0" else (lambda *a, **k: None)  # torchrun: rank 0 speaks
     if saved is not None:
-        cfg.update({k: _check_type(k, v, defaults[k]) for k, v in saved.items() if k in defaults})
+        saved = {k: _check_type(k, v, defaults[k]) for k, v in saved.items() if k in defaults}
+        cfg.update(saved)
+    given = {}  # the keys argv sets, in the order first given
     for arg in argv:
         if arg.startswith("--"):
             if "=" not in arg:
@@ -118,9 +121,10 @@ def configure(defaults: dict, argv: list[str], saved: dict | None = None) -> dic
             value = _check_type(key, value, defaults[key])
             if saved is None:
                 say(f"Overriding: {key} = {value}")
-            elif key in saved and saved[key] != value and key not in ("init_from", "out_dir"):
-                say(f"resume: {key} = {value} (the saved run had {saved[key]})")
-            cfg[key] = value
+            cfg[key] = given[key] = value
+    for key in given if saved is not None else ():
+        if key in saved and saved[key] != cfg[key] and key not in ("init_from", "out_dir"):
+            say(f"resume: {key} = {cfg[key]} (the saved run had {saved[key]})")
     return cfg
 
 

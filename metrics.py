@@ -43,7 +43,8 @@ def print_step(log, cfg, lr):
     if log.get("reward") is None:  # sampling gave NaN/Inf: no rollouts, no statistics
         print(f"iter {log['iter']:4d} | skipped ({log['skip_reason']}) | lr {lr:.1e}")
         return
-    print(f"iter {log['iter']:4d} | reward {log['reward']:.3f} | acc {log['accuracy']:.3f} | "
+    acc = log["accuracy"]  # NaN when the task's correctness reward is not among reward_funcs (or never scored)
+    print(f"iter {log['iter']:4d} | reward {log['reward']:.3f} | acc {'-' if acc != acc else f'{acc:.3f}'} | "
           f"zero_std {log['frac_reward_zero_std']:.2f} | kl {log['kl']:.4f} | ent {log['entropy']:.3f} | "
           f"len {log['completions/mean_length']:.1f} | lr {lr:.1e} | {log['step_seconds'] * 1000:.0f} ms "
           f"(gen {log['time/generation'] * 1000:.0f}, policy {log['time/policy'] * 1000:.0f}, "

@@ -301,6 +301,10 @@ class GPT(nn.Module):
 # ---------------------------------------------------------------------------------------------
 # checkpoint I/O shared by every script
 
+class CheckpointWriteError(UserError):
+    """A checkpoint that could not be written (disk full, read-only): a training loop adds where it can go on from."""
+
+
 def save_checkpoint(obj, path):
     """Write atomically: a crash mid-write leaves the previous file intact, never half a file."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
@@ -312,7 +316,7 @@ def save_checkpoint(obj, path):
             f.write(buf.getbuffer())
         os.replace(tmp, path)  # atomic rename on POSIX and Windows
     except OSError as e:  # disk full, read-only, ...: the OS's own reason
-        raise UserError(f"cannot write checkpoint {path}: {e.strerror or e}") from None
+        raise CheckpointWriteError(f"cannot write checkpoint {path}: {e.strerror or e}") from None
     finally:
         if os.path.exists(tmp):  # failed or interrupted (Ctrl-C) mid-write: no half file left behind
             os.remove(tmp)

@@ -4,11 +4,14 @@ Run directories (out_dir): one process at a time, nothing half-written, logs tha
     with run_lock(out_dir):              # a second run in the same out_dir is refused, naming the PID
         ...
     rows = read_jsonl(path)              # a line cut off by a crash is dropped with a warning
-    truncate_jsonl(path, max_iter)       # resume: drop lines written after the checkpoint
+    rewind(out_dir, iter_num)            # resume: drop what was written after the checkpoint
+    stop_note(script, out_dir, last_ckpt)  # Ctrl-C or a full disk: the command that goes on from there
 """
 import glob
 import json
 import os
+import re
+import shlex
 from contextlib import contextmanager
 
 from configurator import UserError
@@ -100,9 +103,46 @@ def run_files(out_dir):
 def refuse_existing_run(out_dir):
     """A new run never writes into a directory that holds another run's files (nor mixes logs with it)."""
     found = run_files(out_dir)
+    if found and not os.path.exists(os.path.join(out_dir, "ckpt.pt")):  # nothing a resume could start from
+        raise UserError(f"{out_dir} holds the files of a run that stopped before its first checkpoint "
+                        f"({', '.join(sorted(os.path.basename(f) for f in found))}): delete them, or use another "
+                        f"--out_dir")
     if found:
         raise UserError(f"{out_dir} already holds a run ({os.path.basename(found[0])}): continue it with "
                         f"--init_from=resume, or start a new one with another --out_dir (or delete {out_dir})")
+
+
+def unused_out_dir(path):
+    """path, or path_2, path_3, ...: the first that holds no run, for a command a message suggests."""
+    n, candidate = 1, path
+    while run_files(candidate):
+        n += 1
+        candidate = f"{path}_{n}"
+    return candidate
+
+
+def stop_note(script, out_dir, last_ckpt, remove_files=True):
+    """Where a stopped run (Ctrl-C, a full disk) goes on from: its last checkpoint and the command that
+    resumes it; or, when it wrote none, the same command again, its first files removed so that the
+    command is not refused (remove_files: the process that wrote them)."""
+    if last_ckpt is None:
+        for f in run_files(out_dir) if remove_files else ():
+            os.remove(f)
+        return "no checkpoint written yet: run the same command again to start over"
+    return (f"last checkpoint {os.path.join(out_dir, 'ckpt.pt')} (iter {last_ckpt}); resume with: "
+            f"python {script} --out_dir={shlex.quote(out_dir)} --init_from=resume")
+
+
+def rewind(out_dir, iter_num):
+    """Resume from the checkpoint of iter_num: what the stopped run wrote after it is dropped, so that no
+    iteration is logged twice and TracIn's checkpoint history is one trajectory: the log and rollout lines
+    of later iterations, and the ckpt_NNNNNN.pt of later iterations (left when ckpt.pt could not follow)."""
+    for name in ("log.jsonl", "rollouts.jsonl"):
+        truncate_jsonl(os.path.join(out_dir, name), iter_num)
+    for path in glob.glob(os.path.join(out_dir, "ckpt_[0-9]*.pt")):
+        m = re.fullmatch(r"ckpt_(\d+)\.pt", os.path.basename(path))
+        if m and int(m[1]) > iter_num:
+            os.remove(path)
 
 
 def read_jsonl(path):

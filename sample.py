@@ -23,7 +23,7 @@ from data.gsm_synth.prepare import encode_prompt, load_split, load_tokenizer
 from lora import apply_lora, load_lora_state_dict, merge_lora
 from device import check_device
 from model import GPT, base_fingerprint, check_same_base, load_checkpoint, model_from_checkpoint
-from tasks import set_instruction, task_data
+from tasks import resolve_data_dir, set_instruction, task_data
 from tokenizer import load_hf_tokenizer
 
 
@@ -190,11 +190,12 @@ def load_base(path, data_dir="", dtype=torch.float32, **overrides):
     cast it after its fingerprint). overrides: GPTConfig fields."""
     if not os.path.isdir(path):
         ckpt = load_checkpoint(path)
-        if data_dir and os.path.abspath(data_dir) != os.path.abspath(ckpt.get("data_dir", "")):
+        own = resolve_data_dir(ckpt.get("data_dir", ""))  # recorded relative to the project: this copy's data
+        if data_dir and os.path.abspath(data_dir) != os.path.abspath(own):
             raise UserError(f"data_dir={data_dir} is for a Hugging Face base directory; the base checkpoint "
-                            f"{path} was trained on its own task data ({ckpt.get('data_dir')}): leave data_dir ''")
+                            f"{path} was trained on its own task data ({own}): leave data_dir ''")
         model = model_from_checkpoint(ckpt, path, **overrides)
-        return model, load_tokenizer(ckpt["data_dir"]), ckpt["data_dir"]
+        return model, load_tokenizer(own), own
     model, enc = GPT.from_pretrained(path, dtype), load_hf_tokenizer(path)
     for k, v in overrides.items():  # read by forward (grad_checkpoint); dropout is 0 already
         setattr(model.config, k, v)
@@ -220,7 +221,7 @@ def load_policy(ckpt_path, device="cpu", merge=False):
     beside_code = os.path.join(os.path.dirname(os.path.abspath(__file__)), base_path)
     if not os.path.exists(base_path) and os.path.exists(beside_code):
         base_path = beside_code  # run from another directory
-    model, enc, data_dir = load_base(base_path, ckpt.get("data_dir", ""))
+    model, enc, data_dir = load_base(base_path, resolve_data_dir(ckpt.get("data_dir", "")))
     set_instruction(enc, cfg.get("task", "arith"))  # the run's prompts
     check_same_base(ckpt, ckpt_path, base_fingerprint(base_path, model), base_path)
     apply_lora(model, cfg["lora_r"], cfg["lora_alpha"], 0.0, cfg["lora_targets"])

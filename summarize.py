@@ -32,7 +32,9 @@ def main(runs):
         raise UserError((f"summarize.py takes no option {bad[0]!r}; " if bad else "") +
                         "usage: python summarize.py RUN_DIR [RUN_DIR ...] (the --out_dir of train_grpo.py runs)")
     logs = {r: load_log(r) for r in runs}
-    evals = {r: [(l["elapsed"], l["iter"], l["test/accuracy"]) for l in L if "test/accuracy" in l] for r, L in logs.items()}
+    evals = {r: [(l["elapsed"], l["iter"], l["test/accuracy"]) for l in L  # (a NaN one: an evaluation skipped)
+                 if isinstance(l.get("test/accuracy"), (int, float)) and l["test/accuracy"] == l["test/accuracy"]]
+             for r, L in logs.items()}
     ends = [e[-1][0] for e in evals.values() if e]  # a run without an evaluation (yet) has no say in the budget
     budget = min(ends) if ends else None  # wall time of the fastest run
     print(f"| run | test acc start | test acc end (step) | test acc at {'-' if budget is None else f'{budget:.0f}'} s "

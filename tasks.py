@@ -10,8 +10,14 @@ Every task's data directory holds train / val / test .jsonl rows {question, solu
 questions of gsm8k and countdown carry their own instruction; arith's do not (the tiny GPT learned
 the format from examples), so an instruct model gets data/gsm_synth's CHAT_INSTRUCTION added.
 """
+import os
+import re
+
 from configurator import UserError
-from data.gsm_synth.prepare import load_split
+from data.gsm_synth.prepare import ROOT as SYNTH_ROOT, data_dir_for, knobs_from_name, load_split
+from data.gsm_synth.prepare import prepare as prepare_synth
+
+PROJECT = os.path.dirname(os.path.abspath(__file__))  # this copy of the project
 
 TASKS = {  # reward functions and weights by default, and the one that says "correct"
     "arith": dict(rewards=("correctness", "format"), weights=(1.0, 0.1), correct="correctness"),
@@ -43,6 +49,35 @@ def task_data(task, data_dir=""):
     else:
         raise UserError(f"unknown task {task!r}: use one of {', '.join(TASKS)}")
     return prepare()
+
+
+def portable_path(data_dir):
+    """A data directory as a checkpoint records it: relative to the project root when it lies inside it
+    ('data/gsm_synth/s2_m20_as_n0'), so that a second copy of the project reads its own data; else absolute."""
+    if not data_dir:
+        return data_dir
+    rel = os.path.relpath(os.path.abspath(data_dir), PROJECT)
+    return os.path.abspath(data_dir) if rel == os.pardir or rel.startswith(os.pardir + os.sep) else rel
+
+
+def resolve_data_dir(stored):
+    """The data directory a checkpoint or a saved config records, in this copy of the project: a relative one
+    against the project root (never the working directory); an absolute one as it is, unless it is another
+    copy's task data (<project>/data/<task>/<dir>, older checkpoints): then this copy's. A missing
+    data/gsm_synth directory is built again from the knobs in its name (prepare.py is deterministic); any
+    other missing one is named, with the command that builds it, when its files are read."""
+    if not stored:
+        return stored
+    path = os.path.join(PROJECT, stored) if not os.path.isabs(stored) else stored
+    other = re.fullmatch(r"(.*)/data/(gsm_synth|gsm8k|countdown)/([^/]+)/?", path.replace(os.sep, "/"))
+    if other and os.path.normpath(other[1]) != PROJECT and (
+            not os.path.exists(path) or os.path.isfile(os.path.join(other[1], "data", other[2], "prepare.py"))):
+        path = os.path.join(PROJECT, "data", other[2], other[3])
+    path = os.path.normpath(path)
+    knobs = knobs_from_name(path)
+    if not os.path.exists(path) and os.path.dirname(path) == SYNTH_ROOT and knobs and data_dir_for(**knobs) == path:
+        prepare_synth(**knobs)  # the same directory, byte for byte
+    return path
 
 
 def load_task_split(data_dir, split):

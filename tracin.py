@@ -15,9 +15,11 @@ is this file's main.
 # configurator first: a Ctrl-C during the slow imports below (torch) is one line, not a traceback
 from configurator import UserError, check, check_choice, cli_main, configure
 import glob
+import hashlib
 import json
 import os
 import re
+import shlex
 import time
 
 import torch
@@ -30,7 +32,7 @@ from ghost import (compute_ghost_inner_product_matrix, ghost_mode, install_ghost
 from grpo import batch_counts, policy_backward, rank_share, rollout_batch, sum_over_ranks
 from device import check_device
 from model import load_checkpoint
-from rundir import read_jsonl, run_lock
+from rundir import read_jsonl, run_files, run_lock, unused_out_dir
 from sample import generate, load_policy, stop_tokens
 
 
@@ -130,7 +132,7 @@ defaults = dict(
     normalize=True,            # also report cosine-normalised scores (rankings not dominated by gradient norm)
     self_influence=False,
     device="cpu",
-    out_json="",               # default: <out_dir>/tracin_attribution.json
+    out_json="",               # default: <out_dir>/tracin_<sha256(question + completion)[:12]>.json, one per answer
 )
 
 
@@ -159,6 +161,22 @@ def load_rollouts(path, enc):
     return samples
 
 
+def not_a_run(run):
+    """Why a directory without ckpt_NNNNNN.pt cannot be attributed, and the command that makes one that can."""
+    grpo = shlex.quote(unused_out_dir(os.path.join(os.path.dirname(os.path.normpath(run)), "grpo")))
+    ckpt = os.path.join(run, "ckpt.pt")
+    saved = load_checkpoint(ckpt) if os.path.isfile(ckpt) else {}
+    if "model" in saved and "lora" not in saved:  # train_base.py's checkpoint
+        return (f"{run} holds a base model (train_base.py), not a GRPO run: train a GRPO run on it with: python "
+                f"train_grpo.py --base_ckpt={shlex.quote(ckpt)} --out_dir={grpo}, then attribute with --out_dir={grpo}")
+    if "lora" in saved:
+        return (f"{run} holds a GRPO run's ckpt.pt but no ckpt_NNNNNN.pt, the checkpoint history TracIn sums over "
+                f"(deleted?): attribute a run that has it, or train a new one: python train_grpo.py --out_dir={grpo}")
+    target = run if not run_files(run) else grpo  # a directory holding another run's files is refused
+    return (f"no checkpoints ckpt_NNNNNN.pt in {run}: it is not a train_grpo.py run; make one with: python "
+            f"train_grpo.py --out_dir={shlex.quote(target)}, then attribute with --out_dir={shlex.quote(target)}")
+
+
 def main(argv):
     cfg = configure(defaults, argv)
     check_choice(cfg, "mode", ("simple", "full", "memory_efficient"))
@@ -171,14 +189,15 @@ def main(argv):
     run = cfg["out_dir"]
     if not os.path.isdir(run):
         raise UserError(f"{run} is not a directory: give the --out_dir of a train_grpo.py run")
-    path = cfg["out_json"] or os.path.join(run, "tracin_attribution.json")
-    check(cfg, "out_json", path.endswith(".json"), "must end in .json (it is written, so never a run's own file)")
-    if os.path.isdir(path) or not os.path.isdir(os.path.dirname(os.path.abspath(path))):
+    path = cfg["out_json"]
+    check(cfg, "out_json", not path or path.endswith(".json"), "must end in .json (it is written, so never a run's "
+          "own file)")
+    if path and (os.path.isdir(path) or not os.path.isdir(os.path.dirname(os.path.abspath(path)))):
         raise UserError(f"cannot write out_json {path}: it is a directory, or its directory does not exist")
     ckpts = sorted((int(m.group(1)), p) for p in glob.glob(os.path.join(run, "ckpt_*.pt"))
                    if (m := re.fullmatch(r"ckpt_(\d+)\.pt", os.path.basename(p))))
     if not ckpts:
-        raise UserError(f"no checkpoints ckpt_NNNNNN.pt in {run}: run train_grpo.py with out_dir={run} first")
+        raise UserError(not_a_run(run))
     with run_lock(run):  # a training run (or another attribution) in this directory is refused
         iters, ckpts = [s for s, _ in ckpts], [p for _, p in ckpts]
         model, enc, _ = load_policy(ckpts[-1], cfg["device"])
@@ -188,11 +207,12 @@ def main(argv):
         if cfg["completion"]:
             completion = encode_text(enc, cfg["completion"])
         else:  # the final model's own greedy answer
-            if len(prompt) >= model.config.block_size:
+            room = model.config.block_size - len(prompt) - 1  # the end-of-text token the test loss adds takes one
+            if room < 1:
                 raise UserError(f"question of {len(prompt)} tokens does not fit the context of "
                                 f"{model.config.block_size}")
-            idx, _, mask = generate(model, [prompt], min(64, model.config.block_size - len(prompt)), stop_tokens(enc),
-                                    temperature=0, vocab_size=enc.n_vocab)
+            idx, _, mask = generate(model, [prompt], min(64, room), stop_tokens(enc), temperature=0,
+                                    vocab_size=enc.n_vocab)
             completion = [t for t in idx[0, -mask.size(1):].tolist()[:int(mask.sum())] if t not in stop_tokens(enc)]
         if len(prompt) + len(completion) + 1 > model.config.block_size:
             raise UserError(f"question + completion ({len(prompt) + len(completion) + 1} tokens) exceed the "
@@ -208,14 +228,19 @@ def main(argv):
                                     top_k=cfg["top_k"], temperature=temperature, normalize=cfg["normalize"],
                                     self_influence=cfg["self_influence"], checkpoint_steps=trapezoid_steps(iters))
         res.update(question=cfg["question"], completion=enc.decode(completion))
+        # one file per question and answer: attributing another question never overwrites this one
+        digest = hashlib.sha256((res["question"] + res["completion"]).encode()).hexdigest()[:12]
+        path = path or os.path.join(run, f"tracin_{digest}.json")
         for title, key in (("most helpful", "most_influential_positive"), ("most harmful", "most_influential_negative")):
             print(f"--- {title} training rollouts (TracIn score; positive = lowered this answer's loss)")
             for e in res[key]:
                 print(f"{e['tracin_score']:+.3e} | iter {e['iter']} | reward {e['reward']:.2f} | "
                       f"{e['prompt'][:60]}... -> {e['completion']!r}")
+        again = os.path.exists(path)
         with open(path, "w") as f:
             json.dump(res, f, indent=1)
-    print(f"wrote {path}")
+    print(f"wrote {path}" + (" (replacing an earlier attribution of the same question and answer)" if again and
+                             not cfg["out_json"] else ""))
 
 
 if __name__ == "__main__":

@@ -25,12 +25,12 @@ import torch
 import distributed
 from data.gsm_synth.prepare import TEMPLATES, encode_prompt, encode_text, load_split, load_tokenizer, prepare
 from device import check_device
-from model import (GPT, GPTConfig, base_fingerprint, load_checkpoint, model_from_checkpoint,
-                   save_checkpoint)
+from model import (GPT, GPTConfig, CheckpointWriteError, base_fingerprint, load_checkpoint,
+                   model_from_checkpoint, save_checkpoint)
 from rewards import REWARD_FUNCS
-from rundir import run_lock
+from rundir import run_lock, stop_note
 from sample import NonFiniteLogits, decode_completions, generate, load_base, stop_tokens
-from tasks import TASKS, load_task_split, set_instruction, task_data
+from tasks import TASKS, load_task_split, portable_path, set_instruction, task_data
 
 # -----------------------------------------------------------------------------
 # default config values (override with a config file and/or --key=value)
@@ -92,14 +92,17 @@ def ensure_base(base_ckpt, base_config, device, resuming=False):
                         f"ORG/MODEL --local-dir {base_ckpt} (README: Use a pretrained model)")
     where = os.path.join(read_config_file(base_config).get("out_dir", defaults["out_dir"]), "ckpt.pt")
     out_dir = os.path.dirname(base_ckpt) or "."
+    # train_base.py writes out_dir/ckpt.pt: a base_ckpt of another name is then given as that file
+    train = f"python train_base.py {shlex.quote(base_config)} --out_dir={shlex.quote(out_dir)}" + (
+        "" if os.path.basename(base_ckpt) == "ckpt.pt" else
+        f", then give --base_ckpt={shlex.quote(os.path.join(out_dir, 'ckpt.pt'))}")
     if resuming or os.path.normpath(where) != os.path.normpath(base_ckpt):
         raise UserError(f"base_ckpt {base_ckpt} not found" + (
-            " (the base this run was trained on: put it back)" if resuming else
-            f"; train it with: python train_base.py {base_config} --out_dir={out_dir}"
-            f" (only {where}, where base_config puts it, is trained automatically)"))
+            " (the base this run was trained on: put it back, or name where it is now with --base_ckpt=PATH)"
+            if resuming else f"; train it with: {train} (only {where}, where base_config puts it, is trained "
+                             f"automatically)"))
     if distributed.launched():  # every rank would train its own copy into the same file
-        raise UserError(f"base_ckpt {base_ckpt} not found; train it first, in one process: "
-                        f"python train_base.py {base_config} --out_dir={out_dir}")
+        raise UserError(f"base_ckpt {base_ckpt} not found; train it first, in one process: {train}")
     print(f"base model not found at {base_ckpt}: training it first with {base_config}")
     main([base_config, f"--out_dir={out_dir}", f"--device={device}"])
 
@@ -133,6 +136,8 @@ def evaluate(model, enc, examples, max_new_tokens, k=1, temperature=1.0, batch=1
     Under torchrun every rank must call it: each scores a contiguous run of whole chunks of `batch`
     problems and the counts are summed. Whole chunks, because a chunk's pass@k draws depend on all
     its rows (one generator, seeded seed + the chunk's start), so they stay those of one process."""
+    if not examples:  # an accuracy over no problem would be NaN
+        raise UserError("no test problems to evaluate: eval_n must be >= 1 and the test split must not be empty")
     greedy, passk, failed = 0, 0, None
     correct = REWARD_FUNCS[TASKS[task]["correct"]]
     starts = range(0, len(examples), batch)
@@ -155,7 +160,7 @@ def evaluate(model, enc, examples, max_new_tokens, k=1, temperature=1.0, batch=1
     greedy, passk, n_failed = distributed.sum_floats([greedy, passk, int(failed is not None)])
     if n_failed:
         raise failed or NonFiniteLogits("non-finite logits in another process's share of the evaluation")
-    n = max(1, len(examples))
+    n = len(examples)
     return {"accuracy": greedy / n, f"pass@{k}": passk / n} if k > 1 else {"accuracy": greedy / n}
 
 
@@ -186,7 +191,8 @@ def validate(cfg):
     check_positive(cfg, "batch_size", "learning_rate", "grad_clip", "log_interval", "eval_interval", "eval_n",
                    "max_new_tokens", "n_layer", "n_head", "n_embd", "block_size", "n_train", "task_steps",
                    "task_max_operand")
-    check_nonnegative(cfg, "max_iters", "min_lr", "warmup_iters", "lr_decay_iters", "weight_decay")
+    check(cfg, "max_iters", cfg["max_iters"] >= 1, "must be >= 1 (0 would leave a random-weights base for GRPO)")
+    check_nonnegative(cfg, "min_lr", "warmup_iters", "lr_decay_iters", "weight_decay")
     check(cfg, "n_embd", cfg["n_embd"] % cfg["n_head"] == 0, f"must be a multiple of n_head={cfg['n_head']}")
     for k in ("dropout", "beta1", "beta2"):
         check(cfg, k, 0 <= cfg[k] < 1, "must be in [0, 1)")
@@ -225,7 +231,7 @@ def setup(cfg, ckpt):
                         f"with another --out_dir (or delete {ckpt_path})")
     torch.manual_seed(cfg["seed"])
     run = SimpleNamespace(ckpt_path=ckpt_path, rng=random.Random(cfg["seed"]), iter_num=0, elapsed_before=0.0,
-                          last_ckpt=None)
+                          last_ckpt=None, metrics={} if ckpt is None else ckpt.get("metrics", {}))
     with distributed.main_first():  # rank 0 writes the task data if missing, the others then read it
         run.data_dir, run.enc = load_task(cfg)
     run.train_pairs = tokenize_examples(run.enc, load_split(run.data_dir, "train"))
@@ -276,13 +282,14 @@ def train(cfg, amp, run):
         if distributed.is_main():  # every rank holds the same weights; rank 0 writes them
             save_checkpoint({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
                              "model_args": run.model_args, "iter_num": run.iter_num, "config": cfg,
-                             "data_dir": run.data_dir, "train_seconds": run.elapsed_before + time.time() - t_start,
+                             "data_dir": portable_path(run.data_dir),  # relative to the project: a copy reads its own
+                             "train_seconds": run.elapsed_before + time.time() - t_start,
                              "metrics": metrics, "rng": {"torch": torch.get_rng_state(), "python": rng.getstate()}},
                             run.ckpt_path)
         run.last_ckpt = run.iter_num
 
     t_start = t_log = time.time()
-    metrics = {}
+    metrics = run.metrics  # a resumed run's last evaluation until the next
     try:
         while run.iter_num < cfg["max_iters"]:
             lr = get_lr(run.iter_num, cfg["lr_decay_iters"] or cfg["max_iters"], cfg["learning_rate"], cfg["min_lr"],
@@ -321,15 +328,14 @@ def train(cfg, amp, run):
                 print(f"eval  {it:5d} | test accuracy {metrics['accuracy']:.3f} (greedy, {len(run.test)} problems)")
             if at_eval:
                 checkpoint(metrics)
-    except KeyboardInterrupt:
-        where = (f"last checkpoint {run.ckpt_path} (iter {run.last_ckpt}); resume with: python train_base.py "
-                 f"--out_dir={shlex.quote(cfg['out_dir'])} --init_from=resume") if run.last_ckpt is not None else \
-            "no checkpoint written yet (one is written at every eval_interval): run the same command again"
-        raise Interrupted(f"train_base.py stopped at iter {run.iter_num} of {cfg['max_iters']}; {where}") from None
+    except (KeyboardInterrupt, CheckpointWriteError) as e:  # Ctrl-C, a full disk: where to go on from
+        where = (f"train_base.py stopped at iter {run.iter_num} of {cfg['max_iters']}; "
+                 f"{stop_note('train_base.py', cfg['out_dir'], run.last_ckpt, remove_files=False)}")
+        raise (Interrupted(where) if isinstance(e, KeyboardInterrupt) else UserError(f"{e}; {where}")) from None
     total = run.elapsed_before + time.time() - t_start
+    acc = f", test accuracy {metrics['accuracy']:.3f}" if "accuracy" in metrics else ""
     if distributed.is_main():
-        print(f"done: {run.iter_num} iters in {total:.0f}s, test accuracy {metrics.get('accuracy', float('nan')):.3f}"
-              f", checkpoint {run.ckpt_path}")
+        print(f"done: {run.iter_num} iters in {total:.0f}s{acc}, checkpoint {run.ckpt_path}")
     return metrics
 
 

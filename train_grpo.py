@@ -25,7 +25,6 @@ import json
 import math
 import os
 import random
-import shlex
 import time
 from contextlib import nullcontext
 
@@ -38,10 +37,10 @@ from grpo import LOSS_TYPES, grpo_updates, make_rollouts, rollouts_rewards_in_ba
 from metrics import NoSignal, print_step, rollout_record, step_log
 from lora import apply_lora, lora_parameters, lora_state_dict, load_lora_state_dict
 from device import check_device, memory_stats
-from model import check_same_base, load_checkpoint, save_checkpoint
+from model import CheckpointWriteError, check_same_base, load_checkpoint, save_checkpoint
 from rewards import REWARD_FUNCS
-from rundir import refuse_existing_run, run_files, run_lock, truncate_jsonl
-from tasks import TASKS, task_rewards
+from rundir import refuse_existing_run, rewind, run_lock, stop_note
+from tasks import TASKS, portable_path, resolve_data_dir, task_rewards
 from sample import NonFiniteLogits
 from tracin import reference_solutions, tracin_backward
 from train_base import ensure_base, evaluate, get_lr, load_frozen_base
@@ -246,8 +245,9 @@ def main(argv):
         if "lora" not in resume or "base_ckpt" not in resume:
             raise UserError(f"{cfg['out_dir']}/ckpt.pt is not a train_grpo.py checkpoint (a base model's?): "
                             f"give the out_dir of the GRPO run to resume")
-        cfg = configure(defaults, argv, saved=resume.get("config", {}))
-        cfg["base_ckpt"] = resume["base_ckpt"]
+        saved = {"base_ckpt": resume["base_ckpt"], **resume.get("config", {})}
+        saved["data_dir"] = resolve_data_dir(saved.get("data_dir", ""))  # recorded relative to the project
+        cfg = configure(defaults, argv, saved=saved)  # (a --base_ckpt given now must hold the same weights)
     validate(cfg)
     with distributed.process_group(cfg["device"]) as cfg["device"]:  # under torchrun: cuda:LOCAL_RANK
         cfg["dtype"], amp = check_device(cfg["device"], cfg["dtype"])  # 'auto' resolved; bf16 autocast or none
@@ -306,9 +306,8 @@ class Run:
             print(f"warning: run saved on {saved_on}, resumed on {here}: completions are sampled from seed "
                   f"{self.cfg['seed'] + self.iter_num} from here on, so they differ from an uninterrupted run")
             self.generator.manual_seed(self.cfg["seed"] + self.iter_num)
-        for name in ("log.jsonl", "rollouts.jsonl") if distributed.is_main() else ():  # lines after the
-            truncate_jsonl(os.path.join(self.out, name), self.iter_num)
-        if distributed.is_main():
+        if distributed.is_main():  # log lines and checkpoints written after ckpt.pt: that work is redone
+            rewind(self.out, self.iter_num)
             print(f"resuming {self.out} at iter {self.iter_num}")
 
     def lr_at(self, it):
@@ -318,8 +317,9 @@ class Run:
     def checkpoint(self):
         # lr: the rate of the step taken FROM these weights (TracIn's eta_t pairs theta_t with step t)
         state = {"lora": lora_state_dict(self.model), "optimizer": self.optimizer.state_dict(),
-                 "iter_num": self.iter_num, "lr": self.lr_at(self.iter_num), "config": self.cfg,
-                 "base_ckpt": self.cfg["base_ckpt"], "base_fingerprint": self.fingerprint, "data_dir": self.data_dir,
+                 "iter_num": self.iter_num, "lr": self.lr_at(self.iter_num), "base_ckpt": self.cfg["base_ckpt"],
+                 "config": {**self.cfg, "data_dir": portable_path(self.cfg["data_dir"])},  # another copy of the
+                 "base_fingerprint": self.fingerprint, "data_dir": portable_path(self.data_dir),  # project: its own
                  "train_seconds": self.elapsed_before + time.time() - self.t_start,
                  **({"curriculum": self.curriculum.state_dict()} if self.curriculum else {}),
                  "rng": {"python": self.rng.getstate(), "generator": self.generator.get_state(),
@@ -337,7 +337,7 @@ class Run:
                              task=self.cfg["task"])
         except NonFiniteLogits as e:
             print(f"warning: evaluation at iter {self.iter_num} skipped: {e}")
-            return {"test/accuracy": float("nan")}
+            return {}  # no accuracy rather than a NaN one
         passk = f" | pass@{k} {r[f'pass@{k}']:.3f}" if k > 1 else ""
         if distributed.is_main():
             print(f"eval  {self.iter_num:4d} | test accuracy {r['accuracy']:.3f}{passk} ({len(self.test)} problems)")
@@ -373,15 +373,14 @@ class Run:
     def train(self):
         cfg, out, log_f, roll_f, skipped_in_a_row = self.cfg, self.out, None, None, 0
         no_signal = NoSignal()
-        try:
-            first = {"iter": 0, "elapsed": 0.0, **self.evaluate()} if self.iter_num == 0 else None
-            if self.iter_num == 0:
-                self.checkpoint()  # ckpt_000000: the trajectory starts at the base model
-            # the logs are opened only now: a run stopped before its first checkpoint leaves no log behind
+        try:  # a new run evaluates the base model first; a resumed one has that line in its log already
+            first = {"iter": 0, "elapsed": 0.0, **self.evaluate()} if self.last_ckpt is None else None
             log_f, roll_f = (open(os.path.join(out, n), "a") if distributed.is_main() else open(os.devnull, "w")
                              for n in ("log.jsonl", "rollouts.jsonl"))  # rank 0 writes, the others write nowhere
-            if first is not None:
+            if first is not None:  # each line is written before its checkpoint: a resume never logs it twice
                 log_f.write(json.dumps(first) + "\n")
+                log_f.flush()
+                self.checkpoint()  # ckpt_000000: the trajectory starts at the base model
             while self.iter_num < cfg["max_iters"]:
                 lr = self.lr_at(self.iter_num)
                 for g in self.optimizer.param_groups:
@@ -409,26 +408,25 @@ class Run:
                     else:  # a finite gradient times a huge learning rate: the next step's sampling will say so
                         print(f"warning: NaN/Inf LoRA weights at iter {it}: no checkpoint written")
         except KeyboardInterrupt:
-            raise self.interrupted() from None
+            raise Interrupted(self.stopped()) from None
+        except (OSError, CheckpointWriteError) as e:  # a full disk: the reason, then where the run goes on from
+            raise UserError(f"{f'{e.filename}: ' if getattr(e, 'filename', None) else ''}"
+                            f"{getattr(e, 'strerror', None) or e}; {self.stopped()}") from None
         finally:
             for f in (log_f, roll_f):
-                if f is not None:
-                    f.close()
+                try:
+                    if f is not None:
+                        f.close()
+                except OSError:
+                    pass  # its last flush failed (disk full): said above; every line before it was flushed
         if distributed.is_main():
             print(f"done: {self.iter_num} GRPO steps in {self.elapsed_before + time.time() - self.t_start:.0f}s; "
                   f"run directory {out}{no_signal.summary()}")
 
-    def interrupted(self):
-        """Ctrl-C: one line saying where the run stopped and how to resume it."""
-        out = self.out
-        if self.last_ckpt is None:  # a new run stopped before ckpt.pt: what it began (ckpt_000000.pt?) is
-            for f in run_files(out) if distributed.is_main() else ():
-                os.remove(f)        # removed, so that the same command can start it again
-            where = "no checkpoint written yet: run the same command again to start over"
-        else:
-            where = (f"last checkpoint {os.path.join(out, 'ckpt.pt')} (iter {self.last_ckpt}); resume with: "
-                     f"python train_grpo.py --out_dir={shlex.quote(out)} --init_from=resume")
-        return Interrupted(f"train_grpo.py stopped at iter {self.iter_num} of {self.cfg['max_iters']}; {where}")
+    def stopped(self):
+        """Ctrl-C or a full disk: where the run stopped and the command that goes on from there."""
+        where = stop_note("train_grpo.py", self.out, self.last_ckpt, remove_files=distributed.is_main())
+        return f"train_grpo.py stopped at iter {self.iter_num} of {self.cfg['max_iters']}; {where}"
 
 
 if __name__ == "__main__":

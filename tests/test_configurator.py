@@ -167,6 +167,20 @@ def test_saved_config_replaced_by_argv_only(capsys):
     assert printed == "resume: batch_size = 3 (the saved run had 99)\n"   # only the change that matters
 
 
+def test_resume_reports_each_keys_final_value_once(tmp_path, capsys):
+    """The original config file sets batch_size = 8, the command line undoes it (2, as the saved run had):
+    nothing is reported for it. A key set three times is reported once, with its final value."""
+    path = write(tmp_path, "batch_size = 8\nlearning_rate = 0.1\n")
+    saved = {"batch_size": 2, "learning_rate": 0.5, "lora_targets": ["c_attn"]}  # (a list: typed before comparing)
+    cfg = configure(DEFAULTS, [path, "--batch_size=2", "--learning_rate=0.2", "--learning_rate=0.3",
+                               "--lora_targets=c_attn"], saved=saved)
+    assert (cfg["batch_size"], cfg["learning_rate"]) == (2, 0.3)
+    assert capsys.readouterr().out == "resume: learning_rate = 0.3 (the saved run had 0.5)\n"
+    configure(DEFAULTS, ["--learning_rate=0.3", path], saved=saved)  # the file, given last, wins
+    assert capsys.readouterr().out == ("resume: learning_rate = 0.1 (the saved run had 0.5)\n"
+                                       "resume: batch_size = 8 (the saved run had 2)\n")
+
+
 @pytest.mark.parametrize("rank, printed", [(None, True), ("0", True), ("1", False)])
 def test_only_rank_zero_prints_the_overrides(monkeypatch, capsys, rank, printed):
     """Under torchrun every process parses the same command line: one copy of the lines is enough."""

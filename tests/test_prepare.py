@@ -341,3 +341,69 @@ def test_min_steps_mixes_lengths_and_keeps_the_default_directory(tmp_path):
     with pytest.raises(UserError, match=r"min_steps=4: must be in \[0, steps=3\]"):
         prepare(**knobs, min_steps=4, root=root)
     assert "--min_steps=1" in prep.rebuild_command(d)
+
+
+# A small training split learns fewer merges than asked (130 of 150 here): the rebuild command must ask
+# for the same number as the build did, or it builds another directory (..._b130) and repairs nothing.
+FEW = dict(steps=1, max_operand=5, ops="+", n_train=300, n_val=20, n_test=20, verbose=False)
+REPO = prep.REPO  # the repository root: the printed commands run from there
+
+
+def cut_a_line(text):
+    return text[:len(text) // 2]
+
+
+@pytest.mark.parametrize("num_merges", [150, 300])
+@pytest.mark.parametrize("name, change", [
+    ("tokenizer.json", None), ("tokenizer.json", cut_a_line), ("val.jsonl", None),
+    ("test.jsonl", lambda text: "garbled\n" + text), ("train.jsonl", cut_a_line)])
+def test_the_printed_rebuild_command_repairs_that_directory(tmp_path, num_merges, name, change):
+    """Damage a directory; the error's command, run as printed (from the repository root), rebuilds that
+    same directory byte for byte."""
+    clean = prepare(**FEW, num_merges=num_merges, root=str(tmp_path / "clean"))
+    assert json.load(open(os.path.join(clean, "meta.json")))["vocab_size"] - 257 < 150 <= num_merges
+    root, d = copy_of(clean, tmp_path)
+    damage(d, name, change)
+    with pytest.raises(UserError) as e:
+        load_tokenizer(d) if name == "tokenizer.json" else load_split(d, name.split(".")[0])
+    cmd = shlex.split(str(e.value).split("build the task data again with: ")[1])
+    assert cmd[:2] == ["python", "data/gsm_synth/prepare.py"] and f"--root={root}" in cmd
+    assert (f"--num_merges={num_merges}" in cmd) == (num_merges != 150)  # the number asked, never the learned
+    r = subprocess.run([sys.executable, *cmd[1:]], cwd=REPO, capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout.strip().splitlines()[-1] == d, r.stderr
+    assert same_files(d, clean)
+
+
+def test_rebuild_command_of_an_older_or_unreadable_meta(tmp_path):
+    """meta.json written before it recorded num_merges: the directory's name says it (_b300); meta.json
+    unreadable: every knob from the name; the default number: no flag."""
+    d = prepare(**FEW, num_merges=300, root=str(tmp_path))
+    assert json.load(open(os.path.join(d, "meta.json")))["num_merges"] == 300
+    assert "num_merges" not in json.load(open(prepare(**FEW, root=str(tmp_path)) + "/meta.json"))  # default: as before
+    damage(d, "meta.json", lambda text: json.dumps({k: v for k, v in json.loads(text).items() if k != "num_merges"}))
+    assert "--num_merges=300" in prep.rebuild_command(d).split()
+    damage(d, "meta.json", lambda text: "{")
+    assert prep.rebuild_command(d) == (f"python data/gsm_synth/prepare.py --steps=1 --max_operand=5 --ops=+ "
+                                       f"--noise=0.0 --n_train=300 --n_val=20 --n_test=20 --num_merges=300 "
+                                       f"--root={tmp_path}")
+
+
+def test_rebuild_commands_of_the_other_tasks(tmp_path):
+    """A damaged countdown or gsm8k directory names its own prepare.py, not gsm_synth's; the countdown one,
+    followed, rebuilds that directory byte for byte."""
+    from data.countdown.prepare import prepare as countdown
+    knobs = dict(n_train=60, n_val=10, n_test=10, max_number=30, verbose=False)
+    clean, d = countdown(**knobs, out=str(tmp_path / "a")), countdown(**knobs, out=str(tmp_path / "b"))
+    damage(d, "test.jsonl", None)
+    with pytest.raises(UserError) as e:
+        load_split(d, "test")
+    cmd = shlex.split(str(e.value).split("build the task data again with: ")[1])
+    assert cmd == ["python", "data/countdown/prepare.py", "--n_train=60", "--n_val=10", "--n_test=10",
+                   "--max_number=30", f"--out={d}"]
+    r = subprocess.run([sys.executable, *cmd[1:]], cwd=REPO, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert same_files(d, clean)
+    gsm8k = tmp_path / "gsm8k" / "prepared_v200"
+    gsm8k.mkdir(parents=True)
+    # no meta.json: the folder says gsm8k, the name n_val; not where data/gsm8k/prepare.py puts it: --out
+    assert prep.rebuild_command(str(gsm8k)) == f"python data/gsm8k/prepare.py --n_val=200 --out={gsm8k}"

@@ -70,12 +70,15 @@ def test_max_new_tokens_must_fit_the_context(tiny_setup, tmp_path):
     assert not (tmp_path / "r").exists()  # nothing written, not even the directory
 
 
-@pytest.mark.parametrize("name", ["log.jsonl", "rollouts.jsonl", "ckpt_000000.pt"])
+@pytest.mark.parametrize("name", ["log.jsonl", "rollouts.jsonl", "ckpt_000000.pt", "ckpt.pt"])
 def test_fresh_run_refuses_a_directory_with_any_run_file(tiny_setup, tmp_path, name):
     out = tmp_path / "r"
     out.mkdir()
     (out / name).write_text("precious\n")
-    with pytest.raises(UserError, match=f"already holds a run \\({name}\\)"):
+    # with a ckpt.pt the advice is to resume it; without one there is nothing to resume from
+    said = "already holds a run" if name == "ckpt.pt" else "holds the files of a run that stopped before its first " \
+        "checkpoint"
+    with pytest.raises(UserError, match=f"{said} \\({name}\\)"):
         run(tiny_setup, out, "--max_iters=1")
     assert sorted(os.listdir(out)) == [name] and (out / name).read_text() == "precious\n"
 
@@ -265,7 +268,7 @@ def test_resume_needs_its_own_base_and_a_grpo_checkpoint(tiny_setup, tmp_path):
     with pytest.raises(UserError, match="is not a train_grpo.py checkpoint"):
         tg.main([f"--out_dir={tmp_path / 'base'}", "--init_from=resume"])
     os.remove(base)
-    with pytest.raises(UserError, match="not found \\(the base this run was trained on: put it back\\)"):
+    with pytest.raises(UserError, match="not found \\(the base this run was trained on: put it back, or name"):
         tg.main([f"--out_dir={tmp_path / 'r'}", "--init_from=resume", "--max_iters=2"])
     assert not base.exists()
 
@@ -299,3 +302,90 @@ def test_ctrl_c_before_the_first_checkpoint_leaves_a_directory_the_same_command_
     monkeypatch.setattr(tg, "save_checkpoint", real)
     run(tiny_setup, out, "--max_iters=2")                    # the same command now runs
     assert load_checkpoint(str(out / "ckpt.pt"))["iter_num"] == 2
+
+
+def test_resume_prints_only_final_changes_and_a_moved_base_can_be_named(tiny_setup, tmp_path, capsys):
+    """Arguments a later one undoes print nothing; --base_ckpt given on resume is the base used (the
+    printed advice when the base has moved), checked against the run's fingerprint."""
+    base = tmp_path / "base" / "ckpt.pt"
+    save_checkpoint(load_checkpoint(tiny_setup), str(base))
+    out = tmp_path / "r"
+    run(base, out, "--max_iters=1")
+    moved = tmp_path / "moved" / "ckpt.pt"
+    os.makedirs(moved.parent)
+    os.rename(base, moved)
+    with pytest.raises(UserError, match="put it back, or name where it is now with --base_ckpt=PATH"):
+        tg.main([f"--out_dir={out}", "--init_from=resume", "--max_iters=2"])
+    capsys.readouterr()
+    tg.main([f"--out_dir={out}", "--init_from=resume", "--batch_size=8", "--batch_size=2", "--max_iters=2",
+             f"--base_ckpt={moved}"])
+    resumed = [line for line in capsys.readouterr().out.splitlines() if line.startswith("resume:")]
+    assert resumed == ["resume: max_iters = 2 (the saved run had 1)",
+                       f"resume: base_ckpt = {moved} (the saved run had {base})"]
+    ck = load_checkpoint(str(out / "ckpt.pt"))
+    assert ck["iter_num"] == 2 and ck["base_ckpt"] == str(moved) and ck["config"]["batch_size"] == 2
+
+
+def test_no_accuracy_printed_as_nan(tiny_setup, tmp_path, capsys):
+    """Without the task's correctness reward there is no training accuracy: '-' on the console, not nan."""
+    run(tiny_setup, tmp_path / "r", "--max_iters=2", "--reward_funcs=chars", "--reward_weights=1.0")
+    steps = [line for line in capsys.readouterr().out.splitlines() if line.startswith("iter ")]
+    assert len(steps) == 2 and all("| acc - |" in line and "nan" not in line for line in steps)
+
+
+def test_missing_base_command_makes_the_file_grpo_then_uses(base_args, tiny_setup, tmp_path):
+    """A base_ckpt not named ckpt.pt: train_base.py writes OUT_DIR/ckpt.pt, so the printed command says to
+    give that file; followed (the tiny sizes added before it), GRPO runs on it."""
+    import shlex
+    wanted = tmp_path / "bases" / "model.pt"
+    with pytest.raises(UserError) as e:
+        run(wanted, tmp_path / "r")
+    msg = str(e.value)
+    train, then = msg.split("train it with: ")[1].split(" (only ")[0].split(", then give ")
+    cmd = shlex.split(train)
+    assert cmd[:2] == ["python", "train_base.py"] and then == f"--base_ckpt={tmp_path}/bases/ckpt.pt"
+    tb.main([*base_args, *cmd[3:], "--max_iters=2"])  # (cmd[2]: the base config, whose sizes base_args replace)
+    run(then.split("=", 1)[1], tmp_path / "r", "--max_iters=1")
+    assert load_checkpoint(str(tmp_path / "r" / "ckpt.pt"))["base_ckpt"] == f"{tmp_path}/bases/ckpt.pt"
+
+
+@pytest.mark.parametrize("fail_at", [2, 4])
+def test_base_full_disk_names_the_command_that_goes_on(base_args, tmp_path, monkeypatch, fail_at):
+    """train_base.py's checkpoint at iter fail_at lands on a full disk: the error names the resume command (or
+    the same command, when no checkpoint was written), which then finishes the run."""
+    import builtins
+    import shlex
+    real_open, real_save = builtins.open, tb.save_checkpoint
+
+    def save(state, path):
+        if state["iter_num"] != fail_at:
+            return real_save(state, path)
+        monkeypatch.setattr(builtins, "open", lambda p, mode="r", *a, **k: real_open(
+            "/dev/full" if str(p).endswith(".tmp") else p, mode, *a, **k))
+        try:
+            return real_save(state, path)
+        finally:
+            monkeypatch.setattr(builtins, "open", real_open)
+    with monkeypatch.context() as m:
+        m.setattr(tb, "save_checkpoint", save)
+        with pytest.raises(UserError, match=f"No space left on device; train_base.py stopped at iter {fail_at}") as e:
+            tb.main([*base_args, "--max_iters=4"])
+    msg = str(e.value)
+    if fail_at == 2:
+        assert msg.endswith("no checkpoint written yet: run the same command again to start over")
+        tb.main([*base_args, "--max_iters=4"])
+    else:
+        cmd = shlex.split(msg.split("resume with: ")[1])
+        assert cmd[:2] == ["python", "train_base.py"]
+        tb.main(cmd[2:])
+    assert load_checkpoint(str(tmp_path / "b" / "ckpt.pt"))["iter_num"] == 4
+
+
+def test_a_skipped_evaluation_logs_no_nan_accuracy(tiny_setup, tmp_path, monkeypatch, capsys):
+    def broken(*a, **k):
+        raise sample.NonFiniteLogits("NaN/Inf logits in 1 of 4 sampled rows")
+    monkeypatch.setattr(tg, "evaluate", broken)
+    run(tiny_setup, tmp_path / "r", "--max_iters=1")
+    logs = [json.loads(line) for line in open(tmp_path / "r" / "log.jsonl")]
+    assert [l["iter"] for l in logs] == [0, 1] and not any("test/accuracy" in l for l in logs)
+    assert "evaluation at iter 0 skipped" in capsys.readouterr().out

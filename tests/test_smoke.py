@@ -3,6 +3,7 @@ configs: prepare (GSM8K from a fixture in the official format; Countdown generat
 task's rewards, GRPO with TracIn, tracin.py's post-hoc attribution and export.py. A random model
 scores 0 on the task, so a length reward ("chars") is added to give the groups an advantage to learn
 from; the task's own rewards still score every completion. Run: python -m pytest -q tests/test_smoke.py"""
+import glob
 import json
 import os
 import subprocess
@@ -61,7 +62,8 @@ def test_smoke_config_runs_every_path(task, model_dir, tmp_path, chars_reward, c
     assert encode_prompt(enc, question) == list(want["input_ids"])
 
     tracin.main([f"--out_dir={run}", f"--question={question}", "--n_probe=8"])
-    assert json.load(open(f"{run}/tracin_attribution.json"))["scores"]
+    (result,) = glob.glob(f"{run}/tracin_*.json")  # one file per question and answer
+    assert json.load(open(result))["scores"]
     export.main([f"--out_dir={run}"])
     assert os.path.isfile(f"{run}/peft_adapter/adapter_model.safetensors")
     res = subprocess.run([sys.executable, "sample.py", f"--ckpt={run}/ckpt.pt", "--num_samples=1",

@@ -96,3 +96,10 @@ def test_log_without_a_valid_line_is_an_error(tmp_path, lines):
     run = write(tmp_path / "bad", lines)
     with pytest.raises(UserError, match="holds no log line"):
         summarize.main([run])
+
+
+def test_a_skipped_evaluation_is_no_accuracy(tmp_path, capsys):
+    """An older run logged NaN for an evaluation it skipped (NaN/Inf logits): no 'nan' in the table."""
+    write(tmp_path / "r", [EVAL0, {"iter": 1, "elapsed": 1.0, "step_seconds": 1.0, "test/accuracy": float("nan")}])
+    _, rows = table(capsys, str(tmp_path / "r"))
+    assert "nan" not in " ".join(rows[0][1:]).lower() and rows[0][2] == "0.400 (0)"

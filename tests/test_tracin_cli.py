@@ -4,6 +4,8 @@
 # Independent references: the run's own config (temperature) and the trapezoid weights worked out by
 # hand for iters 0, 2, 3: (2-0)/2, (3-0)/2, (3-2)/2; a spy on find_critical_samples records what the
 # CLI passes; the run lock checked through the lock file; rollouts.jsonl parsed without the cut line.
+import glob
+import hashlib
 import json
 import os
 import shutil
@@ -48,6 +50,12 @@ def spy(monkeypatch):
     return calls
 
 
+def written(run):
+    """The one attribution file tracin.py wrote into the run directory."""
+    (path,) = glob.glob(str(run / "tracin_*.json"))
+    return path
+
+
 def main(run, *args):
     tracin.main([f"--out_dir={run}", "--question=Mia has 2 pears. How many?", "--n_probe=4", *args])
 
@@ -59,7 +67,7 @@ def test_cli_uses_the_runs_temperature_trapezoid_weights_and_the_lock(run, spy):
     assert call["temperature"] == 0.7                       # the run sampled at 0.7
     assert call["checkpoint_steps"] == [1.0, 1.5, 0.5]       # (2-0)/2, (3-0)/2, (3-2)/2: 3 steps in all
     assert call["locked"] and not os.path.exists(run / "run.lock")  # held while scoring, released after
-    res = json.load(open(run / "tracin_attribution.json"))
+    res = json.load(open(written(run)))
     assert res["num_checkpoints"] == 3 and len(res["scores"]) == 4
     # greedy sampling (temperature 0) means plain log-probs: temperature 1
     last = run / "ckpt_000003.pt"
@@ -73,7 +81,7 @@ def test_cli_refuses_a_run_dir_in_use(run, spy):
     (run / "run.lock").write_text(f"{os.getppid()}\n")  # a live process that is not this one
     with pytest.raises(UserError, match="in use by another run"):
         main(run)
-    assert not spy and not os.path.exists(run / "tracin_attribution.json")
+    assert not spy and not glob.glob(str(run / "tracin_*.json"))
 
 
 def test_cli_skips_a_cut_off_rollouts_line(run, spy, capsys):
@@ -136,4 +144,53 @@ def test_cli_question_and_completion_are_plain_text(run, spy):
     assert call["test"][0]["prompt"] == "1234<|endoftext|>"
     idx = tracin.rollout_batch(call["enc"], call["test"], "cpu")[0]
     assert (idx == call["enc"].eot_token).sum() == 1 and idx[0, -1] == call["enc"].eot_token  # only the final one
-    assert json.load(open(run / "tracin_attribution.json"))["completion"] == "<|endoftext|> 5"
+    assert json.load(open(written(run)))["completion"] == "<|endoftext|> 5"
+
+
+def test_a_base_models_directory_is_named_and_the_printed_commands_work(tiny_setup, tmp_path, monkeypatch):
+    """--out_dir of train_base.py's directory: the error says so and prints a train_grpo.py command; followed
+    (with the tiny run's sizes added before it), it makes a run that the printed --out_dir then attributes."""
+    import shlex
+    import rewards
+    base = tmp_path / "out" / "base"
+    base.mkdir(parents=True)
+    shutil.copy(tiny_setup, base / "ckpt.pt")
+    with pytest.raises(UserError) as e:
+        main(base)
+    msg = str(e.value)
+    assert "holds a base model (train_base.py), not a GRPO run" in msg and "\n" not in msg
+    train = shlex.split(msg.split("with: ")[1].split(", then")[0])
+    assert train[:2] == ["python", "train_grpo.py"] and f"--base_ckpt={base}/ckpt.pt" in train
+    attribute = msg.split("then attribute with ")[1]
+    assert attribute == f"--out_dir={tmp_path}/out/grpo"
+    monkeypatch.setitem(rewards.REWARD_FUNCS, "chars", lambda completion, answer: len(completion) / 10)
+    grpo_run(tiny_setup, "unused", *train[2:], "--max_iters=1")   # the printed --base_ckpt, --out_dir win
+    tracin.main([attribute, "--question=Mia has 2 pears. How many?", "--n_probe=4"])
+    assert len(glob.glob(f"{tmp_path}/out/grpo/tracin_*.json")) == 1
+
+
+def test_a_directory_without_a_run_names_a_command_that_works(tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(UserError, match=f"it is not a train_grpo.py run; make one with: python train_grpo.py "
+                                        f"--out_dir={empty}, then"):
+        main(empty)
+    (empty / "log.jsonl").write_text("{}\n")  # another run's file: that directory would be refused
+    with pytest.raises(UserError, match=f"make one with: python train_grpo.py --out_dir={tmp_path}/grpo, then"):
+        main(empty)
+
+
+def test_each_question_and_answer_gets_its_own_file(run, spy, capsys):
+    """Attributing a second question never overwrites the first one's results; the same question and
+    answer again write the same file (tracin_<12 hex of sha256(question + completion)>.json)."""
+    q1, q2 = "Mia has 2 pears. How many?", "Sam has 3 cards. How many?"
+    for q in (q1, q2, q1):
+        main(run, f"--question={q}", "--completion=#### 5")
+    p1, p2 = (f"{run}/tracin_{hashlib.sha256((q + '#### 5').encode()).hexdigest()[:12]}.json" for q in (q1, q2))
+    assert sorted(glob.glob(str(run / "tracin_*.json"))) == sorted([p1, p2])
+    assert json.load(open(p1))["question"] == q1 and json.load(open(p2))["question"] == q2
+    printed = [line for line in capsys.readouterr().out.splitlines() if line.startswith("wrote ")]
+    assert printed[:2] == [f"wrote {p1}", f"wrote {p2}"]
+    assert printed[2] == f"wrote {p1} (replacing an earlier attribution of the same question and answer)"
+    main(run, f"--question={q2}", f"--out_json={run}/mine.json")  # --out_json still names the file
+    assert json.load(open(run / "mine.json"))["question"] == q2

@@ -2,6 +2,7 @@
 # References: the schedule's formula at its end points, token lists shifted by hand for
 # get_batch, and two runs of main() (30 + resume 10 iterations vs 40 in one go).
 import random
+import re
 
 import pytest
 import torch
@@ -97,3 +98,29 @@ def test_bad_init_from(tiny_task, tmp_path, monkeypatch):
         tb.main([f"--out_dir={tmp_path}", "--init_from=nope", *ARGS])
     with pytest.raises(UserError, match="block_size"):
         tb.main([f"--out_dir={tmp_path}", *ARGS, "--block_size=16"])
+
+
+def test_zero_iterations_refused_before_any_work(tmp_path, monkeypatch):
+    """max_iters=0 would exit 0 with a random-weights base that train_grpo.py then fine-tunes."""
+    from configurator import UserError
+    monkeypatch.setattr(tb, "load_task", lambda cfg, verbose=True: pytest.fail("work started"))
+    for arg, key in (("--max_iters=0", "max_iters"), ("--eval_n=0", "eval_n")):
+        with pytest.raises(UserError, match=f"'{key}' = 0 is not allowed: must be"):
+            tb.main([f"--out_dir={tmp_path / 'b'}", *ARGS, arg])
+    assert not (tmp_path / "b").exists()
+
+
+def test_no_accuracy_is_nan(tiny_task, tmp_path, monkeypatch, capsys):
+    """Evaluating no problem is an error, not an accuracy of NaN; a resumed run with nothing left to do
+    reports its checkpoint's accuracy."""
+    from configurator import UserError
+    from model import GPT, GPTConfig
+    data_dir, enc = tiny_task
+    m = GPT(GPTConfig(block_size=96, vocab_size=enc.n_vocab, n_layer=1, n_head=2, n_embd=32))
+    with pytest.raises(UserError, match="no test problems"):
+        tb.evaluate(m, enc, [], 8)
+    monkeypatch.setattr(tb, "load_task", lambda cfg, verbose=True: tiny_task)
+    tb.main([f"--out_dir={tmp_path / 'a'}", "--max_iters=10", *ARGS])
+    tb.main([f"--out_dir={tmp_path / 'a'}", "--init_from=resume"])  # already at max_iters: nothing to do
+    out = capsys.readouterr().out
+    assert not re.search(r"\bnan\b", out, re.I) and out.count("test accuracy") == 3  # eval at 10, done, done again

@@ -28,6 +28,7 @@ import json
 import os
 import random
 import re
+import shlex
 import sys
 from fractions import Fraction
 from math import comb
@@ -37,7 +38,7 @@ REPO = os.path.dirname(os.path.dirname(ROOT))
 if REPO not in sys.path:  # run as a script: configurator.py is at the repository root
     sys.path.append(REPO)
 from configurator import UserError, cli_main, configure  # noqa: E402
-from data.gsm_synth.prepare import check_task_dir, write_atomic  # noqa: E402
+from data.gsm_synth.prepare import check_task_dir, read_json, write_atomic  # noqa: E402
 
 DEFAULTS = dict(n_train=20000, n_val=500, n_test=500, min_numbers=3, max_numbers=4, max_number=99, seed=1337,
                 out=None)  # out None: data_dir_for(knobs)
@@ -161,6 +162,26 @@ def data_dir_for(n_train=20000, n_val=500, n_test=500, min_numbers=3, max_number
     extra = [f"_{letter}{v}" for letter, k, v in (("t", "n_train", n_train), ("v", "n_val", n_val),
                                                   ("e", "n_test", n_test), ("r", "seed", seed)) if v != DEFAULTS[k]]
     return os.path.join(ROOT, f"n{min_numbers}-{max_numbers}_m{max_number}" + "".join(extra))
+
+
+def rebuild_command(data_dir):
+    """The command that builds data_dir again: its knobs from meta.json or its name, --out where they would
+    not put it."""
+    knobs = {k: v for k, v in DEFAULTS.items() if k != "out"}
+    try:
+        meta = read_json(os.path.join(data_dir, "meta.json"))
+        knobs.update({f"n_{k}": meta["sizes"][k] for k in SPLITS},
+                     **{k: meta[k] for k in ("min_numbers", "max_numbers", "max_number", "seed")})
+    except (OSError, ValueError, KeyError, TypeError):
+        m = re.fullmatch(r"n(\d+)-(\d+)_m(\d+)((?:_[tver]\d+)*)", os.path.basename(os.path.normpath(data_dir)))
+        if m:
+            letters = {"t": "n_train", "v": "n_val", "e": "n_test", "r": "seed"}
+            knobs.update(min_numbers=int(m[1]), max_numbers=int(m[2]), max_number=int(m[3]),
+                         **{letters[x[0]]: int(x[1:]) for x in m[4].split("_")[1:]})
+    args = [f"--{k}={v}" for k, v in knobs.items() if v != DEFAULTS[k]]
+    if os.path.abspath(data_dir) != data_dir_for(**knobs):
+        args.append(f"--out={data_dir}")
+    return " ".join(["python data/countdown/prepare.py"] + [shlex.quote(a) for a in args])
 
 
 def prepare(n_train=20000, n_val=500, n_test=500, min_numbers=3, max_numbers=4, max_number=99, seed=1337,

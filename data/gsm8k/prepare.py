@@ -30,6 +30,7 @@ import json
 import os
 import random
 import re
+import shlex
 import sys
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
@@ -37,7 +38,7 @@ REPO = os.path.dirname(os.path.dirname(ROOT))
 if REPO not in sys.path:  # run as a script: configurator.py is at the repository root
     sys.path.append(REPO)
 from configurator import UserError, cli_main, configure  # noqa: E402
-from data.gsm_synth.prepare import check_task_dir, write_atomic  # noqa: E402
+from data.gsm_synth.prepare import check_task_dir, read_json, write_atomic  # noqa: E402
 
 DEFAULTS = dict(train_file=os.path.join(ROOT, "train.jsonl"), test_file=os.path.join(ROOT, "test.jsonl"),
                 n_val=500, seed=1337, out=None)  # out None: ROOT/prepared (a suffix per non-default knob)
@@ -131,6 +132,21 @@ def data_dir_for(n_val=500, seed=1337):
     """ROOT/prepared, with _v{n_val} / _r{seed} when not the default, so two sets of knobs never share it."""
     extra = [f"_{k}{v}" for k, v, default in (("v", n_val, 500), ("r", seed, 1337)) if v != default]
     return os.path.join(ROOT, "prepared" + "".join(extra))
+
+
+def rebuild_command(data_dir):
+    """The command that builds data_dir again from the official files (data/gsm8k/*.jsonl): n_val and seed
+    from its meta.json or its name, --out where they would not put it."""
+    try:
+        meta = read_json(os.path.join(data_dir, "meta.json"))
+        knobs = {"n_val": meta["n_val"], "seed": meta["seed"]}
+    except (OSError, ValueError, KeyError, TypeError):
+        m = re.fullmatch(r"prepared(?:_v(\d+))?(?:_r(\d+))?", os.path.basename(os.path.normpath(data_dir)))
+        knobs = {"n_val": int(m[1] or 500), "seed": int(m[2] or 1337)} if m else {"n_val": 500, "seed": 1337}
+    args = [f"--{k}={v}" for k, v in knobs.items() if v != DEFAULTS[k]]
+    if os.path.abspath(data_dir) != data_dir_for(**knobs):
+        args.append(f"--out={data_dir}")
+    return " ".join(["python data/gsm8k/prepare.py"] + [shlex.quote(a) for a in args])
 
 
 def prepare(train_file=DEFAULTS["train_file"], test_file=DEFAULTS["test_file"], n_val=500, seed=1337,

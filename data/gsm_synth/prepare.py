@@ -219,28 +219,49 @@ def read_meta(data_dir):
     return meta
 
 
+def knobs_from_name(data_dir):
+    """The knobs data_dir_for() spelled in the directory's name ({} if the name is not one of its)."""
+    name = os.path.basename(os.path.normpath(data_dir))
+    m = re.fullmatch(r"s(\d+)_m(\d+)_([asmd]+)_n([\d.e-]+)((?:_[tvebrl]\d+)*)", name)
+    if not m:
+        return {}
+    letters = {letter: k for k, letter in EXTRA_KNOBS}
+    return dict(steps=int(m[1]), max_operand=int(m[2]), ops=m[3].translate(str.maketrans("asmd", "+-*/")),
+                noise=float(m[4]) / 100, **{letters[x[0]]: int(x[1:]) for x in m[5].split("_")[1:]})
+
+
 def rebuild_command(data_dir):
-    """The prepare.py command line that builds data_dir again: its knobs from meta.json, or from the
-    directory's name when meta.json cannot be read."""
+    """The command line that builds data_dir again, byte for byte: its knobs from meta.json, or from its name
+    when meta.json cannot be read; a gsm8k or countdown directory gets its own prepare.py's command."""
+    if (task := read_meta_task(data_dir)) in ("gsm8k", "countdown"):
+        return __import__(f"data.{task}.prepare", fromlist=["rebuild_command"]).rebuild_command(data_dir)
+    named = knobs_from_name(data_dir)
     try:
         meta = read_meta(data_dir)
         knobs = {k: meta[k] for k in ("steps", "max_operand", "ops", "noise")}
-        knobs.update({f"n_{k}": meta["sizes"][k] for k in SPLITS}, num_merges=meta["vocab_size"] - 257)
-        knobs["seed"], knobs["min_steps"] = meta["seed"], meta.get("min_steps", 0)
+        knobs.update({f"n_{k}": meta["sizes"][k] for k in SPLITS}, seed=meta["seed"],
+                     min_steps=meta.get("min_steps", 0))
+        # the merges ASKED for (meta.json records a non-default number; older ones: the name's _b), never
+        # the number learned (vocab_size - 257), which a small training split leaves below it
+        knobs["num_merges"] = meta.get("num_merges", named.get("num_merges", DEFAULTS["num_merges"]))
     except (OSError, ValueError, KeyError, TypeError):
-        m = re.fullmatch(r"s(\d+)_m(\d+)_([asmd]+)_n([\d.e-]+)((?:_[tvebrl]\d+)*)",
-                         os.path.basename(os.path.normpath(data_dir)))
-        if not m:
+        if not named:
             return "python data/gsm_synth/prepare.py with the knobs of the run that made it"
-        ops = m[3].translate(str.maketrans("asmd", "+-*/"))
-        knobs = dict(steps=int(m[1]), max_operand=int(m[2]), ops=ops, noise=float(m[4]) / 100)
-        letters = {letter: k for k, letter in EXTRA_KNOBS}
-        knobs.update({letters[x[0]]: int(x[1:]) for x in m[5].split("_")[1:]})
+        knobs = named
     root = os.path.dirname(os.path.abspath(data_dir))
     knobs["root"] = root if root != ROOT else None
     args = [shlex.quote(f"--{k}={v}") for k, v in knobs.items()
             if k in ("steps", "max_operand", "ops", "noise") or v not in (None, DEFAULTS[k])]
     return " ".join(["python data/gsm_synth/prepare.py"] + args)
+
+
+def read_meta_task(data_dir):
+    """Which prepare.py made data_dir: meta.json's task (gsm8k, countdown; none here), else its folder's name."""
+    try:
+        return read_json(os.path.join(data_dir, "meta.json")).get("task")
+    except (OSError, ValueError, AttributeError):
+        parent = os.path.basename(os.path.dirname(os.path.abspath(data_dir)))
+        return parent if parent in ("gsm8k", "countdown") else None
 
 
 def damaged(path, e):
@@ -391,7 +412,8 @@ def prepare(steps=2, max_operand=20, ops="+-", noise=0.0, n_train=20000, n_val=5
     write_atomic(os.path.join(data_dir, "tokenizer.json"),
                  json.dumps({"name": "gsm_synth", "pat_str": PAT_STR, "merges": [m.hex() for m in merges]}))
     meta = {"steps": steps, "max_operand": max_operand, "ops": ops, "noise": noise, "seed": seed,
-            **({"min_steps": min_steps} if min_steps else {}),
+            **({"min_steps": min_steps} if min_steps else {}),  # (both only when not the default: default
+            **({"num_merges": num_merges} if num_merges != DEFAULTS["num_merges"] else {}),  # dirs unchanged)
             "vocab_size": enc.n_vocab, "eot_token": enc.eot_token,
             "sizes": {k: len(v) for k, v in splits.items()}}
     write_atomic(meta_path, json.dumps(meta, indent=1))  # written last: marks completion
