@@ -3,7 +3,7 @@ Speed and memory claims measured side by side in one process (same inputs, warm-
 
     python bench.py                      # CPU
     python bench.py --device=cuda        # GPU
-    python bench.py --quick=True         # tiny sizes (what the tests run)
+    python bench.py --quick              # tiny sizes (what the tests run)
 
 Rows:
   sampling   KV-cache generation vs nanoGPT-style full recompute of the whole prefix per token;

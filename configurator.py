@@ -107,6 +107,8 @@ def configure(defaults: dict, argv: list[str], saved: dict | None = None) -> dic
     given = {}  # the keys argv sets, in the order first given
     for arg in argv:
         if arg.startswith("--"):
+            if "=" not in arg and isinstance(defaults.get(arg[2:]), bool):
+                arg += "=True"  # a plain flag: --quick is --quick=True
             if "=" not in arg:
                 raise UserError(f"bad argument {arg!r}: overrides are written --key=value, e.g. {arg}=<value>")
             key, raw = arg[2:].split("=", 1)

@@ -24,7 +24,7 @@ from sample import generate
 
 def test_quick_bench_rows(capsys, tmp_path):
     funcs = dict(rewards.REWARD_FUNCS)
-    rows = bench.main(["--quick=True", f"--base_ckpt={tmp_path / 'none.pt'}", f"--data_root={tmp_path}"])
+    rows = bench.main(["--quick", f"--base_ckpt={tmp_path / 'none.pt'}", f"--data_root={tmp_path}"])
     assert [r[0] for r in rows] == ["sampling", "step cost, TracIn pg", "step cost, TracIn nll", "rewards, task",
                                     "rewards, slow", "influence T=8", "posthoc vs Captum", "memory", "throughput",
                                     "half precision 1x32"]

@@ -114,9 +114,14 @@ def test_config_file_may_import_math(tmp_path):
     assert cfg["learning_rate"] == pytest.approx(0.01)
 
 
-def test_key_without_value_is_an_error():
-    with pytest.raises(UserError, match="--key=value"):
-        configure(DEFAULTS, ["--compile"])
+def test_key_without_value_is_a_flag_only_for_bool_keys():
+    assert configure(DEFAULTS, ["--compile"])["compile"] is True  # a plain flag: --compile=True
+    assert configure(DEFAULTS, ["--compile", "--compile=False"])["compile"] is False
+    for arg in ("--batch_size", "--out_dir", "--init_from"):
+        with pytest.raises(UserError, match="--key=value"):
+            configure(DEFAULTS, [arg])
+    with pytest.raises(UserError, match="unknown config key 'nope'"):
+        configure(DEFAULTS, ["--nope=1"])
 
 
 def test_defaults_not_mutated(tmp_path):
