@@ -10,6 +10,7 @@ import json
 import os
 import re
 import shutil
+from contextlib import contextmanager
 
 import torch
 import torch.nn as nn
@@ -115,11 +116,25 @@ def hf_weight_files(path):
     return files
 
 
+@contextmanager
+def open_safetensors(file):
+    """safetensors.safe_open (memory-mapped), a damaged or cut file being a one-line error naming it."""
+    from safetensors import safe_open  # only needed here: the tiny GPT runs without it
+    try:
+        with safe_open(file, framework="pt") as f:
+            yield f
+    except UserError:
+        raise
+    except Exception as e:  # SafetensorError, OSError: a cut download, another format
+        why = (str(e).splitlines() or [""])[0][:120]
+        raise UserError(f"{file} is not a readable safetensors file ({type(e).__name__}: {why}); "
+                        f"download it again") from None
+
+
 def hf_tensors(path):
     """(name, tensor) of every tensor of the directory's weight files, as stored (memory-mapped)."""
-    from safetensors import safe_open
     for file, keys in hf_weight_files(path).items():
-        with safe_open(file, framework="pt") as f:
+        with open_safetensors(file) as f:
             for key in keys if keys is not None else f.keys():
                 yield key, f.get_tensor(key)
 
@@ -127,10 +142,9 @@ def hf_tensors(path):
 def read_hf_weights(path, arch, shapes, dtype):
     """{name here: tensor in dtype} for every name of `shapes` (name -> expected shape), read one
     tensor at a time from memory-mapped safetensors files: a model never needs twice its size."""
-    from safetensors import safe_open  # only needed here: the tiny GPT runs without it
     names, sd = {hf_name(k, arch): k for k in shapes}, {}  # checkpoint's name -> ours
     for file, keys in hf_weight_files(path).items():
-        with safe_open(file, framework="pt") as f:
+        with open_safetensors(file) as f:
             for key in keys if keys is not None else f.keys():
                 theirs = key if arch != "gpt2" or key.startswith(("transformer.", "lm_head.")) \
                     else "transformer." + key  # GPT-2 files exist with and without the prefix

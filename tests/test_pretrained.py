@@ -159,6 +159,13 @@ def test_weight_file_errors_name_the_tensor(tmp_path, dirs):
     fails("unexpected tensor transformer.h.2.ln_1.weight", {**sd, "transformer.h.2.ln_1.weight": torch.ones(64)})
     fails("transformer.wpe.weight has shape", {**sd, "transformer.wpe.weight": torch.zeros(64, 64)})
     fails("no model.safetensors", None)
+    for damage in (b"garbage", open(f"{src}/model.safetensors", "rb").read()[:5000]):  # not one, cut off
+        d = tmp_path / f"d{len(os.listdir(tmp_path))}"
+        os.makedirs(d)
+        os.symlink(f"{src}/config.json", d / "config.json")
+        (d / "model.safetensors").write_bytes(damage)
+        with pytest.raises(UserError, match="model.safetensors is not a readable safetensors file.*download it again"):
+            GPT.from_pretrained(str(d))
     # GPT-2 files written without the "transformer." prefix load too (older checkpoints)
     d = tmp_path / "noprefix"
     os.makedirs(d)
