@@ -133,8 +133,9 @@ def checkpoint_products(model, train_batch, test_batch, temperature, layer_filte
     return tuple(None if v is None else v.double().cpu() for v in (inner, tr_sq, te_sq))
 
 
-def attribution_result(train_samples, scores, contributions, cosine, selfinf, mode, num_checkpoints, top_k):
-    """The result dictionary of the TracIn documentation's find_critical_samples."""
+def attribution_result(train_samples, scores, contributions, cosine, selfinf, mode, weights, top_k):
+    """The result dictionary of the TracIn documentation's find_critical_samples (plus the weights
+    w_t = eta_t k_t, oldest checkpoint first, so that a report can show them)."""
     n, per_sample = len(train_samples), []
     for i, s in enumerate(train_samples):
         entry = {**{k: s[k] for k in s if k not in ("completion_tokens", "completion_mask")},
@@ -148,7 +149,7 @@ def attribution_result(train_samples, scores, contributions, cosine, selfinf, mo
     order = sorted(range(n), key=lambda i: scores[i].item(), reverse=True)
     positive = [per_sample[i] for i in order[:top_k] if scores[i] > 0]
     negative = [per_sample[i] for i in reversed(order[-top_k:]) if scores[i] < 0]
-    return {"mode": mode, "num_checkpoints": num_checkpoints, "num_train_samples": n,
+    return {"mode": mode, "num_checkpoints": len(weights), "checkpoint_weights": weights, "num_train_samples": n,
             "critical_samples": sorted(per_sample, key=lambda e: -abs(e["tracin_score"]))[:top_k],
             "most_influential_positive": positive, "most_influential_negative": negative,
             "mean_influence_score": scores.mean().item(), "max_influence_score": scores.max().item(),
@@ -191,7 +192,7 @@ def find_critical_samples(model, checkpoints, train_samples, test_samples, enc, 
     scores = torch.zeros(n, dtype=torch.float64)          # float64 accumulation across checkpoints
     cosine = torch.zeros(n, dtype=torch.float64)
     selfinf = torch.zeros(n, dtype=torch.float64)
-    contributions = []
+    contributions, weights = [], []
     # put back in `finally`: the caller's train/eval flag, LoRA weights and .grad tensors
     was_training, own_lora = model.training, lora_state_dict(model)
     own_grads = [(p, p.grad) for p in model.parameters()]
@@ -206,6 +207,7 @@ def find_critical_samples(model, checkpoints, train_samples, test_samples, enc, 
             inner, tr_sq, te_sq = checkpoint_products(model, train_batch, test_batch, temperature, layer_filter,
                                                    gradient_method, micro_batch, normalize or self_influence, t)
             contrib = w * inner                          # w_t <g_i, G_t>, G_t = sum_j g_test_j: (n,)
+            weights.append(float(w))
             scores += contrib
             contributions.append(contrib)
             if normalize:
@@ -219,4 +221,4 @@ def find_critical_samples(model, checkpoints, train_samples, test_samples, enc, 
             p.grad = g
         model.train(was_training)
     return attribution_result(train_samples, scores, contributions, cosine if normalize else None,
-                              selfinf if self_influence else None, mode, len(checkpoints), top_k)
+                              selfinf if self_influence else None, mode, weights, top_k)

@@ -2,6 +2,7 @@
 TracIn (Pruthi et al. 2020) on the LoRA parameters, from the per-sample gradients of ghost.py.
 
     python tracin.py --out_dir=out/tracin --question="Mia has 3 apples. ..."   # post-hoc attribution
+    python tracin.py --out_dir=out/tracin --questions_file=qs.txt   # one per line; HTML: --html=PATH
 
 Online, inside a GRPO step (train_grpo.py with tracin=True): the influence of rollout i on a
 validation batch is <g_i, sum_j g_val_j>, a first-order estimate of how much one step on i lowers
@@ -32,6 +33,7 @@ from ghost import (compute_ghost_inner_product_matrix, ghost_mode, install_ghost
 from grpo import batch_counts, policy_backward, rank_share, rollout_batch, sum_over_ranks
 from device import check_device
 from model import load_checkpoint
+from report import write_report
 from rundir import read_jsonl, run_files, run_lock, unused_out_dir
 from sample import generate, load_policy, stop_tokens
 
@@ -124,6 +126,7 @@ def informative_rows(batch, cfg):
 defaults = dict(
     out_dir="out/tracin",      # a train_grpo.py run directory (ckpt_*.pt and rollouts.jsonl)
     question="",               # the test question
+    questions_file="",         # or: a text file, one question per line (blank lines skipped); one report section each
     completion="",             # the answer text to attribute; empty: the final model's greedy answer
     mode="memory_efficient",   # 'simple' / 'full' / 'memory_efficient'
     n_probe=512,               # score n_probe rollouts with nonzero advantage, spread over the run (0: all)
@@ -133,6 +136,7 @@ defaults = dict(
     self_influence=False,
     device="cpu",
     out_json="",               # default: <out_dir>/tracin_<sha256(question + completion)[:12]>.json, one per answer
+    html=None,                 # the HTML report; default (unset): <out_dir>/tracin_report.html; --html= : none
 )
 
 
@@ -155,7 +159,8 @@ def load_rollouts(path, enc):
             samples.append({"iter": r["iter"], "prompt": r["prompts"][j // G], "answer": r["answers"][j // G],
                             "completion": enc.decode([t for t in toks[:n] if t not in stop_tokens(enc)]),
                             "reward": r["rewards"][j], "advantage": r["advantages"][j],
-                            "completion_tokens": toks[:n], "completion_mask": m[:n]})
+                            "completion_tokens": toks[:n], "completion_mask": m[:n],
+                            **({"defective": r["defective"][j // G]} if "defective" in r else {})})  # planted
     if not samples:
         raise UserError(f"{path} holds no rollout with a nonzero advantage: nothing to attribute")
     return samples
@@ -177,70 +182,115 @@ def not_a_run(run):
             f"train_grpo.py --out_dir={shlex.quote(target)}, then attribute with --out_dir={shlex.quote(target)}")
 
 
+def read_questions(cfg):
+    """The questions to attribute: --question, or --questions_file's non-blank lines; exactly one of the two."""
+    if bool(cfg["question"]) == bool(cfg["questions_file"]):
+        raise UserError('give either --question="Mia has 3 apples. ..." or --questions_file=PATH (one question '
+                        'per line), not both and not neither')
+    if not cfg["questions_file"]:
+        return [cfg["question"]]
+    if cfg["out_json"] or cfg["completion"]:
+        raise UserError("--out_json and --completion name one answer: with --questions_file each question's "
+                        "greedy answer is attributed and written to <out_dir>/tracin_<hash>.json")
+    path = cfg["questions_file"]
+    if not os.path.isfile(path):
+        raise UserError(f"questions_file {path} is not a file: give a text file with one question per line")
+    with open(path, encoding="utf-8") as f:
+        questions = [line.strip() for line in f if line.strip()]
+    if not questions:
+        raise UserError(f"questions_file {path} holds no question (blank lines are skipped)")
+    return questions
+
+
+def check_writable(cfg, key, suffix):
+    """An output path given on the command line: the right suffix (never a run's own file), and a directory
+    that exists."""
+    path = cfg[key]
+    check(cfg, key, not path or path.endswith(suffix), f"must end in {suffix} (it is written, so never a run's "
+          "own file)")
+    if path and (os.path.isdir(path) or not os.path.isdir(os.path.dirname(os.path.abspath(path)))):
+        raise UserError(f"cannot write {key} {path}: it is a directory, or its directory does not exist")
+
+
+def attribute(cfg, model, enc, ckpts, iters, train, temperature, question):
+    """One question's attribution: the answer (--completion, or the final model's greedy one) scored
+    against every probed rollout; returns find_critical_samples' dict with the question and answer."""
+    prompt = encode_prompt(enc, question)
+    if cfg["completion"]:
+        completion = encode_text(enc, cfg["completion"])
+    else:  # the final model's own greedy answer
+        room = model.config.block_size - len(prompt) - 1  # the end-of-text token the test loss adds takes one
+        if room < 1:
+            raise UserError(f"question of {len(prompt)} tokens does not fit the context of "
+                            f"{model.config.block_size}")
+        idx, _, mask = generate(model, [prompt], min(64, room), stop_tokens(enc), temperature=0,
+                                vocab_size=enc.n_vocab)
+        completion = [t for t in idx[0, -mask.size(1):].tolist()[:int(mask.sum())] if t not in stop_tokens(enc)]
+    if len(prompt) + len(completion) + 1 > model.config.block_size:
+        raise UserError(f"question + completion ({len(prompt) + len(completion) + 1} tokens) exceed the "
+                        f"context of {model.config.block_size}")
+    test = [{"prompt": question, "completion_tokens": completion + [enc.eot_token],
+             "completion_mask": [1] * (len(completion) + 1), "advantage": 1.0}]  # A=1: loss = NLL
+    print(f"attributing {enc.decode(completion)!r} over {len(ckpts)} checkpoints (iters {iters[0]}-{iters[-1]})"
+          f" and {min(len(train), cfg['n_probe'] or len(train))} of {len(train)} rollouts ({cfg['mode']}, "
+          f"temperature {temperature})")
+    res = find_critical_samples(model, ckpts, train, test, enc, mode=cfg["mode"],
+                                layer_filter=cfg["layer_filter"] or None, n_probe=cfg["n_probe"] or None,
+                                top_k=cfg["top_k"], temperature=temperature, normalize=cfg["normalize"],
+                                self_influence=cfg["self_influence"], checkpoint_steps=trapezoid_steps(iters))
+    res.update(question=question, completion=enc.decode(completion))
+    return res
+
+
 def main(argv):
     cfg = configure(defaults, argv)
     check_choice(cfg, "mode", ("simple", "full", "memory_efficient"))
     check(cfg, "n_probe", cfg["n_probe"] >= 0, "must be >= 0 (0: every rollout)")
     check(cfg, "top_k", cfg["top_k"] >= 1, "must be >= 1")
     check(cfg, "out_dir", cfg["out_dir"] != "", "give the run directory of a train_grpo.py run")
-    if not cfg["question"]:
-        raise UserError('give the question to attribute: --question="Mia has 3 apples. ..."')
+    questions = read_questions(cfg)
     check_device(cfg["device"])  # float32
     run = cfg["out_dir"]
     if not os.path.isdir(run):
         raise UserError(f"{run} is not a directory: give the --out_dir of a train_grpo.py run")
-    path = cfg["out_json"]
-    check(cfg, "out_json", not path or path.endswith(".json"), "must end in .json (it is written, so never a run's "
-          "own file)")
-    if path and (os.path.isdir(path) or not os.path.isdir(os.path.dirname(os.path.abspath(path)))):
-        raise UserError(f"cannot write out_json {path}: it is a directory, or its directory does not exist")
+    check_writable(cfg, "out_json", ".json")
+    check(cfg, "html", cfg["html"] is None or isinstance(cfg["html"], str), "must be a path ending in .html ('': none)")
+    html_path = os.path.join(run, "tracin_report.html") if cfg["html"] is None else cfg["html"]
+    check_writable({**cfg, "html": html_path}, "html", ".html")
     ckpts = sorted((int(m.group(1)), p) for p in glob.glob(os.path.join(run, "ckpt_*.pt"))
                    if (m := re.fullmatch(r"ckpt_(\d+)\.pt", os.path.basename(p))))
     if not ckpts:
         raise UserError(not_a_run(run))
+    sections = []
     with run_lock(run):  # a training run (or another attribution) in this directory is refused
         iters, ckpts = [s for s, _ in ckpts], [p for _, p in ckpts]
         model, enc, _ = load_policy(ckpts[-1], cfg["device"])
         temperature = load_checkpoint(ckpts[-1]).get("config", {}).get("temperature", 1.0)
         temperature = temperature if temperature > 0 else 1.0  # greedy sampling: plain log-probs
-        prompt = encode_prompt(enc, cfg["question"])
-        if cfg["completion"]:
-            completion = encode_text(enc, cfg["completion"])
-        else:  # the final model's own greedy answer
-            room = model.config.block_size - len(prompt) - 1  # the end-of-text token the test loss adds takes one
-            if room < 1:
-                raise UserError(f"question of {len(prompt)} tokens does not fit the context of "
-                                f"{model.config.block_size}")
-            idx, _, mask = generate(model, [prompt], min(64, room), stop_tokens(enc), temperature=0,
-                                    vocab_size=enc.n_vocab)
-            completion = [t for t in idx[0, -mask.size(1):].tolist()[:int(mask.sum())] if t not in stop_tokens(enc)]
-        if len(prompt) + len(completion) + 1 > model.config.block_size:
-            raise UserError(f"question + completion ({len(prompt) + len(completion) + 1} tokens) exceed the "
-                            f"context of {model.config.block_size}")
-        test = [{"prompt": cfg["question"], "completion_tokens": completion + [enc.eot_token],
-                 "completion_mask": [1] * (len(completion) + 1), "advantage": 1.0}]  # A=1: loss = NLL
         train = load_rollouts(os.path.join(run, "rollouts.jsonl"), enc)
-        print(f"attributing {enc.decode(completion)!r} over {len(ckpts)} checkpoints (iters {iters[0]}-{iters[-1]})"
-              f" and {min(len(train), cfg['n_probe'] or len(train))} of {len(train)} rollouts ({cfg['mode']}, "
-              f"temperature {temperature})")
-        res = find_critical_samples(model, ckpts, train, test, enc, mode=cfg["mode"],
-                                    layer_filter=cfg["layer_filter"] or None, n_probe=cfg["n_probe"] or None,
-                                    top_k=cfg["top_k"], temperature=temperature, normalize=cfg["normalize"],
-                                    self_influence=cfg["self_influence"], checkpoint_steps=trapezoid_steps(iters))
-        res.update(question=cfg["question"], completion=enc.decode(completion))
-        # one file per question and answer: attributing another question never overwrites this one
-        digest = hashlib.sha256((res["question"] + res["completion"]).encode()).hexdigest()[:12]
-        path = path or os.path.join(run, f"tracin_{digest}.json")
-        for title, key in (("most helpful", "most_influential_positive"), ("most harmful", "most_influential_negative")):
-            print(f"--- {title} training rollouts (TracIn score; positive = lowered this answer's loss)")
-            for e in res[key]:
-                print(f"{e['tracin_score']:+.3e} | iter {e['iter']} | reward {e['reward']:.2f} | "
-                      f"{e['prompt'][:60]}... -> {e['completion']!r}")
-        again = os.path.exists(path)
-        with open(path, "w") as f:
-            json.dump(res, f, indent=1)
-    print(f"wrote {path}" + (" (replacing an earlier attribution of the same question and answer)" if again and
-                             not cfg["out_json"] else ""))
+        for question in questions:
+            res = attribute(cfg, model, enc, ckpts, iters, train, temperature, question)
+            # one file per question and answer: attributing another question never overwrites this one
+            digest = hashlib.sha256((res["question"] + res["completion"]).encode()).hexdigest()[:12]
+            path = cfg["out_json"] or os.path.join(run, f"tracin_{digest}.json")
+            for title, key in (("most helpful", "most_influential_positive"),
+                               ("most harmful", "most_influential_negative")):
+                print(f"--- {title} training rollouts (TracIn score; positive = lowered this answer's loss)")
+                for e in res[key]:
+                    print(f"{e['tracin_score']:+.3e} | iter {e['iter']} | reward {e['reward']:.2f} | "
+                          f"{e['prompt'][:60]}... -> {e['completion']!r}")
+            again = os.path.exists(path)
+            with open(path, "w") as f:
+                json.dump(res, f, indent=1)
+            print(f"wrote {path}" + (" (replacing an earlier attribution of the same question and answer)"
+                                     if again and not cfg["out_json"] else ""))
+            # the answer's correctness is unknown here: a free-form question carries no reference answer
+            sections.append({"question": question, "completion": res["completion"], "correct": None, "result": res})
+        if html_path:
+            write_report(html_path, sections, {"run": run, "mode": cfg["mode"], "n_probe": cfg["n_probe"],
+                                               "layer_filter": cfg["layer_filter"], "top_k": cfg["top_k"],
+                                               "checkpoints": [os.path.basename(c) for c in ckpts]})
+            print(f"HTML report of {len(sections)} question(s): {html_path}")
 
 
 if __name__ == "__main__":

@@ -43,14 +43,16 @@ def build_gpt(seed=0, emb_scale=1.0, block_scale=1.0, **overrides):
     return model.eval()
 
 
-@pytest.fixture(autouse=True)
-def float32_runs(monkeypatch):
+@pytest.fixture(autouse=True, scope="session")
+def float32_runs():
     """dtype 'auto' means bf16 on CPUs with AMX or AVX512-BF16: the scripts' runs stay float32 in every
-    test on every machine, unless a test asks for bf16 (test_bf16.py)."""
+    test on every machine (module fixtures' runs included), unless a test asks for bf16 (test_bf16.py)."""
     import train_base
     import train_grpo
-    monkeypatch.setitem(train_grpo.defaults, "dtype", "float32")
-    monkeypatch.setitem(train_base.defaults, "dtype", "float32")
+    saved = train_grpo.defaults["dtype"], train_base.defaults["dtype"]
+    train_grpo.defaults["dtype"] = train_base.defaults["dtype"] = "float32"
+    yield
+    train_grpo.defaults["dtype"], train_base.defaults["dtype"] = saved
 
 
 @pytest.fixture
