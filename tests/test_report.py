@@ -13,7 +13,7 @@ import pytest
 import tracin
 from configurator import UserError, cli_main
 from model import load_checkpoint
-from test_train_grpo import run as grpo_run
+from test_tracin_cli import tiny_run
 
 pytestmark = pytest.mark.filterwarnings("ignore:There is a performance drop")
 HOSTILE = 'Mia has <script>alert(1)</script></table> "2" pears & more. How many?'
@@ -21,13 +21,8 @@ HOSTILE = 'Mia has <script>alert(1)</script></table> "2" pears & more. How many?
 
 @pytest.fixture(scope="module")
 def defect_dir(tiny_setup, tmp_path_factory):
-    """3 GRPO steps, checkpoints at 0, 2, 3, half the training problems planted with a wrong answer."""
-    import rewards
-    out = tmp_path_factory.mktemp("grpo") / "run"
-    with pytest.MonkeyPatch.context() as mp:  # a reward that varies even for an untrained model
-        mp.setitem(rewards.REWARD_FUNCS, "chars", lambda completion, answer: len(completion) / 10)
-        grpo_run(tiny_setup, out, "--max_iters=3", "--ckpt_interval=2", "--defect_frac=0.5")
-    return out
+    """test_tracin_cli's tiny run with half the training problems planted with a wrong answer."""
+    return tiny_run(tiny_setup, tmp_path_factory, "--defect_frac=0.5")
 
 
 @pytest.fixture

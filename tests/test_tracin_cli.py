@@ -21,14 +21,20 @@ from test_train_grpo import run as grpo_run
 pytestmark = pytest.mark.filterwarnings("ignore:There is a performance drop")
 
 
-@pytest.fixture(scope="module")
-def grpo_dir(tiny_setup, tmp_path_factory):
+def tiny_run(tiny_setup, tmp_path_factory, *args):
+    """3 GRPO steps on the tiny base, checkpoints at 0, 2, 3, with a reward that varies even for an
+    untrained model (so rollouts have advantages to attribute)."""
     import rewards
     out = tmp_path_factory.mktemp("grpo") / "run"
-    with pytest.MonkeyPatch.context() as mp:  # a reward that varies even for an untrained model
+    with pytest.MonkeyPatch.context() as mp:
         mp.setitem(rewards.REWARD_FUNCS, "chars", lambda completion, answer: len(completion) / 10)
-        grpo_run(tiny_setup, out, "--max_iters=3", "--ckpt_interval=2", "--temperature=0.7")
+        grpo_run(tiny_setup, out, "--max_iters=3", "--ckpt_interval=2", *args)
     return out
+
+
+@pytest.fixture(scope="module")
+def grpo_dir(tiny_setup, tmp_path_factory):
+    return tiny_run(tiny_setup, tmp_path_factory, "--temperature=0.7")
 
 
 @pytest.fixture
