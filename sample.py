@@ -183,13 +183,13 @@ defaults = dict(
 )
 
 
-def load_base(path, data_dir="", dtype=torch.float32, **overrides):
+def load_base(path, data_dir="", dtype=torch.float32, ckpt=None, **overrides):
     """(model, tokenizer, data_dir) of a base model: a train_base.py checkpoint (with its task's
     tokenizer and data), or a Hugging Face model directory (GPT.from_pretrained, its own tokenizer,
     and data_dir as given: '' = none yet, see tasks.task_data), in `dtype` (a checkpoint's stays float32:
-    cast it after its fingerprint). overrides: GPTConfig fields."""
+    cast it after its fingerprint; ckpt: the checkpoint at path, if already loaded). overrides: GPTConfig fields."""
     if not os.path.isdir(path):
-        ckpt = load_checkpoint(path)
+        ckpt = ckpt if ckpt is not None else load_checkpoint(path)
         own = resolve_data_dir(ckpt.get("data_dir", ""))  # recorded relative to the project: this copy's data
         if data_dir and os.path.abspath(data_dir) != os.path.abspath(own):
             raise UserError(f"data_dir={data_dir} is for a Hugging Face base directory; the base checkpoint "
@@ -214,7 +214,7 @@ def load_policy(ckpt_path, device="cpu", merge=False):
         return model.to(device).eval(), enc, data_dir
     ckpt = load_checkpoint(ckpt_path)
     if "lora" not in ckpt:
-        model, enc, data_dir = load_base(ckpt_path)
+        model, enc, data_dir = load_base(ckpt_path, ckpt=ckpt)
         return model.to(device).eval(), enc, data_dir
     cfg = ckpt["config"]  # a GRPO checkpoint: the adapter on top of the base it was trained from
     base_path = ckpt["base_ckpt"]  # relative to where the run was started, usually the repository
@@ -250,13 +250,14 @@ def main(argv):
     idx, _, mask = generate(model, prompts, cfg["max_new_tokens"], stop_tokens(enc), cfg["num_samples"],
                             cfg["temperature"], cfg["top_k"] or None, cfg["top_p"], seed=cfg["seed"],
                             vocab_size=enc.n_vocab)
-    texts = decode_completions(enc, idx, mask)
     if cfg["start"]:  # nanoGPT's output: the text and its continuation, decoded together
+        stops = stop_tokens(enc)
         for i in range(cfg["num_samples"]):
             print(enc.decode(prompts[0] + [t for t, m in zip(idx[i, -mask.size(1):].tolist(), mask[i].tolist())
-                                           if m and t not in stop_tokens(enc)]))
+                                           if m and t not in stops]))
             print("---------------")
         return
+    texts = decode_completions(enc, idx, mask)
     for i, q in enumerate(questions):
         print(f"--- {q}")
         for s in range(cfg["num_samples"]):

@@ -45,7 +45,7 @@ def task_data(task, data_dir=""):
     elif task == "countdown":
         from data.countdown.prepare import prepare
     elif task == "arith":
-        from data.gsm_synth.prepare import prepare
+        prepare = prepare_synth
     else:
         raise UserError(f"unknown task {task!r}: use one of {', '.join(TASKS)}")
     return prepare()

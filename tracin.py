@@ -145,7 +145,7 @@ def load_rollouts(path, enc):
     A malformed line (e.g. cut off by a crash) is skipped with a warning naming it."""
     if not os.path.exists(path):
         raise UserError(f"no recorded rollouts at {path}: was this run made by train_grpo.py?")
-    samples = []
+    samples, stops = [], stop_tokens(enc)
     keys = ("iter", "prompts", "answers", "completion_tokens", "completion_mask", "rewards", "advantages")
     for n, r in enumerate(read_jsonl(path), 1):
         if any(k not in r for k in keys) or not r["prompts"]:
@@ -157,7 +157,7 @@ def load_rollouts(path, enc):
                 continue
             n = sum(m)
             samples.append({"iter": r["iter"], "prompt": r["prompts"][j // G], "answer": r["answers"][j // G],
-                            "completion": enc.decode([t for t in toks[:n] if t not in stop_tokens(enc)]),
+                            "completion": enc.decode([t for t in toks[:n] if t not in stops]),
                             "reward": r["rewards"][j], "advantage": r["advantages"][j],
                             "completion_tokens": toks[:n], "completion_mask": m[:n],
                             **({"defective": r["defective"][j // G]} if "defective" in r else {})})  # planted
@@ -225,7 +225,8 @@ def attribute(cfg, model, enc, ckpts, iters, train, temperature, question):
                             f"{model.config.block_size}")
         idx, _, mask = generate(model, [prompt], min(64, room), stop_tokens(enc), temperature=0,
                                 vocab_size=enc.n_vocab)
-        completion = [t for t in idx[0, -mask.size(1):].tolist()[:int(mask.sum())] if t not in stop_tokens(enc)]
+        stops = stop_tokens(enc)
+        completion = [t for t in idx[0, -mask.size(1):].tolist()[:int(mask.sum())] if t not in stops]
     if len(prompt) + len(completion) + 1 > model.config.block_size:
         raise UserError(f"question + completion ({len(prompt) + len(completion) + 1} tokens) exceed the "
                         f"context of {model.config.block_size}")

@@ -25,6 +25,12 @@ from model import GPT, GPTConfig
 # forward on a busy 2-core box vs ~2 ms on one thread). One thread keeps the suite fast and stable.
 torch.set_num_threads(1)
 
+# dtype 'auto' means bf16 on CPUs with AMX or AVX512-BF16: the scripts' runs stay float32 in every test
+# on every machine (module fixtures' runs included), unless a test asks for bf16 (test_bf16.py)
+import train_base  # noqa: E402
+import train_grpo  # noqa: E402
+train_grpo.defaults["dtype"] = train_base.defaults["dtype"] = "float32"
+
 TINY = dict(block_size=64, vocab_size=50, n_layer=2, n_head=2, n_embd=32)
 
 
@@ -41,18 +47,6 @@ def build_gpt(seed=0, emb_scale=1.0, block_scale=1.0, **overrides):
             if p.dim() == 2:
                 p.mul_(block_scale)
     return model.eval()
-
-
-@pytest.fixture(autouse=True, scope="session")
-def float32_runs():
-    """dtype 'auto' means bf16 on CPUs with AMX or AVX512-BF16: the scripts' runs stay float32 in every
-    test on every machine (module fixtures' runs included), unless a test asks for bf16 (test_bf16.py)."""
-    import train_base
-    import train_grpo
-    saved = train_grpo.defaults["dtype"], train_base.defaults["dtype"]
-    train_grpo.defaults["dtype"] = train_base.defaults["dtype"] = "float32"
-    yield
-    train_grpo.defaults["dtype"], train_base.defaults["dtype"] = saved
 
 
 @pytest.fixture
