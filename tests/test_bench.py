@@ -1,4 +1,4 @@
-# Tests for bench.py, bench_step.py, bench_posthoc.py and bench_memory.py. Run: python -m pytest tests/test_bench.py -q
+# Tests for the bench package (bench/run.py, step.py, posthoc.py, memory.py). Run: python -m pytest tests/test_bench.py -q
 # Reference: the bench's own second paths: the full-recompute generation must give the KV
 # cache's tokens, the per-sample autograd loop must give the hooks' inner products, the TracIn step
 # with the summed validation gradient must keep the rollouts the full-matrix path keeps, Captum's
@@ -7,15 +7,17 @@
 # of grpo.completion_logprobs + grpo.grpo_loss on the same tokens. predicted_memory is checked
 # against the formulas worked out by hand for tiny sizes.
 import importlib.util
+import os
 import re
+import subprocess
 import sys
 
 import pytest
 import torch
 
-import bench
-import bench_memory
-import bench_posthoc
+from bench import run as bench
+from bench import memory as bench_memory
+from bench import posthoc as bench_posthoc
 import rewards
 from grpo import completion_logprobs, grpo_loss
 from lora import disable_lora, lora_parameters
@@ -58,6 +60,17 @@ def test_quick_bench_rows(capsys, tmp_path):
     assert abs(float(losses[0]) - float(losses[1])) <= 1e-5
     assert "completions/s" in rows[-1][1] and float(rows[-1][2].split("x")[0]) > 0
     assert "| sampling |" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("how", [["-m", "bench"], ["bench/run.py"]])
+def test_bench_runs_as_module_and_as_file(how, tmp_path):
+    """Both ways of running it find the project from its root; --rows runs only the rows named."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    r = subprocess.run([sys.executable, *how, "--quick", "--rows=sampling,influence"], cwd=root,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    names = [line.split("|")[1].strip() for line in r.stdout.splitlines() if line.startswith("| ") and "---" not in line]
+    assert names == ["row", "sampling", "influence T=8"]
 
 
 def test_posthoc_row_without_captum(monkeypatch):
@@ -125,7 +138,7 @@ def test_quick_sizes_are_bench_knobs():
 def test_step_cost_verdicts_only_on_an_informative_batch():
     """A step whose groups all scored alike, or that kept nothing, cannot show what TracIn costs: its row
     says invalid and why, whatever the ratio; an informative one is judged against the target."""
-    import bench_step
+    from bench import step as bench_step
     s = dict.fromkeys(bench_step.STEP_PHASES, 1.0)
     fast = dict.fromkeys(bench_step.STEP_PHASES, 1.05)
     m = {"time/grad_capture_val": 0.1, "time/influence": 0.1}

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 pytestmark = [pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
               pytest.mark.usefixtures("chars_reward")]  # conftest: a reward that varies for a random model
 
-import bench
+from bench import run as bench
 import grpo
 from model import load_checkpoint
 from sample import generate

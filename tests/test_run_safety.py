@@ -57,9 +57,9 @@ def test_bad_lora_target_regex(tiny_setup, tmp_path):
 
 @pytest.mark.parametrize("arg, key", [("--n_seq=0", "n_seq"), ("--repeats=-1", "repeats"),
                                       ("--mem_n_layer=-1", "mem_n_layer"), ("--seq_lens=()", "seq_lens"),
-                                      ("--seq_lens=(64,0)", "seq_lens")])
+                                      ("--seq_lens=(64,0)", "seq_lens"), ("--rows=sampling,nope", "rows")])
 def test_bench_knobs(arg, key):
-    import bench
+    from bench import run as bench
     with pytest.raises(UserError, match=f"'{key}' = .* is not allowed"):
         bench.main([arg])
 

@@ -1,6 +1,6 @@
 """
 Post-hoc attribution (attribution.find_critical_samples) next to Captum's TracInCP (pytorch/captum,
-captum/influence/_core/tracincp.py) on the same checkpoints, rollouts and losses, for bench.py:
+captum/influence/_core/tracincp.py) on the same checkpoints, rollouts and losses, for bench/run.py:
 
   posthoc  posthoc_prompts x posthoc_group rollouts sampled from the task model, posthoc_checkpoints
            LoRA adapters saved as train_grpo.py saves them ('lora', 'lr'), one test answer per
@@ -21,7 +21,7 @@ import torch
 import torch.nn as nn
 
 import attribution
-from bench_step import task_setup, timed
+from bench.step import task_setup, timed
 from data.gsm_synth.prepare import encode_prompt, encode_text
 from grpo import completion_logprobs, rollout_batch
 from lora import load_lora_state_dict, lora_state_dict

@@ -1,48 +1,53 @@
 """
 Speed and memory claims measured side by side in one process (same inputs, warm-up, median of repeats).
 
-    python bench.py                      # CPU
-    python bench.py --device=cuda        # GPU
-    python bench.py --quick              # tiny sizes (what the tests run)
+    python -m bench                          # CPU, every row (or: python bench/run.py)
+    python -m bench --device=cuda            # GPU
+    python -m bench --rows=step_cost,posthoc # some rows only (names as below, spaces as _)
+    python -m bench --quick                  # tiny sizes (what the tests run)
 
 Rows:
   sampling   KV-cache generation vs nanoGPT-style full recompute of the whole prefix per token;
              tokens/s, ratio, and whether the greedy tokens are identical.
-  step cost  (bench_step.py) one TracIn-GRPO step / one standard GRPO step on the same prompts, per
+  step cost  (bench/step.py) one TracIn-GRPO step / one standard GRPO step on the same prompts, per
              phase, validation loss 'pg' (target 2.0x) and 'nll' (1.10x), influence from the summed
              validation gradient; and the same kept rollouts as the full-matrix path.
-  rewards    (bench_step.py) one standard GRPO step with background_rewards off / on, the task's
+  rewards    (bench/step.py) one standard GRPO step with background_rewards off / on, the task's
              rewards and a slow one (slow_reward_ms per completion); reward cache off.
   influence  train x val gradient inner products: the hooks (ghost / materialised by cost) vs the
              per-sample autograd loop of the TracIn documentation (Pruthi et al. 2020) vs
              torch.func vmap; time and max relative error against the loop.
-  posthoc    (bench_posthoc.py) post-hoc attribution (find_critical_samples) vs Captum TracInCP on
+  posthoc    (bench/posthoc.py) post-hoc attribution (find_critical_samples) vs Captum TracInCP on
              the same checkpoints, rollouts and losses: time, max relative difference, Spearman.
              Skipped with a note when captum is not installed.
-  memory     (bench_memory.py) peak memory of one GRPO step, the project's code (sample.generate +
+  memory     (bench/memory.py) peak memory of one GRPO step, the project's code (sample.generate +
              policy_backward) vs straightforward_grpo_step (keeps sampling logits, full log_softmax,
              deepcopy reference, no del), same inputs and seed, each next to predicted_memory's
              analytic figure. CUDA: max_memory_allocated; CPU: peak RSS of a fresh process per
              variant (a proxy).
-  throughput (bench_memory.py) one standard GRPO step at the throughput size: 6 layers x 384,
+  throughput (bench/memory.py) one standard GRPO step at the throughput size: 6 layers x 384,
              8 prompts x 8 completions x 64 tokens, per phase; steps/s, generated tokens/s,
              completions/s (the target is an H100's).
-  half precision (bench_half.py) the same step in float32 vs with the frozen base in bf16 under bf16
+  half precision (bench/half.py) the same step in float32 vs with the frozen base in bf16 under bf16
              autocast (dtype='bfloat16'), per phase, at 4 x 128, 6 x 384 and GPT-2 small (12 x 768,
              vocabulary 50,304); loss and LoRA gradient of both on the same rollouts.
-Writes the markdown table to bench_<device>.md as well (not with --quick).
+Writes the markdown table to bench_<device>.md as well (every row, not with --quick).
 """
+import os
 import sys
 import time
 import warnings
 
+if __package__ in (None, ""):  # run as a file (python bench/run.py): the project root on the path
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
 import torch
 from torch.func import functional_call, grad, vmap
 
-from bench_half import bench_half
-from bench_memory import bench_memory, bench_throughput
-from bench_posthoc import bench_posthoc
-from bench_step import bench_model, bench_rewards, bench_step_cost, timed
+from bench.half import bench_half
+from bench.memory import bench_memory, bench_throughput
+from bench.posthoc import bench_posthoc
+from bench.step import bench_model, bench_rewards, bench_step_cost, timed
 from configurator import check, cli_main, configure
 from ghost import compute_ghost_inner_product_matrix, install_ghost_hooks
 from grpo import completion_logprobs, grpo_loss, selective_log_softmax
@@ -89,7 +94,8 @@ defaults = dict(
     thr_repeats=0,        # throughput: 0 = repeats on CUDA, 1 on CPU (one step takes seconds there)
     half_shapes=((4, 4, 128, 395), (6, 6, 384, 96), (12, 12, 768, 50304)),  # half precision: (layers, heads,
     half_repeats=3,       # width, vocabulary) at the throughput batch; rounds after a warm-up
-    seed=0,
+    rows="",              # comma-separated row names (sampling, step_cost, rewards, influence, posthoc, memory,
+    seed=0,               #   throughput, half); '' = every row
 )
 
 
@@ -226,8 +232,8 @@ def bench_influence(cfg):
 # ---------------------------------------------------------------------------------------------
 # every row, in this order, into one table
 
-ROWS = (bench_sampling, bench_step_cost, bench_rewards, bench_influence, bench_posthoc, bench_memory,
-        bench_throughput, bench_half)
+ROWS = {fn.__name__[len("bench_"):]: fn for fn in (bench_sampling, bench_step_cost, bench_rewards, bench_influence,
+                                                   bench_posthoc, bench_memory, bench_throughput, bench_half)}
 
 
 def check_knobs(cfg):
@@ -241,6 +247,19 @@ def check_knobs(cfg):
     check(cfg, "half_shapes", len(cfg["half_shapes"]) > 0 and all(
           len(s) == 4 and all(isinstance(v, int) and v > 0 for v in s) and s[2] % s[1] == 0 for s in cfg["half_shapes"]),
           "one or more (layers, heads, width, vocabulary), positive, width a multiple of heads")
+    unknown = [r for r in cfg["rows"].split(",") if r.strip() and r.strip() not in ROWS]
+    check(cfg, "rows", not unknown, f"unknown row {unknown[0]!r}: give some of {', '.join(ROWS)}, "
+          "comma-separated, or '' for every row" if unknown else "")
+
+
+def cpu_name():
+    """The CPU's model name (Linux), else the platform's word for it."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        import platform
+        return platform.processor() or "CPU"
 
 
 def main(argv):
@@ -250,18 +269,20 @@ def main(argv):
     if cfg["quick"]:
         cfg.update(QUICK)
     torch.manual_seed(cfg["seed"])
+    chosen = [r.strip() for r in cfg["rows"].split(",") if r.strip()] or list(ROWS)
     rows, t0 = [], time.time()
-    for fn in ROWS:
-        print(f"bench: {fn.__name__[len('bench_'):]} ({time.time() - t0:.0f} s so far)", file=sys.stderr, flush=True)
-        rows += fn(cfg)
-    dev_name = torch.cuda.get_device_name() if "cuda" in cfg["device"] else "CPU"
-    lines = [f"bench.py on {dev_name}, torch {torch.__version__}, {torch.get_num_threads()} CPU threads, "
+    for name in ROWS:
+        if name in chosen:
+            print(f"bench: {name} ({time.time() - t0:.0f} s so far)", file=sys.stderr, flush=True)
+            rows += ROWS[name](cfg)
+    dev_name = torch.cuda.get_device_name() if "cuda" in cfg["device"] else cpu_name()
+    lines = [f"python -m bench on {dev_name}, torch {torch.__version__}, {torch.get_num_threads()} CPU threads, "
              f"{time.strftime('%Y-%m-%d')}", "",
              "| row | measured | ratio | target | verdict |", "| --- | --- | --- | --- | --- |"]
     lines += [f"| {' | '.join(r)} |" for r in rows]
     text = "\n".join(lines)
     print(text)
-    if not cfg["quick"]:
+    if not cfg["quick"] and len(chosen) == len(ROWS):
         with open(f"bench_{cfg['device'].split(':')[0]}.md", "w") as f:
             f.write(text + "\n")
     return rows

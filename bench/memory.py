@@ -3,7 +3,7 @@ Peak memory and throughput of one GRPO step. The project's step (project_grpo_st
 as grpo.make_rollouts calls it, then grpo.policy_backward, clip and AdamW) runs next to
 straightforward_grpo_step, the same step written the straightforward way and kept here as the
 baseline. Rewards do not matter for either, so random advantages stand in for them; eot_id=-1
-(never sampled) runs every completion to full length. bench.py prints the two rows:
+(never sampled) runs every completion to full length. bench/run.py prints the two rows:
 
   memory      peak memory of one step, the project's vs the straightforward one, same inputs and
               seed, each next to predicted_memory's analytic figure. CUDA: max_memory_allocated;
@@ -266,12 +266,12 @@ def measure_memory(s):
     # MALLOC_MMAP_THRESHOLD_: glibc mmaps every block >= 1 MB and unmaps it on free, so RSS follows
     # the live tensors (by default it raises the threshold to 32 MB as blocks are freed, and keeps
     # freed blocks below it: 0.5-1 GB more RSS here, and a second variant reusing the first's)
-    here = os.path.dirname(os.path.abspath(__file__))
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the project root
     groups = [variants] if os.access("/proc/self/clear_refs", os.W_OK) else [(v,) for v in variants]
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(1 << 20)}
     procs = [subprocess.Popen([sys.executable, "-c",
-                               f"import bench_memory; bench_memory.memory_child({g!r}, {json.dumps(s)!r})"],
-                              cwd=here, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                               f"from bench import memory; memory.memory_child({g!r}, {json.dumps(s)!r})"],
+                              cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for g in groups]
     for g, p in zip(groups, procs):
         out, err = p.communicate()

@@ -1,5 +1,5 @@
 """
-One GRPO step (train_grpo.grpo_step) timed, for bench.py's rows, with the weights left as they are
+One GRPO step (train_grpo.grpo_step) timed, for the bench's rows (bench/run.py), with the weights left as they are
 (AdamW at lr 0) and the sampling seed reset, so that every variant sees the same rollouts:
 
   step cost  one TracIn-GRPO step / one standard GRPO step on the same prompts, per phase, for
@@ -10,7 +10,7 @@ One GRPO step (train_grpo.grpo_step) timed, for bench.py's rows, with the weight
              background_rewards off / on, for the task's reward functions and for a deliberately slow
              one (the first of them wrapped to sleep slow_reward_ms per completion, registered only
              while this row runs); no reward cache, so every completion is scored in every step.
-Also what bench.py and bench_posthoc.py share: timed, bench_model, task_setup.
+Also what run.py and posthoc.py share: timed, bench_model, task_setup.
 """
 import contextlib
 import io

@@ -1,5 +1,5 @@
 """
-The `half precision` rows of bench.py: one standard GRPO step in float32 against the same step with
+The `half precision` rows of bench/run.py: one standard GRPO step in float32 against the same step with
 the frozen base stored in bfloat16 under bf16 autocast (what train_grpo.py does with dtype='bfloat16'),
 side by side in one process, per phase, at three shapes: the tiny GPT (4 x 128), 6 layers x 384 (the
 throughput size) and GPT-2 small (12 x 768, vocabulary 50,304). Then, on the SAME rollouts (sampled
@@ -13,7 +13,7 @@ import torch
 
 import grpo
 import train_grpo
-from bench_memory import lora_gpt, project_grpo_step, step_inputs
+from bench.memory import lora_gpt, project_grpo_step, step_inputs
 from lora import lora_parameters
 from device import bf16_is_fast
 from sample import generate
