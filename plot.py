@@ -113,6 +113,71 @@ def make_figure(runs):
     return fig
 
 
+def has_matplotlib():
+    import importlib.util
+    return importlib.util.find_spec("matplotlib") is not None
+
+
+def summed_scores(results):
+    """Every scored rollout once, its TracIn score summed over the results (find_critical_samples' dicts of
+    one run: 'index' names the same rollout in each)."""
+    entries = {e["index"]: {**e, "tracin_score": 0.0} for e in results[0]["scores"]}
+    for res in results:
+        for e in res["scores"]:
+            entries[e["index"]]["tracin_score"] += e["tracin_score"]
+    return list(entries.values())
+
+
+def influence_figure(entries, title, top_k=3):
+    """The slide figure of a post-hoc attribution: every scored rollout's TracIn score against the iteration
+    it was sampled at (jittered within the iteration, so that a step's rollouts do not sit on one line),
+    rollouts of planted-defect prompts marked, the top_k most helpful (H1..) and harmful (R1..) labelled and
+    listed below the axes."""
+    try:
+        from matplotlib.figure import Figure
+    except ImportError:
+        raise UserError("the influence figure needs matplotlib: pip install matplotlib") from None
+    fig = Figure(figsize=(11, 6.6), dpi=100, layout="constrained")
+    ax = fig.add_subplot()
+    jitter = lambda e: e["iter"] + 0.7 * ((e["index"] * 0.618034) % 1 - 0.5)  # noqa: E731 (golden-ratio spread)
+    kinds = [("clean prompt", lambda e: not e.get("defective"), dict(marker="o", s=9, color="0.55", alpha=0.45)),
+             ("defective prompt, rewarded (A > 0)", lambda e: e.get("defective") and e["advantage"] > 0,
+              dict(marker="^", s=30, color="#c0392b")),
+             ("defective prompt, A < 0", lambda e: e.get("defective") and e["advantage"] <= 0,
+              dict(marker="v", s=18, facecolors="none", edgecolors="#e67e22", linewidths=0.8))]
+    for label, keep, style in kinds:
+        pts = [e for e in entries if keep(e)]
+        if pts:
+            ax.scatter([jitter(e) for e in pts], [e["tracin_score"] for e in pts], label=f"{label} ({len(pts)})",
+                       **style)
+    ax.axhline(0.0, color="black", linewidth=0.8)
+    order = sorted(entries, key=lambda e: -e["tracin_score"])
+    top = [(f"H{r}", e) for r, e in enumerate(order[:top_k], 1) if e["tracin_score"] > 0]
+    top += [(f"R{r}", e) for r, e in enumerate(order[::-1][:top_k], 1) if e["tracin_score"] < 0]
+    key = []
+    for name, e in top:
+        ax.annotate(name, (jitter(e), e["tracin_score"]), xytext=(6, 4 if name[0] == "H" else -10),
+                    textcoords="offset points", fontsize=10, fontweight="bold")
+        flag = "  [defective prompt]" if e.get("defective") else ""
+        text = " ".join(e["completion"].split())[:48]
+        key.append(f"{name}: iter {e['iter']}, A {e['advantage']:+.2f}, score {e['tracin_score']:+.2e}{flag}: {text!r}")
+    ax.set_xlabel("training iteration the rollout was sampled at")
+    ax.set_ylabel("TracIn score (positive: its step lowered the test loss)")
+    ax.set_title(title[:110], fontsize=12)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="best", fontsize="small")
+    if key:  # H = most helpful, R = most harmful
+        ax.text(0.0, -0.13, "\n".join(key), transform=ax.transAxes, va="top", fontsize=9, family="monospace")
+    return fig
+
+
+def plot_influence(results, out_path, title, top_k=3):
+    """Write influence_figure of the summed scores of `results` to out_path (PNG); returns out_path."""
+    fig = influence_figure(summed_scores(results), title, top_k)
+    fig.savefig(out_path)
+    return out_path
+
+
 def plot_runs(run_dirs, out_path="plot.png", labels=None):
     """Draw the runs in run_dirs into out_path (PNG); returns out_path."""
     if labels is None:  # the directory names, or the paths as given where two runs share a name

@@ -110,6 +110,49 @@ def summary_section(sections, meta):
             f'{rollout_table(rows, meta["defect"], "summed_score", "summed TracIn score")}')
 
 
+SCORE_NAMES = {"tracin_score": "TracIn score (summed)", "cosine_score": "cosine-normalised TracIn",
+               "self_influence": "self-influence (TracIn paper's baseline)"}
+
+
+def detection_rows(detection):
+    """How well each ranking finds the planted defect's rewarded rollouts: AUC, top shares against base rate."""
+    rows = ["<table><tr><th>ranked by</th><th>AUC</th><th>top 1 %</th><th>top 5 %</th><th>top 10 %</th>"
+            "<th>base rate</th><th>targets / rollouts</th></tr>"]
+    for key, m in detection.items():
+        rows.append(f'<tr><td>{esc(SCORE_NAMES.get(key, key))}</td><td class="num">{m["auc"]:.3f}</td>'
+                    + "".join(f'<td class="num">{100 * m[k]:.1f}%</td>'
+                              for k in ("top_1pct", "top_5pct", "top_10pct", "base_rate"))
+                    + f'<td class="num">{m["n_targets"]} / {m["n"]}</td></tr>')
+    return "\n".join(rows) + "</table>"
+
+
+def audit_section(a, meta):
+    """tracin.py --audit=N: the model's wrong test answers, the rollouts ranked by their influence summed over
+    them, and, where a defect was planted, how well that ranking finds it (audit.py)."""
+    res = a["result"]
+    loss = ("each wrong answer&#39;s negative log-likelihood" if a["loss"] == "wrong" else
+            "each wrong answer&#39;s negative log-likelihood minus that of the reference solution")
+    wrong = ["<table><tr><th>#</th><th>test question</th><th>reference answer</th><th>model&#39;s greedy answer"
+             "</th><th>correct</th></tr>"]
+    wrong += [f'<tr><td class="num">{n}</td><td class="text">{esc(w["question"])}</td><td class="num">'
+              f'{esc(w["answer"])}</td><td class="text">{esc(w["completion"])}</td><td>no</td></tr>'
+              for n, w in enumerate(a["wrong"], 1)]
+    found = ("" if not a["detection"] else
+             f'<h3>Finding the planted defect</h3>\n<p class="note">Targets: the {esc(a["targets"])}. AUC: the '
+             f'probability that a random target ranks above a random other rollout (0.5: chance); top x %: the '
+             f'targets&#39; share among the x % highest-ranked rollouts.</p>\n{detection_rows(a["detection"])}')
+    return (f'<h2 id="audit">Audit: what went wrong</h2>\n<p>The final model answered the test split greedily; '
+            f'the first {len(a["wrong"])} wrong answers among {a["n_answered"]} problems are the test targets, '
+            f'test loss: {loss}. {a["n_scored"]} rollouts the run trained on are ranked by their TracIn score '
+            f'summed over the targets: positive = its step made the wrong answers likelier.</p>\n'
+            f'<h3>Wrong answers</h3>\n' + "\n".join(wrong) + "</table>\n"
+            f'<h3>Rollouts that made the wrong answers likelier most</h3>\n'
+            f'{rollout_table(res["most_influential_positive"], meta["defect"], score_label="summed TracIn score")}\n'
+            f'<h3>Rollouts that opposed them most</h3>\n'
+            f'{rollout_table(res["most_influential_negative"], meta["defect"], score_label="summed TracIn score")}\n'
+            f'{found}\n<h3>Checkpoints</h3>\n{checkpoint_bars(res, meta.get("checkpoints"))}')
+
+
 def method_paragraph(meta):
     """The formula computed and the knobs it was computed with."""
     probe = meta.get("n_probe") or "all"
@@ -123,14 +166,19 @@ def method_paragraph(meta):
             f'advantage; layer_filter: <b>{esc(layers)}</b>.</p>')
 
 
-def write_report(path, sections, meta):
+def write_report(path, sections, meta, audit=None):
     """Write the HTML report atomically (a reader never sees half a page).
     sections: [{'question', 'completion', 'correct' (True/False/None = unknown), 'result'
     (find_critical_samples' dict)}]; with more than one, a summary comes first.
-    meta: {'run', 'mode', 'n_probe', 'layer_filter', 'top_k', 'checkpoints' (names, oldest first)}."""
-    meta = {**meta, "defect": any("defective" in e for s in sections for e in s["result"]["scores"])}
+    meta: {'run', 'mode', 'n_probe', 'layer_filter', 'top_k', 'checkpoints' (names, oldest first)}.
+    audit: audit.audit's dict (tracin.py --audit=N), shown first."""
+    results = [s["result"] for s in sections] + ([audit["result"]] if audit else [])
+    meta = {**meta, "defect": any("defective" in e for r in results for e in r["scores"])}
+    what = f"{len(sections)} question(s)" if not audit else f"an audit of {len(audit['wrong'])} wrong test answers"
     body = [f'<h1>TracIn attribution report</h1>\n<p>Run: <code>{esc(meta.get("run", ""))}</code>; '
-            f'{len(sections)} question(s).</p>', method_paragraph(meta)]
+            f'{what}.</p>', method_paragraph(meta)]
+    if audit:
+        body.append(audit_section(audit, meta))
     if len(sections) > 1:
         body.append(summary_section(sections, meta))
     body += [question_section(n, s, meta) for n, s in enumerate(sections, 1)]

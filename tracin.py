@@ -27,15 +27,18 @@ import torch
 
 import distributed
 from attribution import find_critical_samples, trapezoid_steps
+from audit import LOSSES, audit, summary_lines
 from data.gsm_synth.prepare import encode_prompt, encode_text
 from ghost import (compute_ghost_inner_product_matrix, ghost_mode, install_ghost_hooks, subset_gradients,
                    summed_gradient, summed_inner_products)
 from grpo import batch_counts, policy_backward, rank_share, rollout_batch, sum_over_ranks
 from device import check_device
 from model import load_checkpoint
+from plot import has_matplotlib, plot_influence
 from report import write_report
 from rundir import read_jsonl, run_files, run_lock, unused_out_dir
 from sample import generate, load_policy, stop_tokens
+from tasks import load_task_split
 
 
 def select_rollouts(influence, rule="positive", topk_frac=0.5):
@@ -129,7 +132,11 @@ defaults = dict(
     questions_file="",         # or: a text file, one question per line (blank lines skipped); one report section each
     completion="",             # the answer text to attribute; empty: the final model's greedy answer
     mode="memory_efficient",   # 'simple' / 'full' / 'memory_efficient'
-    n_probe=512,               # score n_probe rollouts with nonzero advantage, spread over the run (0: all)
+    audit=0,                   # N > 0: audit the first N test problems the final model answers wrongly (audit.py)
+    audit_loss="wrong",        # the audit's test loss: 'wrong' (NLL of each wrong answer) or 'contrast' (minus
+                               # the NLL of the reference solution: likelier wrong RELATIVE to right)
+    n_probe=None,              # score n_probe rollouts with nonzero advantage, spread over the run (0: all);
+                               # default: 512 for questions, all for --audit
     top_k=5,
     layer_filter="",           # only LoRA layers whose name contains this ('' = all)
     normalize=True,            # also report cosine-normalised scores (rankings not dominated by gradient norm)
@@ -137,6 +144,8 @@ defaults = dict(
     device="cpu",
     out_json="",               # default: <out_dir>/tracin_<sha256(question + completion)[:12]>.json, one per answer
     html=None,                 # the HTML report; default (unset): <out_dir>/tracin_report.html; --html= : none
+    figure=None,               # the slide figure (PNG, needs matplotlib); default: <out_dir>/tracin_influence.png
+                               # when matplotlib is installed; --figure= : none
 )
 
 
@@ -160,7 +169,8 @@ def load_rollouts(path, enc):
                             "completion": enc.decode([t for t in toks[:n] if t not in stops]),
                             "reward": r["rewards"][j], "advantage": r["advantages"][j],
                             "completion_tokens": toks[:n], "completion_mask": m[:n],
-                            **({"defective": r["defective"][j // G]} if "defective" in r else {})})  # planted
+                            **({"defective": r["defective"][j // G]} if "defective" in r else {}),  # planted
+                            **({"selected": r["selected"][j]} if "selected" in r else {})})  # TracIn run: trained on
     if not samples:
         raise UserError(f"{path} holds no rollout with a nonzero advantage: nothing to attribute")
     return samples
@@ -183,10 +193,15 @@ def not_a_run(run):
 
 
 def read_questions(cfg):
-    """The questions to attribute: --question, or --questions_file's non-blank lines; exactly one of the two."""
-    if bool(cfg["question"]) == bool(cfg["questions_file"]):
-        raise UserError('give either --question="Mia has 3 apples. ..." or --questions_file=PATH (one question '
-                        'per line), not both and not neither')
+    """The questions to attribute: --question, or --questions_file's non-blank lines, or with --audit none (the
+    audit picks its own); exactly one of the three."""
+    if (bool(cfg["question"]) + bool(cfg["questions_file"]) + bool(cfg["audit"])) != 1:
+        raise UserError('give one of --question="Mia has 3 apples. ..." , --questions_file=PATH (one question per '
+                        'line) or --audit=N (the first N wrong test answers), not two and not none')
+    if cfg["audit"]:
+        if cfg["completion"]:
+            raise UserError("--completion names one answer: --audit attributes the model's own wrong answers")
+        return []
     if not cfg["questions_file"]:
         return [cfg["question"]]
     if cfg["out_json"] or cfg["completion"]:
@@ -243,10 +258,62 @@ def attribute(cfg, model, enc, ckpts, iters, train, temperature, question):
     return res
 
 
+def output_paths(cfg, run):
+    """(json, html, figure) paths, checked before any work: the defaults live in the run directory, '' = none.
+    The figure's default is written only where matplotlib is installed; a figure asked for by name needs it."""
+    check_writable(cfg, "out_json", ".json")
+    for key, suffix in (("html", ".html"), ("figure", ".png")):
+        check(cfg, key, cfg[key] is None or isinstance(cfg[key], str), f"must be a path ending in {suffix} ('': none)")
+    html_path = os.path.join(run, "tracin_report.html") if cfg["html"] is None else cfg["html"]
+    check_writable({**cfg, "html": html_path}, "html", ".html")
+    fig_path = os.path.join(run, "tracin_influence.png") if cfg["figure"] is None else cfg["figure"]
+    check_writable({**cfg, "figure": fig_path}, "figure", ".png")
+    if fig_path and not has_matplotlib():
+        if cfg["figure"]:
+            raise UserError(f"--figure={fig_path} needs matplotlib: pip install matplotlib (or --figure= for none)")
+        print("note: matplotlib is not installed, so no figure (pip install matplotlib)")
+        fig_path = ""
+    return cfg["out_json"] or (os.path.join(run, "tracin_audit.json") if cfg["audit"] else ""), html_path, fig_path
+
+
+def write_json(path, obj, replacing_note):
+    again = os.path.exists(path)
+    with open(path, "w") as f:
+        json.dump(obj, f, indent=1)
+    print(f"wrote {path}" + (f" (replacing {replacing_note})" if again else ""))
+
+
+def print_top(res, score="TracIn score; positive = lowered this answer's loss"):
+    for title, key in (("most helpful", "most_influential_positive"), ("most harmful", "most_influential_negative")):
+        print(f"--- {title} training rollouts ({score})")
+        for e in res[key]:
+            print(f"{e['tracin_score']:+.3e} | iter {e['iter']} | reward {e['reward']:.2f} | "
+                  f"{e['prompt'][:60]}... -> {e['completion']!r}")
+
+
+def run_audit(cfg, model, enc, data_dir, run_cfg, ckpts, iters, train, temperature, json_path):
+    """--audit=N (audit.py): the first N wrong greedy test answers, every trained rollout ranked by its summed
+    influence on them, and where a defect was planted, how well that ranking finds the defective-rewarded ones."""
+    task = run_cfg.get("task", "arith")
+    print(f"audit: answering the {task} test split greedily until {cfg['audit']} answers are wrong")
+    a = audit(model, enc, ckpts, iters, train, load_task_split(data_dir, "test"), cfg["audit"], task,
+              run_cfg.get("max_new_tokens", 64), cfg["audit_loss"], mode=cfg["mode"],
+              layer_filter=cfg["layer_filter"] or None, n_probe=cfg["n_probe"] or None, top_k=cfg["top_k"],
+              temperature=temperature, normalize=cfg["normalize"], self_influence=True)
+    print_top(a["result"], "summed TracIn score; positive = made the wrong answers likelier")
+    print("\n".join(summary_lines(a)))
+    write_json(json_path, a, "an earlier audit")
+    return a
+
+
 def main(argv):
     cfg = configure(defaults, argv)
     check_choice(cfg, "mode", ("simple", "full", "memory_efficient"))
-    check(cfg, "n_probe", cfg["n_probe"] >= 0, "must be >= 0 (0: every rollout)")
+    check(cfg, "audit", cfg["audit"] >= 0, "must be >= 0 (N > 0: audit the first N wrong test answers; 0: off)")
+    check_choice(cfg, "audit_loss", LOSSES)
+    check(cfg, "n_probe", cfg["n_probe"] is None or (isinstance(cfg["n_probe"], int) and cfg["n_probe"] >= 0),
+          "must be an integer >= 0 (0: every rollout)")
+    cfg["n_probe"] = (0 if cfg["audit"] else 512) if cfg["n_probe"] is None else cfg["n_probe"]
     check(cfg, "top_k", cfg["top_k"] >= 1, "must be >= 1")
     check(cfg, "out_dir", cfg["out_dir"] != "", "give the run directory of a train_grpo.py run")
     questions = read_questions(cfg)
@@ -254,44 +321,41 @@ def main(argv):
     run = cfg["out_dir"]
     if not os.path.isdir(run):
         raise UserError(f"{run} is not a directory: give the --out_dir of a train_grpo.py run")
-    check_writable(cfg, "out_json", ".json")
-    check(cfg, "html", cfg["html"] is None or isinstance(cfg["html"], str), "must be a path ending in .html ('': none)")
-    html_path = os.path.join(run, "tracin_report.html") if cfg["html"] is None else cfg["html"]
-    check_writable({**cfg, "html": html_path}, "html", ".html")
+    json_path, html_path, fig_path = output_paths(cfg, run)
     ckpts = sorted((int(m.group(1)), p) for p in glob.glob(os.path.join(run, "ckpt_*.pt"))
                    if (m := re.fullmatch(r"ckpt_(\d+)\.pt", os.path.basename(p))))
     if not ckpts:
         raise UserError(not_a_run(run))
-    sections = []
+    sections, audited = [], None
     with run_lock(run):  # a training run (or another attribution) in this directory is refused
         iters, ckpts = [s for s, _ in ckpts], [p for _, p in ckpts]
-        model, enc, _ = load_policy(ckpts[-1], cfg["device"])
-        temperature = load_checkpoint(ckpts[-1]).get("config", {}).get("temperature", 1.0)
+        model, enc, data_dir = load_policy(ckpts[-1], cfg["device"])
+        run_cfg = load_checkpoint(ckpts[-1]).get("config", {})
+        temperature = run_cfg.get("temperature", 1.0)
         temperature = temperature if temperature > 0 else 1.0  # greedy sampling: plain log-probs
         train = load_rollouts(os.path.join(run, "rollouts.jsonl"), enc)
+        if cfg["audit"]:
+            audited = run_audit(cfg, model, enc, data_dir, run_cfg, ckpts, iters, train, temperature, json_path)
         for question in questions:
             res = attribute(cfg, model, enc, ckpts, iters, train, temperature, question)
             # one file per question and answer: attributing another question never overwrites this one
             digest = hashlib.sha256((res["question"] + res["completion"]).encode()).hexdigest()[:12]
-            path = cfg["out_json"] or os.path.join(run, f"tracin_{digest}.json")
-            for title, key in (("most helpful", "most_influential_positive"),
-                               ("most harmful", "most_influential_negative")):
-                print(f"--- {title} training rollouts (TracIn score; positive = lowered this answer's loss)")
-                for e in res[key]:
-                    print(f"{e['tracin_score']:+.3e} | iter {e['iter']} | reward {e['reward']:.2f} | "
-                          f"{e['prompt'][:60]}... -> {e['completion']!r}")
-            again = os.path.exists(path)
-            with open(path, "w") as f:
-                json.dump(res, f, indent=1)
-            print(f"wrote {path}" + (" (replacing an earlier attribution of the same question and answer)"
-                                     if again and not cfg["out_json"] else ""))
+            print_top(res)
+            write_json(json_path or os.path.join(run, f"tracin_{digest}.json"), res,
+                       "an earlier attribution of the same question and answer" if not json_path else "it")
             # the answer's correctness is unknown here: a free-form question carries no reference answer
             sections.append({"question": question, "completion": res["completion"], "correct": None, "result": res})
         if html_path:
             write_report(html_path, sections, {"run": run, "mode": cfg["mode"], "n_probe": cfg["n_probe"],
                                                "layer_filter": cfg["layer_filter"], "top_k": cfg["top_k"],
-                                               "checkpoints": [os.path.basename(c) for c in ckpts]})
-            print(f"HTML report of {len(sections)} question(s): {html_path}")
+                                               "checkpoints": [os.path.basename(c) for c in ckpts]}, audited)
+            print("HTML report of " + ("the audit" if audited else f"{len(sections)} question(s)") + f": {html_path}")
+        if fig_path:
+            results = [audited["result"]] if audited else [s["result"] for s in sections]
+            title = (f"summed influence on the final model's {len(audited['wrong'])} wrong test answers" if audited
+                     else f"influence on {questions[0]!r}" if len(questions) == 1 else
+                     f"influence summed over {len(questions)} questions")
+            print(f"wrote {plot_influence(results, fig_path, title)}")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,170 @@
+"""
+What went wrong, and which training rollouts taught it: tracin.py --audit=N.
+
+    python tracin.py --out_dir=out/cmpC/grpo_s3 --audit=16
+
+The final model answers the task's test problems greedily; the first N it gets wrong become the test
+targets, each with the model's own wrong answer. Every rollout the run trained on is then ranked by its
+TracIn influence summed over those N answers. The sum is linear in the test gradient, so it is ONE
+attribution against the summed test gradient, not N:
+
+    sum_q TracIn(z_q, z_i) = sum_t w_t < sum_q grad L(z_q, theta_t), grad L(z_i, theta_t) >
+
+Top of the ranking: the rollouts whose training steps most raised the wrong answers' likelihood.
+
+Where the run planted a defect (train_grpo.py defect_frac), the ranking is also scored as a detector:
+the TracIn paper's mislabeled-data experiment (Pruthi et al. 2020, sec. 4), on RL rollouts. The
+targets are the rewarded rollouts of defective prompts: a prompt whose reference answer was planted
+wrong, and a rollout of it with advantage A > 0, i.e. one whose likelihood the update raised because
+the wrong reference rewarded it (defect_targets). Reported: the targets' share among the top 1 %, 5 %,
+10 % of the ranking against their share of all rollouts (the base rate), and the AUC.
+"""
+import numpy as np
+
+from attribution import find_critical_samples, trapezoid_steps
+from configurator import UserError
+from data.gsm_synth.prepare import encode_prompt, encode_text
+from rewards import REWARD_FUNCS
+from sample import decode_completions, generate, stop_tokens
+from tasks import TASKS
+
+FRACS = (0.01, 0.05, 0.10)  # the top fractions whose target share is reported
+LOSSES = ("wrong", "contrast")
+
+
+def test_row(enc, question, completion, advantage=1.0):
+    """One test sample as find_critical_samples takes it: the completion's tokens and end-of-text, A = +1
+    (its loss is the completion's NLL) or A = -1 (minus its NLL)."""
+    toks = completion + [enc.eot_token]
+    return {"prompt": question, "completion_tokens": toks, "completion_mask": [1] * len(toks),
+            "advantage": advantage}
+
+
+def find_wrong(model, enc, examples, n, task, max_new_tokens, batch=100):
+    """The first n of `examples` that the model answers wrongly, greedily (temperature 0), wrong as the task's
+    correctness reward says (tasks.TASKS), in split order. Returns (wrong, number of problems answered);
+    each wrong one: {question, answer, solution, completion (text), completion_tokens}."""
+    correct, stops, wrong, seen = REWARD_FUNCS[TASKS[task]["correct"]], stop_tokens(enc), [], 0
+    for s in range(0, len(examples), batch):
+        chunk = examples[s:s + batch]
+        room = model.config.block_size - 1 - max(len(encode_prompt(enc, e["question"])) for e in chunk)
+        idx, _, mask = generate(model, [encode_prompt(enc, e["question"]) for e in chunk],
+                                min(max_new_tokens, room), stops, temperature=0, vocab_size=enc.n_vocab)
+        T = mask.size(1)
+        for e, text, row, m in zip(chunk, decode_completions(enc, idx, mask), idx[:, -T:].tolist(), mask.tolist()):
+            seen += 1
+            if correct(text, e["answer"]) != 1.0:
+                toks = [t for t, keep in zip(row, m) if keep and t not in stops]
+                wrong.append({"question": e["question"], "answer": e["answer"], "solution": e.get("solution"),
+                              "completion": text, "completion_tokens": toks})
+                if len(wrong) == n:
+                    return wrong, seen
+    return wrong, seen
+
+
+def audit_tests(enc, wrong, loss="wrong"):
+    """The test samples whose summed gradient the rollouts are scored against.
+    'wrong':    each wrong answer with A = +1; test loss sum_q NLL(wrong_q)
+    'contrast': also each reference solution with A = -1; test loss sum_q NLL(wrong_q) - NLL(solution_q):
+                a rollout scores high when its step made the wrong answer likelier RELATIVE to the right one."""
+    if loss not in LOSSES:
+        raise UserError(f"audit_loss must be one of {', '.join(LOSSES)}, got {loss!r}")
+    rows = [test_row(enc, w["question"], w["completion_tokens"]) for w in wrong]
+    if loss == "contrast":
+        rows += [test_row(enc, w["question"], encode_text(enc, w["solution"]), -1.0) for w in wrong]
+    return rows
+
+
+def defect_targets(samples):
+    """(n,) bool: the rewarded rollouts of defective prompts, defective and advantage > 0; None where the run
+    recorded no planted defect."""
+    if not any("defective" in s for s in samples):
+        return None
+    return np.array([bool(s.get("defective")) and s["advantage"] > 0 for s in samples])
+
+
+def average_ranks(x):
+    """Ranks 1..n of x in ascending order; tied values share the mean of their ranks."""
+    x = np.asarray(x, dtype=np.float64)
+    _, inverse, counts = np.unique(x, return_inverse=True, return_counts=True)
+    last = np.cumsum(counts)                     # rank of each distinct value's last copy
+    return (last - (counts - 1) / 2.0)[inverse]  # mean of ranks last-c+1 .. last
+
+
+def auc(scores, labels):
+    """P(score of a random target > score of a random other) + 1/2 P(tie): the Mann-Whitney U statistic over
+    n_pos n_neg, U = sum of the targets' ranks - n_pos (n_pos + 1) / 2. 0.5 = a random ranking."""
+    labels = np.asarray(labels, dtype=bool)
+    n_pos, n_neg = int(labels.sum()), int((~labels).sum())
+    if n_pos == 0 or n_neg == 0:
+        return float("nan")
+    u = average_ranks(scores)[labels].sum() - n_pos * (n_pos + 1) / 2.0
+    return float(u / (n_pos * n_neg))
+
+
+def top_share(scores, labels, frac):
+    """The targets' share among the top max(1, round(frac n)) scores (ties broken by order: stable sort)."""
+    labels = np.asarray(labels, dtype=bool)
+    k = max(1, int(round(frac * len(labels))))
+    top = np.argsort(-np.asarray(scores, dtype=np.float64), kind="stable")[:k]
+    return float(labels[top].mean())
+
+
+def detection(scores, labels):
+    """How well a ranking (higher score = more suspect) finds the targets: AUC, the top shares, base rate."""
+    labels = np.asarray(labels, dtype=bool)
+    out = {"auc": auc(scores, labels), "base_rate": float(labels.mean()), "n_targets": int(labels.sum()),
+           "n": int(len(labels))}
+    out.update({f"top_{round(100 * f)}pct": top_share(scores, labels, f) for f in FRACS})
+    return out
+
+
+def trained_rollouts(train):
+    """The rollouts the run trained on: in a TracIn run, those it selected (the others never moved a weight);
+    in a standard run, every one (with nonzero advantage, as load_rollouts reads them)."""
+    kept = [s for s in train if s.get("selected", True)]
+    if not kept:
+        raise UserError("the run selected no rollout to train on: there is nothing to audit")
+    return kept
+
+
+def detection_table(result, labels):
+    """Detection metrics of each score the attribution returned (TracIn, cosine-normalised, self-influence)."""
+    table = {}
+    for key in ("tracin_score", "cosine_score", "self_influence"):
+        if labels is not None and all(key in e for e in result["scores"]):
+            table[key] = detection([e[key] for e in result["scores"]], labels)
+    return table
+
+
+TARGETS = "rewarded rollouts of defective prompts: planted wrong reference answer and advantage > 0"
+
+
+def audit(model, enc, checkpoints, iters, train, examples, n, task, max_new_tokens, loss="wrong", **kw):
+    """The audit of a finished run (module docstring): the first n wrong greedy answers of the final model
+    (loaded in `model`) among `examples`, every trained rollout's influence summed over them (one
+    find_critical_samples call; kw: its knobs), and, where a defect was planted, how well that ranking and
+    the self-influence find the defective-rewarded rollouts. Returns a JSON-ready dict."""
+    wrong, answered = find_wrong(model, enc, examples, n, task, max_new_tokens)
+    if not wrong:
+        raise UserError(f"the final model answers all {answered} test problems right: nothing to audit")
+    train = trained_rollouts(train)
+    res = find_critical_samples(model, checkpoints, train, audit_tests(enc, wrong, loss), enc,
+                                checkpoint_steps=trapezoid_steps(iters), **kw)
+    labels = defect_targets(res["scores"])  # each entry carries its rollout's flag and advantage
+    return {"audit": n, "loss": loss, "iters": list(iters), "n_answered": answered, "n_scored": res["num_train_samples"],
+            "wrong": [{k: w[k] for k in ("question", "answer", "completion")} for w in wrong],
+            "targets": TARGETS if labels is not None else None, "detection": detection_table(res, labels),
+            "result": res}
+
+
+def summary_lines(a):
+    """The audit's verdict in a few printed lines."""
+    lines = [f"audit: {len(a['wrong'])} wrong answers among the first {a['n_answered']} test problems "
+             f"({a['n_answered'] - len(a['wrong'])} right); {a['n_scored']} trained rollouts ranked "
+             f"by summed influence (test loss {a['loss']!r})"]
+    for key, m in a["detection"].items():
+        lines.append(f"  {key:>14}: AUC {m['auc']:.3f} | top 1 % {m['top_1pct']:.1%} | top 5 % {m['top_5pct']:.1%} "
+                     f"| top 10 % {m['top_10pct']:.1%} defective-rewarded, base rate {m['base_rate']:.1%} "
+                     f"({m['n_targets']} of {m['n']})")
+    return lines
