@@ -355,7 +355,7 @@ def main(argv):
             title = (f"summed influence on the final model's {len(audited['wrong'])} wrong test answers" if audited
                      else f"influence on {questions[0]!r}" if len(questions) == 1 else
                      f"influence summed over {len(questions)} questions")
-            print(f"wrote {plot_influence(results, fig_path, title)}")
+            print(f"influence figure: {plot_influence(results, fig_path, title)}")
 
 
 if __name__ == "__main__":

@@ -132,8 +132,8 @@ def test_html_empty_writes_no_report(run):
 
 
 @pytest.mark.parametrize("args,message", [
-    ([], "give either --question"),
-    (["--question=hi", "--questions_file={tmp}/qs.txt"], "not both and not neither"),
+    ([], "give one of --question"),
+    (["--question=hi", "--questions_file={tmp}/qs.txt"], "not two and not none"),
     (["--questions_file={tmp}/missing.txt"], "is not a file"),
     (["--questions_file={tmp}/empty.txt"], "holds no question"),
     (["--questions_file={tmp}/qs.txt", "--completion=5"], "name one answer"),

@@ -1,0 +1,195 @@
+# Tests for the audit (tracin.py --audit=N, audit.py) and the influence figure (plot.influence_figure).
+# Run: python -m pytest tests/test_audit.py -q
+#
+# Independent references, each written out here: the AUC as a count over every (target, other) pair; the
+# top-x % shares from a Python sort; the wrong answers from one greedy generation per problem checked by
+# the task's correctness reward; the summed ranking as the sum of one find_critical_samples call per wrong
+# answer; the figure's points counted per kind from the entries given.
+import json
+import random
+import shutil
+
+import numpy as np
+import pytest
+
+import attribution
+import audit
+import plot
+import tracin
+from configurator import UserError, cli_main
+from model import load_checkpoint
+from data.gsm_synth.prepare import encode_prompt
+from rewards import REWARD_FUNCS
+from sample import decode_completions, generate, load_policy, stop_tokens
+from tasks import load_task_split
+from test_report import Page
+from test_tracin_cli import tiny_run
+
+pytestmark = pytest.mark.filterwarnings("ignore:There is a performance drop")
+
+
+def pair_auc(scores, labels):
+    """P(target above other) + 1/2 P(tie), over every pair."""
+    pos = [s for s, l in zip(scores, labels) if l]
+    neg = [s for s, l in zip(scores, labels) if not l]
+    wins = sum((p > n) + 0.5 * (p == n) for p in pos for n in neg)
+    return wins / (len(pos) * len(neg))
+
+
+def hand_share(scores, labels, frac):
+    k = max(1, round(frac * len(scores)))
+    top = sorted(range(len(scores)), key=lambda i: -scores[i])[:k]  # Python's sort is stable too
+    return sum(labels[i] for i in top) / k
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_auc_and_top_shares_match_pair_counts_and_a_sort(seed):
+    rng = random.Random(seed)
+    n = 150
+    scores = [round(rng.gauss(0, 1), 1) for _ in range(n)]        # rounded: many ties
+    labels = [rng.random() < 0.2 + 0.3 * (s > 0) for s in scores]
+    m = audit.detection(scores, labels)
+    assert m["auc"] == pytest.approx(pair_auc(scores, labels), abs=1e-12)
+    for f, key in ((0.01, "top_1pct"), (0.05, "top_5pct"), (0.10, "top_10pct")):
+        assert m[key] == pytest.approx(hand_share(scores, labels, f))
+    assert m["base_rate"] == pytest.approx(sum(labels) / n) and m["n_targets"] == sum(labels)
+    assert audit.auc([1.0, 2.0, 3.0], [False, False, True]) == 1.0 and audit.auc([3, 2, 1], [1, 0, 0]) == 1.0
+    assert audit.auc([5.0, 5.0], [True, False]) == 0.5                # a tie counts half
+    assert np.isnan(audit.auc([1.0, 2.0], [True, True]))             # no other rollout: undefined
+
+
+def test_targets_and_trained_rollouts_definitions():
+    rows = [{"defective": True, "advantage": 0.5}, {"defective": True, "advantage": -0.5},
+            {"defective": False, "advantage": 1.0}, {"advantage": 2.0}]
+    assert audit.defect_targets(rows).tolist() == [True, False, False, False]
+    assert audit.defect_targets([{"advantage": 1.0}]) is None        # no planted defect recorded
+    sel = [{"selected": True, "i": 0}, {"selected": False, "i": 1}, {"i": 2}]
+    assert [s["i"] for s in audit.trained_rollouts(sel)] == [0, 2]   # TracIn run: only what it trained on
+    with pytest.raises(UserError, match="selected no rollout"):
+        audit.trained_rollouts([{"selected": False}])
+
+
+@pytest.fixture(scope="module")
+def defect_dir(tiny_setup, tmp_path_factory):
+    return tiny_run(tiny_setup, tmp_path_factory, "--defect_frac=0.5")
+
+
+@pytest.fixture
+def run(defect_dir, tmp_path):
+    return shutil.copytree(defect_dir, tmp_path / "run")
+
+
+def test_audit_ranks_by_the_sum_of_per_answer_attributions(run):
+    tracin.main([f"--out_dir={run}", "--audit=3", "--top_k=2"])
+    a = json.load(open(run / "tracin_audit.json"))
+    model, enc, data_dir = load_policy(str(run / "ckpt_000003.pt"))
+    # the first 3 wrong greedy answers, one problem at a time
+    correct, expected = REWARD_FUNCS["correctness"], []
+    for e in load_task_split(data_dir, "test"):
+        idx, _, mask = generate(model, [encode_prompt(enc, e["question"])], 8, stop_tokens(enc), temperature=0,
+                                vocab_size=enc.n_vocab)
+        text = decode_completions(enc, idx, mask)[0]
+        if correct(text, e["answer"]) != 1.0:
+            expected.append((e["question"], text))
+        if len(expected) == 3:
+            break
+    assert [(w["question"], w["completion"]) for w in a["wrong"]] == expected
+    # the ranking: one attribution per wrong answer, scores added
+    train = audit.trained_rollouts(tracin.load_rollouts(str(run / "rollouts.jsonl"), enc))
+    ckpts = [str(run / f"ckpt_{i:06d}.pt") for i in (0, 2, 3)]
+    temperature = load_checkpoint(ckpts[-1])["config"]["temperature"]  # the run's sampling temperature
+    total = np.zeros(len(train))
+    wrong = audit.find_wrong(model, enc, load_task_split(data_dir, "test"), 3, "arith", 8)[0]
+    assert [(w["question"], w["completion"]) for w in wrong] == expected
+    for w in wrong:
+        res = attribution.find_critical_samples(model, ckpts, train, [audit.test_row(enc, w["question"],
+                                                w["completion_tokens"])], enc, temperature=temperature,
+                                                checkpoint_steps=[1.0, 1.5, 0.5])
+        total += [e["tracin_score"] for e in res["scores"]]
+    got = [e["tracin_score"] for e in a["result"]["scores"]]
+    assert a["n_scored"] == len(train) and got == pytest.approx(total.tolist(), rel=1e-4, abs=1e-9)
+    # the detection figures, recomputed from the JSON's own scores and flags
+    labels = [bool(e.get("defective")) and e["advantage"] > 0 for e in a["result"]["scores"]]
+    assert 0 < sum(labels) < len(labels)
+    for key in ("tracin_score", "self_influence", "cosine_score"):
+        s = [e[key] for e in a["result"]["scores"]]
+        assert a["detection"][key]["auc"] == pytest.approx(pair_auc(s, labels))
+        assert a["detection"][key]["top_10pct"] == pytest.approx(hand_share(s, labels, 0.10))
+    # the report: the audit section with each wrong answer marked wrong, the detection table, text escaped
+    page = Page((run / "tracin_report.html").read_text())
+    assert page.sections == ["audit"]
+    wrong_table, helpful, harmful, found, ckpt_table = page.tables
+    assert [row[3][1] for row in wrong_table[1:]] == [w["completion"] for w in a["wrong"]]
+    assert [row[4][1] for row in wrong_table[1:]] == ["no"] * 3
+    assert [float(row[1][1]) for row in found[1:]] == pytest.approx(
+        [a["detection"][k]["auc"] for k in a["detection"]], abs=1e-3)
+    if plot.has_matplotlib():
+        from matplotlib.image import imread
+        assert imread(str(run / "tracin_influence.png")).shape[0] > 100
+
+
+def test_contrast_loss_subtracts_the_reference_solutions(run):
+    tracin.main([f"--out_dir={run}", "--audit=2", "--audit_loss=contrast", "--figure=", "--html="])
+    a = json.load(open(run / "tracin_audit.json"))
+    model, enc, data_dir = load_policy(str(run / "ckpt_000003.pt"))
+    wrong = audit.find_wrong(model, enc, load_task_split(data_dir, "test"), 2, "arith", 8)[0]
+    rows = audit.audit_tests(enc, wrong, "contrast")
+    assert [r["advantage"] for r in rows] == [1.0, 1.0, -1.0, -1.0]    # -NLL of each reference solution
+    train = audit.trained_rollouts(tracin.load_rollouts(str(run / "rollouts.jsonl"), enc))
+    ckpts = [str(run / f"ckpt_{i:06d}.pt") for i in (0, 2, 3)]
+    score = lambda tests: np.array([e["tracin_score"] for e in attribution.find_critical_samples(  # noqa: E731
+        model, ckpts, train, tests, enc, checkpoint_steps=[1.0, 1.5, 0.5])["scores"]])
+    expected = score(rows[:2]) - score([{**r, "advantage": 1.0} for r in rows[2:]])
+    got = [e["tracin_score"] for e in a["result"]["scores"]]
+    assert got == pytest.approx(expected.tolist(), rel=1e-4, abs=1e-9)
+
+
+def test_free_question_correctness_is_unknown(run):
+    tracin.main([f"--out_dir={run}", "--question=Mia has 2 pears. How many?", "--n_probe=4", "--figure="])
+    assert "(correct: unknown)" in "".join(Page((run / "tracin_report.html").read_text()).text)
+
+
+def test_influence_figure_marks_defects_and_labels_the_top():
+    pytest.importorskip("matplotlib")
+    entries = [{"index": i, "iter": i // 4, "tracin_score": float(s), "advantage": a, "defective": d,
+                "completion": f"c{i}"}
+               for i, (s, a, d) in enumerate([(5, 1, True), (-4, -1, True), (3, 1, False), (-1, 1, False),
+                                              (0.5, 1, True), (-6, -1, False), (2, -1, False), (1, 1, False)])]
+    fig = plot.influence_figure(entries, "t", top_k=2)
+    ax = fig.axes[0]
+    sizes = {c.get_label().rsplit(" (", 1)[0]: len(c.get_offsets()) for c in ax.collections}
+    assert sizes == {"clean prompt": 5, "defective prompt, rewarded (A > 0)": 2, "defective prompt, A < 0": 1}
+    labels = {t.get_text(): t.xy[1] for t in ax.texts if hasattr(t, "xy")}
+    assert labels == {"H1": 5.0, "H2": 3.0, "R1": -6.0, "R2": -4.0}   # highest and lowest scores
+
+
+def test_figure_default_needs_matplotlib_a_named_one_is_refused_without(run, monkeypatch, capsys):
+    monkeypatch.setattr(tracin, "has_matplotlib", lambda: False)
+    with pytest.raises(UserError, match="needs matplotlib"):
+        tracin.main([f"--out_dir={run}", "--audit=1", f"--figure={run}/f.png"])
+    tracin.main([f"--out_dir={run}", "--audit=1", "--n_probe=4", "--html="])
+    assert "matplotlib is not installed" in capsys.readouterr().out and not (run / "tracin_influence.png").exists()
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--audit=-1"], "'audit' = -1"),
+    (["--audit=2", "--question=hi"], "not two and not none"),
+    (["--audit=2", "--completion=5"], "names one answer"),
+    (["--audit=2", "--audit_loss=nll"], "audit_loss"),
+    (["--audit=2", "--figure=f.txt"], "must end in .png"),
+    (["--audit=2", "--n_probe=1.5"], "'n_probe' = 1.5")])
+def test_bad_audit_arguments_are_one_line_errors_before_any_work(run, monkeypatch, capsys, args, message):
+    monkeypatch.setattr(tracin, "load_policy", lambda *a, **k: pytest.fail("work started"))
+    argv = [f"--out_dir={run}", *args]
+    with pytest.raises(UserError, match=message):
+        tracin.main(argv)
+    with pytest.raises(SystemExit) as e:
+        cli_main(tracin.main, argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.startswith("error: ") and err.count("\n") == 1
+
+
+def test_audit_of_a_model_with_no_wrong_answer_is_refused(run, monkeypatch):
+    monkeypatch.setattr(audit, "find_wrong", lambda *a, **k: ([], 20))
+    with pytest.raises(UserError, match="answers all 20 test problems right"):
+        tracin.main([f"--out_dir={run}", "--audit=1"])
