@@ -174,7 +174,7 @@ def write_report(path, sections, meta, audit=None):
     audit: audit.audit's dict (tracin.py --audit=N), shown first."""
     results = [s["result"] for s in sections] + ([audit["result"]] if audit else [])
     meta = {**meta, "defect": any("defective" in e for r in results for e in r["scores"])}
-    what = f"{len(sections)} question(s)" if not audit else f"an audit of {len(audit['wrong'])} wrong test answers"
+    what = (f"an audit of {len(audit['wrong'])} wrong test answers and " if audit else "") + f"{len(sections)} question(s)"
     body = [f'<h1>TracIn attribution report</h1>\n<p>Run: <code>{esc(meta.get("run", ""))}</code>; '
             f'{what}.</p>', method_paragraph(meta)]
     if audit:

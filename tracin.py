@@ -136,7 +136,7 @@ defaults = dict(
     audit_loss="wrong",        # the audit's test loss: 'wrong' (NLL of each wrong answer) or 'contrast' (minus
                                # the NLL of the reference solution: likelier wrong RELATIVE to right)
     n_probe=None,              # score n_probe rollouts with nonzero advantage, spread over the run (0: all);
-                               # default: 512 for questions, all for --audit
+                               # default: 512, or all when --audit is given
     top_k=5,
     layer_filter="",           # only LoRA layers whose name contains this ('' = all)
     normalize=True,            # also report cosine-normalised scores (rankings not dominated by gradient norm)
@@ -193,20 +193,25 @@ def not_a_run(run):
 
 
 def read_questions(cfg):
-    """The questions to attribute: --question, or --questions_file's non-blank lines, or with --audit none (the
-    audit picks its own); exactly one of the three."""
-    if (bool(cfg["question"]) + bool(cfg["questions_file"]) + bool(cfg["audit"])) != 1:
-        raise UserError('give one of --question="Mia has 3 apples. ..." , --questions_file=PATH (one question per '
-                        'line) or --audit=N (the first N wrong test answers), not two and not none')
-    if cfg["audit"]:
-        if cfg["completion"]:
-            raise UserError("--completion names one answer: --audit attributes the model's own wrong answers")
+    """The questions to attribute: --question, or --questions_file's non-blank lines, or none (--audit alone:
+    it picks its own); --audit may come with either."""
+    if (cfg["question"] and cfg["questions_file"]) or not (cfg["question"] or cfg["questions_file"] or cfg["audit"]):
+        raise UserError('give --question="Mia has 3 apples. ..." or --questions_file=PATH (one question per line), '
+                        'or --audit=N (the first N wrong test answers), or --audit with one of the two questions '
+                        'options: not both question options and not none')
+    if cfg["completion"] and not cfg["question"]:
+        raise UserError("--completion is the answer to --question: --audit and --questions_file attribute the "
+                        "model's own greedy answers")
+    if cfg["audit"] and cfg["out_json"] and (cfg["question"] or cfg["questions_file"]):
+        raise UserError("--out_json names one file: with --audit and questions each goes to its default file "
+                        "(<out_dir>/tracin_audit.json, <out_dir>/tracin_<hash>.json)")
+    if not (cfg["question"] or cfg["questions_file"]):
         return []
     if not cfg["questions_file"]:
         return [cfg["question"]]
-    if cfg["out_json"] or cfg["completion"]:
-        raise UserError("--out_json and --completion name one answer: with --questions_file each question's "
-                        "greedy answer is attributed and written to <out_dir>/tracin_<hash>.json")
+    if cfg["out_json"]:
+        raise UserError("--out_json names one answer's file: with --questions_file each question's greedy answer "
+                        "is attributed and written to <out_dir>/tracin_<hash>.json")
     path = cfg["questions_file"]
     if not os.path.isfile(path):
         raise UserError(f"questions_file {path} is not a file: give a text file with one question per line")
@@ -273,7 +278,8 @@ def output_paths(cfg, run):
             raise UserError(f"--figure={fig_path} needs matplotlib: pip install matplotlib (or --figure= for none)")
         print("note: matplotlib is not installed, so no figure (pip install matplotlib)")
         fig_path = ""
-    return cfg["out_json"] or (os.path.join(run, "tracin_audit.json") if cfg["audit"] else ""), html_path, fig_path
+    return os.path.join(run, "tracin_audit.json") if cfg["audit"] and not cfg["out_json"] else cfg["out_json"], \
+        html_path, fig_path
 
 
 def write_json(path, obj, replacing_note):
@@ -341,15 +347,15 @@ def main(argv):
             # one file per question and answer: attributing another question never overwrites this one
             digest = hashlib.sha256((res["question"] + res["completion"]).encode()).hexdigest()[:12]
             print_top(res)
-            write_json(json_path or os.path.join(run, f"tracin_{digest}.json"), res,
-                       "an earlier attribution of the same question and answer" if not json_path else "it")
+            path = cfg["out_json"] or os.path.join(run, f"tracin_{digest}.json")
+            write_json(path, res, "it" if cfg["out_json"] else "an earlier attribution of the same question and answer")
             # the answer's correctness is unknown here: a free-form question carries no reference answer
             sections.append({"question": question, "completion": res["completion"], "correct": None, "result": res})
         if html_path:
             write_report(html_path, sections, {"run": run, "mode": cfg["mode"], "n_probe": cfg["n_probe"],
                                                "layer_filter": cfg["layer_filter"], "top_k": cfg["top_k"],
                                                "checkpoints": [os.path.basename(c) for c in ckpts]}, audited)
-            print("HTML report of " + ("the audit" if audited else f"{len(sections)} question(s)") + f": {html_path}")
+            print(f"HTML report{' of the audit and' if audited else ' of'} {len(sections)} question(s): {html_path}")
         if fig_path:
             results = [audited["result"]] if audited else [s["result"] for s in sections]
             title = (f"summed influence on the final model's {len(audited['wrong'])} wrong test answers" if audited

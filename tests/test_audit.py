@@ -144,9 +144,13 @@ def test_contrast_loss_subtracts_the_reference_solutions(run):
     assert got == pytest.approx(expected.tolist(), rel=1e-4, abs=1e-9)
 
 
-def test_free_question_correctness_is_unknown(run):
-    tracin.main([f"--out_dir={run}", "--question=Mia has 2 pears. How many?", "--n_probe=4", "--figure="])
-    assert "(correct: unknown)" in "".join(Page((run / "tracin_report.html").read_text()).text)
+def test_audit_with_a_free_question_whose_correctness_is_unknown(run):
+    tracin.main([f"--out_dir={run}", "--audit=1", "--question=Mia has 2 pears. How many?", "--n_probe=4",
+                 "--figure="])
+    page = Page((run / "tracin_report.html").read_text())
+    assert page.sections == ["audit", "q1"] and "(correct: unknown)" in "".join(page.text)
+    assert len(list(run.glob("tracin_*.json"))) == 2                     # tracin_audit.json and the question's
+    assert json.load(open(run / "tracin_audit.json"))["n_scored"] == 4   # --n_probe applies to both
 
 
 def test_influence_figure_marks_defects_and_labels_the_top():
@@ -173,8 +177,8 @@ def test_figure_default_needs_matplotlib_a_named_one_is_refused_without(run, mon
 
 @pytest.mark.parametrize("args,message", [
     (["--audit=-1"], "'audit' = -1"),
-    (["--audit=2", "--question=hi"], "not two and not none"),
-    (["--audit=2", "--completion=5"], "names one answer"),
+    (["--audit=2", "--question=hi", "--out_json=x.json"], "names one file"),
+    (["--audit=2", "--completion=5"], "is the answer to --question"),
     (["--audit=2", "--audit_loss=nll"], "audit_loss"),
     (["--audit=2", "--figure=f.txt"], "must end in .png"),
     (["--audit=2", "--n_probe=1.5"], "'n_probe' = 1.5")])

@@ -132,11 +132,11 @@ def test_html_empty_writes_no_report(run):
 
 
 @pytest.mark.parametrize("args,message", [
-    ([], "give one of --question"),
-    (["--question=hi", "--questions_file={tmp}/qs.txt"], "not two and not none"),
+    ([], "or --audit=N"),
+    (["--question=hi", "--questions_file={tmp}/qs.txt"], "not both question options"),
     (["--questions_file={tmp}/missing.txt"], "is not a file"),
     (["--questions_file={tmp}/empty.txt"], "holds no question"),
-    (["--questions_file={tmp}/qs.txt", "--completion=5"], "name one answer"),
+    (["--questions_file={tmp}/qs.txt", "--completion=5"], "is the answer to --question"),
     (["--question=hi", "--html={tmp}/no/such/r.html"], "cannot write html"),
     (["--question=hi", "--html={tmp}/r.txt"], "must end in .html"),
     (["--question=hi", "--html=1"], "must be a path ending in .html")])
