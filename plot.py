@@ -8,6 +8,9 @@ Standard GRPO runs are solid blue lines, TracIn runs (those that log a selection
 orange-red ones, curriculum runs (those that log curriculum/level) dash-dotted green ones, whose
 third row is the curriculum level instead of the selection rate; several seeds of a kind get
 several shades. Labels default to the directory names.
+Also the slide figure of a post-hoc attribution (influence_figure): every scored rollout's TracIn score
+against its iteration, planted-defect rollouts marked, the top helpful and harmful labelled; tracin.py
+writes it (--figure).
 Needs matplotlib, which requirements.txt leaves optional: pip install matplotlib.
 """
 import json
