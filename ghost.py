@@ -36,14 +36,20 @@ class GhostHooks:
     per-micro-batch tensors, rows = samples):
         train: _train_xs, _train_hs, _train_gAs, _train_gBs      validation: _xs, _hs, _gAs, _gBs
     Set `.split` to 'train' or 'val' before each capture, or to None for an ordinary backward that keeps
-    nothing (its summed gradient is read from .grad); `.remove()` detaches every hook."""
+    nothing (its summed gradient is read from .grad); `.remove()` detaches every hook.
+
+    While a split captures, the LoRA weights do not require grad: the backward then computes only what
+    the hooks keep (gA, gB) and the gradients flowing through them, not the batch's summed weight
+    gradient dL/dA = sum gA x^T, dL/dB = sum gB h^T (two matmuls per layer), which nobody reads (the
+    update is summed from the buffers, subset_gradients). Where x needs no grad (the first block), h is
+    made a leaf that does, so that gA and everything above it still flow; nothing upstream needed one."""
 
     def __init__(self, model):
         self._train_xs, self._train_hs, self._train_gAs, self._train_gBs = {}, {}, {}, {}
         self._xs, self._hs, self._gAs, self._gBs = {}, {}, {}, {}
-        self.split = "train"
         self.handles = []
         self.names = []
+        self.weights = {}  # LoRA weight -> its requires_grad before the hooks: put back by remove()
         for name, m in model.named_modules():
             if isinstance(m, LoRALinear):
                 if m.lora_dropout.p > 0 and m.training:
@@ -51,8 +57,21 @@ class GhostHooks:
                 self.names.append(name)
                 self.handles.append(m.lora_A.register_forward_hook(self._hook_A(name)))
                 self.handles.append(m.lora_B.register_forward_hook(self._hook_B(name)))
+                self.weights.update({w: w.requires_grad for w in (m.lora_A.weight, m.lora_B.weight)})
         if not self.names:
             raise UserError("no LoRA layers to hook: call lora.apply_lora(model, ...) first")
+        self.split = "train"
+
+    @property
+    def split(self):
+        return self._split
+
+    @split.setter
+    def split(self, split):
+        """'train' / 'val': capture per sample, no weight gradient formed; None: ordinary backward into .grad."""
+        self._split = split
+        for w, requires_grad in self.weights.items():
+            w.requires_grad_(requires_grad and split is None)
 
     def buffers(self, split=None):
         """(xs, gAs, hs, gBs) dicts of the given split: each input next to its output gradient, the
@@ -63,12 +82,15 @@ class GhostHooks:
 
     def _hook_A(self, name):
         def hook(module, inputs, h):
-            if self.split is None or not (torch.is_grad_enabled() and h.requires_grad):
+            if self.split is None or not torch.is_grad_enabled():
                 return  # sampling / reference passes, or split None: nothing to capture
             xs, gAs, hs, _ = self.buffers()
             xs.setdefault(name, []).append(inputs[0].detach())       # x  (n, T, d_in)
             hs.setdefault(name, []).append(h.detach())               # h = A x  (n, T, r)
+            if not h.requires_grad:  # x needs no grad (first block) and A none while capturing
+                h = h.detach().requires_grad_()                      # a leaf: gA still arrives, nothing above it lost
             h.register_hook(self._keep(gAs, name))                   # gA = dL/dh
+            return h  # replaces lora_A's output (the same values)
         return hook
 
     def _hook_B(self, name):
@@ -102,6 +124,8 @@ class GhostHooks:
         for h in self.handles:
             h.remove()
         self.handles = []
+        for w, requires_grad in self.weights.items():
+            w.requires_grad_(requires_grad)
         self.clear("train")
         self.clear("val")
 

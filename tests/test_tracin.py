@@ -295,6 +295,9 @@ def test_ghost_mode_blocks_updates_and_restores_grads(world):
         assert all(p.grad is None for p in params)  # capture starts from clean .grad
         with ghost.install_ghost_hooks(m) as hooks:
             capture(m, hooks, "train", train, TRAIN_ADV)
+            assert all(p.grad is None for p in params)  # a capture forms no summed weight gradient
+            hooks.split = None
+            batch_loss(m, train, TRAIN_ADV).backward()  # an ordinary backward does
         assert all(p.grad is not None and p.grad.abs().max() > 0 for p in params)
         with pytest.raises(RuntimeError, match="ghost_mode"):
             opt.step()
@@ -305,6 +308,24 @@ def test_ghost_mode_blocks_updates_and_restores_grads(world):
         assert s is None or torch.equal(p.grad, s)
     opt.step()  # step works again outside
     assert not all(torch.equal(p, w) for p, w in zip(params, weights))
+
+
+def test_capture_skips_the_weight_gradient_and_restores_requires_grad(world):
+    """While a split captures, the LoRA weights need no grad (the backward forms only gA, gB and what
+    flows through them); afterwards every parameter's requires_grad is as before, a frozen one too."""
+    m, train, _ = world
+    frozen = lora_parameters(m)[0]
+    frozen.requires_grad_(False)
+    before = {n: q.requires_grad for n, q in m.named_parameters()}
+    with ghost.install_ghost_hooks(m) as hooks:
+        assert not any(q.requires_grad for q in lora_parameters(m))
+        hooks.split = None
+        assert [q.requires_grad for q in lora_parameters(m)] == [before[n] for n, q in m.named_parameters() if ".lora_" in n]
+        hooks.split = "train"
+        batch_loss(m, train, TRAIN_ADV).backward()
+    assert {n: q.requires_grad for n, q in m.named_parameters()} == before
+    assert all(q.grad is None for q in lora_parameters(m))
+    frozen.requires_grad_(True)
 
 
 def test_ghost_mode_restores_on_exception(world):
