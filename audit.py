@@ -128,12 +128,22 @@ def trained_rollouts(train):
     return kept
 
 
+RANKINGS = ("tracin_score", "cosine_score", "self_influence", "advantage")
+
+
 def detection_table(result, labels):
-    """Detection metrics of each score the attribution returned (TracIn, cosine-normalised, self-influence)."""
-    table = {}
-    for key in ("tracin_score", "cosine_score", "self_influence"):
-        if labels is not None and all(key in e for e in result["scores"]):
-            table[key] = detection([e[key] for e in result["scores"]], labels)
+    """Detection metrics of each score the attribution returned (TracIn, cosine-normalised, self-influence),
+    and of the advantage alone: every target has A > 0, so a ranking by A already beats chance; that is the
+    floor. 'auc_rewarded': the AUC among the rollouts with A > 0 only (defective against clean rewarded
+    ones), which the advantage cannot separate."""
+    table, rows = {}, result["scores"]
+    if labels is None:
+        return table
+    rewarded = np.array([e["advantage"] > 0 for e in rows])
+    for key in RANKINGS:
+        if all(key in e for e in rows):
+            scores = np.array([e[key] for e in rows], dtype=np.float64)
+            table[key] = {**detection(scores, labels), "auc_rewarded": auc(scores[rewarded], labels[rewarded])}
     return table
 
 
@@ -164,7 +174,7 @@ def summary_lines(a):
              f"({a['n_answered'] - len(a['wrong'])} right); {a['n_scored']} trained rollouts ranked "
              f"by summed influence (test loss {a['loss']!r})"]
     for key, m in a["detection"].items():
-        lines.append(f"  {key:>14}: AUC {m['auc']:.3f} | top 1 % {m['top_1pct']:.1%} | top 5 % {m['top_5pct']:.1%} "
-                     f"| top 10 % {m['top_10pct']:.1%} defective-rewarded, base rate {m['base_rate']:.1%} "
-                     f"({m['n_targets']} of {m['n']})")
+        lines.append(f"  {key:>14}: AUC {m['auc']:.3f} (among A > 0: {m['auc_rewarded']:.3f}) | top 1 % "
+                     f"{m['top_1pct']:.1%} | top 5 % {m['top_5pct']:.1%} | top 10 % {m['top_10pct']:.1%} "
+                     f"defective-rewarded, base rate {m['base_rate']:.1%} ({m['n_targets']} of {m['n']})")
     return lines

@@ -111,15 +111,17 @@ def summary_section(sections, meta):
 
 
 SCORE_NAMES = {"tracin_score": "TracIn score (summed)", "cosine_score": "cosine-normalised TracIn",
-               "self_influence": "self-influence (TracIn paper's baseline)"}
+               "self_influence": "self-influence (TracIn paper's baseline)",
+               "advantage": "advantage alone (the floor: every target has A > 0)"}
 
 
 def detection_rows(detection):
     """How well each ranking finds the planted defect's rewarded rollouts: AUC, top shares against base rate."""
-    rows = ["<table><tr><th>ranked by</th><th>AUC</th><th>top 1 %</th><th>top 5 %</th><th>top 10 %</th>"
-            "<th>base rate</th><th>targets / rollouts</th></tr>"]
+    rows = ["<table><tr><th>ranked by</th><th>AUC</th><th>AUC among A &gt; 0</th><th>top 1 %</th><th>top 5 %</th>"
+            "<th>top 10 %</th><th>base rate</th><th>targets / rollouts</th></tr>"]
     for key, m in detection.items():
         rows.append(f'<tr><td>{esc(SCORE_NAMES.get(key, key))}</td><td class="num">{m["auc"]:.3f}</td>'
+                    f'<td class="num">{m.get("auc_rewarded", float("nan")):.3f}</td>'
                     + "".join(f'<td class="num">{100 * m[k]:.1f}%</td>'
                               for k in ("top_1pct", "top_5pct", "top_10pct", "base_rate"))
                     + f'<td class="num">{m["n_targets"]} / {m["n"]}</td></tr>')
@@ -139,8 +141,9 @@ def audit_section(a, meta):
               for n, w in enumerate(a["wrong"], 1)]
     found = ("" if not a["detection"] else
              f'<h3>Finding the planted defect</h3>\n<p class="note">Targets: the {esc(a["targets"])}. AUC: the '
-             f'probability that a random target ranks above a random other rollout (0.5: chance); top x %: the '
-             f'targets&#39; share among the x % highest-ranked rollouts.</p>\n{detection_rows(a["detection"])}')
+             f'probability that a random target ranks above a random other rollout (0.5: chance); among A &gt; 0: the '
+             f'same among the rewarded rollouts only (defective against clean); top x %: the targets&#39; share '
+             f'among the x % highest-ranked rollouts.</p>\n{detection_rows(a["detection"])}')
     return (f'<h2 id="audit">Audit: what went wrong</h2>\n<p>The final model answered the test split greedily; '
             f'the first {len(a["wrong"])} wrong answers among {a["n_answered"]} problems are the test targets, '
             f'test loss: {loss}. {a["n_scored"]} rollouts the run trained on are ranked by their TracIn score '

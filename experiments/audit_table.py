@@ -13,7 +13,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from attribution import trapezoid_steps  # noqa: E402
-from audit import defect_targets, detection  # noqa: E402
+from audit import defect_targets, detection_table  # noqa: E402
 from configurator import UserError, cli_main  # noqa: E402
 
 
@@ -30,8 +30,8 @@ def weightings(a):
 
 
 def fmt(m):
-    return (f"{m['auc']:.3f} | {100 * m['top_1pct']:.1f} | {100 * m['top_5pct']:.1f} | {100 * m['top_10pct']:.1f}"
-            f" | {100 * m['base_rate']:.1f}")
+    return (f"{m['auc']:.3f} | {m['auc_rewarded']:.3f} | {100 * m['top_1pct']:.1f} | {100 * m['top_5pct']:.1f} | "
+            f"{100 * m['top_10pct']:.1f} | {100 * m['base_rate']:.1f}")
 
 
 def main(paths):
@@ -41,14 +41,15 @@ def main(paths):
     for p in paths:
         with open(p) as f:
             audits.append((os.path.basename(p)[:-len(".json")], json.load(f)))
-    print("| audit | wrong / answered | rollouts ranked | ranked by | AUC | top 1 % | top 5 % | top 10 % | base rate |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
-    for name, a in audits:
-        for key, m in a["detection"].items():
+    head = "AUC | AUC among A > 0 | top 1 % | top 5 % | top 10 % | base rate |"
+    print(f"| audit | wrong / answered | rollouts ranked | ranked by | {head}")
+    print("| --- " * 10 + "|")
+    for name, a in audits:  # every ranking recomputed from the stored scores (audit.py as it is now)
+        for key, m in detection_table(a["result"], defect_targets(a["result"]["scores"])).items():
             print(f"| {name} | {len(a['wrong'])} / {a['n_answered']} | {a['n_scored']} | {key} | {fmt(m)} |")
     print()
-    print("| audit | checkpoint weights | AUC | top 1 % | top 5 % | top 10 % | base rate |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+    print(f"| audit | checkpoint weights | {head}")
+    print("| --- " * 8 + "|")
     for name, a in audits:
         scores = a["result"]["scores"]
         labels = defect_targets(scores)
@@ -56,8 +57,9 @@ def main(paths):
             continue
         w = a["result"]["checkpoint_weights"]
         for label, v in weightings(a).items():
-            s = [sum(vt * c / wt for vt, wt, c in zip(v, w, e["checkpoint_contributions"]) if wt) for e in scores]
-            print(f"| {name} | {label} | {fmt(detection(s, labels))} |")
+            s = [{"tracin_score": sum(vt * c / wt for vt, wt, c in zip(v, w, e["checkpoint_contributions"]) if wt),
+                  "advantage": e["advantage"]} for e in scores]
+            print(f"| {name} | {label} | {fmt(detection_table({'scores': s}, labels)['tracin_score'])} |")
 
 
 if __name__ == "__main__":

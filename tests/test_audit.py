@@ -111,10 +111,14 @@ def test_audit_ranks_by_the_sum_of_per_answer_attributions(run):
     # the detection figures, recomputed from the JSON's own scores and flags
     labels = [bool(e.get("defective")) and e["advantage"] > 0 for e in a["result"]["scores"]]
     assert 0 < sum(labels) < len(labels)
-    for key in ("tracin_score", "self_influence", "cosine_score"):
+    rewarded = [e["advantage"] > 0 for e in a["result"]["scores"]]
+    assert list(a["detection"]) == ["tracin_score", "cosine_score", "self_influence", "advantage"]
+    for key in a["detection"]:                                         # advantage: the floor, every target has A > 0
         s = [e[key] for e in a["result"]["scores"]]
         assert a["detection"][key]["auc"] == pytest.approx(pair_auc(s, labels))
         assert a["detection"][key]["top_10pct"] == pytest.approx(hand_share(s, labels, 0.10))
+        among = [(x, l) for x, l, r in zip(s, labels, rewarded) if r]  # defective against clean, A > 0 only
+        assert a["detection"][key]["auc_rewarded"] == pytest.approx(pair_auc(*zip(*among)))
     # the report: the audit section with each wrong answer marked wrong, the detection table, text escaped
     page = Page((run / "tracin_report.html").read_text())
     assert page.sections == ["audit"]
