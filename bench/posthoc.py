@@ -10,6 +10,9 @@ captum/influence/_core/tracincp.py) on the same checkpoints, rollouts and losses
            its learning rate, a per-example loss with the project's gradient, batch size 1 (its
            fastest setting), its rows summed over the test answers. Time, max relative difference of
            the scores, Spearman rank correlation.
+           Then the same at posthoc_wide (layers, heads, width; the throughput size 6 x 384 by default):
+           a random-weight GPT of that shape on the task's tokenizer with LoRA r 8 (lora_B nonzero),
+           whose rollouts run to the full 40 tokens, where batching matters more than per-call overhead.
 Captum is an optional benchmark dependency (pip install captum): without it the row says so.
 """
 import importlib.util
@@ -21,6 +24,7 @@ import torch
 import torch.nn as nn
 
 import attribution
+from bench.memory import lora_gpt
 from bench.step import task_setup, timed
 from data.gsm_synth.prepare import encode_prompt, encode_text
 from grpo import completion_logprobs, rollout_batch
@@ -67,11 +71,16 @@ def captum_scores(model, paths, train_batch, test_batch):
         return cp.influence(tuple(test_batch)).sum(0).double()  # (n_test, n_train) -> (n_train,)
 
 
-def posthoc_inputs(cfg, tmp):
+def posthoc_inputs(cfg, tmp, shape=None):
     """Model, tokenizer, what it is, checkpoint paths, training rollouts (sampled, random nonzero
-    advantages) and test answers (validation questions with their reference solutions)."""
+    advantages) and test answers (validation questions with their reference solutions). shape: (layers,
+    heads, width) of a random-weight GPT on the task's tokenizer in place of the task model."""
     n_ck, G = cfg["posthoc_checkpoints"], cfg["posthoc_group"]
     model, enc, what, tb, vb = task_setup(cfg, cfg["posthoc_prompts"], cfg["posthoc_tests"])
+    if shape:
+        n_layer, n_head, n_embd = shape
+        model = lora_gpt(n_layer, n_head, n_embd, enc.n_vocab, model.config.block_size, cfg["seed"], cfg["device"])
+        what = f"random weights, {n_layer} layers x {n_embd}"
     g = torch.Generator().manual_seed(cfg["seed"])
     paths = []
     for t in range(n_ck):  # a trajectory: each adapter a small random step from the one before
@@ -100,19 +109,25 @@ def spearman(a, b):
 
 
 def bench_posthoc(cfg):
-    """find_critical_samples vs Captum TracInCP: same checkpoints, rollouts, test answers and losses."""
+    """find_critical_samples vs Captum TracInCP: same checkpoints, rollouts, test answers and losses; on
+    the task model, then on a random GPT of shape posthoc_wide."""
     if importlib.util.find_spec("captum") is None:  # optional: only this row needs it
         return [("posthoc vs Captum", "skipped: captum is not installed (pip install captum)", "—", ">= 20x", "n/a")]
+    return [posthoc_row(cfg, None)] + ([posthoc_row(cfg, tuple(cfg["posthoc_wide"]))] if cfg["posthoc_wide"] else [])
+
+
+def posthoc_row(cfg, shape):
     dev, reps = cfg["device"], cfg["repeats"]
     with tempfile.TemporaryDirectory() as tmp:
-        model, enc, what, paths, train, test = posthoc_inputs(cfg, tmp)
+        model, enc, what, paths, train, test = posthoc_inputs(cfg, tmp, shape)
         t_ours, res = timed(lambda: attribution.find_critical_samples(model, paths, train, test, enc), dev, reps)
         ours = torch.tensor([e["tracin_score"] for e in res["scores"]], dtype=torch.float64)
         tb, sb = (rollout_batch(enc, s, dev) for s in (train, test))
         t_captum, ref = timed(lambda: captum_scores(model, paths, tb, sb), dev, reps)
     err = ((ours - ref.cpu()).abs().max() / ref.abs().max()).item()
     ratio = t_captum / t_ours
-    return [("posthoc vs Captum", f"{what}; {len(train)} rollouts x {len(paths)} checkpoints x {len(test)} test "
+    name = "posthoc vs Captum" + (f", {shape[0]}x{shape[2]}" if shape else "")
+    return (name, f"{what}; {len(train)} rollouts x {len(paths)} checkpoints x {len(test)} test "
              f"answer(s): find_critical_samples {t_ours:.2f} s, Captum TracInCP {t_captum:.2f} s; max rel diff "
              f"{err:.1e}, Spearman {spearman(ours, ref.cpu()):.4f}", f"{ratio:.1f}x", ">= 20x, rel diff <= 1e-4",
-             "met" if ratio >= 20 and err <= 1e-4 else "MISSED")]
+             "met" if ratio >= 20 and err <= 1e-4 else "MISSED")

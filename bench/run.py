@@ -19,6 +19,7 @@ Rows:
              torch.func vmap; time and max relative error against the loop.
   posthoc    (bench/posthoc.py) post-hoc attribution (find_critical_samples) vs Captum TracInCP on
              the same checkpoints, rollouts and losses: time, max relative difference, Spearman.
+             On the task model, then on a random GPT of posthoc_wide's shape (6 x 384).
              Skipped with a note when captum is not installed.
   memory     (bench/memory.py) peak memory of one GRPO step, the project's code (sample.generate +
              policy_backward) vs straightforward_grpo_step (keeps sampling logits, full log_softmax,
@@ -75,6 +76,7 @@ defaults = dict(
     posthoc_group=8,
     posthoc_checkpoints=3,
     posthoc_tests=1,
+    posthoc_wide=(6, 6, 384),  # posthoc: also a random GPT of (layers, heads, width); () = not
     mem_n_layer=0,        # memory: 0 = by device (CUDA: GPT-2 small, 12 layers; CPU: 2)
     mem_n_head=0,         # memory: 0 = by device (12 / 2)
     mem_n_embd=0,         # memory: 0 = by device (768 / 128)
@@ -102,7 +104,7 @@ defaults = dict(
 # --quick: smoke sizes for every row (what the tests run)
 QUICK = dict(n_seq=4, new_tokens=16, n_train=4, n_val=2, seq_lens=(8,), repeats=1, step_repeats=1,
              step_batch_size=2, step_val_batch_size=2, step_new_tokens=8, slow_reward_ms=2,
-             posthoc_prompts=2, posthoc_group=2, posthoc_checkpoints=2,
+             posthoc_prompts=2, posthoc_group=2, posthoc_checkpoints=2, posthoc_wide=(1, 2, 32),
              mem_n_layer=1, mem_n_head=2, mem_n_embd=32, mem_vocab=512, mem_prompts=2, mem_group=2,
              mem_prompt_len=8, mem_new_tokens=8, thr_n_layer=1, thr_n_head=2, thr_n_embd=32, thr_prompts=2,
              thr_group=2, thr_prompt_len=8, thr_new_tokens=8, half_shapes=((1, 2, 32, 64),), half_repeats=1)
@@ -247,6 +249,9 @@ def check_knobs(cfg):
     check(cfg, "half_shapes", len(cfg["half_shapes"]) > 0 and all(
           len(s) == 4 and all(isinstance(v, int) and v > 0 for v in s) and s[2] % s[1] == 0 for s in cfg["half_shapes"]),
           "one or more (layers, heads, width, vocabulary), positive, width a multiple of heads")
+    check(cfg, "posthoc_wide", cfg["posthoc_wide"] == () or (len(cfg["posthoc_wide"]) == 3 and all(
+          isinstance(v, int) and v > 0 for v in cfg["posthoc_wide"]) and cfg["posthoc_wide"][2] % cfg["posthoc_wide"][1] == 0),
+          "(layers, heads, width), positive, width a multiple of heads; or () for none")
     unknown = [r for r in cfg["rows"].split(",") if r.strip() and r.strip() not in ROWS]
     check(cfg, "rows", not unknown, f"unknown row {unknown[0]!r}: give some of {', '.join(ROWS)}, "
           "comma-separated, or '' for every row" if unknown else "")

@@ -1,0 +1,63 @@
+"""
+The project's side of the TRL GRPOTrainer comparison: one standard GRPO step at the TRL peer
+benchmark's exact size, timed as that benchmark times TRL's (warm-up steps, then the median).
+
+    python bench/trl_peer.py --timed=5                    # float32
+    python bench/trl_peer.py --timed=5 --dtype=autocast   # float32 weights under bf16 autocast (TRL's bf16=True)
+    python bench/trl_peer.py --timed=5 --dtype=bfloat16   # the frozen base stored in bf16 (train_grpo's dtype)
+
+GPT 6 layers / 6 heads / 384 wide, vocab 99, 12-token prompts, 8 prompts x 8 samples x 64 new tokens
+(every completion runs to full length: no end token is drawn), beta 0.04, LoRA r 8 alpha 16 on c_attn
+and c_proj (attention and MLP c_proj: the same 202,752 trainable numbers as TRL's LoraConfig there),
+one micro-batch of 64, clip 1.0, AdamW at lr 1e-5. Rewards are replaced by random advantages
+(bench.memory.project_grpo_step). TRL's side: TRL's GRPOTrainer on a random GPT-2 of the same shape
+(docs/performance.md has the command); TRL is not a project requirement: install it in its own venv.
+"""
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the project root
+import torch  # noqa: E402
+
+from bench.memory import project_grpo_step, step_inputs  # noqa: E402
+from lora import apply_lora, lora_parameters  # noqa: E402
+from model import GPT, GPTConfig  # noqa: E402
+
+ap = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
+ap.add_argument("--warmup", type=int, default=1)
+ap.add_argument("--timed", type=int, default=3)
+ap.add_argument("--device", default="cpu")
+ap.add_argument("--dtype", choices=("float32", "autocast", "bfloat16"), default="float32")
+a = ap.parse_args()
+if a.warmup < 0 or a.timed < 1:
+    sys.exit("error: --warmup must be >= 0 and --timed >= 1")
+
+torch.manual_seed(0)
+model = GPT(GPTConfig(block_size=12 + 64, vocab_size=99, n_layer=6, n_head=6, n_embd=384))
+apply_lora(model, 8, 16, 0.0, ("c_attn", "c_proj"))
+if a.dtype == "bfloat16":  # the frozen base in bf16, LoRA float32: what train_grpo.py does with dtype='bfloat16'
+    for n, p in model.named_parameters():
+        if ".lora_" not in n:
+            p.data = p.data.to(torch.bfloat16)
+model.to(a.device)
+opt = torch.optim.AdamW(lora_parameters(model), lr=1e-5)
+prompts, adv = step_inputs(8, 8, 12, 99, 0)
+amp = torch.autocast(torch.device(a.device).type, dtype=torch.bfloat16, enabled=a.dtype != "float32")
+sync = torch.cuda.synchronize if "cuda" in a.device else (lambda: None)
+steps = []
+for r in range(a.warmup + a.timed):
+    sync(); t0 = time.perf_counter()
+    _, idx, mask, times = project_grpo_step(model, opt, prompts, 8, 64, adv.to(a.device), amp, r, beta=0.04,
+                                            micro_batch_size=64)
+    sync(); times["step"] = time.perf_counter() - t0
+    assert mask.size(1) == 64 and bool(mask.all())  # every completion ran to 64 tokens, as TRL's
+    if r >= a.warmup:
+        steps.append(times)
+med = {k: round(statistics.median(s[k] for s in steps), 4) for k in steps[0]}
+print(json.dumps({"impl": "project", "dtype": a.dtype, "torch": torch.__version__, "threads": torch.get_num_threads(),
+                  "lora_params": sum(p.numel() for p in lora_parameters(model)),
+                  "step_s": [round(s["step"], 4) for s in steps], "median": med}))
