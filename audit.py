@@ -103,11 +103,14 @@ def auc(scores, labels):
 
 
 def top_share(scores, labels, frac):
-    """The targets' share among the top max(1, round(frac n)) scores (ties broken by order: stable sort)."""
-    labels = np.asarray(labels, dtype=bool)
+    """The targets' share among the top k = max(1, round(frac n)) scores, expected over random tie-breaking
+    (the advantage, for one, takes few distinct values): the scores above the k-th count whole, the k - n_above
+    places left go to the scores equal to it, each target among them with probability places / n_tied."""
+    scores, labels = np.asarray(scores, dtype=np.float64), np.asarray(labels, dtype=bool)
     k = max(1, int(round(frac * len(labels))))
-    top = np.argsort(-np.asarray(scores, dtype=np.float64), kind="stable")[:k]
-    return float(labels[top].mean())
+    kth = np.sort(scores)[::-1][k - 1]
+    above, tied = scores > kth, scores == kth
+    return float((labels[above].sum() + (k - above.sum()) * labels[tied].mean()) / k)
 
 
 def detection(scores, labels):

@@ -37,9 +37,12 @@ def pair_auc(scores, labels):
 
 
 def hand_share(scores, labels, frac):
+    """Each rollout's chance to be among the top k under random tie-breaking, summed over the targets, / k."""
     k = max(1, round(frac * len(scores)))
-    top = sorted(range(len(scores)), key=lambda i: -scores[i])[:k]  # Python's sort is stable too
-    return sum(labels[i] for i in top) / k
+    kth = sorted(scores, reverse=True)[k - 1]
+    n_above, n_tied = sum(s > kth for s in scores), sum(s == kth for s in scores)
+    chance = [1.0 if s > kth else (k - n_above) / n_tied if s == kth else 0.0 for s in scores]
+    return sum(c for c, l in zip(chance, labels) if l) / k
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -55,6 +58,8 @@ def test_auc_and_top_shares_match_pair_counts_and_a_sort(seed):
     assert m["base_rate"] == pytest.approx(sum(labels) / n) and m["n_targets"] == sum(labels)
     assert audit.auc([1.0, 2.0, 3.0], [False, False, True]) == 1.0 and audit.auc([3, 2, 1], [1, 0, 0]) == 1.0
     assert audit.auc([5.0, 5.0], [True, False]) == 0.5                # a tie counts half
+    # top 2 of [3, 2, 2, 2, 1]: the 3 (clean), then one of three 2's, one of them a target: 1/3 of a target
+    assert audit.top_share([3, 2, 2, 2, 1], [0, 1, 0, 0, 1], 0.4) == pytest.approx((0 + 1 / 3) / 2)
     assert np.isnan(audit.auc([1.0, 2.0], [True, True]))             # no other rollout: undefined
 
 
