@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The audit of experiment C's runs (tracin.py --audit, audit.py): for each run of experiments/defect.sh, the
 # first 16 wrong greedy test answers, every trained rollout ranked by its summed TracIn influence on them, and
-# how well that finds the planted defect's rewarded rollouts; then variants on one run (test loss, more wrong
-# answers, layer_filter), then the table (experiments/audit_table.py, which also re-weights the checkpoints).
+# how well that finds the planted defect's rewarded rollouts; the contrast test loss on the standard runs;
+# variants on one run (more wrong answers, layer_filter); then the table (experiments/audit_table.py, which
+# also re-weights the checkpoints).
 #
 #   bash experiments/audit.sh                  # reads out/cmpC, writes out/audit; THREADS=1 by default
 #
@@ -22,7 +23,7 @@ audit() {  # audit RUN NAME ARGS...: one audit, its JSON only
   python tracin.py --out_dir="$RUNS/$run" --out_json="$OUT/${run}__$name.json" --html= --figure= "$@" | tail -4
 }
 for S in $SEEDS; do audit grpo_s$S audit16 --audit=16; done
-audit "$VARIANT_RUN" contrast16 --audit=16 --audit_loss=contrast
+for S in $SEEDS; do audit grpo_s$S contrast16 --audit=16 --audit_loss=contrast; done
 audit "$VARIANT_RUN" audit64 --audit=64
 audit "$VARIANT_RUN" audit_all --audit=100000
 for layers in attn mlp h.3.; do audit "$VARIANT_RUN" "layers_$layers" --audit=16 --layer_filter=$layers; done
