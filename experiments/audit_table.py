@@ -50,6 +50,7 @@ def main(paths):
     print()
     print(f"| audit | checkpoint weights | {head}")
     print("| --- " * 8 + "|")
+    means = {}
     for name, a in audits:
         scores = a["result"]["scores"]
         labels = defect_targets(scores)
@@ -59,7 +60,13 @@ def main(paths):
         for label, v in weightings(a).items():
             s = [{"tracin_score": sum(vt * c / wt for vt, wt, c in zip(v, w, e["checkpoint_contributions"]) if wt),
                   "advantage": e["advantage"]} for e in scores]
-            print(f"| {name} | {label} | {fmt(detection_table({'scores': s}, labels)['tracin_score'])} |")
+            m = detection_table({"scores": s}, labels)["tracin_score"]
+            means.setdefault(label, []).append(m)
+            print(f"| {name} | {label} | {fmt(m)} |")
+    print(f"\n| mean over {len(audits)} audits | checkpoint weights | {head}")
+    print("| --- " * 8 + "|")
+    for label, ms in means.items():
+        print(f"| | {label} | {fmt({k: sum(m[k] for m in ms) / len(ms) for k in ms[0]})} |")
 
 
 if __name__ == "__main__":
