@@ -162,15 +162,16 @@ def influence_figure(entries, title, top_k=3):
         ax.annotate(name, (jitter(e), e["tracin_score"]), xytext=(6, 4 if name[0] == "H" else -10),
                     textcoords="offset points", fontsize=10, fontweight="bold")
         flag = "  [defective prompt]" if e.get("defective") else ""
-        text = " ".join(e["completion"].split())[:48]
-        key.append(f"{name}: iter {e['iter']}, A {e['advantage']:+.2f}, score {e['tracin_score']:+.2e}{flag}: {text!r}")
+        text = ascii(" ".join(e["completion"].split())[:48])  # any character a font lacks, as \\uXXXX
+        key.append(f"{name}: iter {e['iter']}, A {e['advantage']:+.2f}, score {e['tracin_score']:+.2e}{flag}: {text}")
     ax.set_xlabel("training iteration the rollout was sampled at")
     ax.set_ylabel("TracIn score (positive: its step lowered the test loss)")
-    ax.set_title(title[:110], fontsize=12)
+    ax.set_title(ascii(title[:110])[1:-1], fontsize=12, parse_math=False)  # a '$' in a question is no math
     ax.grid(alpha=0.3)
     ax.legend(loc="best", fontsize="small")
     if key:  # H = most helpful, R = most harmful
-        ax.text(0.0, -0.13, "\n".join(key), transform=ax.transAxes, va="top", fontsize=9, family="monospace")
+        ax.text(0.0, -0.13, "\n".join(key), transform=ax.transAxes, va="top", fontsize=9, family="monospace",
+                parse_math=False)
     return fig
 
 

@@ -5,6 +5,7 @@
 # top-x % shares from a Python sort; the wrong answers from one greedy generation per problem checked by
 # the task's correctness reward; the summed ranking as the sum of one find_critical_samples call per wrong
 # answer; the figure's points counted per kind from the entries given.
+import io
 import json
 import random
 import shutil
@@ -174,6 +175,11 @@ def test_influence_figure_marks_defects_and_labels_the_top():
     assert sizes == {"clean prompt": 5, "defective prompt, rewarded (A > 0)": 2, "defective prompt, A < 0": 1}
     labels = {t.get_text(): t.xy[1] for t in ax.texts if hasattr(t, "xy")}
     assert labels == {"H1": 5.0, "H2": 3.0, "R1": -6.0, "R2": -4.0}   # highest and lowest scores
+    # a '$' is no mathtext (a broken formula would stop savefig), a character no font has is escaped
+    hostile = [{**entries[0], "completion": "$\\frac{$ \u0672 \x01"}]
+    fig = plot.influence_figure(hostile, "Mia has $3 and $x^", top_k=1)
+    fig.savefig(io.BytesIO(), format="png")
+    assert any("\\u0672" in t.get_text() and "$\\\\frac{$" in t.get_text() for t in fig.axes[0].texts)
 
 
 def test_figure_default_needs_matplotlib_a_named_one_is_refused_without(run, monkeypatch, capsys):
