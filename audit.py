@@ -17,7 +17,9 @@ the TracIn paper's mislabeled-data experiment (Pruthi et al. 2020, sec. 4), on R
 targets are the rewarded rollouts of defective prompts: a prompt whose reference answer was planted
 wrong, and a rollout of it with advantage A > 0, i.e. one whose likelihood the update raised because
 the wrong reference rewarded it (defect_targets). Reported: the targets' share among the top 1 %, 5 %,
-10 % of the ranking against their share of all rollouts (the base rate), and the AUC.
+10 % of the ranking against their share of all rollouts (the base rate), and the AUC; the same for
+the advantage alone, the floor (every target has A > 0), and each AUC among the rollouts with A > 0.
+Measured on experiment C's runs in docs/experiments.md (the advantage alone ranks best there).
 """
 import numpy as np
 

@@ -3,6 +3,7 @@ TracIn (Pruthi et al. 2020) on the LoRA parameters, from the per-sample gradient
 
     python tracin.py --out_dir=out/tracin --question="Mia has 3 apples. ..."   # post-hoc attribution
     python tracin.py --out_dir=out/tracin --questions_file=qs.txt   # one per line; HTML: --html=PATH
+    python tracin.py --out_dir=out/tracin --audit=16   # which rollouts taught the first 16 wrong test answers
 
 Online, inside a GRPO step (train_grpo.py with tracin=True): the influence of rollout i on a
 validation batch is <g_i, sum_j g_val_j>, a first-order estimate of how much one step on i lowers
@@ -11,7 +12,9 @@ and their update is summed from the hooks' buffers (no extra forward or backward
 
 Post-hoc, over a finished run's checkpoints: attribution.find_critical_samples scores every recorded
 rollout by its influence on a test answer, summed over the checkpoints (TracInCP); its command line
-is this file's main.
+is this file's main. --audit (audit.py) ranks the rollouts by their influence summed over the final model's
+wrong test answers and, in a run with a planted defect, says how well that ranking finds it. A figure of
+every score against its iteration (plot.influence_figure) and an HTML page (report.py) come with each call.
 """
 # configurator first: a Ctrl-C during the slow imports below (torch) is one line, not a traceback
 from configurator import UserError, check, check_choice, cli_main, configure
