@@ -13,7 +13,7 @@ attribution against the summed test gradient, not N:
 Top of the ranking: the rollouts whose training steps most raised the wrong answers' likelihood.
 
 Where the run planted a defect (train_grpo.py defect_frac), the ranking is also scored as a detector:
-the TracIn paper's mislabeled-data experiment (Pruthi et al. 2020, sec. 4), on RL rollouts. The
+the TracIn paper's mislabeled-data experiment (Pruthi et al. 2020), on RL rollouts. The
 targets are the rewarded rollouts of defective prompts: a prompt whose reference answer was planted
 wrong, and a rollout of it with advantage A > 0, i.e. one whose likelihood the update raised because
 the wrong reference rewarded it (defect_targets). Reported: the targets' share among the top 1 %, 5 %,
