@@ -10,8 +10,11 @@ Rows:
   sampling   KV-cache generation vs nanoGPT-style full recompute of the whole prefix per token;
              tokens/s, ratio, and whether the greedy tokens are identical.
   step cost  (bench/step.py) one TracIn-GRPO step / one standard GRPO step on the same prompts, per
-             phase, validation loss 'pg' (target 2.0x) and 'nll' (1.10x), influence from the summed
-             validation gradient; and the same kept rollouts as the full-matrix path.
+             phase, validation loss 'pg' (target 2.0x) and 'nll' (target: at most 5 % of a standard
+             step beyond its floor, the standard step plus the validation forward and backward
+             alone), each with its floor; influence from the summed validation gradient; the same
+             kept rollouts as the full-matrix path. Needs the trained tiny base (trained first if
+             missing); a batch with no informative group or nothing kept gets no verdict.
   rewards    (bench/step.py) one standard GRPO step with background_rewards off / on, the task's
              rewards and a slow one (slow_reward_ms per completion); reward cache off.
   influence  train x val gradient inner products: the hooks (ghost / materialised by cost) vs the

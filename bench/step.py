@@ -159,7 +159,11 @@ def step_cost_row(mode, name, s, t, m, what, same, n_kept, n, why=None, val=None
                    f"{s['total'] + val:.2f} s, beyond it {beyond * 100:+.1f} % of a standard step")
         ok, shown, goal = beyond <= OVER_FLOOR, f"{ratio:.2f}x ({beyond * 100:+.1f} % beyond the floor)", \
             f"<= {OVER_FLOOR * 100:.0f} % of a standard step beyond the floor, same kept set"
-    else:
+    else:  # 'pg': its validation rollouts are sampled in the same generate call and backpropagated: its floor
+        floor = s["total"] + max(t["time/generation"] - s["time/generation"], 0.0) + t["time/grad_capture_val"]
+        detail += (f"; floor = standard + the validation rollouts' share of generation and their backward = "
+                   f"{floor:.2f} s ({floor / s['total']:.2f}x), beyond it "
+                   f"{(t['total'] - floor) / s['total'] * 100:+.1f} % of a standard step")
         ok, shown, goal = ratio <= target, f"{ratio:.2f}x", f"<= {target:.2f}x, same kept set"
     verdict = f"invalid: {why}" if why else "met" if ok and same else "MISSED"
     return (f"step cost, TracIn {mode}", detail, shown, goal, verdict)

@@ -41,6 +41,10 @@ def test_quick_bench_rows(capsys, tmp_path):
         assert "same kept set as the matrix path: True" in r[1]
         assert r[4] == "invalid: no informative group (every advantage 0)"
     assert "beyond the floor" in rows[2][2] and "floor = standard + validation forward and backward" in rows[2][1]
+    pg_floor = float(re.search(r"their backward = ([0-9.]+) s", rows[1][1]).group(1))
+    gen = [float(x) for x in re.findall(r"generation ([0-9.]+) s", rows[1][1])[:2]]  # standard, TracIn pg
+    val, std = (float(re.search(pat, rows[1][1]).group(1)) for pat in (r"val gradient ([0-9.]+) s", r"total ([0-9.]+) s"))
+    assert abs(pg_floor - (std + max(gen[1] - gen[0], 0) + val)) <= 0.02  # the floor is the sum of its parts (rounded)
     for r in rows[3:5]:  # background_rewards off / on, every completion scored
         assert "reward cache off" in r[1] and float(r[2].rstrip("x")) > 0 and r[4] == "n/a"
     assert "2 ms sleep per completion" in rows[4][1]
