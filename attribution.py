@@ -6,7 +6,7 @@ checkpoints. Its command line is tracin.py's (python tracin.py --out_dir=... --q
 import torch
 
 from configurator import UserError
-from ghost import install_ghost_hooks, per_sample_grad, summed_gradient, summed_inner_products
+from ghost import install_ghost_hooks, per_sample_grads, summed_gradient, summed_inner_products
 from grpo import completion_logprobs, grpo_loss, rollout_batch
 from lora import LoRALinear, load_lora_state_dict, lora_state_dict
 from model import load_checkpoint
@@ -45,19 +45,16 @@ def chunks(batch, size, order=None):
         yield idx[rows, left:P + T], pad_left[rows] - left, m[:, :T], adv[rows]
 
 
-def sq_norms(captured, layer_filter=None):
-    """||grad L(z_i)||^2 per sample, from materialised per-sample LoRA gradients."""
-    total = 0.0
-    for n, (x, gA, h, gB) in captured.items():
-        if layer_filter is None or layer_filter in n:
-            total = total + per_sample_grad(x, gA).pow(2).sum((1, 2)) + per_sample_grad(h, gB).pow(2).sum((1, 2))
-    return total
+def sq_norms(grads):
+    """||grad L(z_i)||^2 per sample, from per-sample LoRA gradients (ghost.per_sample_grads)."""
+    return sum(dA.pow(2).sum((1, 2)) + dBt.pow(2).sum((1, 2)) for dA, dBt in grads.values())
 
 
 def hook_products(model, train_batch, test_batch, temperature, layer_filter, micro_batch, norms):
     """One checkpoint: (<g_i, G> (n,), ||g_i||^2 (n,), ||G||^2) with G = sum_j g_test_j from ONE ordinary
     backward of the summed test loss (no hooks, LoRA-sized), and the train gradients from the hooks,
-    chunk by chunk; the two norms only if `norms` (||g_i||^2 materialises each per-sample gradient)."""
+    chunk by chunk (each chunk's per-sample gradients formed from the buffers, r x d per factor);
+    the two norms only if `norms`."""
     model.zero_grad(set_to_none=True)
     for c in chunks(test_batch, micro_batch):  # before the hooks exist: no per-sample test buffers
         sample_losses(model, *c, temperature).backward()  # micro-batches add up in .grad
@@ -70,11 +67,12 @@ def hook_products(model, train_batch, test_batch, temperature, layer_filter, mic
         for c in chunks(train_batch, micro_batch, order):  # chunk by chunk: buffers stay small
             hooks.clear("train")
             sample_losses(model, *c, temperature).backward()
-            train_grads = hooks.collect("train")
+            train_grads = per_sample_grads(hooks.collect("train"), G.keys())  # the layers of G (layer_filter)
+            hooks.clear("train")  # the buffers: the per-sample gradients hold what is needed
             inner.append(summed_inner_products(train_grads, G))       # <g_i, G>: (chunk,)
             if norms:
-                tr_sq.append(sq_norms(train_grads, layer_filter))
-            del train_grads  # this chunk's activations and gradients
+                tr_sq.append(sq_norms(train_grads))
+            del train_grads  # this chunk's per-sample gradients
     model.zero_grad(set_to_none=True)  # capture's .grad is not an update
     back = order.argsort()  # the rows' own order again
     return torch.cat(inner)[back], torch.cat(tr_sq)[back] if norms else None, te_sq

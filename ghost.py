@@ -17,7 +17,9 @@ product needs no materialised gradient at all (the "ghost" form):
     or, materialised,  G = g^T x  then a dot product       cost O(T d p) per sample
 and ghost wins when 2 T^2 < d p (private-transformers' rule). When only <G_i, sum_j G'_j> is needed
 (TracIn's selection and attribution), the sum G' = sum_j G'_j comes from one ordinary backward of
-the summed loss and <G_i, G'> = sum_t g_t . (G' x_t) costs O(T d p) per sample, no pairs at all.
+the summed loss, each G_i is formed from the buffers (one batched matmul per factor, O(T d p) per
+sample, p x d numbers: fewer than the buffers when T > p) and <G_i, G'> is a dot product; the same
+G_i, weighted by the selection, sum to the update. No pairs at all.
 
 Gradients are exact over ALL positions of a sample, prompt included: LoRA acts on prompt
 tokens too, and their hidden states reach the completion's log-probs through attention.
@@ -224,35 +226,41 @@ def summed_gradient(model, layer_filter=None):
     return out
 
 
-def summed_inner_products(captured, summed):
-    """(n,) <grad L(sample_i), G> for the per-sample gradients in `captured` (GhostHooks.collect()) and a
-    LoRA-sized G (summed_gradient), over the layers of `summed`, without materialising any gradient:
+def per_sample_grads(captured, names=None):
+    """{layer: (dA (n, r, d_in), dB^T (n, r, d_out))}: every sample's LoRA gradient, float32, from the
+    hooks' buffers (GhostHooks.collect()), one batched matmul per factor over the sample's positions:
 
-        <sum_t gA_t x_t^T, G_A> = sum_t gA_t . (G_A x_t)        <sum_t gB_t h_t^T, G_B> = sum_t (G_B^T gB_t) . h_t
+        dA_i = sum_t gA_it x_it^T = gA_i^T x_i          dB_i^T = sum_t h_it gB_it^T = h_i^T gB_i
 
-    O(T d r) per sample and layer, no T^2 term; both intermediates are (n, T, r)."""
+    (dB transposed: the r-wide factor leads, the faster layout). n r (d_in + d_out) numbers per layer,
+    fewer than the buffers they come from, n T (d_in + d_out + 2 r), whenever T > r: forming them costs
+    O(T d r) per sample, as the products with G would, and then serves both the influence and the update.
+    names: only these layers (default: all)."""
+    return {n: (per_sample_grad(x, gA), per_sample_grad(gB, h)) for n, (x, gA, h, gB) in captured.items()
+            if names is None or n in names}
+
+
+def summed_inner_products(grads, summed):
+    """(n,) <grad L(sample_i), G> for per-sample gradients `grads` (per_sample_grads) and a LoRA-sized G
+    (summed_gradient), over the layers of `summed`: <dA_i, G_A> + <dB_i, G_B>, one matrix-vector product
+    per factor."""
     total = None
     for name, (GA, GB) in summed.items():
-        x, gA, h, gB = captured[name]
-        ip = ((x.float() @ GA.T) * gA.float()).sum((1, 2)) + ((gB.float() @ GB) * h.float()).sum((1, 2))
+        dA, dBt = grads[name]
+        ip = dA.flatten(1) @ GA.flatten() + dBt.flatten(1) @ GB.T.flatten()
         total = ip if total is None else total + ip
     if not torch.isfinite(total).all():
         raise FloatingPointError("non-finite gradient inner product (NaN/Inf in captured or summed gradients)")
     return total
 
 
-def subset_gradients(model, captured, weights):
-    """Write sum_i weights_i * grad L(sample_i) into each LoRA parameter's .grad, from the hooks'
-    buffers alone: the update for the selected rollouts needs no extra forward or backward.
-        dA = sum_{i,t} (w_i gA_it) x_it^T        dB = sum_{i,t} gB_it (w_i h_it)^T
-    one matmul each over the (sample, position) rows; samples with w_i = 0 are left out, and w scales
-    the r-wide factor (gA, h), the cheaper one."""
+def subset_gradients(model, grads, weights):
+    """Write sum_i weights_i * grad L(sample_i) into each LoRA parameter's .grad from the per-sample
+    gradients (per_sample_grads): the update for the selected rollouts needs no extra forward or
+    backward, one (n,) x (n, r d) product per factor. weights: (n,) bool (kept or not) or float."""
     for name, m in model.named_modules():
         if isinstance(m, LoRALinear):
-            x, gA, h, gB = captured[name]
-            keep = (weights != 0).to(x.device)
-            w = weights.to(x.device)[keep].float()[:, None, None]                       # (n', 1, 1)
-            gA, x = (gA[keep].float() * w).flatten(0, 1), x[keep].float().flatten(0, 1)  # (n' T, r), (n' T, d_in)
-            gB, h = gB[keep].float().flatten(0, 1), (h[keep].float() * w).flatten(0, 1)  # (n' T, d_out), (n' T, r)
-            m.lora_A.weight.grad = (gA.T @ x).to(m.lora_A.weight.dtype)                 # (r, d_in)
-            m.lora_B.weight.grad = (gB.T @ h).to(m.lora_B.weight.dtype)                 # (d_out, r)
+            dA, dBt = grads[name]
+            w = weights.to(dA.device, torch.float32)
+            m.lora_A.weight.grad = (w @ dA.flatten(1)).view(dA.shape[1:]).to(m.lora_A.weight.dtype)     # (r, d_in)
+            m.lora_B.weight.grad = (w @ dBt.flatten(1)).view(dBt.shape[1:]).T.to(m.lora_B.weight.dtype)  # (d_out, r)

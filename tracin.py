@@ -32,8 +32,8 @@ import distributed
 from attribution import find_critical_samples, trapezoid_steps
 from audit import LOSSES, audit, summary_lines
 from data.gsm_synth.prepare import encode_prompt, encode_text
-from ghost import (compute_ghost_inner_product_matrix, ghost_mode, install_ghost_hooks, subset_gradients,
-                   summed_gradient, summed_inner_products)
+from ghost import (compute_ghost_inner_product_matrix, ghost_mode, install_ghost_hooks, per_sample_grads,
+                   subset_gradients, summed_gradient, summed_inner_products)
 from grpo import batch_counts, policy_backward, rank_share, rollout_batch, sum_over_ranks
 from device import check_device
 from model import load_checkpoint
@@ -100,11 +100,13 @@ def tracin_backward(model, optimizer, rollouts, val_batch, cfg, amp, times):
         influence = compute_ghost_inner_product_matrix(train_grads, val_grads).sum(1)
     else:
         distributed.all_reduce_sum([g for pair in val_grads.values() for g in pair])  # the whole batch's G
+    train_grads = per_sample_grads(train_grads)  # each rollout's (r, d) per factor; the buffers are freed
+    if not matrix:
         influence = summed_inner_products(train_grads, val_grads)  # <g_i, G>: (N,), O(T d r) per rollout
     influence = distributed.all_gather_cat(influence)  # every rollout's, in global order
     keep = select_rollouts(influence, cfg["tracin_selection"], cfg["tracin_topk_frac"])
     subset_gradients(model, train_grads, keep[distributed.shard(keep.numel())])  # this rank's kept rollouts
-    del train_grads, val_grads  # every LoRA layer's per-sample inputs and output gradients (and G)
+    del train_grads, val_grads  # every LoRA layer's per-sample gradients (and G, or the validation buffers)
     stats = sum_over_ranks(model, stats)  # the kept rollouts' gradients and the loss stats of every rank
     times["influence"] = time.time() - t0
     log = {"selection_rate": keep.float().mean().item(), "n_selected": int(keep.sum()),

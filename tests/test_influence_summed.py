@@ -65,7 +65,7 @@ def summed_and_matrix(m, train, val, mb_train=4, mb_val=3):
         tr, va = hooks.collect("train"), hooks.collect("val")
     assert len(tr) == len(va) == LAYERS
     m.zero_grad(set_to_none=True)
-    return ghost.summed_inner_products(tr, G), ghost.compute_ghost_inner_product_matrix(tr, va).sum(1), G
+    return ghost.summed_inner_products(ghost.per_sample_grads(tr), G), ghost.compute_ghost_inner_product_matrix(tr, va).sum(1), G
 
 
 def rel(a, b):
@@ -179,12 +179,12 @@ def test_subset_gradients_weighted_and_empty(world):
     tr, _ = capture_both(m, train, val)
     want = func_per_sample_grads(m, train, TRAIN_ADV)
     w = torch.tensor([0.5, 0.0, -2.0, 1.0, 0.0, 3.0])
-    ghost.subset_gradients(m, tr, w)
+    ghost.subset_gradients(m, ghost.per_sample_grads(tr), w)
     for n, p in m.named_parameters():
         if ".lora_" in n:
             ref = torch.einsum("n,n...->...", w, want[n])
             assert rel(p.grad, ref) <= 1e-5, n
-    ghost.subset_gradients(m, tr, torch.zeros(6, dtype=torch.bool))
+    ghost.subset_gradients(m, ghost.per_sample_grads(tr), torch.zeros(6, dtype=torch.bool))
     assert all(torch.equal(p, torch.zeros_like(p)) for p in (q.grad for q in lora_parameters(m)))
 
 

@@ -261,7 +261,7 @@ def test_subset_gradients_equal_backward_on_subset(world):
     opt = torch.optim.AdamW(lora_parameters(m), lr=0.1)
     with ghost.install_ghost_hooks(m) as hooks, ghost.ghost_mode(opt):
         captured = capture(m, hooks, "train", train, TRAIN_ADV)
-    ghost.subset_gradients(m, captured, keep)
+    ghost.subset_gradients(m, ghost.per_sample_grads(captured), keep)
     got = {n: p.grad.clone() for n, p in m.named_parameters() if ".lora_" in n}
     # second path: zero grads, forward the kept rows only, backward; num_seqs = full N
     m.zero_grad(set_to_none=True)
@@ -275,7 +275,7 @@ def test_subset_gradients_equal_backward_on_subset(world):
         assert want[n].abs().max() > 0
         assert torch.allclose(got[n], want[n], rtol=1e-5, atol=1e-5 * want[n].abs().max().item()), n
     assert any(not torch.allclose(want[n], full[n], rtol=1e-3) for n in want)  # the subset matters
-    ghost.subset_gradients(m, captured, torch.ones(N, dtype=torch.bool))  # all kept: the full gradient
+    ghost.subset_gradients(m, ghost.per_sample_grads(captured), torch.ones(N, dtype=torch.bool))  # all kept: the full gradient
     for n, p in m.named_parameters():
         if ".lora_" in n:
             assert torch.allclose(p.grad, full[n], rtol=1e-5, atol=1e-5 * full[n].abs().max().item()), n
@@ -576,7 +576,7 @@ def test_bf16_autocast_influence_and_update_close_to_float32(world):
     keep = torch.tensor([True, False, True, True, False, True])
     grads = {}
     for name, cap in (("f32", tr32), ("bf16", tr16)):
-        ghost.subset_gradients(m, cap, keep)
+        ghost.subset_gradients(m, ghost.per_sample_grads(cap), keep)
         grads[name] = [p.grad.clone() for p in lora_parameters(m)]
         m.zero_grad(set_to_none=True)
     for a, b in zip(grads["f32"], grads["bf16"]):
