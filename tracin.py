@@ -220,8 +220,15 @@ def read_questions(cfg):
     path = cfg["questions_file"]
     if not os.path.isfile(path):
         raise UserError(f"questions_file {path} is not a file: give a text file with one question per line")
-    with open(path, encoding="utf-8") as f:
-        questions = [line.strip() for line in f if line.strip()]
+    try:
+        with open(path, encoding="utf-8") as f:
+            questions = [line.strip() for line in f if line.strip()]
+    except UnicodeDecodeError as e:
+        raise UserError(f"questions_file {path} is not UTF-8 text (byte {e.start}: {e.reason}): give a text file "
+                        "with one question per line") from None
+    if any("\x00" in q for q in questions):
+        raise UserError(f"questions_file {path} holds NUL bytes (a binary file?): give a text file with one "
+                        "question per line")
     if not questions:
         raise UserError(f"questions_file {path} holds no question (blank lines are skipped)")
     return questions

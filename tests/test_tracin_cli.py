@@ -135,6 +135,21 @@ def test_cli_knobs_checked_before_any_work(run, spy, monkeypatch, arg, message):
     assert (run / "ckpt.pt").read_bytes() == before  # an out_json naming a run file never overwrites it
 
 
+@pytest.mark.parametrize("content,message", [(b"Mia has 2 pears.\n\xff\xfe\n", "is not UTF-8 text"),
+                                             (b"\x00" * 64, "holds NUL bytes"), (b"\n \n", "holds no question")],
+                         ids=["latin-1", "nul", "blank"])
+def test_a_questions_file_that_is_not_text_is_one_line(run, tmp_path, monkeypatch, capsys, content, message):
+    import sample
+    monkeypatch.setattr(sample, "load_policy", lambda *a, **k: pytest.fail("work started"))
+    (tmp_path / "q.txt").write_bytes(content)
+    before = sorted(p.name for p in run.iterdir())
+    with pytest.raises(SystemExit) as e:
+        cli_main(tracin.main, [f"--out_dir={run}", f"--questions_file={tmp_path}/q.txt"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.startswith(f"error: questions_file {tmp_path}/q.txt {message}")
+    assert err.count("\n") == 1 and sorted(p.name for p in run.iterdir()) == before
+
+
 def test_cli_errors_are_one_line(run, capsys):
     with pytest.raises(SystemExit) as e:
         cli_main(tracin.main, [f"--out_dir={run}", "--question=hi", f"--out_json={run}/no/such/dir/x.json"])
