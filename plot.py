@@ -178,7 +178,7 @@ def influence_figure(entries, title, top_k=3):
 def plot_influence(results, out_path, title, top_k=3):
     """Write influence_figure of the summed scores of `results` to out_path (PNG); returns out_path."""
     fig = influence_figure(summed_scores(results), title, top_k)
-    fig.savefig(out_path)
+    fig.savefig(out_path, metadata={"Title": "TracIn influence figure"})  # tracin.py may replace what it wrote
     return out_path
 
 

@@ -24,6 +24,7 @@ import json
 import os
 import re
 import shlex
+import tempfile
 import time
 
 import torch
@@ -234,14 +235,41 @@ def read_questions(cfg):
     return questions
 
 
-def check_writable(cfg, key, suffix):
-    """An output path given on the command line: the right suffix (never a run's own file), and a directory
-    that exists."""
+MARKS = (b"<title>TracIn attribution report", b"TracIn influence figure")  # report.py's page, plot.py's PNG
+
+
+def written_here(path):
+    """Whether the file at path is one tracin.py wrote (a report, a figure, an attribution or audit JSON)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4096)
+            if any(m in head for m in MARKS):
+                return True
+            saved = json.loads(f.seek(0) or f.read())
+        return isinstance(saved, dict) and ("scores" in saved or "result" in saved)
+    except (OSError, ValueError):
+        return False
+
+
+def check_writable(cfg, key, suffix, named=True):
+    """An output path: the right suffix (never a run's own file), a directory that exists and takes a file,
+    and, where the path was named on the command line, no file there but one tracin.py wrote."""
     path = cfg[key]
     check(cfg, key, not path or path.endswith(suffix), f"must end in {suffix} (it is written, so never a run's "
           "own file)")
-    if path and (os.path.isdir(path) or not os.path.isdir(os.path.dirname(os.path.abspath(path)))):
+    if not path:
+        return
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path) or not os.path.isdir(folder):
         raise UserError(f"cannot write {key} {path}: it is a directory, or its directory does not exist")
+    try:  # a read-only or special directory (/proc) is refused now, not after the attribution
+        tempfile.TemporaryFile(dir=folder).close()
+    except OSError as e:
+        raise UserError(f"cannot write {key} {path}: its directory takes no new file ({e.strerror}); give a "
+                        "path in a writable directory") from None
+    if named and os.path.exists(path) and not written_here(path):
+        raise UserError(f"{key} {path} exists and was not written by tracin.py: it is never overwritten; remove "
+                        "it, or give another path")
 
 
 def attribute(cfg, model, enc, ckpts, iters, train, temperature, question):
@@ -282,9 +310,9 @@ def output_paths(cfg, run):
     for key, suffix in (("html", ".html"), ("figure", ".png")):
         check(cfg, key, cfg[key] is None or isinstance(cfg[key], str), f"must be a path ending in {suffix} ('': none)")
     html_path = os.path.join(run, "tracin_report.html") if cfg["html"] is None else cfg["html"]
-    check_writable({**cfg, "html": html_path}, "html", ".html")
+    check_writable({**cfg, "html": html_path}, "html", ".html", named=cfg["html"] is not None)
     fig_path = os.path.join(run, "tracin_influence.png") if cfg["figure"] is None else cfg["figure"]
-    check_writable({**cfg, "figure": fig_path}, "figure", ".png")
+    check_writable({**cfg, "figure": fig_path}, "figure", ".png", named=cfg["figure"] is not None)
     if fig_path and not has_matplotlib():
         if cfg["figure"]:
             raise UserError(f"--figure={fig_path} needs matplotlib: pip install matplotlib (or --figure= for none)")
@@ -320,7 +348,7 @@ def run_audit(cfg, model, enc, data_dir, run_cfg, ckpts, iters, train, temperatu
               temperature=temperature, normalize=cfg["normalize"], self_influence=True)
     print_top(a["result"], "summed TracIn score; positive = made the wrong answers likelier")
     print("\n".join(summary_lines(a)))
-    write_json(json_path, a, "an earlier audit")
+    write_json(json_path, a, "it" if cfg["out_json"] else "an earlier audit")
     return a
 
 
@@ -363,17 +391,20 @@ def main(argv):
             write_json(path, res, "it" if cfg["out_json"] else "an earlier attribution of the same question and answer")
             # the answer's correctness is unknown here: a free-form question carries no reference answer
             sections.append({"question": question, "completion": res["completion"], "correct": None, "result": res})
+        again = {p: os.path.exists(p) for p in (html_path, fig_path) if p}
         if html_path:
             write_report(html_path, sections, {"run": run, "mode": cfg["mode"], "n_probe": cfg["n_probe"],
                                                "layer_filter": cfg["layer_filter"], "top_k": cfg["top_k"],
                                                "checkpoints": [os.path.basename(c) for c in ckpts]}, audited)
-            print(f"HTML report{' of the audit and' if audited else ' of'} {len(sections)} question(s): {html_path}")
+            print(f"HTML report{' of the audit and' if audited else ' of'} {len(sections)} question(s): {html_path}"
+                  + (" (replacing the earlier one)" if again[html_path] else ""))
         if fig_path:
             results = [audited["result"]] if audited else [s["result"] for s in sections]
             title = (f"summed influence on the final model's {len(audited['wrong'])} wrong test answers" if audited
                      else f"influence on {questions[0]!r}" if len(questions) == 1 else
                      f"influence summed over {len(questions)} questions")
-            print(f"influence figure: {plot_influence(results, fig_path, title)}")
+            print(f"influence figure: {plot_influence(results, fig_path, title)}"
+                  + (" (replacing the earlier one)" if again[fig_path] else ""))
 
 
 if __name__ == "__main__":

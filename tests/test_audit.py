@@ -212,3 +212,35 @@ def test_audit_of_a_model_with_no_wrong_answer_is_refused(run, monkeypatch):
     monkeypatch.setattr(audit, "find_wrong", lambda *a, **k: ([], 20))
     with pytest.raises(UserError, match="answers all 20 test problems right"):
         tracin.main([f"--out_dir={run}", "--audit=1"])
+
+
+def test_a_file_tracin_did_not_write_is_never_overwritten(run, tmp_path, monkeypatch, capsys):
+    """--figure, --html, --out_json naming a user's file, or a directory that takes no file (/proc): one-line
+    errors before any work, the file as it was, nothing new in the run directory."""
+    monkeypatch.setattr(tracin, "load_policy", lambda *a, **k: pytest.fail("work started"))
+    before = sorted(p.name for p in run.iterdir())
+    for key, name in (("figure", "mine.png"), ("html", "mine.html"), ("out_json", "mine.json")):
+        mine = tmp_path / name
+        mine.write_text('{"my": "notes"}')
+        with pytest.raises(SystemExit) as e:
+            cli_main(tracin.main, [f"--out_dir={run}", "--audit=2", f"--{key}={mine}"])
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and err.count("\n") == 1
+        assert err == f"error: {key} {mine} exists and was not written by tracin.py: it is never overwritten; " \
+                      "remove it, or give another path\n"
+        assert mine.read_text() == '{"my": "notes"}'
+    with pytest.raises(UserError, match="cannot write figure /proc/x.png: "):
+        tracin.main([f"--out_dir={run}", "--audit=2", "--figure=/proc/x.png"])
+    assert sorted(p.name for p in run.iterdir()) == before
+
+
+def test_what_tracin_wrote_is_replaced_and_said_so(run, tmp_path, capsys):
+    paths = [f"--figure={tmp_path}/f.png", f"--html={tmp_path}/r.html", f"--out_json={tmp_path}/a.json"]
+    if not plot.has_matplotlib():
+        paths[0] = "--figure="
+    for _ in range(2):
+        tracin.main([f"--out_dir={run}", "--audit=1", "--n_probe=4", *paths])
+    out = capsys.readouterr().out
+    assert f"wrote {tmp_path}/a.json (replacing it)" in out and f"{tmp_path}/r.html (replacing the earlier one)" in out
+    assert not plot.has_matplotlib() or f"{tmp_path}/f.png (replacing the earlier one)" in out
+
