@@ -178,6 +178,8 @@ def summary_lines(a):
     lines = [f"audit: {len(a['wrong'])} wrong answers among the first {a['n_answered']} test problems "
              f"({a['n_answered'] - len(a['wrong'])} right); {a['n_scored']} trained rollouts ranked "
              f"by summed influence (test loss {a['loss']!r})"]
+    if len(a["wrong"]) < a["audit"]:  # the whole test split was answered: there are no more wrong answers
+        lines.append(f"  note: --audit={a['audit']} asked for more wrong answers than the test split holds")
     for key, m in a["detection"].items():
         lines.append(f"  {key:>14}: AUC {m['auc']:.3f} (among A > 0: {m['auc_rewarded']:.3f}) | top 1 % "
                      f"{m['top_1pct']:.1%} | top 5 % {m['top_5pct']:.1%} | top 10 % {m['top_10pct']:.1%} "

@@ -244,3 +244,8 @@ def test_what_tracin_wrote_is_replaced_and_said_so(run, tmp_path, capsys):
     assert f"wrote {tmp_path}/a.json (replacing it)" in out and f"{tmp_path}/r.html (replacing the earlier one)" in out
     assert not plot.has_matplotlib() or f"{tmp_path}/f.png (replacing the earlier one)" in out
 
+
+def test_fewer_wrong_answers_than_asked_are_named():
+    a = {"wrong": [{}], "n_answered": 20, "n_scored": 4, "loss": "wrong", "detection": {}, "audit": 5}
+    assert audit.summary_lines(a)[1] == "  note: --audit=5 asked for more wrong answers than the test split holds"
+    assert len(audit.summary_lines({**a, "audit": 1})) == 1
