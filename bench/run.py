@@ -1,7 +1,7 @@
 """
 Speed and memory claims measured side by side in one process (same inputs, warm-up, median of repeats).
 
-    python -m bench                          # CPU, every row (or: python bench/run.py)
+    python -m bench                          # CPU, every row (from the project root; elsewhere: python PATH/bench/run.py)
     python -m bench --device=cuda            # GPU
     python -m bench --rows=step_cost,posthoc # some rows only (names as below, spaces as _)
     python -m bench --quick                  # tiny sizes (what the tests run)
@@ -37,8 +37,12 @@ Rows:
              vocabulary 50,304); loss and LoRA gradient of both on the same rollouts.
 Writes the markdown table to bench_<device>.md as well (every row, not with --quick).
 """
+import contextlib
+import importlib.util
+import io
 import os
 import sys
+import tempfile
 import time
 import warnings
 
@@ -52,12 +56,13 @@ from bench.half import bench_half
 from bench.memory import bench_memory, bench_throughput
 from bench.posthoc import bench_posthoc
 from bench.step import bench_model, bench_rewards, bench_step_cost, timed
-from configurator import check, cli_main, configure
+from configurator import UserError, check, cli_main, configure
 from ghost import compute_ghost_inner_product_matrix, install_ghost_hooks
 from grpo import completion_logprobs, grpo_loss, selective_log_softmax
 from lora import apply_lora
 from device import check_device
 from sample import generate
+from train_base import ensure_base
 
 defaults = dict(
     device="cpu",
@@ -103,6 +108,8 @@ defaults = dict(
     seed=0,               #   throughput, half); '' = every row
 )
 
+
+PROJECT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # --quick: smoke sizes for every row (what the tests run)
 QUICK = dict(n_seq=4, new_tokens=16, n_train=4, n_val=2, seq_lens=(8,), repeats=1, step_repeats=1,
@@ -255,9 +262,28 @@ def check_knobs(cfg):
     check(cfg, "posthoc_wide", cfg["posthoc_wide"] == () or (len(cfg["posthoc_wide"]) == 3 and all(
           isinstance(v, int) and v > 0 for v in cfg["posthoc_wide"]) and cfg["posthoc_wide"][2] % cfg["posthoc_wide"][1] == 0),
           "(layers, heads, width), positive, width a multiple of heads; or () for none")
-    unknown = [r for r in cfg["rows"].split(",") if r.strip() and r.strip() not in ROWS]
+    unknown = [r for r in chosen_rows(cfg) if r not in ROWS]  # '' between two commas too
     check(cfg, "rows", not unknown, f"unknown row {unknown[0]!r}: give some of {', '.join(ROWS)}, "
           "comma-separated, or '' for every row" if unknown else "")
+
+
+def chosen_rows(cfg):
+    """The row names --rows gives, in its order; [] for every row."""
+    return [r.strip() for r in cfg["rows"].split(",")] if cfg["rows"].strip() else []
+
+
+def check_base(cfg, chosen):
+    """The rows that load the trained tiny base (step cost, rewards, posthoc with captum) train it first where it
+    is missing (train_base.ensure_base), from config/tiny_base.py relative to the working directory: checked
+    before the first row, so that a wrong --base_ckpt or directory is an error before any work."""
+    needs = {"step_cost", "rewards"} | ({"posthoc"} if importlib.util.find_spec("captum") else set())
+    if cfg["quick"] or not needs & set(chosen) or os.path.exists(cfg["base_ckpt"]):
+        return
+    if not os.path.isfile(os.path.join("config", "tiny_base.py")):
+        raise UserError(f"base_ckpt {cfg['base_ckpt']} not found from {os.getcwd()}: the row(s) "
+                        f"{', '.join(r for r in ROWS if r in needs & set(chosen))} need it, and it is trained only "
+                        f"from the project root: cd {PROJECT} (or give --base_ckpt=PATH of a trained base, or --quick)")
+    ensure_base(cfg["base_ckpt"], "config/tiny_base.py", cfg["device"])
 
 
 def cpu_name():
@@ -272,12 +298,21 @@ def cpu_name():
 
 def main(argv):
     cfg = configure(defaults, argv)
+    if cfg["quick"]:  # the smoke sizes as defaults, under what argv gives: --quick --repeats=2 keeps 2
+        with contextlib.redirect_stdout(io.StringIO()):
+            cfg = configure({**defaults, **QUICK}, argv)
     check_knobs(cfg)
     check_device(cfg["device"])  # float32
-    if cfg["quick"]:
-        cfg.update(QUICK)
+    chosen = chosen_rows(cfg) or list(ROWS)
+    writes = not cfg["quick"] and len(set(chosen)) == len(ROWS)
+    try:  # the table is written after every row: a directory that takes no file is refused now
+        if writes:
+            tempfile.TemporaryFile(dir=".").close()
+    except OSError as e:
+        raise UserError(f"cannot write bench_{cfg['device'].split(':')[0]}.md in {os.getcwd()} ({e.strerror}): "
+                        "run from a writable directory") from None
+    check_base(cfg, chosen)
     torch.manual_seed(cfg["seed"])
-    chosen = [r.strip() for r in cfg["rows"].split(",") if r.strip()] or list(ROWS)
     rows, t0 = [], time.time()
     for name in ROWS:
         if name in chosen:
@@ -290,7 +325,7 @@ def main(argv):
     lines += [f"| {' | '.join(r)} |" for r in rows]
     text = "\n".join(lines)
     print(text)
-    if not cfg["quick"] and len(chosen) == len(ROWS):
+    if writes:
         with open(f"bench_{cfg['device'].split(':')[0]}.md", "w") as f:
             f.write(text + "\n")
     return rows

@@ -19,6 +19,7 @@ from bench import run as bench
 from bench import memory as bench_memory
 from bench import posthoc as bench_posthoc
 import rewards
+from configurator import UserError
 from grpo import completion_logprobs, grpo_loss
 from lora import disable_lora, lora_parameters
 from sample import generate
@@ -156,3 +157,43 @@ def test_step_cost_verdicts_only_on_an_informative_batch():
     assert bench_step.degenerate({"frac_reward_zero_std": 0.5}, 5) is None
     assert row("kept nothing") == "invalid: kept nothing"
     assert row(None) == "met" and row(None, same=False) == "MISSED"
+
+
+@pytest.fixture
+def no_rows(monkeypatch):
+    """Every row replaced by a spy: the configs the rows were called with (no row does any work)."""
+    calls = []
+    for name in bench.ROWS:
+        monkeypatch.setitem(bench.ROWS, name, lambda cfg, name=name: calls.append((name, cfg)) or [])
+    return calls
+
+
+@pytest.mark.parametrize("rows", ["sampling,,influence", ",", "sampling,nope"])
+def test_rows_with_an_empty_or_unknown_name_are_refused(no_rows, rows):
+    with pytest.raises(UserError, match=r"config key 'rows' = .* unknown row '(nope)?'"):
+        bench.main(["--quick", f"--rows={rows}"])
+    assert no_rows == []
+
+
+def test_quick_keeps_the_knobs_given(no_rows):
+    """--quick sets the smoke sizes, except where a knob is given: --quick --n_seq=3 samples 3 sequences."""
+    bench.main(["--quick", "--rows=sampling", "--n_seq=3", "--posthoc_wide=(2,2,64)"])
+    ((name, cfg),) = no_rows
+    assert (name, cfg["n_seq"], cfg["posthoc_wide"], cfg["new_tokens"]) == ("sampling", 3, (2, 2, 64), 16)
+
+
+def test_a_missing_base_outside_the_project_root_is_refused_before_any_row(no_rows, monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(bench, "ensure_base", lambda *a: pytest.fail("a base trained outside the project"))
+    with pytest.raises(UserError, match=f"base_ckpt out/base/ckpt.pt not found from {tmp_path}: the row\\(s\\) "
+                                              "step_cost need it, and it is trained only from the project root"):
+        bench.main(["--rows=sampling,step_cost", "--n_seq=1"])
+    assert no_rows == [] and list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs /proc, a directory that takes no file")
+def test_a_full_run_in_a_directory_that_takes_no_file_is_refused_before_any_row(no_rows, monkeypatch):
+    monkeypatch.chdir("/proc")
+    with pytest.raises(UserError, match="cannot write bench_cpu.md in /proc"):
+        bench.main([])
+    assert no_rows == []
