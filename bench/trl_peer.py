@@ -13,7 +13,8 @@ one micro-batch of 64, clip 1.0, AdamW at lr 1e-5. Rewards are replaced by rando
 (bench.memory.project_grpo_step). TRL's side: TRL's GRPOTrainer on a random GPT-2 of the same shape
 (docs/performance.md has the command); TRL is not a project requirement: install it in its own venv.
 """
-import argparse
+import contextlib
+import io
 import json
 import os
 import statistics
@@ -21,43 +22,56 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the project root
+from configurator import check, check_choice, cli_main, configure  # noqa: E402
 import torch  # noqa: E402
 
 from bench.memory import project_grpo_step, step_inputs  # noqa: E402
+from device import check_device  # noqa: E402
 from lora import apply_lora, lora_parameters  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 
-ap = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
-ap.add_argument("--warmup", type=int, default=1)
-ap.add_argument("--timed", type=int, default=3)
-ap.add_argument("--device", default="cpu")
-ap.add_argument("--dtype", choices=("float32", "autocast", "bfloat16"), default="float32")
-a = ap.parse_args()
-if a.warmup < 0 or a.timed < 1:
-    sys.exit("error: --warmup must be >= 0 and --timed >= 1")
+defaults = dict(warmup=1, timed=3, device="cpu", dtype="float32")  # dtype: 'float32', 'autocast', 'bfloat16'
 
-torch.manual_seed(0)
-model = GPT(GPTConfig(block_size=12 + 64, vocab_size=99, n_layer=6, n_head=6, n_embd=384))
-apply_lora(model, 8, 16, 0.0, ("c_attn", "c_proj"))
-if a.dtype == "bfloat16":  # the frozen base in bf16, LoRA float32: what train_grpo.py does with dtype='bfloat16'
-    for n, p in model.named_parameters():
-        if ".lora_" not in n:
-            p.data = p.data.to(torch.bfloat16)
-model.to(a.device)
-opt = torch.optim.AdamW(lora_parameters(model), lr=1e-5)
-prompts, adv = step_inputs(8, 8, 12, 99, 0)
-amp = torch.autocast(torch.device(a.device).type, dtype=torch.bfloat16, enabled=a.dtype != "float32")
-sync = torch.cuda.synchronize if "cuda" in a.device else (lambda: None)
-steps = []
-for r in range(a.warmup + a.timed):
-    sync(); t0 = time.perf_counter()
-    _, idx, mask, times = project_grpo_step(model, opt, prompts, 8, 64, adv.to(a.device), amp, r, beta=0.04,
-                                            micro_batch_size=64)
-    sync(); times["step"] = time.perf_counter() - t0
-    assert mask.size(1) == 64 and bool(mask.all())  # every completion ran to 64 tokens, as TRL's
-    if r >= a.warmup:
-        steps.append(times)
-med = {k: round(statistics.median(s[k] for s in steps), 4) for k in steps[0]}
-print(json.dumps({"impl": "project", "dtype": a.dtype, "torch": torch.__version__, "threads": torch.get_num_threads(),
-                  "lora_params": sum(p.numel() for p in lora_parameters(model)),
-                  "step_s": [round(s["step"], 4) for s in steps], "median": med}))
+
+def main(argv):
+    with contextlib.redirect_stdout(io.StringIO()):  # stdout is the one JSON line; errors are one line
+        cfg = configure(defaults, argv)
+    check(cfg, "warmup", cfg["warmup"] >= 0, "must be >= 0 (steps run before the timed ones)")
+    check(cfg, "timed", cfg["timed"] >= 1, "must be >= 1 (steps whose median is reported)")
+    check_choice(cfg, "dtype", ("float32", "autocast", "bfloat16"))
+    check_device(cfg["device"])
+    run(cfg)
+
+
+def run(a):
+    """One standard GRPO step at the peer benchmark's size, a["warmup"] + a["timed"] times; the JSON line."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(block_size=12 + 64, vocab_size=99, n_layer=6, n_head=6, n_embd=384))
+    apply_lora(model, 8, 16, 0.0, ("c_attn", "c_proj"))
+    if a["dtype"] == "bfloat16":  # the frozen base in bf16, LoRA float32: what train_grpo.py does with dtype='bfloat16'
+        for n, p in model.named_parameters():
+            if ".lora_" not in n:
+                p.data = p.data.to(torch.bfloat16)
+    model.to(a["device"])
+    opt = torch.optim.AdamW(lora_parameters(model), lr=1e-5)
+    prompts, adv = step_inputs(8, 8, 12, 99, 0)
+    amp = torch.autocast(torch.device(a["device"]).type, dtype=torch.bfloat16, enabled=a["dtype"] != "float32")
+    sync = torch.cuda.synchronize if "cuda" in a["device"] else (lambda: None)
+    steps = []
+    for r in range(a["warmup"] + a["timed"]):
+        sync(); t0 = time.perf_counter()
+        _, idx, mask, times = project_grpo_step(model, opt, prompts, 8, 64, adv.to(a["device"]), amp, r, beta=0.04,
+                                                micro_batch_size=64)
+        sync(); times["step"] = time.perf_counter() - t0
+        assert mask.size(1) == 64 and bool(mask.all())  # every completion ran to 64 tokens, as TRL's
+        if r >= a["warmup"]:
+            steps.append(times)
+    med = {k: round(statistics.median(s[k] for s in steps), 4) for k in steps[0]}
+    print(json.dumps({"impl": "project", "dtype": a["dtype"], "torch": torch.__version__,
+                      "threads": torch.get_num_threads(),
+                      "lora_params": sum(p.numel() for p in lora_parameters(model)),
+                      "step_s": [round(s["step"], 4) for s in steps], "median": med}))
+
+
+if __name__ == "__main__":
+    cli_main(main)

@@ -197,3 +197,26 @@ def test_a_full_run_in_a_directory_that_takes_no_file_is_refused_before_any_row(
     with pytest.raises(UserError, match="cannot write bench_cpu.md in /proc"):
         bench.main([])
     assert no_rows == []
+
+
+@pytest.mark.parametrize("arg,message", [
+    ("--timed=0", "config key 'timed' = 0 is not allowed: must be >= 1"),
+    ("--warmup=-1", "config key 'warmup' = -1 is not allowed: must be >= 0"),
+    ("--dtype=fp16", "config key 'dtype' = 'fp16' is not allowed: must be one of 'float32', 'autocast', 'bfloat16'"),
+    ("--device=tpu", "unknown device 'tpu'"), ("--timed", "overrides are written --key=value")])
+def test_trl_peer_bad_arguments_are_one_line_before_any_work(monkeypatch, capsys, arg, message):
+    from bench import trl_peer
+    from configurator import cli_main
+    monkeypatch.setattr(trl_peer, "run", lambda cfg: pytest.fail("work started"))
+    with pytest.raises(SystemExit) as e:
+        cli_main(trl_peer.main, [arg])
+    out, err = capsys.readouterr()
+    assert e.value.code == 2 and out == "" and err.startswith("error: ") and message in err and err.count("\n") == 1
+
+
+def test_trl_peer_without_cuda_says_so(monkeypatch):
+    from bench import trl_peer
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(trl_peer, "run", lambda cfg: pytest.fail("work started"))
+    with pytest.raises(UserError, match="device='cuda' but torch.cuda.is_available"):
+        trl_peer.main(["--device=cuda"])
