@@ -249,3 +249,14 @@ def test_fewer_wrong_answers_than_asked_are_named():
     a = {"wrong": [{}], "n_answered": 20, "n_scored": 4, "loss": "wrong", "detection": {}, "audit": 5}
     assert audit.summary_lines(a)[1] == "  note: --audit=5 asked for more wrong answers than the test split holds"
     assert len(audit.summary_lines({**a, "audit": 1})) == 1
+
+
+def test_undefined_metrics_are_json_null(tmp_path, capsys):
+    """An AUC with no target is NaN in memory; the JSON holds null there (bare NaN is not JSON), finite
+    values unchanged, nested in dicts and lists."""
+    assert np.isnan(audit.auc([0.3, 0.1], [False, False]))
+    path = tmp_path / "a.json"
+    tracin.write_json(str(path), {"m": {"auc": float("nan"), "top": [0.25, float("inf")]}, "n": 3}, "x")
+    text = path.read_text()
+    assert "NaN" not in text and "Infinity" not in text
+    assert json.loads(text) == {"m": {"auc": None, "top": [0.25, None]}, "n": 3}
