@@ -177,3 +177,21 @@ def truncate_jsonl(path, max_iter):
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
+
+
+def finite_or_none(obj):
+    """obj with every NaN / inf float as None (JSON null): an AUC without a target is undefined, and bare
+    NaN is not JSON that every reader accepts."""
+    if isinstance(obj, float):
+        return obj if obj == obj and abs(obj) != float("inf") else None
+    if isinstance(obj, dict):
+        return {k: finite_or_none(v) for k, v in obj.items()}
+    return [finite_or_none(v) for v in obj] if isinstance(obj, (list, tuple)) else obj
+
+
+def write_json(path, obj, replacing_note):
+    """obj as indented JSON at path (undefined metrics as null); says so, and what it replaced."""
+    again = os.path.exists(path)
+    with open(path, "w") as f:
+        json.dump(finite_or_none(obj), f, indent=1, allow_nan=False)
+    print(f"wrote {path}" + (f" (replacing {replacing_note})" if again else ""))

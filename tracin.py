@@ -40,7 +40,7 @@ from device import check_device
 from model import load_checkpoint
 from plot import has_matplotlib, plot_influence
 from report import write_report
-from rundir import read_jsonl, run_files, run_lock, unused_out_dir
+from rundir import read_jsonl, run_files, run_lock, unused_out_dir, write_json
 from sample import generate, load_policy, stop_tokens
 from tasks import load_task_split
 
@@ -320,23 +320,6 @@ def output_paths(cfg, run):
         fig_path = ""
     return os.path.join(run, "tracin_audit.json") if cfg["audit"] and not cfg["out_json"] else cfg["out_json"], \
         html_path, fig_path
-
-
-def finite_or_none(obj):
-    """obj with every NaN / inf float as None (JSON null): an AUC without a target is undefined, and bare
-    NaN is not JSON that every reader accepts."""
-    if isinstance(obj, float):
-        return obj if obj == obj and abs(obj) != float("inf") else None
-    if isinstance(obj, dict):
-        return {k: finite_or_none(v) for k, v in obj.items()}
-    return [finite_or_none(v) for v in obj] if isinstance(obj, (list, tuple)) else obj
-
-
-def write_json(path, obj, replacing_note):
-    again = os.path.exists(path)
-    with open(path, "w") as f:
-        json.dump(finite_or_none(obj), f, indent=1, allow_nan=False)
-    print(f"wrote {path}" + (f" (replacing {replacing_note})" if again else ""))
 
 
 def print_top(res, score="TracIn score; positive = lowered this answer's loss"):

@@ -16,6 +16,7 @@ import pytest
 import attribution
 import audit
 import plot
+import rundir
 import tracin
 from configurator import UserError, cli_main
 from model import load_checkpoint
@@ -256,7 +257,7 @@ def test_undefined_metrics_are_json_null(tmp_path, capsys):
     values unchanged, nested in dicts and lists."""
     assert np.isnan(audit.auc([0.3, 0.1], [False, False]))
     path = tmp_path / "a.json"
-    tracin.write_json(str(path), {"m": {"auc": float("nan"), "top": [0.25, float("inf")]}, "n": 3}, "x")
+    rundir.write_json(str(path), {"m": {"auc": float("nan"), "top": [0.25, float("inf")]}, "n": 3}, "x")
     text = path.read_text()
     assert "NaN" not in text and "Infinity" not in text
     assert json.loads(text) == {"m": {"auc": None, "top": [0.25, None]}, "n": 3}
