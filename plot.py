@@ -3,6 +3,7 @@ Plot train_grpo.py runs from their log.jsonl: reward, test accuracy, TracIn sele
 seconds per step, each against steps (left) and against wall time (right), all runs on the same axes.
 
     python plot.py out/cmpB/grpo_s1 out/cmpB/tracin_s1 [--out=plot.png] [--labels=grpo,tracin]
+    python plot.py out/tracin/tracin_<hash>.json [more of the same run] --out=influence.png
 
 Standard GRPO runs are solid blue lines, TracIn runs (those that log a selection_rate) dashed
 orange-red ones, curriculum runs (those that log curriculum/level) dash-dotted green ones, whose
@@ -10,7 +11,8 @@ third row is the curriculum level instead of the selection rate; several seeds o
 several shades. Labels default to the directory names.
 Also the slide figure of a post-hoc attribution (influence_figure): every scored rollout's TracIn score
 against its iteration, planted-defect rollouts marked, the top helpful and harmful labelled; tracin.py
-writes it (--figure).
+writes it (--figure); from the JSON files tracin.py wrote (an attribution or an audit), plot.py draws it
+again, their scores summed.
 Needs matplotlib, which requirements.txt leaves optional: pip install matplotlib.
 """
 import json
@@ -209,12 +211,35 @@ def main(argv):
             run_dirs.append(arg)
     if not run_dirs:
         raise UserError("no run directory given; usage: python plot.py RUN_DIR [RUN_DIR ...] "
-                        "[--out=plot.png] [--labels=a,b]")
+                        "[--out=plot.png] [--labels=a,b], or python plot.py TRACIN.json [...] --out=influence.png")
     out_parent = os.path.dirname(os.path.abspath(opts["out"]))
     if os.path.isdir(opts["out"]) or not os.path.isdir(out_parent):
         raise UserError(f"--out={opts['out']}: give an image path (e.g. plot.png) in an existing directory")
+    jsons = [a for a in run_dirs if a.endswith(".json")]
+    if jsons:
+        if len(jsons) < len(run_dirs) or opts["labels"]:
+            raise UserError("give either run directories or tracin.py's JSON files (no --labels), not both")
+        results = [load_attribution(f) for f in jsons]
+        title = results[0][1] if len(results) == 1 else f"TracIn scores summed over {len(results)} attributions"
+        print(f"wrote {plot_influence([r for r, _ in results], opts['out'], title)}")
+        return
     labels = opts["labels"].split(",") if opts["labels"] else None
     print(f"wrote {plot_runs(run_dirs, opts['out'], labels)}")
+
+
+def load_attribution(path):
+    """(find_critical_samples' result, a title) from a JSON file tracin.py wrote: an attribution of one
+    answer (the result itself, with the question) or an audit (the result under 'result')."""
+    try:
+        with open(path) as f:
+            obj = json.load(f)
+    except (OSError, ValueError) as e:
+        raise UserError(f"{path}: not a readable JSON file ({e}); give a tracin_*.json that tracin.py wrote") from None
+    res = obj.get("result", obj) if isinstance(obj, dict) else None
+    if not isinstance(res, dict) or not isinstance(res.get("scores"), list) or not res["scores"]:
+        raise UserError(f"{path} holds no TracIn scores: give a tracin_*.json or tracin_audit.json that tracin.py wrote")
+    title = obj.get("question") or f"audit of {len(obj.get('wrong', []))} wrong answers"
+    return res, title
 
 
 if __name__ == "__main__":

@@ -184,3 +184,41 @@ def test_curriculum_runs_show_their_level(tmp_path):
     assert c.get_linestyle() == "-." and g > r and g > b
     assert [t.get_text() for t in fig.legends[0].get_texts()] == ["std (standard)", "cur (curriculum)"]
     assert "curriculum (dash-dotted)" in fig._suptitle.get_text()
+
+
+def attribution_json(path, scores, audit=False):
+    entries = [{"index": i, "iter": i, "tracin_score": s, "advantage": 1.0, "defective": i == 0, "completion": f"c{i}"}
+               for i, s in enumerate(scores)]
+    obj = {"wrong": [1, 2], "result": {"scores": entries}} if audit else {"scores": entries, "question": "Q?"}
+    path.write_text(json.dumps(obj))
+    return str(path)
+
+
+def test_influence_figure_from_tracin_json(tmp_path, monkeypatch, capsys):
+    """plot.py draws the slide figure again from tracin.py's JSON files (an attribution, an audit): the
+    points are the scores summed per rollout over the files, the title the question."""
+    pytest.importorskip("matplotlib")
+    one = attribution_json(tmp_path / "a.json", [1.0, -2.0, 0.5])
+    two = attribution_json(tmp_path / "b.json", [0.25, 3.0, -1.0], audit=True)
+    plot.main([one, f"--out={tmp_path / 'one.png'}"])
+    assert (tmp_path / "one.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    seen = {}
+    real = plot.influence_figure
+    monkeypatch.setattr(plot, "influence_figure", lambda e, t, k=3: seen.update(e=e, t=t) or real(e, t, k))
+    plot.main([one, two, f"--out={tmp_path / 'two.png'}"])
+    assert {e["index"]: e["tracin_score"] for e in seen["e"]} == {0: 1.25, 1: 1.0, 2: -0.5}
+    assert "2 attributions" in seen["t"] and "two.png" in capsys.readouterr().out
+    plot.main([one, f"--out={tmp_path / 'three.png'}"])
+    assert seen["t"] == "Q?"
+
+
+@pytest.mark.parametrize("content, message", [("[1]", "holds no TracIn scores"), ("{", "not a readable JSON file"),
+                                              ('{"scores": []}', "holds no TracIn scores")])
+def test_bad_tracin_json_is_one_line(tmp_path, content, message):
+    bad = tmp_path / "bad.json"
+    bad.write_text(content)
+    with pytest.raises(UserError, match=message):
+        plot.main([str(bad), f"--out={tmp_path / 'x.png'}"])
+    with pytest.raises(UserError, match="either run directories or tracin.py's JSON files"):
+        plot.main([str(bad), str(tmp_path), f"--out={tmp_path / 'x.png'}"])
+    assert not (tmp_path / "x.png").exists()
