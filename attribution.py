@@ -65,7 +65,6 @@ def hook_products(model, train_batch, test_batch, temperature, layer_filter, mic
     order = (idx.size(1) - mask.size(1) - pad_left + mask.sum(1)).argsort()  # by length: chunks pad little
     with install_ghost_hooks(model) as hooks:
         for c in chunks(train_batch, micro_batch, order):  # chunk by chunk: buffers stay small
-            hooks.clear("train")
             sample_losses(model, *c, temperature).backward()
             train_grads = per_sample_grads(hooks.collect("train"), G.keys())  # the layers of G (layer_filter)
             hooks.clear("train")  # the buffers: the per-sample gradients hold what is needed

@@ -43,7 +43,7 @@ class GhostHooks:
     While a split captures, the LoRA weights do not require grad: the backward then computes only what
     the hooks keep (gA, gB) and the gradients flowing through them, not the batch's summed weight
     gradient dL/dA = sum gA x^T, dL/dB = sum gB h^T (two matmuls per layer), which nobody reads (the
-    update is summed from the buffers, subset_gradients). Where x needs no grad (the first block), h is
+    update is summed from the per-sample gradients, subset_gradients). Where x needs no grad (the first block), h is
     made a leaf that does, so that gA and everything above it still flow; nothing upstream needed one."""
 
     def __init__(self, model):

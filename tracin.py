@@ -88,8 +88,7 @@ def tracin_backward(model, optimizer, rollouts, val_batch, cfg, amp, times):
     with install_ghost_hooks(model) as hooks, ghost_mode(optimizer):  # no weight can change in here
         t0 = time.time()
         stats = policy_backward(model, rank_share(rollouts, mb), cfg, amp, times, cfg["beta"])  # per-sample grads
-        times["grad_capture_train"], t0 = time.time() - t0, time.time()
-        optimizer.zero_grad(set_to_none=True)  # the train batch's summed gradient: the hooks hold it per sample
+        times["grad_capture_train"], t0 = time.time() - t0, time.time()  # (no .grad formed: see GhostHooks)
         hooks.split = "val" if matrix else None  # 'summed': the hooks keep nothing, G adds up in .grad
         policy_backward(model, val_batch if matrix else informative_rows(rank_share(val_batch, mb), cfg),
                         cfg, amp, times, beta=0.0)
@@ -99,10 +98,9 @@ def tracin_backward(model, optimizer, rollouts, val_batch, cfg, amp, times):
     t0 = time.time()
     if matrix:  # row sums of the [N, N_val] matrix: validation GRADIENTS are summed, not activations
         influence = compute_ghost_inner_product_matrix(train_grads, val_grads).sum(1)
-    else:
-        distributed.all_reduce_sum([g for pair in val_grads.values() for g in pair])  # the whole batch's G
     train_grads = per_sample_grads(train_grads)  # each rollout's (r, d) per factor; the buffers are freed
     if not matrix:
+        distributed.all_reduce_sum([g for pair in val_grads.values() for g in pair])  # the whole batch's G
         influence = summed_inner_products(train_grads, val_grads)  # <g_i, G>: (N,), O(T d r) per rollout
     influence = distributed.all_gather_cat(influence)  # every rollout's, in global order
     keep = select_rollouts(influence, cfg["tracin_selection"], cfg["tracin_topk_frac"])

@@ -25,6 +25,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 from configurator import check, check_choice, cli_main, configure  # noqa: E402
 import torch  # noqa: E402
 
+from bench.half import halved  # noqa: E402
 from bench.memory import project_grpo_step, step_inputs  # noqa: E402
 from device import check_device  # noqa: E402
 from lora import apply_lora, lora_parameters  # noqa: E402
@@ -49,9 +50,7 @@ def run(a):
     model = GPT(GPTConfig(block_size=12 + 64, vocab_size=99, n_layer=6, n_head=6, n_embd=384))
     apply_lora(model, 8, 16, 0.0, ("c_attn", "c_proj"))
     if a["dtype"] == "bfloat16":  # the frozen base in bf16, LoRA float32: what train_grpo.py does with dtype='bfloat16'
-        for n, p in model.named_parameters():
-            if ".lora_" not in n:
-                p.data = p.data.to(torch.bfloat16)
+        model = halved(model)
     model.to(a["device"])
     opt = torch.optim.AdamW(lora_parameters(model), lr=1e-5)
     prompts, adv = step_inputs(8, 8, 12, 99, 0)
