@@ -188,9 +188,9 @@ def cli_main(main, argv=None):
 
 
 def _distributed():
-    """distributed.py if this process loaded it (configurator itself must not import torch: it is
+    """scale/distributed.py if this process loaded it (configurator itself must not import torch: it is
     imported first so that a Ctrl-C during the slow imports is one line)."""
-    return sys.modules.get("distributed")
+    return sys.modules.get("scale.distributed")
 
 
 def _rank_prefix():

@@ -15,14 +15,14 @@ from contextlib import nullcontext
 import torch
 from torch.autograd.function import once_differentiable
 
-import distributed
+from scale import distributed
 from configurator import UserError
 from data.gsm_synth.prepare import encode_prompt
 from lora import disable_lora, lora_parameters
-from device import sync
+from scale.device import sync
 from rewards import compute_rewards
 from sample import decode_completions, generate, pad_prompts, stop_tokens
-from tasks import task_rewards
+from data.tasks import task_rewards
 
 
 def compute_group_advantages(rewards, group_size, scale_rewards="group", epsilon=0.0):

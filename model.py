@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint as activation_checkpoint
 
 from configurator import UserError
-from hf import hf_config_args, hf_tensors, read_hf_config, read_hf_weights
+from pretrained.hf import hf_config_args, hf_tensors, read_hf_config, read_hf_weights
 
 
 @dataclass

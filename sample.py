@@ -21,10 +21,10 @@ import torch
 
 from data.gsm_synth.prepare import encode_prompt, load_split, load_tokenizer
 from lora import apply_lora, load_lora_state_dict, merge_lora
-from device import check_device
+from scale.device import check_device
 from model import GPT, base_fingerprint, check_same_base, load_checkpoint, model_from_checkpoint
-from tasks import resolve_data_dir, set_instruction, task_data
-from tokenizer import load_hf_tokenizer
+from data.tasks import resolve_data_dir, set_instruction, task_data
+from pretrained.tokenizer import load_hf_tokenizer
 
 
 class NonFiniteLogits(FloatingPointError):
@@ -151,7 +151,7 @@ def generate(model, prompts, max_new_tokens, eot_id, num_samples=1, temperature=
 
 def stop_tokens(enc):
     """The ids that end a completion: a Hugging Face tokenizer's end-of-sequence ids (maybe none, see
-    tokenizer.py), else end-of-text."""
+    pretrained/tokenizer.py), else end-of-text."""
     return tuple(getattr(enc, "stop_tokens", (enc.eot_token,)))
 
 

@@ -1,48 +1,28 @@
 """
-TracIn (Pruthi et al. 2020) on the LoRA parameters, from the per-sample gradients of ghost.py.
+TracIn (Pruthi et al. 2020) on the LoRA parameters, from the per-sample gradients of ghost.py: online,
+inside a GRPO step, and post-hoc, over a finished run's checkpoints.
 
-    python tracin.py --out_dir=out/tracin --question="Mia has 3 apples. ..."   # post-hoc attribution
-    python tracin.py --out_dir=out/tracin --questions_file=qs.txt   # one per line; HTML: --html=PATH
-    python tracin.py --out_dir=out/tracin --audit=16   # which rollouts taught the first 16 wrong test answers
+Online (train_grpo.py with tracin=True; tracin_backward replaces grpo.policy_backward): the influence of
+rollout i on a validation batch is <g_i, sum_j g_val_j>, a first-order estimate of how much one step on i
+lowers the validation loss; only rollouts with positive influence (or the top fraction) are trained on,
+and their update is summed from the same per-sample gradients (no extra forward or backward).
 
-Online, inside a GRPO step (train_grpo.py with tracin=True): the influence of rollout i on a
-validation batch is <g_i, sum_j g_val_j>, a first-order estimate of how much one step on i lowers
-the validation loss; only rollouts with positive influence (or the top fraction) are trained on,
-and their update is summed from the hooks' buffers (no extra forward or backward).
-
-Post-hoc, over a finished run's checkpoints: attribution.find_critical_samples scores every recorded
-rollout by its influence on a test answer, summed over the checkpoints (TracInCP); its command line
-is this file's main. --audit (audit.py) ranks the rollouts by their influence summed over the final model's
-wrong test answers and, in a run with a planted defect, says how well that ranking finds it. A figure of
-every score against its iteration (plot.influence_figure) and an HTML page (report.py) come with each call.
+Post-hoc (find_critical_samples; its command line: python -m analysis.attribute, or python tracin.py):
+every recorded rollout scored by its influence on a test answer, summed over the checkpoints (TracInCP).
 """
 # configurator first: a Ctrl-C during the slow imports below (torch) is one line, not a traceback
-from configurator import UserError, check, check_choice, cli_main, configure
-import glob
-import hashlib
-import json
-import os
-import re
-import shlex
-import tempfile
+from configurator import UserError, cli_main
 import time
 
 import torch
 
-import distributed
-from attribution import find_critical_samples, trapezoid_steps
-from audit import LOSSES, audit, summary_lines
-from data.gsm_synth.prepare import encode_prompt, encode_text
 from ghost import (compute_ghost_inner_product_matrix, ghost_mode, install_ghost_hooks, per_sample_grads,
                    subset_gradients, summed_gradient, summed_inner_products)
-from grpo import batch_counts, policy_backward, rank_share, rollout_batch, sum_over_ranks
-from device import check_device
+from data.gsm_synth.prepare import encode_text
+from grpo import batch_counts, completion_logprobs, grpo_loss, policy_backward, rank_share, rollout_batch, sum_over_ranks
+from lora import LoRALinear, load_lora_state_dict, lora_state_dict
 from model import load_checkpoint
-from plot import has_matplotlib, plot_influence
-from report import write_report
-from rundir import read_jsonl, run_files, run_lock, unused_out_dir, write_json
-from sample import generate, load_policy, stop_tokens
-from tasks import load_task_split
+from scale import distributed
 
 
 def select_rollouts(influence, rule="positive", topk_frac=0.5):
@@ -129,274 +109,216 @@ def informative_rows(batch, cfg):
 
 
 # ---------------------------------------------------------------------------------------------
-# CLI: which training rollouts of a finished run helped or hurt the model's answer to a question?
-defaults = dict(
-    out_dir="out/tracin",      # a train_grpo.py run directory (ckpt_*.pt and rollouts.jsonl)
-    question="",               # the test question
-    questions_file="",         # or: a text file, one question per line (blank lines skipped); one report section each
-    completion="",             # the answer text to attribute; empty: the final model's greedy answer
-    mode="memory_efficient",   # 'simple' / 'full' / 'memory_efficient'
-    audit=0,                   # N > 0: audit the first N test problems the final model answers wrongly (audit.py)
-    audit_loss="wrong",        # the audit's test loss: 'wrong' (NLL of each wrong answer) or 'contrast' (minus
-                               # the NLL of the reference solution: likelier wrong RELATIVE to right)
-    n_probe=None,              # score n_probe rollouts with nonzero advantage, spread over the run (0: all);
-                               # default: 512, or all when --audit is given
-    top_k=5,
-    layer_filter="",           # only LoRA layers whose name contains this ('' = all)
-    normalize=True,            # also report cosine-normalised scores (rankings not dominated by gradient norm)
-    self_influence=False,
-    device="cpu",
-    out_json="",               # default: <out_dir>/tracin_<sha256(question + completion)[:12]>.json, one per answer
-    html=None,                 # the HTML report; default (unset): <out_dir>/tracin_report.html; --html= : none
-    figure=None,               # the slide figure (PNG, needs matplotlib); default: <out_dir>/tracin_influence.png
-                               # when matplotlib is installed; --figure= : none
-)
+# post-hoc attribution over a finished run's checkpoints (TracInCP, Pruthi et al. 2020)
+#
+#   TracIn(z_test, z_train) = sum_s eta_s < grad L(z_test, theta_s), grad L(z_train, theta_s) >
+#
+# The sum runs over training steps s; the saved checkpoints t stand in for them (see
+# find_critical_samples' checkpoint_steps for how each is weighted).
+# Sign convention: positive = a gradient step on z_train lowers the test loss (it helps).
+# Train loss of a rollout: its GRPO policy-gradient loss, -A_i * mean_t log pi(y_t) (ratio 1, no KL).
+# Test loss: the negative log-likelihood of the test completion, -mean_t log pi(y_t).
+# log pi uses logits / temperature, the run's sampling temperature (0 = greedy: plain log-probs).
+
+def sample_losses(model, idx, pad_left, mask, advantages, temperature=1.0):
+    """Sum over samples of each sample's own loss (per-sample mean over its completion tokens,
+    times -A); backward of this sum gives every sample its own gradient in the hooks."""
+    logp, _ = completion_logprobs(model, idx, pad_left, mask.size(1), temperature)
+    loss, _ = grpo_loss(logp, logp.detach(), None, advantages, mask, beta=0.0, num_seqs=1)
+    return loss
 
 
-def load_rollouts(path, enc):
-    """Every recorded rollout with nonzero advantage (zero advantage = zero gradient = zero influence).
-    A malformed line (e.g. cut off by a crash) is skipped with a warning naming it."""
-    if not os.path.exists(path):
-        raise UserError(f"no recorded rollouts at {path}: was this run made by train_grpo.py?")
-    samples, stops = [], stop_tokens(enc)
-    keys = ("iter", "prompts", "answers", "completion_tokens", "completion_mask", "rewards", "advantages")
-    for n, r in enumerate(read_jsonl(path), 1):
-        if any(k not in r for k in keys) or not r["prompts"]:
-            print(f"warning: {path}: record {n} lacks {[k for k in keys if k not in r] or 'prompts'}; skipped")
-            continue
-        G = len(r["rewards"]) // len(r["prompts"])
-        for j, (toks, m) in enumerate(zip(r["completion_tokens"], r["completion_mask"])):
-            if r["advantages"][j] == 0:
-                continue
-            n = sum(m)
-            samples.append({"iter": r["iter"], "prompt": r["prompts"][j // G], "answer": r["answers"][j // G],
-                            "completion": enc.decode([t for t in toks[:n] if t not in stops]),
-                            "reward": r["rewards"][j], "advantage": r["advantages"][j],
-                            "completion_tokens": toks[:n], "completion_mask": m[:n],
-                            **({"defective": r["defective"][j // G]} if "defective" in r else {}),  # planted
-                            **({"selected": r["selected"][j]} if "selected" in r else {})})  # TracIn run: trained on
-    if not samples:
-        raise UserError(f"{path} holds no rollout with a nonzero advantage: nothing to attribute")
-    return samples
+def chunks(batch, size, order=None):
+    """The batch's rows (in `order`) in chunks of `size`, each without the columns that all its rows pad:
+    the left padding they share and the completion columns after the longest completion. Positions count
+    from each row's first real token and attention is causal, so every row's loss and gradient are as in
+    the full batch; only less padding is computed."""
+    idx, pad_left, mask, adv = batch
+    order = torch.arange(idx.size(0), device=idx.device) if order is None else order
+    P = idx.size(1) - mask.size(1)
+    for s in range(0, idx.size(0), size):
+        rows = order[s:s + size]
+        m, left = mask[rows], int(pad_left[rows].min())
+        T = int(m.any(0).nonzero().max()) + 1 if m.any() else 1
+        yield idx[rows, left:P + T], pad_left[rows] - left, m[:, :T], adv[rows]
 
 
-def not_a_run(run):
-    """Why a directory without ckpt_NNNNNN.pt cannot be attributed, and the command that makes one that can."""
-    grpo = shlex.quote(unused_out_dir(os.path.join(os.path.dirname(os.path.normpath(run)), "grpo")))
-    ckpt = os.path.join(run, "ckpt.pt")
-    saved = load_checkpoint(ckpt) if os.path.isfile(ckpt) else {}
-    if "model" in saved and "lora" not in saved:  # train_base.py's checkpoint
-        return (f"{run} holds a base model (train_base.py), not a GRPO run: train a GRPO run on it with: python "
-                f"train_grpo.py --base_ckpt={shlex.quote(ckpt)} --out_dir={grpo}, then attribute with --out_dir={grpo}")
-    if "lora" in saved:
-        return (f"{run} holds a GRPO run's ckpt.pt but no ckpt_NNNNNN.pt, the checkpoint history TracIn sums over "
-                f"(deleted?): attribute a run that has it, or train a new one: python train_grpo.py --out_dir={grpo}")
-    target = run if not run_files(run) else grpo  # a directory holding another run's files is refused
-    return (f"no checkpoints ckpt_NNNNNN.pt in {run}: it is not a train_grpo.py run; make one with: python "
-            f"train_grpo.py --out_dir={shlex.quote(target)}, then attribute with --out_dir={shlex.quote(target)}")
+def sq_norms(grads):
+    """||grad L(z_i)||^2 per sample, from per-sample LoRA gradients (ghost.per_sample_grads)."""
+    return sum(dA.pow(2).sum((1, 2)) + dBt.pow(2).sum((1, 2)) for dA, dBt in grads.values())
 
 
-def read_questions(cfg):
-    """The questions to attribute: --question, or --questions_file's non-blank lines, or none (--audit alone:
-    it picks its own); --audit may come with either."""
-    if (cfg["question"] and cfg["questions_file"]) or not (cfg["question"] or cfg["questions_file"] or cfg["audit"]):
-        raise UserError('give --question="Mia has 3 apples. ..." or --questions_file=PATH (one question per line), '
-                        'or --audit=N (the first N wrong test answers), or --audit with one of the two questions '
-                        'options: not both question options and not none')
-    if cfg["completion"] and not cfg["question"]:
-        raise UserError("--completion is the answer to --question: --audit and --questions_file attribute the "
-                        "model's own greedy answers")
-    if cfg["audit"] and cfg["out_json"] and (cfg["question"] or cfg["questions_file"]):
-        raise UserError("--out_json names one file: with --audit and questions each goes to its default file "
-                        "(<out_dir>/tracin_audit.json, <out_dir>/tracin_<hash>.json)")
-    if not (cfg["question"] or cfg["questions_file"]):
-        return []
-    if not cfg["questions_file"]:
-        return [cfg["question"]]
-    if cfg["out_json"]:
-        raise UserError("--out_json names one answer's file: with --questions_file each question's greedy answer "
-                        "is attributed and written to <out_dir>/tracin_<hash>.json")
-    path = cfg["questions_file"]
-    if not os.path.isfile(path):
-        raise UserError(f"questions_file {path} is not a file: give a text file with one question per line")
+def hook_products(model, train_batch, test_batch, temperature, layer_filter, micro_batch, norms):
+    """One checkpoint: (<g_i, G> (n,), ||g_i||^2 (n,), ||G||^2) with G = sum_j g_test_j from ONE ordinary
+    backward of the summed test loss (no hooks, LoRA-sized), and the train gradients from the hooks,
+    chunk by chunk (each chunk's per-sample gradients formed from the buffers, r x d per factor);
+    the two norms only if `norms`."""
+    model.zero_grad(set_to_none=True)
+    for c in chunks(test_batch, micro_batch):  # before the hooks exist: no per-sample test buffers
+        sample_losses(model, *c, temperature).backward()  # micro-batches add up in .grad
+    G = summed_gradient(model, layer_filter)  # {layer: (G_A, G_B)}; .grad cleared, the train capture starts clean
+    te_sq = sum(GA.pow(2).sum() + GB.pow(2).sum() for GA, GB in G.values()) if norms else None
+    inner, tr_sq = [], []
+    idx, pad_left, mask, _ = train_batch
+    order = (idx.size(1) - mask.size(1) - pad_left + mask.sum(1)).argsort()  # by length: chunks pad little
+    with install_ghost_hooks(model) as hooks:
+        for c in chunks(train_batch, micro_batch, order):  # chunk by chunk: buffers stay small
+            sample_losses(model, *c, temperature).backward()
+            train_grads = per_sample_grads(hooks.collect("train"), G.keys())  # the layers of G (layer_filter)
+            hooks.clear("train")  # the buffers: the per-sample gradients hold what is needed
+            inner.append(summed_inner_products(train_grads, G))       # <g_i, G>: (chunk,)
+            if norms:
+                tr_sq.append(sq_norms(train_grads))
+            del train_grads  # this chunk's per-sample gradients
+    model.zero_grad(set_to_none=True)  # capture's .grad is not an update
+    back = order.argsort()  # the rows' own order again
+    return torch.cat(inner)[back], torch.cat(tr_sq)[back] if norms else None, te_sq
+
+
+def loop_gradients(model, batch, temperature, layer_filter=None):
+    """Reference path: one autograd.grad per sample, flattened: (n, number of LoRA parameters)."""
+    params = [p for n, p in model.named_parameters()
+              if ".lora_" in n and (layer_filter is None or layer_filter in n)]
+    idx, pad_left, mask, adv = batch
+    out = []
+    for i in range(idx.size(0)):
+        loss = sample_losses(model, idx[i:i + 1], pad_left[i:i + 1], mask[i:i + 1], adv[i:i + 1], temperature)
+        out.append(torch.cat([g.float().flatten() for g in torch.autograd.grad(loss, params)]))
+    return torch.stack(out)
+
+
+def trapezoid_steps(iters):
+    """Training steps each checkpoint stands for, from the iterations s_0 < ... < s_{n-1} it was saved
+    at: (s_{i+1} - s_{i-1}) / 2 with s_{-1} = s_0 and s_n = s_{n-1} (trapezoid rule), so the weights
+    add up to s_{n-1} - s_0 steps. A single checkpoint stands for itself: weight 1."""
+    s = [iters[0], *iters, iters[-1]]
+    return [(s[i + 2] - s[i]) / 2 for i in range(len(iters))] if len(iters) > 1 else [1.0]
+
+
+def check_attribution_inputs(model, checkpoints, train_samples, test_samples, mode, gradient_method,
+                             learning_rates, checkpoint_steps, layer_filter):
+    """find_critical_samples' arguments, checked before any work."""
+    if mode not in ("simple", "full", "memory_efficient"):
+        raise UserError(f"mode must be 'simple', 'full' or 'memory_efficient', got {mode!r}")
+    if gradient_method not in ("hooks", "loop"):
+        raise UserError(f"gradient_method must be 'hooks' or 'loop', got {gradient_method!r}")
+    if not checkpoints:
+        raise UserError("no checkpoints to attribute over")
+    for name, per_ckpt in (("learning rates", learning_rates), ("checkpoint_steps", checkpoint_steps)):
+        if per_ckpt is not None and len(per_ckpt) != len(checkpoints):
+            raise UserError(f"{len(checkpoints)} checkpoints but {len(per_ckpt)} {name}")
+    if not train_samples or not test_samples:
+        raise UserError("need at least one training rollout and one test sample")
+    layers = [n for n, m in model.named_modules() if isinstance(m, LoRALinear)]
+    if layer_filter is not None and not any(layer_filter in n for n in layers):
+        raise UserError(f"layer_filter {layer_filter!r} matches no LoRA layer (layers: {layers[:4]} ...)")
+
+
+def checkpoint_products(model, train_batch, test_batch, temperature, layer_filter, gradient_method, micro_batch,
+                        norms, t):
+    """At the loaded checkpoint t: (<g_i, G> (n,), ||g_i||^2 (n,), ||G||^2) with G = sum_j g_test_j,
+    float64 on the CPU whatever the model's device; the norms are None from the hooks unless asked for."""
+    if gradient_method == "loop":
+        tr, te = (loop_gradients(model, b, temperature, layer_filter) for b in (train_batch, test_batch))
+        inner, tr_sq, te_sq = tr @ te.sum(0), tr.pow(2).sum(1), te.sum(0).pow(2).sum()
+    else:
+        inner, tr_sq, te_sq = hook_products(model, train_batch, test_batch, temperature, layer_filter, micro_batch, norms)
+    if not torch.isfinite(inner).all():
+        raise FloatingPointError(f"NaN/Inf in gradient inner products at checkpoint {t}")
+    return tuple(None if v is None else v.double().cpu() for v in (inner, tr_sq, te_sq))
+
+
+def attribution_result(train_samples, scores, contributions, cosine, selfinf, mode, weights, top_k):
+    """The result dictionary of the TracIn documentation's find_critical_samples (plus the weights
+    w_t = eta_t k_t, oldest checkpoint first, so that a report can show them)."""
+    n, per_sample = len(train_samples), []
+    for i, s in enumerate(train_samples):
+        entry = {**{k: s[k] for k in s if k not in ("completion_tokens", "completion_mask")},
+                 "index": i, "tracin_score": scores[i].item(),
+                 "checkpoint_contributions": [c[i].item() for c in contributions]}
+        if cosine is not None:
+            entry["cosine_score"] = cosine[i].item()
+        if selfinf is not None:
+            entry["self_influence"] = selfinf[i].item()
+        per_sample.append(entry)
+    order = sorted(range(n), key=lambda i: scores[i].item(), reverse=True)
+    positive = [per_sample[i] for i in order[:top_k] if scores[i] > 0]
+    negative = [per_sample[i] for i in reversed(order[-top_k:]) if scores[i] < 0]
+    return {"mode": mode, "num_checkpoints": len(weights), "checkpoint_weights": weights, "num_train_samples": n,
+            "critical_samples": sorted(per_sample, key=lambda e: -abs(e["tracin_score"]))[:top_k],
+            "most_influential_positive": positive, "most_influential_negative": negative,
+            "mean_influence_score": scores.mean().item(), "max_influence_score": scores.max().item(),
+            "scores": per_sample}
+
+
+def find_critical_samples(model, checkpoints, train_samples, test_samples, enc, mode="memory_efficient",
+                          learning_rates=None, layer_filter=None, n_probe=None, top_k=5, temperature=1.0,
+                          gradient_method="hooks", micro_batch=64, normalize=False, self_influence=False,
+                          checkpoint_steps=None):
+    """Score training rollouts by their influence on test samples across checkpoints.
+
+    checkpoints: paths of GRPO checkpoints (each holds 'lora' and 'lr'), or, for mode='full',
+        already loaded LoRA state dicts are accepted too.
+    mode: 'simple'           one checkpoint (the last), no learning-rate weight: plain gradient alignment
+          'full'             every checkpoint loaded into memory first, then sum_t w_t <g_test, g_train>
+          'memory_efficient' one checkpoint at a time from disk, each loaded exactly once
+    learning_rates: eta_t per checkpoint; default: the 'lr' stored in each checkpoint.
+    checkpoint_steps: how many training steps checkpoint t stands for, k_t; its weight is w_t = eta_t k_t.
+        None: w_t = eta_t (plain TracInCP, as Captum computes it). trapezoid_steps(iters) gives the
+        trapezoid rule over the steps: the sum over every step s of eta_s <g_test, g_train>(theta_s) is
+        approximated as if that term varied linearly between checkpoints (no step in between is visited).
+    temperature: the run's sampling temperature (log pi = log softmax(logits / temperature)).
+    n_probe: score only n_probe training rollouts, evenly spaced over the list (None: all).
+    normalize: also cosine_score = sum_t w_t <g_i, G_t> / (||g_i|| ||G_t||), G_t = sum_j g_test_j.
+    self_influence: also sum_t w_t ||g_i||^2.
+    Scores are taken with dropout off (model.eval()); the model's train/eval flag, LoRA weights and
+    every parameter's .grad are as they were on return. Returns the result dictionary (see README)."""
+    check_attribution_inputs(model, checkpoints, train_samples, test_samples, mode, gradient_method,
+                             learning_rates, checkpoint_steps, layer_filter)
+    if mode == "simple":
+        checkpoints, learning_rates, checkpoint_steps = checkpoints[-1:], [1.0], None
+    if n_probe and n_probe < len(train_samples):  # evenly spaced over the run, not only its first steps
+        train_samples = [train_samples[i * len(train_samples) // n_probe] for i in range(n_probe)]
+    device = next(model.parameters()).device
+    train_batch = rollout_batch(enc, train_samples, device)
+    test_batch = rollout_batch(enc, test_samples, device)
+    states = [load_checkpoint(c) if isinstance(c, str) else c for c in checkpoints] if mode == "full" else None
+    n = len(train_samples)
+    scores = torch.zeros(n, dtype=torch.float64)          # float64 accumulation across checkpoints
+    cosine = torch.zeros(n, dtype=torch.float64)
+    selfinf = torch.zeros(n, dtype=torch.float64)
+    contributions, weights = [], []
+    # put back in `finally`: the caller's train/eval flag, LoRA weights and .grad tensors
+    was_training, own_lora = model.training, lora_state_dict(model)
+    own_grads = [(p, p.grad) for p in model.parameters()]
+    model.zero_grad(set_to_none=True)  # a backward must not add into the caller's .grad tensors
+    model.eval()  # dropout off: deterministic scores; eval also turns gradient checkpointing off (hooks need that)
     try:
-        with open(path, encoding="utf-8") as f:
-            questions = [line.strip() for line in f if line.strip()]
-    except UnicodeDecodeError as e:
-        raise UserError(f"questions_file {path} is not UTF-8 text (byte {e.start}: {e.reason}): give a text file "
-                        "with one question per line") from None
-    if any("\x00" in q for q in questions):
-        raise UserError(f"questions_file {path} holds NUL bytes (a binary file?): give a text file with one "
-                        "question per line")
-    if not questions:
-        raise UserError(f"questions_file {path} holds no question (blank lines are skipped)")
-    return questions
+        for t, ckpt in enumerate(checkpoints):
+            state = states[t] if states is not None else (load_checkpoint(ckpt) if isinstance(ckpt, str) else ckpt)
+            load_lora_state_dict(model, state["lora"] if "lora" in state else state)
+            w = learning_rates[t] if learning_rates is not None else float(state.get("lr", 1.0))
+            w *= checkpoint_steps[t] if checkpoint_steps is not None else 1.0   # w_t = eta_t k_t
+            inner, tr_sq, te_sq = checkpoint_products(model, train_batch, test_batch, temperature, layer_filter,
+                                                   gradient_method, micro_batch, normalize or self_influence, t)
+            contrib = w * inner                          # w_t <g_i, G_t>, G_t = sum_j g_test_j: (n,)
+            weights.append(float(w))
+            scores += contrib
+            contributions.append(contrib)
+            if normalize:
+                cosine += contrib / (tr_sq * te_sq).sqrt().clamp(min=1e-12)
+            if self_influence:
+                selfinf += w * tr_sq
+            del state  # this checkpoint's adapter (and optimizer state): one checkpoint in memory at a time
+    finally:
+        load_lora_state_dict(model, own_lora)
+        for p, g in own_grads:
+            p.grad = g
+        model.train(was_training)
+    return attribution_result(train_samples, scores, contributions, cosine if normalize else None,
+                              selfinf if self_influence else None, mode, weights, top_k)
 
 
-MARKS = (b"<title>TracIn attribution report", b"TracIn influence figure")  # report.py's page, plot.py's PNG
-
-
-def written_here(path):
-    """Whether the file at path is one tracin.py wrote (a report, a figure, an attribution or audit JSON)."""
-    try:
-        with open(path, "rb") as f:
-            head = f.read(4096)
-            if any(m in head for m in MARKS):
-                return True
-            saved = json.loads(f.seek(0) or f.read())
-        return isinstance(saved, dict) and ("scores" in saved or "result" in saved)
-    except (OSError, ValueError):
-        return False
-
-
-def check_writable(cfg, key, suffix, named=True):
-    """An output path: the right suffix (never a run's own file), a directory that exists and takes a file,
-    and, where the path was named on the command line, no file there but one tracin.py wrote."""
-    path = cfg[key]
-    check(cfg, key, not path or path.endswith(suffix), f"must end in {suffix} (it is written, so never a run's "
-          "own file)")
-    if not path:
-        return
-    folder = os.path.dirname(os.path.abspath(path))
-    if os.path.isdir(path) or not os.path.isdir(folder):
-        raise UserError(f"cannot write {key} {path}: it is a directory, or its directory does not exist")
-    try:  # a read-only or special directory (/proc) is refused now, not after the attribution
-        tempfile.TemporaryFile(dir=folder).close()
-    except OSError as e:
-        raise UserError(f"cannot write {key} {path}: its directory takes no new file ({e.strerror}); give a "
-                        "path in a writable directory") from None
-    if named and os.path.exists(path) and not written_here(path):
-        raise UserError(f"{key} {path} exists and was not written by tracin.py: it is never overwritten; remove "
-                        "it, or give another path")
-
-
-def attribute(cfg, model, enc, ckpts, iters, train, temperature, question):
-    """One question's attribution: the answer (--completion, or the final model's greedy one) scored
-    against every probed rollout; returns find_critical_samples' dict with the question and answer."""
-    prompt = encode_prompt(enc, question)
-    if cfg["completion"]:
-        completion = encode_text(enc, cfg["completion"])
-    else:  # the final model's own greedy answer
-        room = model.config.block_size - len(prompt) - 1  # the end-of-text token the test loss adds takes one
-        if room < 1:
-            raise UserError(f"question of {len(prompt)} tokens does not fit the context of "
-                            f"{model.config.block_size}")
-        idx, _, mask = generate(model, [prompt], min(64, room), stop_tokens(enc), temperature=0,
-                                vocab_size=enc.n_vocab)
-        stops = stop_tokens(enc)
-        completion = [t for t in idx[0, -mask.size(1):].tolist()[:int(mask.sum())] if t not in stops]
-    if len(prompt) + len(completion) + 1 > model.config.block_size:
-        raise UserError(f"question + completion ({len(prompt) + len(completion) + 1} tokens) exceed the "
-                        f"context of {model.config.block_size}")
-    test = [{"prompt": question, "completion_tokens": completion + [enc.eot_token],
-             "completion_mask": [1] * (len(completion) + 1), "advantage": 1.0}]  # A=1: loss = NLL
-    print(f"attributing {enc.decode(completion)!r} over {len(ckpts)} checkpoints (iters {iters[0]}-{iters[-1]})"
-          f" and {min(len(train), cfg['n_probe'] or len(train))} of {len(train)} rollouts ({cfg['mode']}, "
-          f"temperature {temperature})")
-    res = find_critical_samples(model, ckpts, train, test, enc, mode=cfg["mode"],
-                                layer_filter=cfg["layer_filter"] or None, n_probe=cfg["n_probe"] or None,
-                                top_k=cfg["top_k"], temperature=temperature, normalize=cfg["normalize"],
-                                self_influence=cfg["self_influence"], checkpoint_steps=trapezoid_steps(iters))
-    res.update(question=question, completion=enc.decode(completion))
-    return res
-
-
-def output_paths(cfg, run):
-    """(json, html, figure) paths, checked before any work: the defaults live in the run directory, '' = none.
-    The figure's default is written only where matplotlib is installed; a figure asked for by name needs it."""
-    check_writable(cfg, "out_json", ".json")
-    for key, suffix in (("html", ".html"), ("figure", ".png")):
-        check(cfg, key, cfg[key] is None or isinstance(cfg[key], str), f"must be a path ending in {suffix} ('': none)")
-    html_path = os.path.join(run, "tracin_report.html") if cfg["html"] is None else cfg["html"]
-    check_writable({**cfg, "html": html_path}, "html", ".html", named=cfg["html"] is not None)
-    fig_path = os.path.join(run, "tracin_influence.png") if cfg["figure"] is None else cfg["figure"]
-    check_writable({**cfg, "figure": fig_path}, "figure", ".png", named=cfg["figure"] is not None)
-    if fig_path and not has_matplotlib():
-        if cfg["figure"]:
-            raise UserError(f"--figure={fig_path} needs matplotlib: pip install matplotlib (or --figure= for none)")
-        print("note: matplotlib is not installed, so no figure (pip install matplotlib)")
-        fig_path = ""
-    return os.path.join(run, "tracin_audit.json") if cfg["audit"] and not cfg["out_json"] else cfg["out_json"], \
-        html_path, fig_path
-
-
-def print_top(res, score="TracIn score; positive = lowered this answer's loss"):
-    for title, key in (("most helpful", "most_influential_positive"), ("most harmful", "most_influential_negative")):
-        print(f"--- {title} training rollouts ({score})")
-        for e in res[key]:
-            print(f"{e['tracin_score']:+.3e} | iter {e['iter']} | reward {e['reward']:.2f} | "
-                  f"{e['prompt'][:60]}... -> {e['completion']!r}")
-
-
-def run_audit(cfg, model, enc, data_dir, run_cfg, ckpts, iters, train, temperature, json_path):
-    """--audit=N (audit.py): the first N wrong greedy test answers, every trained rollout ranked by its summed
-    influence on them, and where a defect was planted, how well that ranking finds the defective-rewarded ones."""
-    task = run_cfg.get("task", "arith")
-    print(f"audit: answering the {task} test split greedily until {cfg['audit']} answers are wrong")
-    a = audit(model, enc, ckpts, iters, train, load_task_split(data_dir, "test"), cfg["audit"], task,
-              run_cfg.get("max_new_tokens", 64), cfg["audit_loss"], mode=cfg["mode"],
-              layer_filter=cfg["layer_filter"] or None, n_probe=cfg["n_probe"] or None, top_k=cfg["top_k"],
-              temperature=temperature, normalize=cfg["normalize"], self_influence=True)
-    print_top(a["result"], "summed TracIn score; positive = made the wrong answers likelier")
-    print("\n".join(summary_lines(a)))
-    write_json(json_path, a, "it" if cfg["out_json"] else "an earlier audit")
-    return a
-
-
-def main(argv):
-    cfg = configure(defaults, argv)
-    check_choice(cfg, "mode", ("simple", "full", "memory_efficient"))
-    check(cfg, "audit", cfg["audit"] >= 0, "must be >= 0 (N > 0: audit the first N wrong test answers; 0: off)")
-    check_choice(cfg, "audit_loss", LOSSES)
-    check(cfg, "n_probe", cfg["n_probe"] is None or (isinstance(cfg["n_probe"], int) and cfg["n_probe"] >= 0),
-          "must be an integer >= 0 (0: every rollout)")
-    cfg["n_probe"] = (0 if cfg["audit"] else 512) if cfg["n_probe"] is None else cfg["n_probe"]
-    check(cfg, "top_k", cfg["top_k"] >= 1, "must be >= 1")
-    check(cfg, "out_dir", cfg["out_dir"] != "", "give the run directory of a train_grpo.py run")
-    questions = read_questions(cfg)
-    check_device(cfg["device"])  # float32
-    run = cfg["out_dir"]
-    if not os.path.isdir(run):
-        raise UserError(f"{run} is not a directory: give the --out_dir of a train_grpo.py run")
-    json_path, html_path, fig_path = output_paths(cfg, run)
-    ckpts = sorted((int(m.group(1)), p) for p in glob.glob(os.path.join(run, "ckpt_*.pt"))
-                   if (m := re.fullmatch(r"ckpt_(\d+)\.pt", os.path.basename(p))))
-    if not ckpts:
-        raise UserError(not_a_run(run))
-    sections, audited = [], None
-    with run_lock(run):  # a training run (or another attribution) in this directory is refused
-        iters, ckpts = [s for s, _ in ckpts], [p for _, p in ckpts]
-        model, enc, data_dir = load_policy(ckpts[-1], cfg["device"])
-        run_cfg = load_checkpoint(ckpts[-1]).get("config", {})
-        temperature = run_cfg.get("temperature", 1.0)
-        temperature = temperature if temperature > 0 else 1.0  # greedy sampling: plain log-probs
-        train = load_rollouts(os.path.join(run, "rollouts.jsonl"), enc)
-        if cfg["audit"]:
-            audited = run_audit(cfg, model, enc, data_dir, run_cfg, ckpts, iters, train, temperature, json_path)
-        for question in questions:
-            res = attribute(cfg, model, enc, ckpts, iters, train, temperature, question)
-            # one file per question and answer: attributing another question never overwrites this one
-            digest = hashlib.sha256((res["question"] + res["completion"]).encode()).hexdigest()[:12]
-            print_top(res)
-            path = cfg["out_json"] or os.path.join(run, f"tracin_{digest}.json")
-            write_json(path, res, "it" if cfg["out_json"] else "an earlier attribution of the same question and answer")
-            # the answer's correctness is unknown here: a free-form question carries no reference answer
-            sections.append({"question": question, "completion": res["completion"], "correct": None, "result": res})
-        again = {p: os.path.exists(p) for p in (html_path, fig_path) if p}
-        if html_path:
-            write_report(html_path, sections, {"run": run, "mode": cfg["mode"], "n_probe": cfg["n_probe"],
-                                               "layer_filter": cfg["layer_filter"], "top_k": cfg["top_k"],
-                                               "checkpoints": [os.path.basename(c) for c in ckpts]}, audited)
-            print(f"HTML report{' of the audit and' if audited else ' of'} {len(sections)} question(s): {html_path}"
-                  + (" (replacing the earlier one)" if again[html_path] else ""))
-        if fig_path:
-            results = [audited["result"]] if audited else [s["result"] for s in sections]
-            title = (f"summed influence on the final model's {len(audited['wrong'])} wrong test answers" if audited
-                     else f"influence on {questions[0]!r}" if len(questions) == 1 else
-                     f"influence summed over {len(questions)} questions")
-            print(f"influence figure: {plot_influence(results, fig_path, title)}"
-                  + (" (replacing the earlier one)" if again[fig_path] else ""))
-
-
-if __name__ == "__main__":
+if __name__ == "__main__":  # the post-hoc command line, which lives with the other tools that read runs
+    from analysis.attribute import main
     cli_main(main)

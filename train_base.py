@@ -3,7 +3,7 @@ Supervised training of the small base GPT on the task, so that GRPO has a policy
 
     python train_base.py config/tiny_base.py            # ~3 min on a 2-core CPU
     python train_base.py config/tiny_base.py --init_from=resume
-    torchrun --standalone --nproc_per_node=2 train_base.py config/tiny_base.py   # 2 processes (distributed.py)
+    torchrun --standalone --nproc_per_node=2 train_base.py config/tiny_base.py   # 2 processes (scale/distributed.py)
 
 Loss: next-token cross-entropy on the solution tokens only (the question is given, not learned).
 Prints one line per log_interval, evaluates greedy test accuracy every eval_interval, and writes
@@ -22,15 +22,15 @@ from types import SimpleNamespace
 
 import torch
 
-import distributed
+from scale import distributed
 from data.gsm_synth.prepare import TEMPLATES, encode_prompt, encode_text, load_split, load_tokenizer, prepare
-from device import check_device
+from scale.device import check_device
 from model import (GPT, GPTConfig, CheckpointWriteError, base_fingerprint, load_checkpoint,
                    model_from_checkpoint, save_checkpoint)
 from rewards import REWARD_FUNCS
-from rundir import run_lock, stop_note
+from runs.rundir import run_lock, stop_note
 from sample import NonFiniteLogits, decode_completions, generate, load_base, stop_tokens
-from tasks import TASKS, load_task_split, portable_path, set_instruction, task_data
+from data.tasks import TASKS, load_task_split, portable_path, set_instruction, task_data
 
 # -----------------------------------------------------------------------------
 # default config values (override with a config file and/or --key=value)

@@ -3,7 +3,7 @@ GRPO (Group Relative Policy Optimization, DeepSeekMath arXiv 2402.03300) with Lo
 
     python train_grpo.py config/tiny_grpo.py       # trains the base model first if it is missing
     python train_grpo.py --out_dir=out/grpo --init_from=resume
-    torchrun --standalone --nproc_per_node=2 train_grpo.py config/tiny_grpo.py   # 2 processes: distributed.py
+    torchrun --standalone --nproc_per_node=2 train_grpo.py config/tiny_grpo.py   # 2 processes: scale/distributed.py
 
 One step (grpo_step), in the order it runs; the parts live in grpo.py:
   1. take batch_size prompts, each repeated group_size times
@@ -30,17 +30,17 @@ from contextlib import nullcontext
 
 import torch
 
-from curriculum import from_config, parse_levels
+from data.curriculum import from_config, parse_levels
 from data.gsm_synth.prepare import encode_prompt
-import distributed
+from scale import distributed
 from grpo import LOSS_TYPES, grpo_updates, make_rollouts, rollouts_rewards_in_background, update
-from metrics import NoSignal, print_step, rollout_record, step_log
+from runs.metrics import NoSignal, print_step, rollout_record, step_log
 from lora import apply_lora, lora_parameters, lora_state_dict, load_lora_state_dict
-from device import check_device, memory_stats
+from scale.device import check_device, memory_stats
 from model import CheckpointWriteError, check_same_base, load_checkpoint, save_checkpoint
 from rewards import REWARD_FUNCS
-from rundir import refuse_existing_run, rewind, run_lock, stop_note
-from tasks import TASKS, portable_path, resolve_data_dir, task_rewards
+from runs.rundir import refuse_existing_run, rewind, run_lock, stop_note
+from data.tasks import TASKS, portable_path, resolve_data_dir, task_rewards
 from sample import NonFiniteLogits
 from tracin import reference_solutions, tracin_backward
 from train_base import ensure_base, evaluate, get_lr, load_frozen_base
@@ -52,7 +52,7 @@ init_from = "base"          # 'base': new LoRA on base_ckpt; 'resume': continue 
 base_ckpt = "out/base/ckpt.pt"
 base_config = "config/tiny_base.py"   # used to train the base model when base_ckpt is missing
                             # base_ckpt may also be a Hugging Face model directory (GPT.from_pretrained)
-task = "arith"              # 'arith' (data/gsm_synth), 'gsm8k', 'countdown' (tasks.py); other than arith
+task = "arith"              # 'arith' (data/gsm_synth), 'gsm8k', 'countdown' (data/tasks.py); other than arith
                             # needs a Hugging Face base_ckpt
 data_dir = ""               # the task's data for such a directory; '' = the task's default (tasks.task_data)
 seed = 1337
@@ -80,7 +80,7 @@ scale_rewards = "group"     # 'group' / 'batch' std, or 'none' (Dr. GRPO)
 advantage_epsilon = 0.0     # A = (r - mean) / (std + advantage_epsilon); TRL uses 1e-4
 reward_cache = True         # a completion (text, answer) seen before is not scored again
 background_rewards = False  # score on a worker thread while the reference pass runs (pays off for slow rewards)
-curriculum = ""             # easy -> hard levels 'steps:max_operand', e.g. '1:20,2:20,3:20' (curriculum.py);
+curriculum = ""             # easy -> hard levels 'steps:max_operand', e.g. '1:20,2:20,3:20' (data/curriculum.py);
                             # '' = prompts from the base's train split
 curriculum_threshold = 0.5  # move up a level when the moving training accuracy reaches this
 curriculum_window = 10      # steps in that moving mean
@@ -324,7 +324,7 @@ class Run:
                  **({"curriculum": self.curriculum.state_dict()} if self.curriculum else {}),
                  "rng": {"python": self.rng.getstate(), "generator": self.generator.get_state(),
                          "device": self.generator.device.type}}
-        if distributed.is_main():  # every rank holds the same state (distributed.py); rank 0 writes it
+        if distributed.is_main():  # every rank holds the same state (scale/distributed.py); rank 0 writes it
             save_checkpoint(state, os.path.join(self.out, f"ckpt_{self.iter_num:06d}.pt"))  # history, for TracIn
             save_checkpoint(state, os.path.join(self.out, "ckpt.pt"))                      # latest, for resume
         self.last_ckpt = self.iter_num

@@ -15,7 +15,7 @@ import grpo
 import train_grpo
 from bench.memory import lora_gpt, project_grpo_step, step_inputs
 from lora import lora_parameters
-from device import bf16_is_fast
+from scale.device import bf16_is_fast
 from sample import generate
 
 

@@ -1,5 +1,6 @@
+import tracin
 """
-Post-hoc attribution (attribution.find_critical_samples) next to Captum's TracInCP (pytorch/captum,
+Post-hoc attribution (tracin.find_critical_samples) next to Captum's TracInCP (pytorch/captum,
 captum/influence/_core/tracincp.py) on the same checkpoints, rollouts and losses, for bench/run.py:
 
   posthoc  posthoc_prompts x posthoc_group rollouts sampled from the task model, posthoc_checkpoints
@@ -23,7 +24,6 @@ import warnings
 import torch
 import torch.nn as nn
 
-import attribution
 from bench.memory import lora_gpt
 from bench.step import task_setup, timed
 from data.gsm_synth.prepare import encode_prompt, encode_text
@@ -46,7 +46,7 @@ class MeanLogProb(nn.Module):
 
 
 def per_example_loss(mean_logp, advantages):
-    """-A_i * mean_t log pi(y_t): the gradient of attribution.sample_losses' row i (its GRPO loss at ratio 1;
+    """-A_i * mean_t log pi(y_t): the gradient of tracin.sample_losses' row i (its GRPO loss at ratio 1;
     A = 1 for a test answer: its NLL). Per example (no reduction), as Captum's batch-size-1 path needs."""
     return -advantages * mean_logp
 
@@ -120,7 +120,7 @@ def posthoc_row(cfg, shape):
     dev, reps = cfg["device"], cfg["repeats"]
     with tempfile.TemporaryDirectory() as tmp:
         model, enc, what, paths, train, test = posthoc_inputs(cfg, tmp, shape)
-        t_ours, res = timed(lambda: attribution.find_critical_samples(model, paths, train, test, enc), dev, reps)
+        t_ours, res = timed(lambda: tracin.find_critical_samples(model, paths, train, test, enc), dev, reps)
         ours = torch.tensor([e["tracin_score"] for e in res["scores"]], dtype=torch.float64)
         tb, sb = (rollout_batch(enc, s, dev) for s in (train, test))
         t_captum, ref = timed(lambda: captum_scores(model, paths, tb, sb), dev, reps)

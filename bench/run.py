@@ -60,7 +60,7 @@ from configurator import UserError, check, cli_main, configure
 from ghost import compute_ghost_inner_product_matrix, install_ghost_hooks
 from grpo import completion_logprobs, grpo_loss, selective_log_softmax
 from lora import apply_lora
-from device import check_device
+from scale.device import check_device
 from sample import generate
 from train_base import ensure_base
 

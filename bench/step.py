@@ -23,7 +23,7 @@ import torch
 
 import rewards
 import train_grpo
-from tasks import task_rewards
+from data.tasks import task_rewards
 from data.gsm_synth.prepare import ROOT, load_split, load_tokenizer, prepare
 from lora import apply_lora, lora_parameters
 from model import GPT, GPTConfig, load_checkpoint, model_from_checkpoint

@@ -27,7 +27,7 @@ import torch  # noqa: E402
 
 from bench.half import halved  # noqa: E402
 from bench.memory import project_grpo_step, step_inputs  # noqa: E402
-from device import check_device  # noqa: E402
+from scale.device import check_device  # noqa: E402
 from lora import apply_lora, lora_parameters  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 

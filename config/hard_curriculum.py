@@ -1,4 +1,4 @@
-# GRPO with a curriculum by difficulty (curriculum.py): 1-, 2-, then 3-step problems with operands
+# GRPO with a curriculum by difficulty (data/curriculum.py): 1-, 2-, then 3-step problems with operands
 # up to 10, then up to 20 (the target), moving up a level when the mean training accuracy of the
 # last 10 steps reaches curriculum_threshold. Same base, test problems and step budget as config/hard_grpo.py,
 # the no-curriculum baseline; the two are compared in docs/experiments.md.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The audit of experiment C's runs (tracin.py --audit, audit.py): for each run of experiments/defect.sh, the
+# The audit of experiment C's runs (tracin.py --audit, analysis/audit.py): for each run of experiments/defect.sh, the
 # first 16 wrong greedy test answers, every trained rollout ranked by its summed TracIn influence on them, and
 # how well that finds the planted defect's rewarded rollouts; the contrast test loss on the standard runs;
 # variants on one run (more wrong answers, layer_filter); then the table (experiments/audit_table.py, which

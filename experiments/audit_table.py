@@ -12,8 +12,8 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from attribution import trapezoid_steps  # noqa: E402
-from audit import defect_targets, detection_table  # noqa: E402
+from tracin import trapezoid_steps  # noqa: E402
+from analysis.audit import defect_targets, detection_table  # noqa: E402
 from configurator import UserError, cli_main  # noqa: E402
 
 
@@ -44,7 +44,7 @@ def main(paths):
     head = "AUC | AUC among A > 0 | top 1 % | top 5 % | top 10 % | base rate |"
     print(f"| audit | wrong / answered | rollouts ranked | ranked by | {head}")
     print("| --- " * 10 + "|")
-    for name, a in audits:  # every ranking recomputed from the stored scores (audit.py as it is now)
+    for name, a in audits:  # every ranking recomputed from the stored scores (analysis/audit.py as it is now)
         for key, m in detection_table(a["result"], defect_targets(a["result"]["scores"])).items():
             print(f"| {name} | {len(a['wrong'])} / {a['n_answered']} | {a['n_scored']} | {key} | {fmt(m)} |")
     print()

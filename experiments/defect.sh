@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Experiment C, the README's headline: standard GRPO against TracIn-GRPO (validation loss nll and pg)
 # with a planted defect (20 % of training prompts carry a wrong reference answer the reward trusts),
-# seeds 1-5, then the table (summarize.py) and the figure (plot.py, if matplotlib is installed).
+# seeds 1-5, then the table (analysis/summarize.py) and the figure (analysis/plot.py, if matplotlib is installed).
 #
 #   bash experiments/defect.sh                  # into out/cmpC; THREADS=2 by default
 #   THREADS=1 OUT=out/cmpC_t1 bash experiments/defect.sh
@@ -27,11 +27,11 @@ runs=$(for kind in grpo nll pg; do for S in $SEEDS; do printf '%s ' "$OUT/${kind
   echo "experiments/defect.sh, commit $(git rev-parse --short HEAD 2>/dev/null || echo '?'), $(date -u +%F), $THREADS threads,"
   echo "torch $(python -c 'import torch; print(torch.__version__)'), CPU: $(grep -m1 'model name' /proc/cpuinfo 2>/dev/null | cut -d: -f2 | xargs)"
   echo
-  python summarize.py $runs
+  python -m analysis.summarize $runs
 } > "$OUT/summary.md"
 cat "$OUT/summary.md"
 if python -c "import matplotlib" 2>/dev/null; then
-  python plot.py $OUT/grpo_s1 $OUT/grpo_s2 $OUT/grpo_s3 $OUT/nll_s1 $OUT/nll_s2 $OUT/nll_s3 \
+  python -m analysis.plot $OUT/grpo_s1 $OUT/grpo_s2 $OUT/grpo_s3 $OUT/nll_s1 $OUT/nll_s2 $OUT/nll_s3 \
     --labels=grpo_s1,grpo_s2,grpo_s3,tracin_nll_s1,tracin_nll_s2,tracin_nll_s3 --out=assets/tracin_vs_grpo.png
 else
   echo "matplotlib not installed: no figure (pip install matplotlib)"

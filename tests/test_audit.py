@@ -1,4 +1,4 @@
-# Tests for the audit (tracin.py --audit=N, audit.py) and the influence figure (plot.influence_figure).
+# Tests for the audit (tracin.py --audit=N, analysis/audit.py) and the influence figure (plot.influence_figure).
 # Run: python -m pytest tests/test_audit.py -q
 #
 # Independent references, each written out here: the AUC as a count over every (target, other) pair; the
@@ -13,17 +13,17 @@ import shutil
 import numpy as np
 import pytest
 
-import attribution
-import audit
-import plot
-import rundir
+from analysis import attribute
+from analysis import audit
+from analysis import plot
+from runs import rundir
 import tracin
 from configurator import UserError, cli_main
 from model import load_checkpoint
 from data.gsm_synth.prepare import encode_prompt
 from rewards import REWARD_FUNCS
 from sample import decode_completions, generate, load_policy, stop_tokens
-from tasks import load_task_split
+from data.tasks import load_task_split
 from test_report import Page
 from test_tracin_cli import tiny_run
 
@@ -87,7 +87,7 @@ def run(defect_dir, tmp_path):
 
 
 def test_audit_ranks_by_the_sum_of_per_answer_attributions(run):
-    tracin.main([f"--out_dir={run}", "--audit=3", "--top_k=2"])
+    attribute.main([f"--out_dir={run}", "--audit=3", "--top_k=2"])
     a = json.load(open(run / "tracin_audit.json"))
     model, enc, data_dir = load_policy(str(run / "ckpt_000003.pt"))
     # the first 3 wrong greedy answers, one problem at a time
@@ -102,14 +102,14 @@ def test_audit_ranks_by_the_sum_of_per_answer_attributions(run):
             break
     assert [(w["question"], w["completion"]) for w in a["wrong"]] == expected
     # the ranking: one attribution per wrong answer, scores added
-    train = audit.trained_rollouts(tracin.load_rollouts(str(run / "rollouts.jsonl"), enc))
+    train = audit.trained_rollouts(attribute.load_rollouts(str(run / "rollouts.jsonl"), enc))
     ckpts = [str(run / f"ckpt_{i:06d}.pt") for i in (0, 2, 3)]
     temperature = load_checkpoint(ckpts[-1])["config"]["temperature"]  # the run's sampling temperature
     total = np.zeros(len(train))
     wrong = audit.find_wrong(model, enc, load_task_split(data_dir, "test"), 3, "arith", 8)[0]
     assert [(w["question"], w["completion"]) for w in wrong] == expected
     for w in wrong:
-        res = attribution.find_critical_samples(model, ckpts, train, [audit.test_row(enc, w["question"],
+        res = tracin.find_critical_samples(model, ckpts, train, [audit.test_row(enc, w["question"],
                                                 w["completion_tokens"])], enc, temperature=temperature,
                                                 checkpoint_steps=[1.0, 1.5, 0.5])
         total += [e["tracin_score"] for e in res["scores"]]
@@ -140,15 +140,15 @@ def test_audit_ranks_by_the_sum_of_per_answer_attributions(run):
 
 
 def test_contrast_loss_subtracts_the_reference_solutions(run):
-    tracin.main([f"--out_dir={run}", "--audit=2", "--audit_loss=contrast", "--figure=", "--html="])
+    attribute.main([f"--out_dir={run}", "--audit=2", "--audit_loss=contrast", "--figure=", "--html="])
     a = json.load(open(run / "tracin_audit.json"))
     model, enc, data_dir = load_policy(str(run / "ckpt_000003.pt"))
     wrong = audit.find_wrong(model, enc, load_task_split(data_dir, "test"), 2, "arith", 8)[0]
     rows = audit.audit_tests(enc, wrong, "contrast")
     assert [r["advantage"] for r in rows] == [1.0, 1.0, -1.0, -1.0]    # -NLL of each reference solution
-    train = audit.trained_rollouts(tracin.load_rollouts(str(run / "rollouts.jsonl"), enc))
+    train = audit.trained_rollouts(attribute.load_rollouts(str(run / "rollouts.jsonl"), enc))
     ckpts = [str(run / f"ckpt_{i:06d}.pt") for i in (0, 2, 3)]
-    score = lambda tests: np.array([e["tracin_score"] for e in attribution.find_critical_samples(  # noqa: E731
+    score = lambda tests: np.array([e["tracin_score"] for e in tracin.find_critical_samples(  # noqa: E731
         model, ckpts, train, tests, enc, checkpoint_steps=[1.0, 1.5, 0.5])["scores"]])
     expected = score(rows[:2]) - score([{**r, "advantage": 1.0} for r in rows[2:]])
     got = [e["tracin_score"] for e in a["result"]["scores"]]
@@ -156,7 +156,7 @@ def test_contrast_loss_subtracts_the_reference_solutions(run):
 
 
 def test_audit_with_a_free_question_whose_correctness_is_unknown(run):
-    tracin.main([f"--out_dir={run}", "--audit=1", "--question=Mia has 2 pears. How many?", "--n_probe=4",
+    attribute.main([f"--out_dir={run}", "--audit=1", "--question=Mia has 2 pears. How many?", "--n_probe=4",
                  "--figure="])
     page = Page((run / "tracin_report.html").read_text())
     assert page.sections == ["audit", "q1"] and "(correct: unknown)" in "".join(page.text)
@@ -184,10 +184,10 @@ def test_influence_figure_marks_defects_and_labels_the_top():
 
 
 def test_figure_default_needs_matplotlib_a_named_one_is_refused_without(run, monkeypatch, capsys):
-    monkeypatch.setattr(tracin, "has_matplotlib", lambda: False)
+    monkeypatch.setattr(attribute, "has_matplotlib", lambda: False)
     with pytest.raises(UserError, match="needs matplotlib"):
-        tracin.main([f"--out_dir={run}", "--audit=1", f"--figure={run}/f.png"])
-    tracin.main([f"--out_dir={run}", "--audit=1", "--n_probe=4", "--html="])
+        attribute.main([f"--out_dir={run}", "--audit=1", f"--figure={run}/f.png"])
+    attribute.main([f"--out_dir={run}", "--audit=1", "--n_probe=4", "--html="])
     assert "matplotlib is not installed" in capsys.readouterr().out and not (run / "tracin_influence.png").exists()
 
 
@@ -199,12 +199,12 @@ def test_figure_default_needs_matplotlib_a_named_one_is_refused_without(run, mon
     (["--audit=2", "--figure=f.txt"], "must end in .png"),
     (["--audit=2", "--n_probe=1.5"], "'n_probe' = 1.5")])
 def test_bad_audit_arguments_are_one_line_errors_before_any_work(run, monkeypatch, capsys, args, message):
-    monkeypatch.setattr(tracin, "load_policy", lambda *a, **k: pytest.fail("work started"))
+    monkeypatch.setattr(attribute, "load_policy", lambda *a, **k: pytest.fail("work started"))
     argv = [f"--out_dir={run}", *args]
     with pytest.raises(UserError, match=message):
-        tracin.main(argv)
+        attribute.main(argv)
     with pytest.raises(SystemExit) as e:
-        cli_main(tracin.main, argv)
+        cli_main(attribute.main, argv)
     err = capsys.readouterr().err
     assert e.value.code == 2 and err.startswith("error: ") and err.count("\n") == 1
 
@@ -212,26 +212,26 @@ def test_bad_audit_arguments_are_one_line_errors_before_any_work(run, monkeypatc
 def test_audit_of_a_model_with_no_wrong_answer_is_refused(run, monkeypatch):
     monkeypatch.setattr(audit, "find_wrong", lambda *a, **k: ([], 20))
     with pytest.raises(UserError, match="answers all 20 test problems right"):
-        tracin.main([f"--out_dir={run}", "--audit=1"])
+        attribute.main([f"--out_dir={run}", "--audit=1"])
 
 
 def test_a_file_tracin_did_not_write_is_never_overwritten(run, tmp_path, monkeypatch, capsys):
     """--figure, --html, --out_json naming a user's file, or a directory that takes no file (/proc): one-line
     errors before any work, the file as it was, nothing new in the run directory."""
-    monkeypatch.setattr(tracin, "load_policy", lambda *a, **k: pytest.fail("work started"))
+    monkeypatch.setattr(attribute, "load_policy", lambda *a, **k: pytest.fail("work started"))
     before = sorted(p.name for p in run.iterdir())
     for key, name in (("figure", "mine.png"), ("html", "mine.html"), ("out_json", "mine.json")):
         mine = tmp_path / name
         mine.write_text('{"my": "notes"}')
         with pytest.raises(SystemExit) as e:
-            cli_main(tracin.main, [f"--out_dir={run}", "--audit=2", f"--{key}={mine}"])
+            cli_main(attribute.main, [f"--out_dir={run}", "--audit=2", f"--{key}={mine}"])
         err = capsys.readouterr().err
         assert e.value.code == 2 and err.count("\n") == 1
         assert err == f"error: {key} {mine} exists and was not written by tracin.py: it is never overwritten; " \
                       "remove it, or give another path\n"
         assert mine.read_text() == '{"my": "notes"}'
     with pytest.raises(UserError, match="cannot write figure /proc/x.png: "):
-        tracin.main([f"--out_dir={run}", "--audit=2", "--figure=/proc/x.png"])
+        attribute.main([f"--out_dir={run}", "--audit=2", "--figure=/proc/x.png"])
     assert sorted(p.name for p in run.iterdir()) == before
 
 
@@ -240,7 +240,7 @@ def test_what_tracin_wrote_is_replaced_and_said_so(run, tmp_path, capsys):
     if not plot.has_matplotlib():
         paths[0] = "--figure="
     for _ in range(2):
-        tracin.main([f"--out_dir={run}", "--audit=1", "--n_probe=4", *paths])
+        attribute.main([f"--out_dir={run}", "--audit=1", "--n_probe=4", *paths])
     out = capsys.readouterr().out
     assert f"wrote {tmp_path}/a.json (replacing it)" in out and f"{tmp_path}/r.html (replacing the earlier one)" in out
     assert not plot.has_matplotlib() or f"{tmp_path}/f.png (replacing the earlier one)" in out

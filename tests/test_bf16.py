@@ -134,7 +134,7 @@ def test_a_bf16_run_stores_the_base_in_bf16_and_saves_float32(tiny_setup, tmp_pa
                                                              monkeypatch):
     """train_grpo.py --dtype=bfloat16 on the CPU: the frozen base in bf16, the adapter, its gradients and
     AdamW's state in float32 (so is every checkpoint); 'auto' names its choice and the reason."""
-    import device as device_module
+    from scale import device as device_module
     import train_grpo
     seen = {}
     real_update = grpo.update

@@ -1,3 +1,4 @@
+import tracin
 # GPU checks: the same independent references as the CPU tests, on CUDA (bf16 autocast where the
 # scripts use it). Skipped without a GPU, so CI (CPU only) skips the whole file; on a GPU machine:
 #   python -m pytest -q tests/test_cuda.py
@@ -80,8 +81,8 @@ def test_posthoc_attribution_on_cuda_equals_cpu(tmp_path):
     m = make_model()
     paths, _, train, test = posthoc_setup(tmp_path, m)
     kw = dict(mode="memory_efficient", normalize=True, self_influence=True)
-    want = attribution.find_critical_samples(m, paths, train, test, ByteEnc(), **kw)["scores"]
-    got = attribution.find_critical_samples(m.cuda(), paths, train, test, ByteEnc(), **kw)["scores"]
+    want = tracin.find_critical_samples(m, paths, train, test, ByteEnc(), **kw)["scores"]
+    got = tracin.find_critical_samples(m.cuda(), paths, train, test, ByteEnc(), **kw)["scores"]
     for key in ("tracin_score", "cosine_score", "self_influence"):
         assert torch.allclose(torch.tensor([e[key] for e in got]), torch.tensor([e[key] for e in want]),
                               rtol=1e-4, atol=1e-8), key

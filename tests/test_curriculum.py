@@ -1,4 +1,4 @@
-# Tests for curriculum.py and its use in train_grpo.py (curriculum by difficulty).
+# Tests for data/curriculum.py and its use in train_grpo.py (curriculum by difficulty).
 # References: the level rule written out here (mean of the last `window` accuracies at a level
 # >= threshold moves up one level), each problem's arithmetic re-checked and its operations counted
 # from the question text, and an uninterrupted run for resume.
@@ -11,7 +11,7 @@ import torch
 
 import rewards
 from configurator import UserError
-from curriculum import Curriculum, parse_levels
+from data.curriculum import Curriculum, parse_levels
 from model import load_checkpoint
 from test_prepare import check_arithmetic, operations
 from test_train_grpo import run
@@ -118,7 +118,7 @@ def test_bad_curriculum_knobs(tiny_setup, tmp_path, chars_reward, extra, message
 
 def test_one_level_is_training_on_generated_problems(tiny_setup, tmp_path, chars_reward):
     """curriculum='2:5' (the baseline's form): every prompt is a 2-step problem, nothing moves and no
-    level is logged (plot.py draws it as a standard run); the test set is 2-step problems too."""
+    level is logged (analysis/plot.py draws it as a standard run); the test set is 2-step problems too."""
     out = tmp_path / "run"
     run(tiny_setup, out, "--max_iters=2", "--curriculum=2:5", "--eval_interval=1")
     logs = [json.loads(l) for l in open(out / "log.jsonl")]

@@ -13,7 +13,7 @@ import torch.multiprocessing as mp
 
 import train_base
 import train_grpo as tg
-from distributed import finish  # each worker ends with it, as configurator.cli_main does under torchrun
+from scale.distributed import finish  # each worker ends with it, as configurator.cli_main does under torchrun
 from model import load_checkpoint
 from test_train_grpo import run
 
@@ -139,7 +139,7 @@ def eval_worker(rank, world, port, base, out):
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
     torch.set_num_threads(1)
-    import distributed
+    from scale import distributed
     with distributed.process_group("cpu"):
         r = evaluate_in_chunks(base)
         if distributed.is_main():
@@ -251,7 +251,7 @@ def test_train_base_in_two_processes_makes_the_single_process_updates(tiny_task,
 def helpers_worker(rank, world, port, out):
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
-    import distributed
+    from scale import distributed
     with distributed.process_group("cpu") as device:
         t = [torch.tensor([1.0, 2.0]) * (rank + 1), torch.tensor(rank + 10.0)]
         got = dict(device=device, rank=distributed.rank(), world=distributed.world_size(),
@@ -280,7 +280,7 @@ def test_helpers_in_two_processes(tmp_path):
 
 
 def test_helpers_in_one_process_do_nothing():
-    import distributed
+    from scale import distributed
     assert not distributed.launched() and distributed.setup("cpu") == (0, 1, "cpu")
     t = torch.tensor([1.0])
     assert distributed.all_reduce_sum([t])[0].item() == 1.0 and distributed.sum_floats([2.0]) == [2.0]
@@ -307,7 +307,7 @@ def sampling_worker(rank, world, port, out):
                       MASTER_PORT=str(port))
     torch.set_num_threads(1)
     import contextlib
-    import distributed
+    from scale import distributed
     import grpo
     model, enc, batches = sampling_setup()
     seen, real = [], grpo.generate

@@ -1,4 +1,4 @@
-# Tests for tokenizer.py (a Hugging Face directory's byte-level BPE as a tiktoken.Encoding).
+# Tests for pretrained/tokenizer.py (a Hugging Face directory's byte-level BPE as a tiktoken.Encoding).
 # Run with: python -m pytest -q tests/test_hf_tokenizer.py
 # Reference: the `tokenizers` / `transformers` libraries themselves. Tiny BPEs are trained here in the
 # three styles the module supports (GPT-2, Qwen2, SmolLM2; plus Llama 3's chat tokens), saved with
@@ -20,7 +20,7 @@ from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_toke
 from transformers import PreTrainedTokenizerFast  # noqa: E402
 
 from configurator import UserError  # noqa: E402
-from tokenizer import HFEncoding, load_hf_tokenizer  # noqa: E402
+from pretrained.tokenizer import HFEncoding, load_hf_tokenizer  # noqa: E402
 
 QWEN2_PAT = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
              r"""|\s*[\r\n]+|\s+(?!\S)|\s+""")

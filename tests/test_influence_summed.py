@@ -21,7 +21,6 @@ import pytest
 import torch
 
 import ghost
-import attribution
 import tracin
 import train_grpo
 from grpo import policy_backward
@@ -138,7 +137,7 @@ def autograd_filtered(m, paths, samples, keep):
     params = [p for n, p in m.named_parameters() if ".lora_" in n and keep(n)]
     for path in paths:
         load_lora_state_dict(m, load_checkpoint(path)["lora"])
-        rows = [torch.autograd.grad(attribution.sample_losses(m, *(t[i:i + 1] for t in batch)), params)
+        rows = [torch.autograd.grad(tracin.sample_losses(m, *(t[i:i + 1] for t in batch)), params)
                 for i in range(len(samples))]
         out.append(torch.stack([torch.cat([g.flatten() for g in r]) for r in rows]).double())
     return out
@@ -163,7 +162,7 @@ def test_posthoc_summed_with_filter_and_chunks(world, tmp_path):
         score = scores[filt] = sum(lr * (g @ G.sum(0)) for lr, g, G in zip(lrs, tr, te))
         cos = sum(lr * (g @ G.sum(0)) / (g.norm(dim=1) * G.sum(0).norm()) for lr, g, G in zip(lrs, tr, te))
         for mb in (3, 2):
-            res = attribution.find_critical_samples(m, paths, train, test, ByteEnc(), layer_filter=filt, micro_batch=mb,
+            res = tracin.find_critical_samples(m, paths, train, test, ByteEnc(), layer_filter=filt, micro_batch=mb,
                                                normalize=True)
             got = torch.tensor([e["tracin_score"] for e in res["scores"]], dtype=torch.float64)
             got_cos = torch.tensor([e["cosine_score"] for e in res["scores"]], dtype=torch.float64)

@@ -17,7 +17,7 @@ from dataclasses import asdict
 import pytest
 import torch
 
-import device as device_module
+from scale import device as device_module
 import model as model_module
 from configurator import UserError
 from model import GPT, GPTConfig, load_checkpoint, model_from_checkpoint, save_checkpoint

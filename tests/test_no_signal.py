@@ -1,7 +1,7 @@
 """A run that cannot learn says so: metrics.NoSignal on hand-made logs, and whole train_grpo.py runs with a
 reward that never varies (every advantage 0) and with one that does. Run: python -m pytest -q tests/test_no_signal.py"""
 import train_grpo
-from metrics import NoSignal
+from runs.metrics import NoSignal
 
 
 def test_warns_once_after_patience_steps_in_a_row(capsys):

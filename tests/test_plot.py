@@ -1,4 +1,4 @@
-# Tests for plot.py. Run: python -m pytest tests/test_plot.py -q
+# Tests for analysis/plot.py. Run: python -m pytest tests/test_plot.py -q
 # Reference: two hand-written log.jsonl files (a standard run and a TracIn run); the figure must show
 # exactly the points written there. matplotlib is optional: the tests that draw skip without it.
 import json
@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-import plot
+from analysis import plot
 from configurator import UserError
 
 # (iter, elapsed, accuracy) of the evaluations written below: step 0 and every 5 steps
@@ -195,7 +195,7 @@ def attribution_json(path, scores, audit=False):
 
 
 def test_influence_figure_from_tracin_json(tmp_path, monkeypatch, capsys):
-    """plot.py draws the slide figure again from tracin.py's JSON files (an attribution, an audit): the
+    """analysis/plot.py draws the slide figure again from tracin.py's JSON files (an attribution, an audit): the
     points are the scores summed per rollout over the files, the title the question."""
     pytest.importorskip("matplotlib")
     one = attribution_json(tmp_path / "a.json", [1.0, -2.0, 0.5])

@@ -16,7 +16,7 @@ import sys
 import pytest
 import torch
 
-import tasks
+from data import tasks
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATA = "data/gsm_synth/s1_m5_a_n0_t300"  # the knobs below, spelled as prepare.py names them
@@ -29,8 +29,9 @@ GRPO = ["--base_ckpt=out/base/ckpt.pt", "--out_dir=out/grpo", "--batch_size=2", 
 
 def copy_project(dst):
     """The project's code (no out/, no data built yet) in dst."""
-    for path in glob.glob(f"{ROOT}/*.py") + glob.glob(f"{ROOT}/data/**/*.py", recursive=True) + \
-            glob.glob(f"{ROOT}/config/*.py"):
+    for path in glob.glob(f"{ROOT}/**/*.py", recursive=True):  # the lecture, its folders, data/ and config/
+        if os.path.relpath(path, ROOT).split(os.sep)[0] in ("tests", "out"):
+            continue
         target = os.path.join(dst, os.path.relpath(path, ROOT))
         os.makedirs(os.path.dirname(target), exist_ok=True)
         shutil.copy(path, target)

@@ -9,16 +9,18 @@ import sys
 import pytest
 import torch
 
+
 pytest.importorskip("transformers", reason="transformers is the test-only reference (installed by .ci/run)")
 pytest.importorskip("tokenizers", reason="tokenizers trains the test tokenizers (installed by .ci/run)")
 pytest.importorskip("safetensors", reason="safetensors reads the weights (requirements.txt)")
 from safetensors.torch import load_file, save_file  # noqa: E402
 
+from analysis import attribute
 from configurator import UserError  # noqa: E402
 from hf_dirs import make_dir, write_config  # noqa: E402
 from model import GPT  # noqa: E402
 from sample import generate  # noqa: E402
-from tokenizer import load_hf_tokenizer  # noqa: E402
+from pretrained.tokenizer import load_hf_tokenizer  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CASES = {  # name: make_dir arguments; every family, GQA, tied and untied heads, a non-default theta, shards
@@ -237,14 +239,14 @@ def test_grpo_run_on_a_directory_uses_its_chat_format_and_records_the_base(run, 
 def test_tracin_cli_attributes_on_a_directory_run(run):
     import tracin
     out = f"{run}/attr.json"
-    tracin.main([f"--out_dir={run}", "--question=Mia has 2 pears. How many?", "--n_probe=4", f"--out_json={out}"])
+    attribute.main([f"--out_dir={run}", "--question=Mia has 2 pears. How many?", "--n_probe=4", f"--out_json={out}"])
     res = json.load(open(out))
     assert res["most_influential_positive"] or res["most_influential_negative"]
 
 
 def test_exported_adapter_gives_the_projects_logits_in_peft(run, dirs):
     peft = pytest.importorskip("peft", reason="peft is the test-only reference for adapters (installed by .ci/run)")
-    import export
+    from pretrained import export
     from sample import load_policy
     from transformers import AutoModelForCausalLM
     export.main([f"--out_dir={run}", "--merged=True"])
@@ -271,7 +273,7 @@ def test_gpt2_adapter_on_conv1d_layers_loads_in_peft(dirs, tmp_path, chars_rewar
     """GPT-2's c_attn / c_proj / c_fc are Conv1D in transformers ((in, out) weights): peft adapts them
     with fan_in_fan_out, and computes what this project's nn.Linear + LoRA computes."""
     peft = pytest.importorskip("peft", reason="peft is the test-only reference for adapters (installed by .ci/run)")
-    import export
+    from pretrained import export
     import train_grpo
     from data.gsm_synth.prepare import prepare
     from sample import load_policy
@@ -300,7 +302,7 @@ def test_a_run_directory_given_as_a_model_directory_is_named(tmp_path):
 
 
 def test_export_refuses_a_run_on_the_tiny_base(tiny_setup, tmp_path, chars_reward):
-    import export
+    from pretrained import export
     import train_grpo
     train_grpo.main([f"--base_ckpt={tiny_setup}", f"--out_dir={tmp_path}/run", "--max_iters=1", "--batch_size=2",
                      "--group_size=2", "--eval_n=2", "--max_new_tokens=8"])

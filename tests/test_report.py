@@ -1,4 +1,4 @@
-# Tests for the HTML attribution report (report.py, tracin.py --html / --questions_file) on a real tiny
+# Tests for the HTML attribution report (analysis/report.py, tracin.py --html / --questions_file) on a real tiny
 # train_grpo.py run with planted defects. Run: python -m pytest tests/test_report.py -q
 #
 # Independent references: Python's own html.parser reads the page back (tags, attributes and text as a
@@ -6,6 +6,7 @@
 import glob
 import json
 import shutil
+from analysis import attribute
 from html.parser import HTMLParser
 
 import pytest
@@ -31,7 +32,7 @@ def run(defect_dir, tmp_path):
 
 
 def main(run, *args):
-    tracin.main([f"--out_dir={run}", "--n_probe=8", "--top_k=3", *args])
+    attribute.main([f"--out_dir={run}", "--n_probe=8", "--top_k=3", *args])
 
 
 class Page(HTMLParser):
@@ -148,8 +149,8 @@ def test_bad_questions_and_html_are_one_line_errors_before_any_work(run, tmp_pat
     (tmp_path / "empty.txt").write_text("\n  \n")
     argv = [f"--out_dir={run}", *(a.format(tmp=tmp_path) for a in args)]
     with pytest.raises(UserError, match=message):
-        tracin.main(argv)
+        attribute.main(argv)
     with pytest.raises(SystemExit) as e:
-        cli_main(tracin.main, argv)
+        cli_main(attribute.main, argv)
     err = capsys.readouterr().err
     assert e.value.code == 2 and err.startswith("error: ") and err.count("\n") == 1

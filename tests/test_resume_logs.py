@@ -1,6 +1,6 @@
 # Whatever stops a train_grpo.py run (Ctrl-C in any step, evaluation or checkpoint; a full disk while a
 # checkpoint or the log is written), the command its message prints goes on from there, and the finished
-# run logs every iteration exactly once: summarize.py's and plot.py's readers accept it.
+# run logs every iteration exactly once: analysis/summarize.py's and analysis/plot.py's readers accept it.
 # Run: python -m pytest tests/test_resume_logs.py -q
 #
 # Independent references: an uninterrupted run with the same config (its log's rewards and its final LoRA
@@ -17,8 +17,8 @@ import shlex
 import pytest
 import torch
 
-import plot
-import summarize
+from analysis import plot
+from analysis import summarize
 import train_grpo as tg
 from configurator import Interrupted, UserError
 from model import load_checkpoint
@@ -96,7 +96,7 @@ def stop(monkeypatch, where, k, how):
 
 
 def check_finished(out, reference):
-    log = plot.load_log(str(out))  # plot.py's reader (summarize.py's too): two lines of an iteration are refused
+    log = plot.load_log(str(out))  # analysis/plot.py's reader (analysis/summarize.py's too): two lines of an iteration are refused
     assert [line["iter"] for line in log] == list(range(MAX + 1))
     assert [json.loads(line)["iter"] for line in open(out / "rollouts.jsonl")] == list(range(1, MAX + 1))
     assert sorted(os.path.basename(p) for p in glob.glob(str(out / "ckpt*.pt"))) == \
@@ -108,7 +108,7 @@ def check_finished(out, reference):
     final = load_checkpoint(str(out / "ckpt.pt"))
     assert final["iter_num"] == MAX and all(torch.equal(final["lora"][n], t) for n, t in ref_ckpt["lora"].items())
     summarize.main([str(out)])
-    if importlib.util.find_spec("matplotlib"):  # plot.py draws only with it (requirements.txt leaves it optional)
+    if importlib.util.find_spec("matplotlib"):  # analysis/plot.py draws only with it (requirements.txt leaves it optional)
         assert os.path.isfile(plot.plot_runs([str(out)], str(out / "plot.png")))
 
 

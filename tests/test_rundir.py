@@ -1,4 +1,4 @@
-# Tests for rundir.py (run directories), model.base_fingerprint and configurator.cli_main. Run: python -m pytest tests/test_rundir.py -q
+# Tests for runs/rundir.py (run directories), model.base_fingerprint and configurator.cli_main. Run: python -m pytest tests/test_rundir.py -q
 # References: real processes for the lock (a live `sleep` holds it, a finished one left it stale),
 # files written by hand for the JSONL readers, and weights changed by one element for the fingerprint.
 import json
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import model
-import rundir
+from runs import rundir
 from configurator import Interrupted, UserError, cli_main
 
 
@@ -143,7 +143,7 @@ def test_full_disk_is_one_line_with_the_os_reason(tmp_path, monkeypatch):
 def test_ctrl_c_at_start_up_is_one_line(tmp_path):
     """Ctrl-C while a script is still importing torch (here sent right after the configurator import,
     the first import of every script): exit 130, one line, no traceback."""
-    root = os.path.dirname(os.path.abspath(rundir.__file__))
+    root = os.path.dirname(os.path.dirname(os.path.abspath(rundir.__file__)))
     code = (f"import sys; sys.argv = [{os.path.join(root, 'train_grpo.py')!r}]; sys.path.insert(0, {root!r})\n"
             "import os, signal, configurator\nos.kill(os.getpid(), signal.SIGINT)\nimport torch\n"
             "print('not reached')")

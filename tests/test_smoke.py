@@ -1,6 +1,6 @@
 """The real tasks end to end on a tiny random Qwen2-style directory (tests/hf_dirs.py), with the smoke
 configs: prepare (GSM8K from a fixture in the official format; Countdown generated), sample.py, the
-task's rewards, GRPO with TracIn, tracin.py's post-hoc attribution and export.py. A random model
+task's rewards, GRPO with TracIn, tracin.py's post-hoc attribution and pretrained/export.py. A random model
 scores 0 on the task, so a length reward ("chars") is added to give the groups an advantage to learn
 from; the task's own rewards still score every completion. Run: python -m pytest -q tests/test_smoke.py"""
 import glob
@@ -13,7 +13,8 @@ import pytest
 
 pytest.importorskip("transformers", reason="transformers writes the tiny model directory (installed by .ci/run)")
 pytest.importorskip("tokenizers", reason="tokenizers trains its tokenizer (installed by .ci/run)")
-import export  # noqa: E402
+from analysis import attribute
+from pretrained import export  # noqa: E402
 import tracin  # noqa: E402
 import train_grpo  # noqa: E402
 from hf_dirs import make_dir  # noqa: E402
@@ -42,7 +43,7 @@ def task_dir(task, tmp_path):
 def test_smoke_config_runs_every_path(task, model_dir, tmp_path, chars_reward, capsys):
     from data.gsm_synth.prepare import encode_prompt
     from sample import load_policy
-    from tasks import TASKS
+    from data.tasks import TASKS
     data, run = task_dir(task, tmp_path), str(tmp_path / "run")
     rewards = (*TASKS[task]["rewards"], "chars")
     cfg = train_grpo.main([f"config/smoke_{task}.py", f"--base_ckpt={model_dir}", f"--data_dir={data}",
@@ -61,7 +62,7 @@ def test_smoke_config_runs_every_path(task, model_dir, tmp_path, chars_reward, c
         [{"role": "user", "content": question}], add_generation_prompt=True, tokenize=True, return_dict=True)
     assert encode_prompt(enc, question) == list(want["input_ids"])
 
-    tracin.main([f"--out_dir={run}", f"--question={question}", "--n_probe=8"])
+    attribute.main([f"--out_dir={run}", f"--question={question}", "--n_probe=8"])
     (result,) = glob.glob(f"{run}/tracin_*.json")  # one file per question and answer
     assert json.load(open(result))["scores"]
     export.main([f"--out_dir={run}"])

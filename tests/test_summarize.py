@@ -1,10 +1,10 @@
-# Tests for summarize.py. Run: python -m pytest tests/test_summarize.py -q
+# Tests for analysis/summarize.py. Run: python -m pytest tests/test_summarize.py -q
 # Reference: hand-written log.jsonl files and the values the table must show.
 import json
 
 import pytest
 
-import summarize
+from analysis import summarize
 from configurator import UserError
 
 

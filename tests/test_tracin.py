@@ -33,10 +33,11 @@
 #   test_*_method_*                       UserError by hand.
 import pytest
 import torch
+
 from torch.func import functional_call, grad, jacrev, vmap
 
+from analysis import attribute
 import ghost
-import attribution
 import tracin
 from configurator import UserError
 from lora import apply_lora, disable_lora, load_lora_state_dict, lora_parameters, lora_state_dict
@@ -492,7 +493,7 @@ def test_posthoc_full_equals_loop_over_checkpoints(world, tmp_path):
     m = world[0]
     paths, lrs, train, test = posthoc_setup(tmp_path, m)
     enc = ByteEnc()
-    full = attribution.find_critical_samples(m, paths, train, test, enc, mode="full", top_k=2, normalize=True,
+    full = tracin.find_critical_samples(m, paths, train, test, enc, mode="full", top_k=2, normalize=True,
                                         self_influence=True)
     # reference: plain autograd over checkpoints and samples
     from lora import load_lora_state_dict
@@ -504,7 +505,7 @@ def test_posthoc_full_equals_loop_over_checkpoints(world, tmp_path):
         params = lora_parameters(m)
 
         def g(b, i):
-            loss = attribution.sample_losses(m, *(t[i:i + 1] for t in b))
+            loss = tracin.sample_losses(m, *(t[i:i + 1] for t in b))
             return torch.cat([x.flatten() for x in torch.autograd.grad(loss, params)])
         gt = g(sb, 0)
         for i in range(len(train)):
@@ -518,12 +519,12 @@ def test_posthoc_full_equals_loop_over_checkpoints(world, tmp_path):
     assert full["most_influential_positive"][0]["index"] == best if want[best] > 0 else not full["most_influential_positive"]
     assert all("cosine_score" in e and e["self_influence"] > 0 for e in full["scores"])
     # memory-efficient streams the same checkpoints from disk: same scores; loop path too
-    eff = attribution.find_critical_samples(m, paths, train, test, enc, mode="memory_efficient")
-    loop = attribution.find_critical_samples(m, paths, train, test, enc, mode="memory_efficient", gradient_method="loop")
+    eff = tracin.find_critical_samples(m, paths, train, test, enc, mode="memory_efficient")
+    loop = tracin.find_critical_samples(m, paths, train, test, enc, mode="memory_efficient", gradient_method="loop")
     for other in (eff, loop):
         assert torch.allclose(torch.tensor([e["tracin_score"] for e in other["scores"]], dtype=torch.float64),
                               want, rtol=1e-4, atol=1e-10)
-    simple = attribution.find_critical_samples(m, paths, train, test, enc, mode="simple")
+    simple = tracin.find_critical_samples(m, paths, train, test, enc, mode="simple")
     assert simple["num_checkpoints"] == 1
 
 
@@ -532,19 +533,19 @@ def test_posthoc_errors(world, tmp_path):
     paths, lrs, train, test = posthoc_setup(tmp_path, m)
     enc = ByteEnc()
     with pytest.raises(UserError, match="learning rates"):
-        attribution.find_critical_samples(m, paths, train, test, enc, learning_rates=[0.1])
+        tracin.find_critical_samples(m, paths, train, test, enc, learning_rates=[0.1])
     with pytest.raises(UserError, match="no checkpoints"):
-        attribution.find_critical_samples(m, [], train, test, enc)
+        tracin.find_critical_samples(m, [], train, test, enc)
     with pytest.raises(UserError, match="layer_filter"):
-        attribution.find_critical_samples(m, paths, train, test, enc, layer_filter="nothing")
+        tracin.find_critical_samples(m, paths, train, test, enc, layer_filter="nothing")
 
 
 def test_posthoc_cli_errors(tmp_path):
     with pytest.raises(UserError, match="no checkpoints"):
-        tracin.main([f"--out_dir={tmp_path}", "--question=hi"])
+        attribute.main([f"--out_dir={tmp_path}", "--question=hi"])
     save_checkpoint({"lora": {}, "lr": 0.1}, str(tmp_path / "ckpt_000000.pt"))
     with pytest.raises(UserError, match="rollouts"):
-        tracin.load_rollouts(str(tmp_path / "rollouts.jsonl"), ByteEnc())
+        attribute.load_rollouts(str(tmp_path / "rollouts.jsonl"), ByteEnc())
 
 
 def test_posthoc_memory_efficient_loads_each_checkpoint_once(world, tmp_path, monkeypatch):
@@ -553,8 +554,8 @@ def test_posthoc_memory_efficient_loads_each_checkpoint_once(world, tmp_path, mo
     import model
     loads = []
     real = model.load_checkpoint
-    monkeypatch.setattr(attribution, "load_checkpoint", lambda p, *a, **k: loads.append(p) or real(p, *a, **k))
-    res = attribution.find_critical_samples(m, paths, train, test, ByteEnc(), mode="memory_efficient", micro_batch=2)
+    monkeypatch.setattr(tracin, "load_checkpoint", lambda p, *a, **k: loads.append(p) or real(p, *a, **k))
+    res = tracin.find_critical_samples(m, paths, train, test, ByteEnc(), mode="memory_efficient", micro_batch=2)
     assert sorted(loads) == sorted(paths)  # each exactly once, even with several train chunks
     assert [e["checkpoint_contributions"][0] for e in res["scores"]] != [0.0] * len(train)
 
@@ -590,9 +591,9 @@ def test_posthoc_n_probe_spreads_over_the_run(world, tmp_path):
     m = world[0]
     paths, lrs, train, test = posthoc_setup(tmp_path, m)
     enc = ByteEnc()
-    got = attribution.find_critical_samples(m, paths, train, test, enc, n_probe=2)
-    want = attribution.find_critical_samples(m, paths, [train[0], train[2]], test, enc)
-    first = attribution.find_critical_samples(m, paths, train[:2], test, enc)
+    got = tracin.find_critical_samples(m, paths, train, test, enc, n_probe=2)
+    want = tracin.find_critical_samples(m, paths, [train[0], train[2]], test, enc)
+    first = tracin.find_critical_samples(m, paths, train[:2], test, enc)
     scores = lambda r: [e["tracin_score"] for e in r["scores"]]
     assert scores(got) == scores(want) and scores(got) != scores(first)
 
@@ -609,12 +610,12 @@ def test_posthoc_unknown_mode_or_gradient_method_raises_before_work(world, tmp_p
     """Checked first: mode='full' would otherwise load (here: fail to find) every checkpoint first."""
     m = world[0]
     _, _, train, test = posthoc_setup(tmp_path, m)
-    monkeypatch.setattr(attribution, "rollout_batch", lambda *a: pytest.fail("work started"))
+    monkeypatch.setattr(tracin, "rollout_batch", lambda *a: pytest.fail("work started"))
     missing = [str(tmp_path / "missing.pt")]
     with pytest.raises(UserError, match="gradient_method.*'nope'"):
-        attribution.find_critical_samples(m, missing, train, test, ByteEnc(), mode="full", gradient_method="nope")
+        tracin.find_critical_samples(m, missing, train, test, ByteEnc(), mode="full", gradient_method="nope")
     with pytest.raises(UserError, match="mode.*'fast'"):
-        attribution.find_critical_samples(m, missing, train, test, ByteEnc(), mode="fast")
+        tracin.find_critical_samples(m, missing, train, test, ByteEnc(), mode="fast")
 
 
 def autograd_grads(m, paths, samples, temperature=1.0):
@@ -623,7 +624,7 @@ def autograd_grads(m, paths, samples, temperature=1.0):
     batch, out = tracin.rollout_batch(ByteEnc(), samples, "cpu"), []
     for path in paths:
         load_lora_state_dict(m, load_checkpoint(path)["lora"])
-        rows = [torch.autograd.grad(attribution.sample_losses(m, *(t[i:i + 1] for t in batch), temperature),
+        rows = [torch.autograd.grad(tracin.sample_losses(m, *(t[i:i + 1] for t in batch), temperature),
                                     lora_parameters(m)) for i in range(len(samples))]
         out.append(torch.stack([torch.cat([g.flatten() for g in r]) for r in rows]).double())
     return out
@@ -643,7 +644,7 @@ def test_posthoc_cosine_and_self_influence_match_autograd(world, tmp_path):
     cos = sum(lr * (g @ G.sum(0)) / (g.norm(dim=1) * G.sum(0).norm()) for lr, g, G in zip(lrs, tr, te))
     self_inf = sum(lr * g.pow(2).sum(1) for lr, g in zip(lrs, tr))
     for method in ("hooks", "loop"):
-        res = attribution.find_critical_samples(m, paths, train, test, ByteEnc(), normalize=True, self_influence=True,
+        res = tracin.find_critical_samples(m, paths, train, test, ByteEnc(), normalize=True, self_influence=True,
                                            gradient_method=method)
         assert torch.allclose(column(res, "cosine_score"), cos, rtol=1e-4, atol=1e-8), method
         assert torch.allclose(column(res, "self_influence"), self_inf, rtol=1e-4), method
@@ -654,7 +655,7 @@ def test_posthoc_repeated_test_sample_keeps_the_cosine(world, tmp_path):
     """The same test sample 4 times: the score is 4 times that of once, the cosine the same."""
     m = world[0]
     paths, _, train, test = posthoc_setup(tmp_path, m)
-    once, four = (attribution.find_critical_samples(m, paths, train, t, ByteEnc(), normalize=True) for t in (test, test * 4))
+    once, four = (tracin.find_critical_samples(m, paths, train, t, ByteEnc(), normalize=True) for t in (test, test * 4))
     assert torch.allclose(column(four, "tracin_score"), 4 * column(once, "tracin_score"), rtol=1e-5)
     assert torch.allclose(column(four, "cosine_score"), column(once, "cosine_score"), rtol=1e-5)
 
@@ -663,7 +664,7 @@ def test_posthoc_loop_and_hooks_agree_on_every_key(world, tmp_path):
     m = world[0]
     paths, _, train, test = posthoc_setup(tmp_path, m)
     kw = dict(normalize=True, self_influence=True)
-    hooks, loop = (attribution.find_critical_samples(m, paths, train, test * 2, ByteEnc(), gradient_method=g, **kw)
+    hooks, loop = (tracin.find_critical_samples(m, paths, train, test * 2, ByteEnc(), gradient_method=g, **kw)
                    for g in ("hooks", "loop"))
     for key in ("tracin_score", "cosine_score", "self_influence"):
         assert column(loop, key).abs().min() > 0, key
@@ -677,7 +678,7 @@ def test_posthoc_scores_ignore_dropout(tmp_path):
     assert all(torch.equal(a, b) for a, b in zip(noisy.state_dict().values(), clean.state_dict().values()))
     paths, _, train, test = posthoc_setup(tmp_path, noisy)
     kw = dict(normalize=True, self_influence=True)
-    runs = [attribution.find_critical_samples(m, paths, train, test, ByteEnc(), gradient_method=g, **kw)
+    runs = [tracin.find_critical_samples(m, paths, train, test, ByteEnc(), gradient_method=g, **kw)
             for m, g in ((noisy, "hooks"), (noisy, "hooks"), (noisy, "loop"), (clean, "hooks"))]
     for key in ("tracin_score", "cosine_score", "self_influence"):
         assert torch.equal(column(runs[0], key), column(runs[1], key)), key
@@ -703,7 +704,7 @@ def test_posthoc_leaves_the_model_as_it_was(world, tmp_path, training, method):
     for ckpts in (paths, paths + [str(tmp_path / "missing.pt")]):  # the second fails after 3 checkpoints
         m.train(training)
         try:
-            attribution.find_critical_samples(m, ckpts, train, test, ByteEnc(), gradient_method=method,
+            tracin.find_critical_samples(m, ckpts, train, test, ByteEnc(), gradient_method=method,
                                          normalize=True, self_influence=True)
         except UserError as e:
             assert "missing.pt" in str(e) and len(ckpts) == 4
@@ -716,10 +717,10 @@ def test_posthoc_leaves_the_model_as_it_was(world, tmp_path, training, method):
 def test_trapezoid_steps():
     """Checkpoint i at step s_i stands for (s_{i+1} - s_{i-1}) / 2 steps, the ends for half a gap."""
     iters = [0, 25, 50, 75, 100, 110]  # every 25 steps, the last at max_iters = 110
-    assert attribution.trapezoid_steps(iters) == [12.5, 25.0, 25.0, 25.0, 17.5, 5.0]
-    assert sum(attribution.trapezoid_steps(iters)) == 110
-    assert attribution.trapezoid_steps([0, 10]) == [5.0, 5.0]
-    assert attribution.trapezoid_steps([40]) == [1.0]
+    assert tracin.trapezoid_steps(iters) == [12.5, 25.0, 25.0, 25.0, 17.5, 5.0]
+    assert sum(tracin.trapezoid_steps(iters)) == 110
+    assert tracin.trapezoid_steps([0, 10]) == [5.0, 5.0]
+    assert tracin.trapezoid_steps([40]) == [1.0]
 
 
 def test_posthoc_checkpoint_steps_scale_each_checkpoint(world, tmp_path):
@@ -727,20 +728,20 @@ def test_posthoc_checkpoint_steps_scale_each_checkpoint(world, tmp_path):
     paths, _, train, test = posthoc_setup(tmp_path, m)
     steps = [12.5, 25.0, 5.0]
     kw = dict(normalize=True, self_influence=True)
-    plain = attribution.find_critical_samples(m, paths, train, test, ByteEnc(), **kw)
-    weighted = attribution.find_critical_samples(m, paths, train, test, ByteEnc(), checkpoint_steps=steps, **kw)
+    plain = tracin.find_critical_samples(m, paths, train, test, ByteEnc(), **kw)
+    weighted = tracin.find_critical_samples(m, paths, train, test, ByteEnc(), checkpoint_steps=steps, **kw)
     for p, w in zip(plain["scores"], weighted["scores"]):
         want = [k * c for k, c in zip(steps, p["checkpoint_contributions"])]
         assert w["checkpoint_contributions"] == pytest.approx(want, rel=1e-9)
         assert w["tracin_score"] == pytest.approx(sum(want), rel=1e-9)
     # cosine and self-influence: each checkpoint's term scales by its k_t too (one checkpoint at a time)
     for path, k in zip(paths, steps):
-        one, one_k = (attribution.find_critical_samples(m, [path], train, test, ByteEnc(), checkpoint_steps=s, **kw)
+        one, one_k = (tracin.find_critical_samples(m, [path], train, test, ByteEnc(), checkpoint_steps=s, **kw)
                       for s in (None, [k]))
         for key in ("tracin_score", "cosine_score", "self_influence"):
             assert torch.allclose(column(one_k, key), k * column(one, key), rtol=1e-9), key
-    simple = attribution.find_critical_samples(m, paths, train, test, ByteEnc(), mode="simple", checkpoint_steps=steps)
+    simple = tracin.find_critical_samples(m, paths, train, test, ByteEnc(), mode="simple", checkpoint_steps=steps)
     assert column(simple, "tracin_score").tolist() == column(
-        attribution.find_critical_samples(m, paths, train, test, ByteEnc(), mode="simple"), "tracin_score").tolist()
+        tracin.find_critical_samples(m, paths, train, test, ByteEnc(), mode="simple"), "tracin_score").tolist()
     with pytest.raises(UserError, match="3 checkpoints but 2 checkpoint_steps"):
-        attribution.find_critical_samples(m, paths, train, test, ByteEnc(), checkpoint_steps=[1, 2])
+        tracin.find_critical_samples(m, paths, train, test, ByteEnc(), checkpoint_steps=[1, 2])

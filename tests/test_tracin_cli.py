@@ -1,4 +1,4 @@
-# Tests for `python tracin.py` (tracin.main) on a real train_grpo.py run directory: 3 GRPO steps at
+# Tests for `python tracin.py` (attribute.main) on a real train_grpo.py run directory: 3 GRPO steps at
 # sampling temperature 0.7, checkpoints at iters 0, 2 and 3. Run: python -m pytest tests/test_tracin_cli.py -q
 #
 # Independent references: the run's own config (temperature) and the trapezoid weights worked out by
@@ -12,7 +12,7 @@ import shutil
 
 import pytest
 
-import attribution
+from analysis import attribute
 import tracin
 from configurator import UserError, cli_main
 from model import load_checkpoint, save_checkpoint
@@ -46,13 +46,13 @@ def run(grpo_dir, tmp_path):
 @pytest.fixture
 def spy(monkeypatch):
     """Records each find_critical_samples call's arguments and whether the run lock was held, then scores."""
-    calls, real = [], attribution.find_critical_samples
+    calls, real = [], tracin.find_critical_samples
 
     def record(model, checkpoints, train, test, enc, **kw):
         lock = os.path.join(os.path.dirname(checkpoints[0]), "run.lock")
         calls.append(dict(checkpoints=checkpoints, test=test, enc=enc, locked=os.path.exists(lock), **kw))
         return real(model, checkpoints, train, test, enc, **kw)
-    monkeypatch.setattr(tracin, "find_critical_samples", record)
+    monkeypatch.setattr(attribute, "find_critical_samples", record)
     return calls
 
 
@@ -63,7 +63,7 @@ def written(run):
 
 
 def main(run, *args):
-    tracin.main([f"--out_dir={run}", "--question=Mia has 2 pears. How many?", "--n_probe=4", *args])
+    attribute.main([f"--out_dir={run}", "--question=Mia has 2 pears. How many?", "--n_probe=4", *args])
 
 
 def test_cli_uses_the_runs_temperature_trapezoid_weights_and_the_lock(run, spy):
@@ -94,21 +94,21 @@ def test_cli_skips_a_cut_off_rollouts_line(run, spy, capsys):
     path = run / "rollouts.jsonl"
     lines = path.read_text().splitlines()
     enc = _enc(run)
-    whole = tracin.load_rollouts(str(path), enc)
+    whole = attribute.load_rollouts(str(path), enc)
     with open(path, "a") as f:
         f.write(lines[-1][:40])  # a crash cut the last line off mid-write
     main(run)
     assert f"line {len(lines) + 1} is not valid JSON (cut off" in capsys.readouterr().out
-    assert tracin.load_rollouts(str(path), enc) == whole
+    assert attribute.load_rollouts(str(path), enc) == whole
 
 
 def test_rollouts_record_without_its_keys_is_skipped(run, capsys):
     path = run / "rollouts.jsonl"
     enc = _enc(run)
-    whole = tracin.load_rollouts(str(path), enc)
+    whole = attribute.load_rollouts(str(path), enc)
     lines = path.read_text().splitlines(keepends=True)
     path.write_text(lines[0] + '{"iter": 7, "prompts": ["q"]}\n' + "".join(lines[1:]))
-    assert tracin.load_rollouts(str(path), enc) == whole
+    assert attribute.load_rollouts(str(path), enc) == whole
     assert "record 2 lacks" in capsys.readouterr().out
 
 
@@ -144,7 +144,7 @@ def test_a_questions_file_that_is_not_text_is_one_line(run, tmp_path, monkeypatc
     (tmp_path / "q.txt").write_bytes(content)
     before = sorted(p.name for p in run.iterdir())
     with pytest.raises(SystemExit) as e:
-        cli_main(tracin.main, [f"--out_dir={run}", f"--questions_file={tmp_path}/q.txt"])
+        cli_main(attribute.main, [f"--out_dir={run}", f"--questions_file={tmp_path}/q.txt"])
     err = capsys.readouterr().err
     assert e.value.code == 2 and err.startswith(f"error: questions_file {tmp_path}/q.txt {message}")
     assert err.count("\n") == 1 and sorted(p.name for p in run.iterdir()) == before
@@ -152,7 +152,7 @@ def test_a_questions_file_that_is_not_text_is_one_line(run, tmp_path, monkeypatc
 
 def test_cli_errors_are_one_line(run, capsys):
     with pytest.raises(SystemExit) as e:
-        cli_main(tracin.main, [f"--out_dir={run}", "--question=hi", f"--out_json={run}/no/such/dir/x.json"])
+        cli_main(attribute.main, [f"--out_dir={run}", "--question=hi", f"--out_json={run}/no/such/dir/x.json"])
     err = capsys.readouterr().err
     assert e.value.code == 2 and err.startswith("error: ") and err.count("\n") == 1
 
@@ -182,11 +182,11 @@ def test_a_base_models_directory_is_named_and_the_printed_commands_work(tiny_set
     assert "holds a base model (train_base.py), not a GRPO run" in msg and "\n" not in msg
     train = shlex.split(msg.split("with: ")[1].split(", then")[0])
     assert train[:2] == ["python", "train_grpo.py"] and f"--base_ckpt={base}/ckpt.pt" in train
-    attribute = msg.split("then attribute with ")[1]
-    assert attribute == f"--out_dir={tmp_path}/out/grpo"
+    printed = msg.split("then attribute with ")[1]
+    assert printed == f"--out_dir={tmp_path}/out/grpo"
     monkeypatch.setitem(rewards.REWARD_FUNCS, "chars", lambda completion, answer: len(completion) / 10)
     grpo_run(tiny_setup, "unused", *train[2:], "--max_iters=1")   # the printed --base_ckpt, --out_dir win
-    tracin.main([attribute, "--question=Mia has 2 pears. How many?", "--n_probe=4"])
+    attribute.main([printed, "--question=Mia has 2 pears. How many?", "--n_probe=4"])
     assert len(glob.glob(f"{tmp_path}/out/grpo/tracin_*.json")) == 1
 
 

@@ -127,9 +127,9 @@ CHAT_INSTRUCTION = "\nWrite one equation per line, then the answer on a last lin
 
 
 def encode_prompt(enc, question):
-    """The prompt's ids; with an instruct model's tokenizer (tokenizer.py, `chat` set) the question
+    """The prompt's ids; with an instruct model's tokenizer (pretrained/tokenizer.py, `chat` set) the question
     and CHAT_INSTRUCTION form the user turn of its chat format, ending in the assistant's header
-    (enc.instruction replaces CHAT_INSTRUCTION for tasks whose questions carry their own: tasks.py)."""
+    (enc.instruction replaces CHAT_INSTRUCTION for tasks whose questions carry their own: data/tasks.py)."""
     if getattr(enc, "chat", None):
         return enc.encode_chat(question + getattr(enc, "instruction", CHAT_INSTRUCTION))
     return encode_text(enc, prompt_text(question))

@@ -2,8 +2,8 @@
 Plot train_grpo.py runs from their log.jsonl: reward, test accuracy, TracIn selection rate and
 seconds per step, each against steps (left) and against wall time (right), all runs on the same axes.
 
-    python plot.py out/cmpB/grpo_s1 out/cmpB/tracin_s1 [--out=plot.png] [--labels=grpo,tracin]
-    python plot.py out/tracin/tracin_<hash>.json [more of the same run] --out=influence.png
+    python -m analysis.plot out/cmpB/grpo_s1 out/cmpB/tracin_s1 [--out=plot.png] [--labels=grpo,tracin]
+    python -m analysis.plot out/tracin/tracin_<hash>.json [more of the same run] --out=influence.png
 
 Standard GRPO runs are solid blue lines, TracIn runs (those that log a selection_rate) dashed
 orange-red ones, curriculum runs (those that log curriculum/level) dash-dotted green ones, whose
@@ -11,7 +11,7 @@ third row is the curriculum level instead of the selection rate; several seeds o
 several shades. Labels default to the directory names.
 Also the slide figure of a post-hoc attribution (influence_figure): every scored rollout's TracIn score
 against its iteration, planted-defect rollouts marked, the top helpful and harmful labelled; tracin.py
-writes it (--figure); from the JSON files tracin.py wrote (an attribution or an audit), plot.py draws it
+writes it (--figure); from the JSON files tracin.py wrote (an attribution or an audit), analysis/plot.py draws it
 again, their scores summed.
 Needs matplotlib, which requirements.txt leaves optional: pip install matplotlib.
 """
@@ -19,7 +19,7 @@ import json
 import os
 
 from configurator import UserError, cli_main
-from rundir import read_jsonl
+from runs.rundir import read_jsonl
 
 SMOOTH = 10  # reward, selection rate and step time are noisy step to step: also draw their moving average
 ROWS = [("reward", "reward"), ("test/accuracy", "test accuracy"),
@@ -71,7 +71,7 @@ def make_figure(runs):
         from matplotlib import colormaps
         from matplotlib.figure import Figure
     except ImportError:
-        raise UserError("plot.py needs matplotlib: pip install matplotlib") from None
+        raise UserError("analysis/plot.py needs matplotlib: pip install matplotlib") from None
     # a bare Figure (no pyplot) renders with the Agg backend: no display needed, no global figure state
     fig = Figure(figsize=(12, 12), dpi=100, layout="constrained")
     axes = fig.subplots(len(ROWS), len(COLS), sharex="col")
@@ -206,12 +206,12 @@ def main(argv):
         if arg.startswith("--") and key in opts and value:
             opts[key] = value
         elif arg.startswith("--"):
-            raise UserError(f"bad argument {arg!r}: plot.py takes run directories, --out=FILE.png and --labels=a,b")
+            raise UserError(f"bad argument {arg!r}: analysis/plot.py takes run directories, --out=FILE.png and --labels=a,b")
         else:
             run_dirs.append(arg)
     if not run_dirs:
-        raise UserError("no run directory given; usage: python plot.py RUN_DIR [RUN_DIR ...] "
-                        "[--out=plot.png] [--labels=a,b], or python plot.py TRACIN.json [...] --out=influence.png")
+        raise UserError("no run directory given; usage: python -m analysis.plot RUN_DIR [RUN_DIR ...] "
+                        "[--out=plot.png] [--labels=a,b], or python -m analysis.plot TRACIN.json [...] --out=influence.png")
     out_parent = os.path.dirname(os.path.abspath(opts["out"]))
     if os.path.isdir(opts["out"]) or not os.path.isdir(out_parent):
         raise UserError(f"--out={opts['out']}: give an image path (e.g. plot.png) in an existing directory")

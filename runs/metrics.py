@@ -5,7 +5,7 @@ post-hoc TracIn, tracin.py, attributes to) and one console line.
 import torch
 
 from rewards import pop_counts
-from tasks import TASKS
+from data.tasks import TASKS
 
 
 def step_log(rollouts, stats, cfg, grad_norm, skipped, extra, times, cache=None):

@@ -17,7 +17,7 @@ wasted; on easier problems the groups are mixed and the gradient is informative.
 """
 import random
 
-import distributed
+from scale import distributed
 from configurator import UserError
 from data.gsm_synth.prepare import distinct_problems, encode_prompt, make_problem, read_meta
 

@@ -1,7 +1,7 @@
 """
 Markdown table comparing train_grpo.py runs from their log.jsonl files.
 
-    python summarize.py out/cmp/grpo_s1 out/cmp/tracin_s1 ...
+    python -m analysis.summarize out/cmp/grpo_s1 out/cmp/tracin_s1 ...
 
 Per run: test accuracy at the start and at the last step, accuracy at equal wall time (the
 last evaluation no later than the fastest run's total time), mean seconds per step, selection
@@ -9,7 +9,7 @@ rate and selection precision (TracIn runs with a planted defect). A run with no 
 (interrupted before the first one) shows '-' for the accuracies and does not count for the equal wall time.
 """
 from configurator import UserError, cli_main
-from plot import load_log  # the same checks on a run directory (plot.py imports matplotlib only to draw)
+from analysis.plot import load_log  # the same checks on a run directory (analysis/plot.py imports matplotlib only to draw)
 
 
 def mean(xs):
@@ -29,8 +29,8 @@ def last_acc(evals):
 def main(runs):
     bad = [r for r in runs if r.startswith("--")]
     if not runs or bad:
-        raise UserError((f"summarize.py takes no option {bad[0]!r}; " if bad else "") +
-                        "usage: python summarize.py RUN_DIR [RUN_DIR ...] (the --out_dir of train_grpo.py runs)")
+        raise UserError((f"analysis/summarize.py takes no option {bad[0]!r}; " if bad else "") +
+                        "usage: python -m analysis.summarize RUN_DIR [RUN_DIR ...] (the --out_dir of train_grpo.py runs)")
     logs = {r: load_log(r) for r in runs}
     evals = {r: [(l["elapsed"], l["iter"], l["test/accuracy"]) for l in L  # (a NaN one: an evaluation skipped)
                  if isinstance(l.get("test/accuracy"), (int, float)) and l["test/accuracy"] == l["test/accuracy"]]

@@ -1,8 +1,8 @@
 """
 What a run trained, in the formats other tools read (a run on a Hugging Face base directory):
 
-    python export.py --out_dir=out/qwen_grpo                 # out/qwen_grpo/peft_adapter: a peft adapter
-    python export.py --out_dir=out/qwen_grpo --merged=True   # and out/qwen_grpo/merged: W + s B A folded in
+    python -m pretrained.export --out_dir=out/qwen_grpo                 # out/qwen_grpo/peft_adapter: a peft adapter
+    python -m pretrained.export --out_dir=out/qwen_grpo --merged=True   # and out/qwen_grpo/merged: W + s B A folded in
 
 The adapter loads in peft on the base it was trained on, the merged directory in transformers and in
 GPT.from_pretrained:
@@ -13,7 +13,7 @@ GPT.from_pretrained:
 from configurator import UserError, check, cli_main, configure
 import os
 
-from hf import hf_dtype, save_peft_adapter, save_pretrained
+from pretrained.hf import hf_dtype, save_peft_adapter, save_pretrained
 from lora import LoRALinear, merge_lora
 from model import load_checkpoint
 from sample import load_policy

@@ -23,12 +23,12 @@ Measured on experiment C's runs in docs/experiments.md (the advantage alone rank
 """
 import numpy as np
 
-from attribution import find_critical_samples, trapezoid_steps
+from tracin import find_critical_samples, trapezoid_steps
 from configurator import UserError
 from data.gsm_synth.prepare import encode_prompt, encode_text
 from rewards import REWARD_FUNCS
 from sample import decode_completions, generate, stop_tokens
-from tasks import TASKS
+from data.tasks import TASKS
 
 FRACS = (0.01, 0.05, 0.10)  # the top fractions whose target share is reported
 LOSSES = ("wrong", "contrast")

@@ -17,7 +17,7 @@ from configurator import UserError
 from data.gsm_synth.prepare import ROOT as SYNTH_ROOT, data_dir_for, knobs_from_name, load_split
 from data.gsm_synth.prepare import prepare as prepare_synth
 
-PROJECT = os.path.dirname(os.path.abspath(__file__))  # this copy of the project
+PROJECT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # this copy of the project
 
 TASKS = {  # reward functions and weights by default, and the one that says "correct"
     "arith": dict(rewards=("correctness", "format"), weights=(1.0, 0.1), correct="correctness"),

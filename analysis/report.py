@@ -130,7 +130,7 @@ def detection_rows(detection):
 
 def audit_section(a, meta):
     """tracin.py --audit=N: the model's wrong test answers, the rollouts ranked by their influence summed over
-    them, and, where a defect was planted, how well that ranking finds it (audit.py)."""
+    them, and, where a defect was planted, how well that ranking finds it (analysis/audit.py)."""
     res = a["result"]
     loss = ("each wrong answer&#39;s negative log-likelihood" if a["loss"] == "wrong" else
             "each wrong answer&#39;s negative log-likelihood minus that of the reference solution")

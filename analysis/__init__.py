@@ -1,0 +1,11 @@
+"""Looking at finished runs: post-hoc attribution's command line, the audit, the report and the figures.
+
+    attribute.py  python -m analysis.attribute --out_dir=RUN --question=...  (tracin.find_critical_samples)
+    audit.py      --audit=N: which rollouts taught the final model's first N wrong test answers
+    report.py     the HTML page of an attribution or audit
+    plot.py       python -m analysis.plot RUN...: reward, accuracy, selection rate, step time; the influence figure
+    summarize.py  python -m analysis.summarize RUN...: a Markdown table comparing runs
+
+Where it plugs in: these read a run directory (checkpoints, log.jsonl, rollouts.jsonl) and call the
+lecture's tracin.find_critical_samples and sample.generate; nothing here runs during training.
+"""

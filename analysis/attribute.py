@@ -1,0 +1,307 @@
+"""
+Post-hoc TracIn on a finished run: which training rollouts helped or hurt the model's answer to a question?
+
+    python -m analysis.attribute --out_dir=out/tracin --question="Mia has 3 apples. ..."
+    python -m analysis.attribute --out_dir=out/tracin --questions_file=qs.txt   # one per line; HTML: --html=PATH
+    python -m analysis.attribute --out_dir=out/tracin --audit=16   # which rollouts taught 16 wrong test answers
+    (python tracin.py ... runs the same command)
+
+The method is tracin.find_critical_samples (TracInCP over the run's checkpoints); this file reads the run
+directory (checkpoints, rollouts.jsonl), answers the question greedily with the final model, prints the
+top rollouts and writes a JSON file per answer, an HTML page (analysis/report.py) and a figure (analysis/plot.py).
+--audit (analysis/audit.py) ranks the rollouts by their influence summed over the final model's wrong test answers.
+"""
+# configurator first: a Ctrl-C during the slow imports below (torch) is one line, not a traceback
+from configurator import UserError, check, check_choice, cli_main, configure
+import glob
+import hashlib
+import json
+import os
+import re
+import shlex
+import tempfile
+
+from analysis.audit import LOSSES, audit, summary_lines
+from analysis.plot import has_matplotlib, plot_influence
+from analysis.report import write_report
+from data.gsm_synth.prepare import encode_prompt, encode_text
+from data.tasks import load_task_split
+from model import load_checkpoint
+from runs.rundir import read_jsonl, run_files, run_lock, unused_out_dir, write_json
+from sample import generate, load_policy, stop_tokens
+from scale.device import check_device
+from tracin import find_critical_samples, trapezoid_steps
+
+# ---------------------------------------------------------------------------------------------
+# CLI: which training rollouts of a finished run helped or hurt the model's answer to a question?
+defaults = dict(
+    out_dir="out/tracin",      # a train_grpo.py run directory (ckpt_*.pt and rollouts.jsonl)
+    question="",               # the test question
+    questions_file="",         # or: a text file, one question per line (blank lines skipped); one report section each
+    completion="",             # the answer text to attribute; empty: the final model's greedy answer
+    mode="memory_efficient",   # 'simple' / 'full' / 'memory_efficient'
+    audit=0,                   # N > 0: audit the first N test problems the final model answers wrongly (analysis/audit.py)
+    audit_loss="wrong",        # the audit's test loss: 'wrong' (NLL of each wrong answer) or 'contrast' (minus
+                               # the NLL of the reference solution: likelier wrong RELATIVE to right)
+    n_probe=None,              # score n_probe rollouts with nonzero advantage, spread over the run (0: all);
+                               # default: 512, or all when --audit is given
+    top_k=5,
+    layer_filter="",           # only LoRA layers whose name contains this ('' = all)
+    normalize=True,            # also report cosine-normalised scores (rankings not dominated by gradient norm)
+    self_influence=False,
+    device="cpu",
+    out_json="",               # default: <out_dir>/tracin_<sha256(question + completion)[:12]>.json, one per answer
+    html=None,                 # the HTML report; default (unset): <out_dir>/tracin_report.html; --html= : none
+    figure=None,               # the slide figure (PNG, needs matplotlib); default: <out_dir>/tracin_influence.png
+                               # when matplotlib is installed; --figure= : none
+)
+
+
+def load_rollouts(path, enc):
+    """Every recorded rollout with nonzero advantage (zero advantage = zero gradient = zero influence).
+    A malformed line (e.g. cut off by a crash) is skipped with a warning naming it."""
+    if not os.path.exists(path):
+        raise UserError(f"no recorded rollouts at {path}: was this run made by train_grpo.py?")
+    samples, stops = [], stop_tokens(enc)
+    keys = ("iter", "prompts", "answers", "completion_tokens", "completion_mask", "rewards", "advantages")
+    for n, r in enumerate(read_jsonl(path), 1):
+        if any(k not in r for k in keys) or not r["prompts"]:
+            print(f"warning: {path}: record {n} lacks {[k for k in keys if k not in r] or 'prompts'}; skipped")
+            continue
+        G = len(r["rewards"]) // len(r["prompts"])
+        for j, (toks, m) in enumerate(zip(r["completion_tokens"], r["completion_mask"])):
+            if r["advantages"][j] == 0:
+                continue
+            n = sum(m)
+            samples.append({"iter": r["iter"], "prompt": r["prompts"][j // G], "answer": r["answers"][j // G],
+                            "completion": enc.decode([t for t in toks[:n] if t not in stops]),
+                            "reward": r["rewards"][j], "advantage": r["advantages"][j],
+                            "completion_tokens": toks[:n], "completion_mask": m[:n],
+                            **({"defective": r["defective"][j // G]} if "defective" in r else {}),  # planted
+                            **({"selected": r["selected"][j]} if "selected" in r else {})})  # TracIn run: trained on
+    if not samples:
+        raise UserError(f"{path} holds no rollout with a nonzero advantage: nothing to attribute")
+    return samples
+
+
+def not_a_run(run):
+    """Why a directory without ckpt_NNNNNN.pt cannot be attributed, and the command that makes one that can."""
+    grpo = shlex.quote(unused_out_dir(os.path.join(os.path.dirname(os.path.normpath(run)), "grpo")))
+    ckpt = os.path.join(run, "ckpt.pt")
+    saved = load_checkpoint(ckpt) if os.path.isfile(ckpt) else {}
+    if "model" in saved and "lora" not in saved:  # train_base.py's checkpoint
+        return (f"{run} holds a base model (train_base.py), not a GRPO run: train a GRPO run on it with: python "
+                f"train_grpo.py --base_ckpt={shlex.quote(ckpt)} --out_dir={grpo}, then attribute with --out_dir={grpo}")
+    if "lora" in saved:
+        return (f"{run} holds a GRPO run's ckpt.pt but no ckpt_NNNNNN.pt, the checkpoint history TracIn sums over "
+                f"(deleted?): attribute a run that has it, or train a new one: python train_grpo.py --out_dir={grpo}")
+    target = run if not run_files(run) else grpo  # a directory holding another run's files is refused
+    return (f"no checkpoints ckpt_NNNNNN.pt in {run}: it is not a train_grpo.py run; make one with: python "
+            f"train_grpo.py --out_dir={shlex.quote(target)}, then attribute with --out_dir={shlex.quote(target)}")
+
+
+def read_questions(cfg):
+    """The questions to attribute: --question, or --questions_file's non-blank lines, or none (--audit alone:
+    it picks its own); --audit may come with either."""
+    if (cfg["question"] and cfg["questions_file"]) or not (cfg["question"] or cfg["questions_file"] or cfg["audit"]):
+        raise UserError('give --question="Mia has 3 apples. ..." or --questions_file=PATH (one question per line), '
+                        'or --audit=N (the first N wrong test answers), or --audit with one of the two questions '
+                        'options: not both question options and not none')
+    if cfg["completion"] and not cfg["question"]:
+        raise UserError("--completion is the answer to --question: --audit and --questions_file attribute the "
+                        "model's own greedy answers")
+    if cfg["audit"] and cfg["out_json"] and (cfg["question"] or cfg["questions_file"]):
+        raise UserError("--out_json names one file: with --audit and questions each goes to its default file "
+                        "(<out_dir>/tracin_audit.json, <out_dir>/tracin_<hash>.json)")
+    if not (cfg["question"] or cfg["questions_file"]):
+        return []
+    if not cfg["questions_file"]:
+        return [cfg["question"]]
+    if cfg["out_json"]:
+        raise UserError("--out_json names one answer's file: with --questions_file each question's greedy answer "
+                        "is attributed and written to <out_dir>/tracin_<hash>.json")
+    path = cfg["questions_file"]
+    if not os.path.isfile(path):
+        raise UserError(f"questions_file {path} is not a file: give a text file with one question per line")
+    try:
+        with open(path, encoding="utf-8") as f:
+            questions = [line.strip() for line in f if line.strip()]
+    except UnicodeDecodeError as e:
+        raise UserError(f"questions_file {path} is not UTF-8 text (byte {e.start}: {e.reason}): give a text file "
+                        "with one question per line") from None
+    if any("\x00" in q for q in questions):
+        raise UserError(f"questions_file {path} holds NUL bytes (a binary file?): give a text file with one "
+                        "question per line")
+    if not questions:
+        raise UserError(f"questions_file {path} holds no question (blank lines are skipped)")
+    return questions
+
+
+MARKS = (b"<title>TracIn attribution report", b"TracIn influence figure")  # analysis/report.py's page, analysis/plot.py's PNG
+
+
+def written_here(path):
+    """Whether the file at path is one tracin.py wrote (a report, a figure, an attribution or audit JSON)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4096)
+            if any(m in head for m in MARKS):
+                return True
+            saved = json.loads(f.seek(0) or f.read())
+        return isinstance(saved, dict) and ("scores" in saved or "result" in saved)
+    except (OSError, ValueError):
+        return False
+
+
+def check_writable(cfg, key, suffix, named=True):
+    """An output path: the right suffix (never a run's own file), a directory that exists and takes a file,
+    and, where the path was named on the command line, no file there but one tracin.py wrote."""
+    path = cfg[key]
+    check(cfg, key, not path or path.endswith(suffix), f"must end in {suffix} (it is written, so never a run's "
+          "own file)")
+    if not path:
+        return
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path) or not os.path.isdir(folder):
+        raise UserError(f"cannot write {key} {path}: it is a directory, or its directory does not exist")
+    try:  # a read-only or special directory (/proc) is refused now, not after the attribution
+        tempfile.TemporaryFile(dir=folder).close()
+    except OSError as e:
+        raise UserError(f"cannot write {key} {path}: its directory takes no new file ({e.strerror}); give a "
+                        "path in a writable directory") from None
+    if named and os.path.exists(path) and not written_here(path):
+        raise UserError(f"{key} {path} exists and was not written by tracin.py: it is never overwritten; remove "
+                        "it, or give another path")
+
+
+def attribute(cfg, model, enc, ckpts, iters, train, temperature, question):
+    """One question's attribution: the answer (--completion, or the final model's greedy one) scored
+    against every probed rollout; returns find_critical_samples' dict with the question and answer."""
+    prompt = encode_prompt(enc, question)
+    if cfg["completion"]:
+        completion = encode_text(enc, cfg["completion"])
+    else:  # the final model's own greedy answer
+        room = model.config.block_size - len(prompt) - 1  # the end-of-text token the test loss adds takes one
+        if room < 1:
+            raise UserError(f"question of {len(prompt)} tokens does not fit the context of "
+                            f"{model.config.block_size}")
+        idx, _, mask = generate(model, [prompt], min(64, room), stop_tokens(enc), temperature=0,
+                                vocab_size=enc.n_vocab)
+        stops = stop_tokens(enc)
+        completion = [t for t in idx[0, -mask.size(1):].tolist()[:int(mask.sum())] if t not in stops]
+    if len(prompt) + len(completion) + 1 > model.config.block_size:
+        raise UserError(f"question + completion ({len(prompt) + len(completion) + 1} tokens) exceed the "
+                        f"context of {model.config.block_size}")
+    test = [{"prompt": question, "completion_tokens": completion + [enc.eot_token],
+             "completion_mask": [1] * (len(completion) + 1), "advantage": 1.0}]  # A=1: loss = NLL
+    print(f"attributing {enc.decode(completion)!r} over {len(ckpts)} checkpoints (iters {iters[0]}-{iters[-1]})"
+          f" and {min(len(train), cfg['n_probe'] or len(train))} of {len(train)} rollouts ({cfg['mode']}, "
+          f"temperature {temperature})")
+    res = find_critical_samples(model, ckpts, train, test, enc, mode=cfg["mode"],
+                                layer_filter=cfg["layer_filter"] or None, n_probe=cfg["n_probe"] or None,
+                                top_k=cfg["top_k"], temperature=temperature, normalize=cfg["normalize"],
+                                self_influence=cfg["self_influence"], checkpoint_steps=trapezoid_steps(iters))
+    res.update(question=question, completion=enc.decode(completion))
+    return res
+
+
+def output_paths(cfg, run):
+    """(json, html, figure) paths, checked before any work: the defaults live in the run directory, '' = none.
+    The figure's default is written only where matplotlib is installed; a figure asked for by name needs it."""
+    check_writable(cfg, "out_json", ".json")
+    for key, suffix in (("html", ".html"), ("figure", ".png")):
+        check(cfg, key, cfg[key] is None or isinstance(cfg[key], str), f"must be a path ending in {suffix} ('': none)")
+    html_path = os.path.join(run, "tracin_report.html") if cfg["html"] is None else cfg["html"]
+    check_writable({**cfg, "html": html_path}, "html", ".html", named=cfg["html"] is not None)
+    fig_path = os.path.join(run, "tracin_influence.png") if cfg["figure"] is None else cfg["figure"]
+    check_writable({**cfg, "figure": fig_path}, "figure", ".png", named=cfg["figure"] is not None)
+    if fig_path and not has_matplotlib():
+        if cfg["figure"]:
+            raise UserError(f"--figure={fig_path} needs matplotlib: pip install matplotlib (or --figure= for none)")
+        print("note: matplotlib is not installed, so no figure (pip install matplotlib)")
+        fig_path = ""
+    return os.path.join(run, "tracin_audit.json") if cfg["audit"] and not cfg["out_json"] else cfg["out_json"], \
+        html_path, fig_path
+
+
+def print_top(res, score="TracIn score; positive = lowered this answer's loss"):
+    for title, key in (("most helpful", "most_influential_positive"), ("most harmful", "most_influential_negative")):
+        print(f"--- {title} training rollouts ({score})")
+        for e in res[key]:
+            print(f"{e['tracin_score']:+.3e} | iter {e['iter']} | reward {e['reward']:.2f} | "
+                  f"{e['prompt'][:60]}... -> {e['completion']!r}")
+
+
+def run_audit(cfg, model, enc, data_dir, run_cfg, ckpts, iters, train, temperature, json_path):
+    """--audit=N (analysis/audit.py): the first N wrong greedy test answers, every trained rollout ranked by its summed
+    influence on them, and where a defect was planted, how well that ranking finds the defective-rewarded ones."""
+    task = run_cfg.get("task", "arith")
+    print(f"audit: answering the {task} test split greedily until {cfg['audit']} answers are wrong")
+    a = audit(model, enc, ckpts, iters, train, load_task_split(data_dir, "test"), cfg["audit"], task,
+              run_cfg.get("max_new_tokens", 64), cfg["audit_loss"], mode=cfg["mode"],
+              layer_filter=cfg["layer_filter"] or None, n_probe=cfg["n_probe"] or None, top_k=cfg["top_k"],
+              temperature=temperature, normalize=cfg["normalize"], self_influence=True)
+    print_top(a["result"], "summed TracIn score; positive = made the wrong answers likelier")
+    print("\n".join(summary_lines(a)))
+    write_json(json_path, a, "it" if cfg["out_json"] else "an earlier audit")
+    return a
+
+
+def main(argv):
+    cfg = configure(defaults, argv)
+    check_choice(cfg, "mode", ("simple", "full", "memory_efficient"))
+    check(cfg, "audit", cfg["audit"] >= 0, "must be >= 0 (N > 0: audit the first N wrong test answers; 0: off)")
+    check_choice(cfg, "audit_loss", LOSSES)
+    check(cfg, "n_probe", cfg["n_probe"] is None or (isinstance(cfg["n_probe"], int) and cfg["n_probe"] >= 0),
+          "must be an integer >= 0 (0: every rollout)")
+    cfg["n_probe"] = (0 if cfg["audit"] else 512) if cfg["n_probe"] is None else cfg["n_probe"]
+    check(cfg, "top_k", cfg["top_k"] >= 1, "must be >= 1")
+    check(cfg, "out_dir", cfg["out_dir"] != "", "give the run directory of a train_grpo.py run")
+    questions = read_questions(cfg)
+    check_device(cfg["device"])  # float32
+    run = cfg["out_dir"]
+    if not os.path.isdir(run):
+        raise UserError(f"{run} is not a directory: give the --out_dir of a train_grpo.py run")
+    json_path, html_path, fig_path = output_paths(cfg, run)
+    ckpts = sorted((int(m.group(1)), p) for p in glob.glob(os.path.join(run, "ckpt_*.pt"))
+                   if (m := re.fullmatch(r"ckpt_(\d+)\.pt", os.path.basename(p))))
+    if not ckpts:
+        raise UserError(not_a_run(run))
+    sections, audited = [], None
+    with run_lock(run):  # a training run (or another attribution) in this directory is refused
+        iters, ckpts = [s for s, _ in ckpts], [p for _, p in ckpts]
+        model, enc, data_dir = load_policy(ckpts[-1], cfg["device"])
+        run_cfg = load_checkpoint(ckpts[-1]).get("config", {})
+        temperature = run_cfg.get("temperature", 1.0)
+        temperature = temperature if temperature > 0 else 1.0  # greedy sampling: plain log-probs
+        train = load_rollouts(os.path.join(run, "rollouts.jsonl"), enc)
+        if cfg["audit"]:
+            audited = run_audit(cfg, model, enc, data_dir, run_cfg, ckpts, iters, train, temperature, json_path)
+        for question in questions:
+            res = attribute(cfg, model, enc, ckpts, iters, train, temperature, question)
+            # one file per question and answer: attributing another question never overwrites this one
+            digest = hashlib.sha256((res["question"] + res["completion"]).encode()).hexdigest()[:12]
+            print_top(res)
+            path = cfg["out_json"] or os.path.join(run, f"tracin_{digest}.json")
+            write_json(path, res, "it" if cfg["out_json"] else "an earlier attribution of the same question and answer")
+            # the answer's correctness is unknown here: a free-form question carries no reference answer
+            sections.append({"question": question, "completion": res["completion"], "correct": None, "result": res})
+        again = {p: os.path.exists(p) for p in (html_path, fig_path) if p}
+        if html_path:
+            write_report(html_path, sections, {"run": run, "mode": cfg["mode"], "n_probe": cfg["n_probe"],
+                                               "layer_filter": cfg["layer_filter"], "top_k": cfg["top_k"],
+                                               "checkpoints": [os.path.basename(c) for c in ckpts]}, audited)
+            print(f"HTML report{' of the audit and' if audited else ' of'} {len(sections)} question(s): {html_path}"
+                  + (" (replacing the earlier one)" if again[html_path] else ""))
+        if fig_path:
+            results = [audited["result"]] if audited else [s["result"] for s in sections]
+            title = (f"summed influence on the final model's {len(audited['wrong'])} wrong test answers" if audited
+                     else f"influence on {questions[0]!r}" if len(questions) == 1 else
+                     f"influence summed over {len(questions)} questions")
+            print(f"influence figure: {plot_influence(results, fig_path, title)}"
+                  + (" (replacing the earlier one)" if again[fig_path] else ""))
+
+
+if __name__ == "__main__":
+    cli_main(main)
+

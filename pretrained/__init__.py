@@ -1,0 +1,10 @@
+"""Pretrained models and their files: what lets the lecture's GPT load a Hugging Face directory (GPT-2, Qwen2,
+Llama-family) and hand its adapter back.
+
+    hf.py         config.json -> GPTConfig switches, the tensor-name table, safetensors in and out
+    tokenizer.py  the directory's byte-level BPE tokenizer as a tiktoken.Encoding, its chat format, stop ids
+    export.py     python -m pretrained.export --out_dir=RUN: a peft adapter and a merged model directory
+
+Where it plugs in: GPT.from_pretrained (model.py) reads the directory through pretrained/hf.py; sample.load_base
+loads its tokenizer through pretrained/tokenizer.py. Nothing here runs inside a GRPO or TracIn step.
+"""

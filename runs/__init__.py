@@ -1,0 +1,8 @@
+"""A run directory and what is written into it, for train_base.py, train_grpo.py and analysis/.
+
+    rundir.py   the out_dir lock, refusal of an old run's files, crash-tolerant JSONL, atomic JSON
+    metrics.py  what a GRPO step logs: the log.jsonl line (TRL's metric names), the rollouts.jsonl
+                line post-hoc TracIn reads, the console line, the no-learning-signal warning
+
+Where it plugs in: train_grpo.Run writes a step's line after grpo_step returns; nothing here runs inside it.
+"""
