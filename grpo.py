@@ -5,7 +5,7 @@ The parts of one GRPO step, which train_grpo.grpo_step puts in order and TracIn 
   update            clip, AdamW on the LoRA parameters; skipped if anything is NaN/Inf
 and the math under them: compute_group_advantages, selective_log_softmax (no (N, T, V) log-prob
 tensor), completion_logprobs, grpo_loss; rollout_batch lays out recorded rollouts as sampling does.
-Imports flow one way: grpo.py -> ghost.py -> tracin.py -> train_grpo.py.
+Imports flow one way: model, lora -> sample, rewards -> grpo.py -> tracin.py (with ghost.py) -> train_grpo.py.
 """
 import math
 import time
@@ -22,7 +22,6 @@ from lora import disable_lora, lora_parameters
 from scale.device import sync
 from rewards import compute_rewards
 from sample import decode_completions, generate, pad_prompts, stop_tokens
-from data.tasks import task_rewards
 
 
 def compute_group_advantages(rewards, group_size, scale_rewards="group", epsilon=0.0):
@@ -198,7 +197,8 @@ def batch_counts(mask):
 def policy_backward(model, batch, cfg, amp, times, beta):
     """Passes 3 and 2 and the backward of the GRPO loss, per micro-batch. batch: idx, pad_left, mask,
     advantages (a make_rollouts result), and old_logp / ref_logp when num_iterations > 1 took them
-    already. Gradients add up in .grad (under ghost hooks: per sample).
+    already. Gradients add up in .grad; under TracIn's capture (ghost.GhostHooks) no .grad forms: the
+    hooks keep each sample's factors instead, and the LoRA weights need no grad meanwhile.
 
     The reference pass (3) runs BEFORE the policy pass (2): its activations are freed before the
     policy builds its graph, so the peak is the larger of the two passes, not their sum."""
@@ -244,7 +244,7 @@ def policy_backward(model, batch, cfg, amp, times, beta):
 def make_rollouts(model, enc, batches, cfg, generator, amp, times, cache=None):
     """PASS 1 (sampling, no grad, no logits kept), rewards and group-relative advantages.
 
-    batches: a list of (questions, answers); all are sampled in ONE generate call (TracIn's train and
+    batches: a list of (prompts as token ids, answers); all are sampled in ONE generate call (TracIn's train and
     validation prompts share the per-token cost) and scored separately: one rollout dict per batch."""
     return score_rollouts(enc, sample_rollouts(model, enc, batches, cfg, generator, amp, times), batches, cfg,
                           times, cache)
@@ -255,7 +255,7 @@ def sample_rollouts(model, enc, batches, cfg, generator, amp, times):
     torchrun each rank samples its contiguous share of the prompts (the rows one process would give
     them, see sample.generate's rows=) and the shares are gathered on every rank."""
     t0, G = time.time(), cfg["group_size"]
-    prompts = [encode_prompt(enc, q) for questions, _ in batches for q in questions]
+    prompts = [p for batch_prompts, _ in batches for p in batch_prompts]
     # each rank's contiguous prompts: whole prompts, so a group never spans two ranks
     shares = [distributed.split(len(prompts), r) for r in range(distributed.world_size())]
     mine = shares[distributed.rank()]
@@ -273,12 +273,12 @@ def score_rollouts(enc, sampled, batches, cfg, times, cache=None):
     (idx, pad_left, mask), G, t0 = sampled, cfg["group_size"], time.time()
     T = mask.size(1)  # generation stops once every row has ended: T <= max_new_tokens
     out, start = [], 0
-    for questions, answers in batches:
-        rows = slice(start, start + len(questions) * G)
+    for prompts, answers in batches:
+        rows = slice(start, start + len(prompts) * G)
         start = rows.stop
         texts = decode_completions(enc, idx[rows], mask[rows])
         rewards, per_fn, errors = compute_rewards(texts, [a for a in answers for _ in range(G)],
-                                                  *map(list, task_rewards(cfg)), cache)
+                                                  list(cfg["reward_funcs"]), list(cfg["reward_weights"]), cache)
         rewards = torch.tensor(rewards)  # NaN where no reward function could score the completion
         advantages, n_zero_std = compute_group_advantages(rewards, G, cfg["scale_rewards"], cfg["advantage_epsilon"])
         truncated = ~torch.isin(idx[rows, -T:], torch.tensor(stop_tokens(enc), device=idx.device)).any(1)  # no end

@@ -4,7 +4,7 @@ Hand-rolled LoRA (Hu et al. 2021): a frozen linear map W plus a trainable low-ra
     out = W x + s * B (A x),     A: (r, in) random,  B: (out, r) zeros,  s = alpha / r
 
 so a fresh adapter changes nothing (B = 0) and only r * (in + out) numbers per layer train.
-`lora_A` and `lora_B` are plain nn.Linear modules on purpose: TracIn's hooks (tracin.py) attach
+`lora_A` and `lora_B` are plain nn.Linear modules on purpose: TracIn's hooks (ghost.py) attach
 to them and read x, h = A x and the gradients at h and at B h.
 """
 import re

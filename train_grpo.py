@@ -127,34 +127,34 @@ defaults = {k: v for k, v in dict(globals()).items()
             if not k.startswith("_") and isinstance(v, (int, float, bool, str, tuple))}
 
 
-def grpo_step(model, optimizer, enc, questions, answers, cfg, generator, amp, val=None, cache=None):
-    """One GRPO step, the numbered steps of the module docstring; returns (log dict, rollout record).
-    With cfg['tracin'], `val` = validation examples (question, answer, solution) and only rollouts
-    whose gradient helps them are trained on. Weights change only if everything is finite."""
+def grpo_step(model, optimizer, enc, prompts, answers, cfg, generator, amp, val=None, cache=None):
+    """One GRPO step, the numbered steps of the module docstring. prompts: the batch_size prompts as token
+    ids (step 1 drew them), answers: their reference answers. With cfg['tracin'], `val` is the validation
+    batch: ('pg') its (prompts, answers), sampled with the training prompts; ('nll') its reference
+    solutions laid out as rollouts (tracin.reference_solutions); only rollouts whose gradient helps it are
+    trained on. Weights change only if everything is finite. Returns (rollouts, result): the scored batch
+    (None if sampling failed) and {stats, grad_norm, skip_reason, extra, times}, which runs/metrics.py logs."""
     times = dict.fromkeys(("generation", "reward", "policy", "reference"), 0.0)
     val_pg = cfg["tracin"] and cfg["tracin_val_loss"] == "pg"  # validation rollouts sampled as well
-    batches = [(questions, answers)] + ([([e["question"] for e in val], [e["answer"] for e in val])] if val_pg else [])
+    batches = [(prompts, answers)] + ([val] if val_pg else [])
     background = cfg["background_rewards"] and not cfg["tracin"]
-    try:  # 1-3: one generate call for every prompt
+    try:  # 2-3: one generate call for every prompt, then rewards and advantages
         rollouts, *val_rollouts = (rollouts_rewards_in_background if background else make_rollouts)(
             model, enc, batches, cfg, generator, amp, times, cache)
     except NonFiniteLogits as e:  # the weights have blown up: nothing to learn from this step
         print(f"warning: {e}; step skipped, weights untouched")
-        return {"skipped": True, "skip_reason": "non-finite logits", **{f"time/{k}": v for k, v in times.items()}}, None
+        return None, {"skip_reason": "non-finite logits", "times": times}
     extra = {}
     if not cfg["tracin"]:  # 4-7, num_iterations times: reference, policy, loss, backward; clip and AdamW
         stats, grad_norm, skip_reason = grpo_updates(model, optimizer, rollouts, cfg, amp, times)
-    else:  # 4-6 with per-sample gradients; the validation loss: sampled rollouts ('pg') or reference solutions
-        val_batch = val_rollouts[0] if val_pg else reference_solutions(enc, val, cfg["device"])
+    else:  # 4-6 with per-sample gradients, against the validation loss
+        val_batch = val_rollouts[0] if val_pg else val
         stats, influence, keep, extra = tracin_backward(model, optimizer, rollouts, val_batch, cfg, amp, times)
         rollouts.update(influence=influence.tolist(), selected=keep.tolist())
         if val_pg:
             extra["val/reward"] = val_batch["rewards"].nanmean().item()
         grad_norm, skip_reason = update(model, optimizer, cfg, stats, extra["n_selected"] == 0, times)  # 7
-    if skip_reason:
-        extra["skip_reason"] = skip_reason
-    return step_log(rollouts, stats, cfg, grad_norm, skip_reason is not None, extra, times, cache), \
-        rollout_record(questions, answers, rollouts, cfg)
+    return rollouts, dict(stats=stats, grad_norm=grad_norm, skip_reason=skip_reason, extra=extra, times=times)
 
 
 # -----------------------------------------------------------------------------
@@ -355,8 +355,14 @@ class Run:
                      if i in self.defective else self.train_split[i] for i in picks]
         val = ([self.val_split[self.rng.randrange(len(self.val_split))] for _ in range(cfg["tracin_val_batch_size"])]
                if cfg["tracin"] else None)
-        log, rollouts = grpo_step(self.model, self.optimizer, self.enc, [e["question"] for e in batch],
-                                  [e["answer"] for e in batch], cfg, self.generator, self.amp, val, self.reward_cache)
+        if val is not None:  # TracIn's validation batch: prompts to sample ('pg') or reference solutions ('nll')
+            val = ([encode_prompt(self.enc, e["question"]) for e in val], [e["answer"] for e in val]) \
+                if cfg["tracin_val_loss"] == "pg" else reference_solutions(self.enc, val, cfg["device"])
+        questions, answers = [e["question"] for e in batch], [e["answer"] for e in batch]
+        scored, result = grpo_step(self.model, self.optimizer, self.enc, [encode_prompt(self.enc, q) for q in questions],
+                                   answers, cfg, self.generator, self.amp, val, self.reward_cache)
+        log = step_log(scored, result, cfg, self.reward_cache)
+        rollouts = rollout_record(questions, answers, scored, cfg) if scored is not None else None
         self.iter_num += 1
         if self.curriculum:
             self.curriculum.after_step(log, self.iter_num)

@@ -24,9 +24,10 @@ import torch
 import rewards
 import train_grpo
 from data.tasks import task_rewards
-from data.gsm_synth.prepare import ROOT, load_split, load_tokenizer, prepare
+from data.gsm_synth.prepare import ROOT, encode_prompt, load_split, load_tokenizer, prepare
 from lora import apply_lora, lora_parameters
 from model import GPT, GPTConfig, load_checkpoint, model_from_checkpoint
+from runs.metrics import step_log
 from grpo import policy_backward
 from tracin import reference_solutions
 from train_base import ensure_base
@@ -83,11 +84,15 @@ def timed_grpo_step(model, enc, tb, vb, mode, cfg, amp, **overrides):
     opt = torch.optim.AdamW(lora_parameters(model), lr=0.0)  # lr 0: the weights stay as they are
     gen = torch.Generator(device=dev).manual_seed(cfg["seed"])
     t0 = time.perf_counter()
+    c["reward_funcs"], c["reward_weights"] = task_rewards(c)  # the task's, as train_grpo.validate resolves them
+    val = None if not c["tracin"] else reference_solutions(enc, vb, dev) if mode == "nll" else \
+        ([encode_prompt(enc, e["question"]) for e in vb], [e["answer"] for e in vb])
     with contextlib.redirect_stdout(io.StringIO()):  # its notices ("no rollout kept") are not bench output
-        log, record = train_grpo.grpo_step(model, opt, enc, [e["question"] for e in tb], [e["answer"] for e in tb],
-                                           c, gen, amp, vb if c["tracin"] else None)  # cache None: all scored
+        rollouts, result = train_grpo.grpo_step(model, opt, enc, [encode_prompt(enc, e["question"]) for e in tb],
+                                                [e["answer"] for e in tb], c, gen, amp, val)  # no cache: all scored
+    log = step_log(rollouts, result, c)
     log["total"] = time.perf_counter() - t0
-    log["selected"] = (record or {}).get("selected")
+    log["selected"] = (rollouts or {}).get("selected")
     return log
 
 

@@ -8,8 +8,15 @@ from rewards import pop_counts
 from data.tasks import TASKS
 
 
-def step_log(rollouts, stats, cfg, grad_norm, skipped, extra, times, cache=None):
-    """One log.jsonl line, with TRL's metric names."""
+def step_log(rollouts, result, cfg, cache=None):
+    """One log.jsonl line, with TRL's metric names, from what train_grpo.grpo_step returned (rollouts None:
+    sampling failed, the step was skipped)."""
+    times = {f"time/{k}": v for k, v in result["times"].items()}
+    if rollouts is None:
+        return {"skipped": True, "skip_reason": result["skip_reason"], **times}
+    stats, grad_norm, extra = result["stats"], result["grad_norm"], result["extra"]
+    if result["skip_reason"]:
+        extra = {**extra, "skip_reason": result["skip_reason"]}
     n, ntok, rewards, per_fn, mask = rollouts["idx"].size(0), stats["num_tokens"], rollouts["rewards"], \
         rollouts["per_fn"], rollouts["mask"]
     nanmean = lambda v: torch.tensor(v, dtype=torch.float64).nanmean().item()  # None scores are NaN
@@ -25,8 +32,9 @@ def step_log(rollouts, stats, cfg, grad_norm, skipped, extra, times, cache=None)
             "completions/mean_length": mask.sum(1).float().mean().item(),
             "completions/clipped_ratio": rollouts["truncated"].float().mean().item(),
             "clip_ratio": stats["clipped"] / ntok, "clip_ratio/low": stats["clipped_low"] / ntok,
-            "clip_ratio/high": stats["clipped_high"] / ntok, "grad_norm": grad_norm, "skipped": skipped,
-            "reward_errors": sum(rollouts["errors"].values()), **extra, **{f"time/{k}": v for k, v in times.items()}}
+            "clip_ratio/high": stats["clipped_high"] / ntok, "grad_norm": grad_norm,
+            "skipped": result["skip_reason"] is not None, "reward_errors": sum(rollouts["errors"].values()), **extra,
+            **times}
 
 
 def rollout_record(questions, answers, rollouts, cfg):

@@ -14,6 +14,7 @@ import torch.multiprocessing as mp
 import train_base
 import train_grpo as tg
 from scale.distributed import finish  # each worker ends with it, as configurator.cli_main does under torchrun
+from data.gsm_synth.prepare import encode_prompt
 from model import load_checkpoint
 from test_train_grpo import run
 
@@ -299,7 +300,7 @@ def sampling_setup():
     enc = tiktoken.Encoding(name="bytes", pat_str=r".", mergeable_ranks={bytes([i]): i for i in range(256)},
                             special_tokens={"<|endoftext|>": 256})
     questions = ["ab", "a longer question", "c", "dd ee", "the fifth one, longest of them all"]
-    return build_gpt(seed=3, vocab_size=257, block_size=64), enc, [(questions, [0] * 5)]
+    return build_gpt(seed=3, vocab_size=257, block_size=64), enc, [([encode_prompt(enc, q) for q in questions], [0] * 5)]
 
 
 def sampling_worker(rank, world, port, out):

@@ -15,9 +15,10 @@ import grpo
 import tracin
 import train_grpo as tg
 from configurator import UserError
-from data.gsm_synth.prepare import load_tokenizer, load_split, prompt_text
+from data.gsm_synth.prepare import encode_prompt, load_tokenizer, load_split, prompt_text
 from lora import apply_lora, disable_lora, lora_parameters
 from model import GPT, GPTConfig, save_checkpoint, load_checkpoint
+from runs.metrics import step_log
 from sample import generate
 
 # every run here uses a reward that varies even for an untrained model (conftest.chars_reward)
@@ -416,8 +417,8 @@ def test_train_and_val_sampled_in_one_call(tiny_setup):
     m, enc, val = tiny_model_and_data(tiny_setup)
     cfg = {**tg.defaults, "group_size": 4, "max_new_tokens": 8, "scale_rewards": "batch",
            "reward_funcs": ("correctness", "format", "chars"), "reward_weights": (1.0, 0.5, 1.0)}
-    a, b = ([e["question"] for e in val[:2]], [e["answer"] for e in val[:2]]), \
-           ([e["question"] for e in val[2:5]], [e["answer"] for e in val[2:5]])
+    a, b = ([encode_prompt(enc, e["question"]) for e in val[:2]], [e["answer"] for e in val[:2]]), \
+           ([encode_prompt(enc, e["question"]) for e in val[2:5]], [e["answer"] for e in val[2:5]])
     gen = lambda: torch.Generator().manual_seed(3)
     R, V = grpo.make_rollouts(m, enc, [a, b], cfg, gen(), contextlib.nullcontext(), {})
     (W,) = grpo.make_rollouts(m, enc, [(a[0] + b[0], a[1] + b[1])], cfg, gen(), contextlib.nullcontext(), {})
@@ -488,8 +489,12 @@ def test_grpo_step_under_bf16_autocast(tiny_setup, mode):
     opt = torch.optim.AdamW(lora_parameters(m), lr=1e-2)
     before = [p.detach().clone() for p in lora_parameters(m)]
     amp = torch.autocast("cpu", dtype=torch.bfloat16)
-    log, _ = tg.grpo_step(m, opt, enc, [e["question"] for e in val[:2]], [e["answer"] for e in val[:2]],
-                          cfg, torch.Generator().manual_seed(0), amp, val[2:5])
+    v = val[2:5]
+    v = tracin.reference_solutions(enc, v, "cpu") if mode == "nll" else \
+        ([encode_prompt(enc, e["question"]) for e in v], [e["answer"] for e in v])
+    rollouts, result = tg.grpo_step(m, opt, enc, [encode_prompt(enc, e["question"]) for e in val[:2]],
+                                    [e["answer"] for e in val[:2]], cfg, torch.Generator().manual_seed(0), amp, v)
+    log = step_log(rollouts, result, cfg)
     assert not log["skipped"] and math.isfinite(log["loss"]) and math.isfinite(log["grad_norm"])
     assert all(p.dtype == torch.float32 for p in lora_parameters(m))
     assert any(not torch.equal(a, p) for a, p in zip(before, lora_parameters(m)))
