@@ -17,11 +17,10 @@ from torch.autograd.function import once_differentiable
 
 from scale import distributed
 from configurator import UserError
-from data.gsm_synth.prepare import encode_prompt
 from lora import disable_lora, lora_parameters
 from scale.device import sync
 from rewards import compute_rewards
-from sample import decode_completions, generate, pad_prompts, stop_tokens
+from sample import decode_completions, encode_prompt, generate, pad_prompts, stop_tokens
 
 
 def compute_group_advantages(rewards, group_size, scale_rewards="group", epsilon=0.0):

@@ -19,12 +19,31 @@ import os
 
 import torch
 
-from data.gsm_synth.prepare import encode_prompt, load_split, load_tokenizer
+from data.gsm_synth.prepare import load_split, load_tokenizer
 from lora import apply_lora, load_lora_state_dict, merge_lora
 from scale.device import check_device
 from model import GPT, base_fingerprint, check_same_base, load_checkpoint, model_from_checkpoint
 from data.tasks import resolve_data_dir, set_instruction, task_data
 from pretrained.tokenizer import load_hf_tokenizer
+
+
+def encode_text(enc, text):
+    """Token ids of any text. A string that spells a special token ("<|endoftext|>") is encoded as the
+    plain characters it is, never as the special token: a question cannot end its own prompt."""
+    return enc.encode(text, disallowed_special=())
+
+
+# an instruct model's user turn asks for the format in words (the tiny GPT learned it from examples)
+CHAT_INSTRUCTION = "\nWrite one equation per line, then the answer on a last line as '#### N'."
+
+
+def encode_prompt(enc, question):
+    """The prompt's ids; with an instruct model's tokenizer (pretrained/tokenizer.py, `chat` set) the question
+    and CHAT_INSTRUCTION form the user turn of its chat format, ending in the assistant's header
+    (enc.instruction replaces CHAT_INSTRUCTION for tasks whose questions carry their own: data/tasks.py)."""
+    if getattr(enc, "chat", None):
+        return enc.encode_chat(question + getattr(enc, "instruction", CHAT_INSTRUCTION))
+    return encode_text(enc, question + "\n")  # the tiny GPT's format (data/gsm_synth: prompt_text)
 
 
 class NonFiniteLogits(FloatingPointError):

@@ -18,7 +18,7 @@ import torch
 
 from ghost import (compute_ghost_inner_product_matrix, ghost_mode, install_ghost_hooks, per_sample_grads,
                    subset_gradients, summed_gradient, summed_inner_products)
-from data.gsm_synth.prepare import encode_text
+from sample import encode_text
 from grpo import batch_counts, completion_logprobs, grpo_loss, policy_backward, rank_share, rollout_batch, sum_over_ranks
 from lora import LoRALinear, load_lora_state_dict, lora_state_dict
 from model import load_checkpoint

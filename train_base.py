@@ -23,13 +23,13 @@ from types import SimpleNamespace
 import torch
 
 from scale import distributed
-from data.gsm_synth.prepare import TEMPLATES, encode_prompt, encode_text, load_split, load_tokenizer, prepare
+from data.gsm_synth.prepare import TEMPLATES, load_split, load_tokenizer, prepare
 from scale.device import check_device
 from model import (GPT, GPTConfig, CheckpointWriteError, base_fingerprint, load_checkpoint,
                    model_from_checkpoint, save_checkpoint)
 from rewards import REWARD_FUNCS
 from runs.rundir import run_lock, stop_note
-from sample import NonFiniteLogits, decode_completions, generate, load_base, stop_tokens
+from sample import NonFiniteLogits, decode_completions, encode_prompt, encode_text, generate, load_base, stop_tokens
 from data.tasks import TASKS, load_task_split, portable_path, set_instruction, task_data
 
 # -----------------------------------------------------------------------------

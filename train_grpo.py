@@ -31,7 +31,6 @@ from contextlib import nullcontext
 import torch
 
 from data.curriculum import from_config, parse_levels
-from data.gsm_synth.prepare import encode_prompt
 from scale import distributed
 from grpo import LOSS_TYPES, grpo_updates, make_rollouts, rollouts_rewards_in_background, update
 from runs.metrics import NoSignal, print_step, rollout_record, step_log
@@ -41,7 +40,7 @@ from model import CheckpointWriteError, check_same_base, load_checkpoint, save_c
 from rewards import REWARD_FUNCS
 from runs.rundir import refuse_existing_run, rewind, run_lock, stop_note
 from data.tasks import TASKS, portable_path, resolve_data_dir, task_rewards
-from sample import NonFiniteLogits
+from sample import NonFiniteLogits, encode_prompt
 from tracin import reference_solutions, tracin_backward
 from train_base import ensure_base, evaluate, get_lr, load_frozen_base
 

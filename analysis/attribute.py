@@ -24,11 +24,10 @@ import tempfile
 from analysis.audit import LOSSES, audit, summary_lines
 from analysis.plot import has_matplotlib, plot_influence
 from analysis.report import write_report
-from data.gsm_synth.prepare import encode_prompt, encode_text
 from data.tasks import load_task_split
 from model import load_checkpoint
 from runs.rundir import read_jsonl, run_files, run_lock, unused_out_dir, write_json
-from sample import generate, load_policy, stop_tokens
+from sample import encode_prompt, encode_text, generate, load_policy, stop_tokens
 from scale.device import check_device
 from tracin import find_critical_samples, trapezoid_steps
 

@@ -25,9 +25,8 @@ import numpy as np
 
 from tracin import find_critical_samples, trapezoid_steps
 from configurator import UserError
-from data.gsm_synth.prepare import encode_prompt, encode_text
 from rewards import REWARD_FUNCS
-from sample import decode_completions, generate, stop_tokens
+from sample import decode_completions, encode_prompt, encode_text, generate, stop_tokens
 from data.tasks import TASKS
 
 FRACS = (0.01, 0.05, 0.10)  # the top fractions whose target share is reported

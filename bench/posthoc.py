@@ -26,11 +26,10 @@ import torch.nn as nn
 
 from bench.memory import lora_gpt
 from bench.step import task_setup, timed
-from data.gsm_synth.prepare import encode_prompt, encode_text
 from grpo import completion_logprobs, rollout_batch
 from lora import load_lora_state_dict, lora_state_dict
 from model import load_checkpoint, save_checkpoint
-from sample import generate
+from sample import encode_prompt, encode_text, generate
 
 
 class MeanLogProb(nn.Module):

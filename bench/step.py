@@ -24,7 +24,8 @@ import torch
 import rewards
 import train_grpo
 from data.tasks import task_rewards
-from data.gsm_synth.prepare import ROOT, encode_prompt, load_split, load_tokenizer, prepare
+from data.gsm_synth.prepare import ROOT, load_split, load_tokenizer, prepare
+from sample import encode_prompt
 from lora import apply_lora, lora_parameters
 from model import GPT, GPTConfig, load_checkpoint, model_from_checkpoint
 from runs.metrics import step_log

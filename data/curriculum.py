@@ -19,7 +19,8 @@ import random
 
 from scale import distributed
 from configurator import UserError
-from data.gsm_synth.prepare import distinct_problems, encode_prompt, make_problem, read_meta
+from data.gsm_synth.prepare import distinct_problems, make_problem, read_meta
+from sample import encode_prompt
 
 TEST_SEED = 20240601  # the target level's test problems: one fixed set, whatever the run's seed
 

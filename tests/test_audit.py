@@ -20,9 +20,8 @@ from runs import rundir
 import tracin
 from configurator import UserError, cli_main
 from model import load_checkpoint
-from data.gsm_synth.prepare import encode_prompt
 from rewards import REWARD_FUNCS
-from sample import decode_completions, generate, load_policy, stop_tokens
+from sample import decode_completions, encode_prompt, generate, load_policy, stop_tokens
 from data.tasks import load_task_split
 from test_report import Page
 from test_tracin_cli import tiny_run

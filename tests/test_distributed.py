@@ -14,7 +14,7 @@ import torch.multiprocessing as mp
 import train_base
 import train_grpo as tg
 from scale.distributed import finish  # each worker ends with it, as configurator.cli_main does under torchrun
-from data.gsm_synth.prepare import encode_prompt
+from sample import encode_prompt
 from model import load_checkpoint
 from test_train_grpo import run
 

@@ -222,14 +222,14 @@ def run(dirs, tmp_path_factory):
 
 
 def test_grpo_run_on_a_directory_uses_its_chat_format_and_records_the_base(run, dirs):
-    from data.gsm_synth.prepare import CHAT_INSTRUCTION
+    from sample import CHAT_INSTRUCTION
     path, _, tok = dirs["qwen2"]
     ckpt = torch.load(f"{run}/ckpt.pt", weights_only=True)
     assert ckpt["base_ckpt"] == path and len(ckpt["base_fingerprint"]) == 16
     assert any(v.abs().sum() > 0 for k, v in ckpt["lora"].items() if "lora_B" in k)  # it trained
     from sample import load_policy
     _, enc, _ = load_policy(f"{run}/ckpt.pt")
-    from data.gsm_synth.prepare import encode_prompt
+    from sample import encode_prompt
     q = "Mia has 2 pears. How many?"
     want = tok.apply_chat_template([{"role": "user", "content": q + CHAT_INSTRUCTION}], add_generation_prompt=True,
                                    tokenize=True, return_dict=True)["input_ids"]

@@ -15,11 +15,11 @@ import grpo
 import tracin
 import train_grpo as tg
 from configurator import UserError
-from data.gsm_synth.prepare import encode_prompt, load_tokenizer, load_split, prompt_text
+from data.gsm_synth.prepare import load_tokenizer, load_split, prompt_text
 from lora import apply_lora, disable_lora, lora_parameters
 from model import GPT, GPTConfig, save_checkpoint, load_checkpoint
 from runs.metrics import step_log
-from sample import generate
+from sample import encode_prompt, generate
 
 # every run here uses a reward that varies even for an untrained model (conftest.chars_reward)
 pytestmark = pytest.mark.usefixtures("chars_reward")

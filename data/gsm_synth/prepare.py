@@ -116,25 +116,6 @@ def prompt_text(question):
     return question + "\n"
 
 
-def encode_text(enc, text):
-    """Token ids of any text. A string that spells a special token ("<|endoftext|>") is encoded as the
-    plain characters it is, never as the special token: a question cannot end its own prompt."""
-    return enc.encode(text, disallowed_special=())
-
-
-# an instruct model's user turn asks for the format in words (the tiny GPT learned it from examples)
-CHAT_INSTRUCTION = "\nWrite one equation per line, then the answer on a last line as '#### N'."
-
-
-def encode_prompt(enc, question):
-    """The prompt's ids; with an instruct model's tokenizer (pretrained/tokenizer.py, `chat` set) the question
-    and CHAT_INSTRUCTION form the user turn of its chat format, ending in the assistant's header
-    (enc.instruction replaces CHAT_INSTRUCTION for tasks whose questions carry their own: data/tasks.py)."""
-    if getattr(enc, "chat", None):
-        return enc.encode_chat(question + getattr(enc, "instruction", CHAT_INSTRUCTION))
-    return encode_text(enc, prompt_text(question))
-
-
 def train_bpe(texts, num_merges):
     """Byte-level BPE merges learned from `texts` (deterministic: ties broken by the bytes)."""
     words = Counter(w for t in texts for w in regex.findall(PAT_STR, t))
