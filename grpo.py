@@ -10,7 +10,7 @@ Imports flow one way: model, lora -> sample, rewards -> grpo.py -> tracin.py (wi
 import math
 import time
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 
 import torch
 from torch.autograd.function import once_differentiable
@@ -18,9 +18,22 @@ from torch.autograd.function import once_differentiable
 from scale import distributed
 from configurator import UserError
 from lora import disable_lora, lora_parameters
-from scale.device import sync
 from rewards import compute_rewards
 from sample import decode_completions, encode_prompt, generate, pad_prompts, stop_tokens
+
+
+TIMES = {}  # seconds per phase of the step running now: grpo_step empties it, its log line reports it
+
+
+@contextmanager
+def phase(name):
+    """Add the block's wall time to TIMES[name], once the GPU has finished the work it queued (CUDA runs
+    ahead of Python: without the wait a phase would be charged for its launch only)."""
+    t0 = time.time()
+    yield
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+    TIMES[name] = TIMES.get(name, 0.0) + time.time() - t0
 
 
 def compute_group_advantages(rewards, group_size, scale_rewards="group", epsilon=0.0):
@@ -174,15 +187,14 @@ def grpo_loss(logp, old_logp, ref_logp, advantages, mask, beta=0.04, epsilon_low
     return loss, stats
 
 
-def logprobs_no_grad(model, batch, cfg, amp, times, phase, disabled=False):
+def logprobs_no_grad(model, batch, cfg, amp, name, disabled=False):
     """(N, T) completion log-probs without graph, micro-batch by micro-batch: of the policy as it is
     now (the 'old' policy of num_iterations > 1), or with disabled=True of the reference (LoRA off)."""
     idx, pad_left, T, mb = batch["idx"], batch["pad_left"], batch["mask"].size(1), cfg["micro_batch_size"]
-    out, t0 = [], time.time()
-    with torch.no_grad(), disable_lora(model) if disabled else nullcontext(), amp:
+    out = []
+    with phase(name), torch.no_grad(), disable_lora(model) if disabled else nullcontext(), amp:
         for s in range(0, idx.size(0), mb):
             out.append(completion_logprobs(model, idx[s:s + mb], pad_left[s:s + mb], T, cfg["temperature"])[0])
-    sync(cfg["device"]); times[phase] = times.get(phase, 0.0) + time.time() - t0
     return torch.cat(out)
 
 
@@ -193,7 +205,7 @@ def batch_counts(mask):
     return dict(num_seqs=mask.size(0), num_tokens=mask.sum().clamp(min=1).item())
 
 
-def policy_backward(model, batch, cfg, amp, times, beta):
+def policy_backward(model, batch, cfg, amp, beta):
     """Passes 3 and 2 and the backward of the GRPO loss, per micro-batch. batch: idx, pad_left, mask,
     advantages (a make_rollouts result), and old_logp / ref_logp when num_iterations > 1 took them
     already. Gradients add up in .grad; under TracIn's capture (ghost.GhostHooks) no .grad forms: the
@@ -215,12 +227,9 @@ def policy_backward(model, batch, cfg, amp, times, beta):
         sl = slice(s, s + mb)
         ref_logp = None if beta == 0 or batch.get("ref_logp") is None else batch["ref_logp"][sl]
         if beta != 0 and ref_logp is None:  # PASS 3, reference: base weights through the same modules, no graph
-            t0 = time.time()
-            with torch.no_grad(), disable_lora(model), amp:
+            with phase("reference"), torch.no_grad(), disable_lora(model), amp:
                 ref_logp, _ = completion_logprobs(model, idx[sl], pad_left[sl], T, cfg["temperature"])
-            sync(device); times["reference"] = times.get("reference", 0.0) + time.time() - t0
-        t0 = time.time()
-        with amp:  # PASS 2, policy, with grad
+        with phase("policy"), amp:  # PASS 2, policy, with grad
             logp, entropy = completion_logprobs(model, idx[sl], pad_left[sl], T, cfg["temperature"],
                                                 with_entropy=True)
             # one update per generation: old = logp.detach(), so the ratio is exactly 1 and the epsilon clip
@@ -229,115 +238,113 @@ def policy_backward(model, batch, cfg, amp, times, beta):
             old_logp = logp.detach() if batch.get("old_logp") is None else batch["old_logp"][sl]
             loss, loss_stats = grpo_loss(logp, old_logp, ref_logp, adv[sl], mask[sl], beta,
                                          cfg["epsilon_low"], cfg["epsilon_high"], cfg["loss_type"], **norm)
-        loss.backward()
-        stats["losses"].append(loss.item())
-        stats["kl_sum"] += loss_stats["kl_sum"]
-        for k in ("clipped", "clipped_low", "clipped_high"):
-            stats[k] += loss_stats["clipped_tokens" if k == "clipped" else k]
-        stats["ent_sum"] += (entropy * mask[sl]).sum().item()
-        del logp, ref_logp, entropy, loss  # this micro-batch's graph and log-probs, before the next one
-        sync(device); times["policy"] = times.get("policy", 0.0) + time.time() - t0
+            loss.backward()
+            stats["losses"].append(loss.item())
+            stats["kl_sum"] += loss_stats["kl_sum"]
+            for k in ("clipped", "clipped_low", "clipped_high"):
+                stats[k] += loss_stats["clipped_tokens" if k == "clipped" else k]
+            stats["ent_sum"] += (entropy * mask[sl]).sum().item()
+            del logp, ref_logp, entropy, loss  # this micro-batch's graph and log-probs, before the next one
     return stats
 
 
-def make_rollouts(model, enc, batches, cfg, generator, amp, times, cache=None):
+def make_rollouts(model, enc, batches, cfg, generator, amp, cache=None):
     """PASS 1 (sampling, no grad, no logits kept), rewards and group-relative advantages.
 
     batches: a list of (prompts as token ids, answers); all are sampled in ONE generate call (TracIn's train and
     validation prompts share the per-token cost) and scored separately: one rollout dict per batch."""
-    return score_rollouts(enc, sample_rollouts(model, enc, batches, cfg, generator, amp, times), batches, cfg,
-                          times, cache)
+    return score_rollouts(enc, sample_rollouts(model, enc, batches, cfg, generator, amp), batches, cfg, cache)
 
 
-def sample_rollouts(model, enc, batches, cfg, generator, amp, times):
+def sample_rollouts(model, enc, batches, cfg, generator, amp):
     """PASS 1: (idx, pad_left, mask) of group_size completions for every prompt of every batch. Under
     torchrun each rank samples its contiguous share of the prompts (the rows one process would give
     them, see sample.generate's rows=) and the shares are gathered on every rank."""
-    t0, G = time.time(), cfg["group_size"]
+    G = cfg["group_size"]
     prompts = [p for batch_prompts, _ in batches for p in batch_prompts]
     # each rank's contiguous prompts: whole prompts, so a group never spans two ranks
     shares = [distributed.split(len(prompts), r) for r in range(distributed.world_size())]
     mine = shares[distributed.rank()]
-    with amp:
+    with phase("generation"), amp:
         sampled = generate(model, prompts[mine], cfg["max_new_tokens"], stop_tokens(enc), num_samples=G,
                            temperature=cfg["temperature"], top_k=cfg["top_k"] or None, top_p=cfg["top_p"],
                            generator=generator, rows=(mine.start * G, len(prompts) * G), vocab_size=enc.n_vocab)
-    sampled = distributed.gather_sampled(*sampled, enc.eot_token, [G * (s.stop - s.start) for s in shares])
-    sync(cfg["device"]); times["generation"] = times.get("generation", 0.0) + time.time() - t0
+        sampled = distributed.gather_sampled(*sampled, enc.eot_token, [G * (s.stop - s.start) for s in shares])
     return sampled
 
 
-def score_rollouts(enc, sampled, batches, cfg, times, cache=None):
+def score_rollouts(enc, sampled, batches, cfg, cache=None):
     """Rewards (cache: see rewards.compute_rewards) and advantages: one rollout dict per batch."""
-    (idx, pad_left, mask), G, t0 = sampled, cfg["group_size"], time.time()
+    (idx, pad_left, mask), G = sampled, cfg["group_size"]
     T = mask.size(1)  # generation stops once every row has ended: T <= max_new_tokens
     out, start = [], 0
-    for prompts, answers in batches:
-        rows = slice(start, start + len(prompts) * G)
-        start = rows.stop
-        texts = decode_completions(enc, idx[rows], mask[rows])
-        rewards, per_fn, errors = compute_rewards(texts, [a for a in answers for _ in range(G)],
-                                                  list(cfg["reward_funcs"]), list(cfg["reward_weights"]), cache)
-        rewards = torch.tensor(rewards)  # NaN where no reward function could score the completion
-        advantages, n_zero_std = compute_group_advantages(rewards, G, cfg["scale_rewards"], cfg["advantage_epsilon"])
-        truncated = ~torch.isin(idx[rows, -T:], torch.tensor(stop_tokens(enc), device=idx.device)).any(1)  # no end
-        m = mask[rows] * (~truncated).long()[:, None] if cfg["mask_truncated_completions"] else mask[rows]
-        out.append(dict(idx=idx[rows], pad_left=pad_left[rows], mask=m, rewards=rewards, advantages=advantages,
-                        per_fn=per_fn, errors=errors, n_zero_std=n_zero_std, truncated=truncated))
-    times["reward"] = times.get("reward", 0.0) + time.time() - t0
+    with phase("reward"):
+        for prompts, answers in batches:
+            rows = slice(start, start + len(prompts) * G)
+            start = rows.stop
+            texts = decode_completions(enc, idx[rows], mask[rows])
+            rewards, per_fn, errors = compute_rewards(texts, [a for a in answers for _ in range(G)],
+                                                      list(cfg["reward_funcs"]), list(cfg["reward_weights"]), cache)
+            rewards = torch.tensor(rewards)  # NaN where no reward function could score the completion
+            advantages, n_zero_std = compute_group_advantages(rewards, G, cfg["scale_rewards"],
+                                                              cfg["advantage_epsilon"])
+            truncated = ~torch.isin(idx[rows, -T:], torch.tensor(stop_tokens(enc), device=idx.device)).any(1)
+            m = mask[rows] * (~truncated).long()[:, None] if cfg["mask_truncated_completions"] else mask[rows]
+            out.append(dict(idx=idx[rows], pad_left=pad_left[rows], mask=m, rewards=rewards, advantages=advantages,
+                            per_fn=per_fn, errors=errors, n_zero_std=n_zero_std, truncated=truncated))
     return out
 
 
-def rollouts_rewards_in_background(model, enc, batches, cfg, generator, amp, times, cache=None):
+def rollouts_rewards_in_background(model, enc, batches, cfg, generator, amp, cache=None):
     """make_rollouts with the rewards off the critical path: a worker thread decodes and scores the
     completions while this thread runs the reference pass (3) of every micro-batch, whose log-probs
     are kept for the loss ((N, T) floats). Torch releases the GIL in its kernels, so a slow reward
     function costs little extra; a cheap one gains nothing. Without a reference pass (beta 0) or
     with num_iterations > 1 (which takes its own), the scoring simply runs first."""
-    sampled = sample_rollouts(model, enc, batches, cfg, generator, amp, times)
+    sampled = sample_rollouts(model, enc, batches, cfg, generator, amp)
     with ThreadPoolExecutor(max_workers=1) as pool:
-        scoring = pool.submit(score_rollouts, enc, sampled, batches, cfg, times, cache)
+        scoring = pool.submit(score_rollouts, enc, sampled, batches, cfg, cache)
         ref = None
         if cfg["beta"] != 0 and cfg["num_iterations"] == 1:
             ref = logprobs_no_grad(model, dict(idx=sampled[0], pad_left=sampled[1], mask=sampled[2]), cfg, amp,
-                                   times, "reference", disabled=True)
+                                   "reference", disabled=True)
         rollouts = scoring.result()
     rollouts[0]["ref_logp"] = ref
     return rollouts
 
 
-def update(model, optimizer, cfg, stats, nothing_kept, times):
+def update(model, optimizer, cfg, stats, nothing_kept):
     """7: clip, AdamW on the LoRA parameters; skipped (weights untouched) when a loss or the gradient
     is not finite, and nothing to do when TracIn kept no rollout. Returns (grad norm, skip reason)."""
-    t0, skip_reason = time.time(), None
-    grad_norm = torch.tensor(0.0) if nothing_kept else \
-        torch.nn.utils.clip_grad_norm_(lora_parameters(model), cfg["grad_clip"])
-    if not (math.isfinite(grad_norm.item()) and all(math.isfinite(v) for v in stats["losses"])):
-        skip_reason = "non-finite loss or gradient"
-        print(f"warning: {skip_reason}; step skipped, weights untouched")
-    elif nothing_kept:
-        print("tracin: no rollout has positive influence; no update this step")
-    else:
-        optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-    sync(cfg["device"]); times["optimizer"] = times.get("optimizer", 0.0) + time.time() - t0
+    skip_reason = None
+    with phase("optimizer"):
+        grad_norm = torch.tensor(0.0) if nothing_kept else \
+            torch.nn.utils.clip_grad_norm_(lora_parameters(model), cfg["grad_clip"])
+        if not (math.isfinite(grad_norm.item()) and all(math.isfinite(v) for v in stats["losses"])):
+            skip_reason = "non-finite loss or gradient"
+            print(f"warning: {skip_reason}; step skipped, weights untouched")
+        elif nothing_kept:
+            print("tracin: no rollout has positive influence; no update this step")
+        else:
+            optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
     return grad_norm.item(), skip_reason
 
 
-def grpo_updates(model, optimizer, rollouts, cfg, amp, times):
+def grpo_updates(model, optimizer, rollouts, cfg, amp):
     """Steps 4-7 num_iterations (mu) times on one generation, as DeepSeekMath's algorithm and TRL's
     num_iterations: with mu > 1 the old (sampling) and reference log-probs are taken once, before the
     first update, so later updates see ratios != 1 and the clip acts. Returns (stats summed over the
     updates, the last gradient norm, the first skip reason or None)."""
     batch = rank_share(rollouts, cfg["micro_batch_size"])  # under torchrun, this process's rows
     if cfg["num_iterations"] > 1:  # the sampling policy's and the reference's log-probs, once, for every update
-        batch["old_logp"] = logprobs_no_grad(model, batch, cfg, amp, times, "old_logp")
+        batch["old_logp"] = logprobs_no_grad(model, batch, cfg, amp, "old_logp")
         if cfg["beta"] != 0:
-            batch["ref_logp"] = logprobs_no_grad(model, batch, cfg, amp, times, "reference", disabled=True)
+            batch["ref_logp"] = logprobs_no_grad(model, batch, cfg, amp, "reference", disabled=True)
     total, first_skip = None, None
     for _ in range(cfg["num_iterations"]):
-        stats = sum_over_ranks(model, policy_backward(model, batch, cfg, amp, times, cfg["beta"]))
-        grad_norm, skip_reason = update(model, optimizer, cfg, stats, False, times)
+        stats = sum_over_ranks(model, policy_backward(model, batch, cfg, amp, cfg["beta"]))
+        grad_norm, skip_reason = update(model, optimizer, cfg, stats, False)
         first_skip = first_skip or skip_reason
         total = stats if total is None else {k: total[k] + stats[k] for k in total}  # lists concatenate
     return total, grad_norm, first_skip

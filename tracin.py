@@ -12,14 +12,13 @@ every recorded rollout scored by its influence on a test answer, summed over the
 """
 # configurator first: a Ctrl-C during the slow imports below (torch) is one line, not a traceback
 from configurator import UserError, cli_main
-import time
-
 import torch
 
 from ghost import (compute_ghost_inner_product_matrix, ghost_mode, install_ghost_hooks, per_sample_grads,
                    subset_gradients, summed_gradient, summed_inner_products)
 from sample import encode_text
-from grpo import batch_counts, completion_logprobs, grpo_loss, policy_backward, rank_share, rollout_batch, sum_over_ranks
+from grpo import (batch_counts, completion_logprobs, grpo_loss, phase, policy_backward, rank_share, rollout_batch,
+                  sum_over_ranks)
 from lora import LoRALinear, load_lora_state_dict, lora_state_dict
 from model import load_checkpoint
 from scale import distributed
@@ -51,7 +50,7 @@ def reference_solutions(enc, examples, device):
     return dict(idx=idx, pad_left=pad_left, mask=mask, advantages=adv)
 
 
-def tracin_backward(model, optimizer, rollouts, val_batch, cfg, amp, times):
+def tracin_backward(model, optimizer, rollouts, val_batch, cfg, amp):
     """TracIn-GRPO's backward, in place of grpo.policy_backward: every rollout's LoRA gradient from the
     hooks, influence_i = <g_i, sum_j g_val_j>, the selection, and the selected rollouts' summed gradient
     written into .grad from the hooks' buffers (no 4th pass). cfg['tracin_influence']:
@@ -65,29 +64,31 @@ def tracin_backward(model, optimizer, rollouts, val_batch, cfg, amp, times):
     influences are gathered ('topk' needs the global threshold), the kept gradients summed over ranks.
     Returns (loss stats, influence (N,), keep (N,) bool, log entries), all of the whole batch."""
     matrix, mb = cfg["tracin_influence"] == "matrix", cfg["micro_batch_size"]
+    # The capture: a forward hook on every lora_A / lora_B keeps each sample's input x and h = A x, a tensor
+    # hook its output gradient gA = dL/dh, gB = dL/d(B h) (ghost.GhostHooks). While the split is 'train' the
+    # LoRA weights do not require grad: the backward forms no .grad (the batch's summed gradient, which
+    # nobody reads), only what flows through the hooks. ghost_mode makes optimizer.step() raise meanwhile.
     with install_ghost_hooks(model) as hooks, ghost_mode(optimizer):  # no weight can change in here
-        t0 = time.time()
-        stats = policy_backward(model, rank_share(rollouts, mb), cfg, amp, times, cfg["beta"])  # per-sample grads
-        times["grad_capture_train"], t0 = time.time() - t0, time.time()  # (no .grad formed: see GhostHooks)
-        hooks.split = "val" if matrix else None  # 'summed': the hooks keep nothing, G adds up in .grad
-        policy_backward(model, val_batch if matrix else informative_rows(rank_share(val_batch, mb), cfg),
-                        cfg, amp, times, beta=0.0)
-        times["grad_capture_val"] = time.time() - t0  # (validation loss: no KL term)
+        with phase("grad_capture_train"):  # passes 3 and 2 and the backward: per-sample factors, no .grad
+            stats = policy_backward(model, rank_share(rollouts, mb), cfg, amp, cfg["beta"])
+        hooks.split = "val" if matrix else None  # 'summed': the hooks keep nothing, the weights need grad again
+        with phase("grad_capture_val"):  # the validation loss has no KL term; 'summed': G adds up in .grad
+            policy_backward(model, val_batch if matrix else informative_rows(rank_share(val_batch, mb), cfg),
+                            cfg, amp, beta=0.0)
         train_grads = hooks.collect("train")
         val_grads = hooks.collect("val") if matrix else summed_gradient(model)  # per row, or G {layer: (G_A, G_B)}
-    t0 = time.time()
-    if matrix:  # row sums of the [N, N_val] matrix: validation GRADIENTS are summed, not activations
-        influence = compute_ghost_inner_product_matrix(train_grads, val_grads).sum(1)
-    train_grads = per_sample_grads(train_grads)  # each rollout's (r, d) per factor; the buffers are freed
-    if not matrix:
-        distributed.all_reduce_sum([g for pair in val_grads.values() for g in pair])  # the whole batch's G
-        influence = summed_inner_products(train_grads, val_grads)  # <g_i, G>: (N,), O(T d r) per rollout
-    influence = distributed.all_gather_cat(influence)  # every rollout's, in global order
-    keep = select_rollouts(influence, cfg["tracin_selection"], cfg["tracin_topk_frac"])
-    subset_gradients(model, train_grads, keep[distributed.shard(keep.numel())])  # this rank's kept rollouts
-    del train_grads, val_grads  # every LoRA layer's per-sample gradients (and G, or the validation buffers)
-    stats = sum_over_ranks(model, stats)  # the kept rollouts' gradients and the loss stats of every rank
-    times["influence"] = time.time() - t0
+    with phase("influence"):
+        if matrix:  # row sums of the [N, N_val] matrix: validation GRADIENTS are summed, not activations
+            influence = compute_ghost_inner_product_matrix(train_grads, val_grads).sum(1)
+        train_grads = per_sample_grads(train_grads)  # each rollout's (r, d) per factor; the buffers are freed
+        if not matrix:
+            distributed.all_reduce_sum([g for pair in val_grads.values() for g in pair])  # the whole batch's G
+            influence = summed_inner_products(train_grads, val_grads)  # <g_i, G>: (N,), O(T d r) per rollout
+        influence = distributed.all_gather_cat(influence)  # every rollout's, in global order
+        keep = select_rollouts(influence, cfg["tracin_selection"], cfg["tracin_topk_frac"])
+        subset_gradients(model, train_grads, keep[distributed.shard(keep.numel())])  # this rank's kept rollouts
+        del train_grads, val_grads  # every LoRA layer's per-sample gradients (and G, or the validation buffers)
+        stats = sum_over_ranks(model, stats)  # the kept rollouts' gradients and the loss stats of every rank
     log = {"selection_rate": keep.float().mean().item(), "n_selected": int(keep.sum()),
            "influence/mean": influence.mean().item(), "influence/std": influence.std().item(),
            "influence/min": influence.min().item(), "influence/max": influence.max().item()}

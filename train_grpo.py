@@ -32,7 +32,7 @@ import torch
 
 from data.curriculum import from_config, parse_levels
 from scale import distributed
-from grpo import LOSS_TYPES, grpo_updates, make_rollouts, rollouts_rewards_in_background, update
+from grpo import LOSS_TYPES, TIMES, grpo_updates, make_rollouts, rollouts_rewards_in_background, update
 from runs.metrics import NoSignal, print_step, rollout_record, step_log
 from lora import apply_lora, lora_parameters, lora_state_dict, load_lora_state_dict
 from scale.device import check_device, memory_stats
@@ -133,27 +133,28 @@ def grpo_step(model, optimizer, enc, prompts, answers, cfg, generator, amp, val=
     solutions laid out as rollouts (tracin.reference_solutions); only rollouts whose gradient helps it are
     trained on. Weights change only if everything is finite. Returns (rollouts, result): the scored batch
     (None if sampling failed) and {stats, grad_norm, skip_reason, extra, times}, which runs/metrics.py logs."""
-    times = dict.fromkeys(("generation", "reward", "policy", "reference"), 0.0)
+    TIMES.clear()  # seconds per phase (grpo.phase), from zero for the four every step has
+    TIMES.update(dict.fromkeys(("generation", "reward", "policy", "reference"), 0.0))
     val_pg = cfg["tracin"] and cfg["tracin_val_loss"] == "pg"  # validation rollouts sampled as well
     batches = [(prompts, answers)] + ([val] if val_pg else [])
     background = cfg["background_rewards"] and not cfg["tracin"]
     try:  # 2-3: one generate call for every prompt, then rewards and advantages
         rollouts, *val_rollouts = (rollouts_rewards_in_background if background else make_rollouts)(
-            model, enc, batches, cfg, generator, amp, times, cache)
+            model, enc, batches, cfg, generator, amp, cache)
     except NonFiniteLogits as e:  # the weights have blown up: nothing to learn from this step
         print(f"warning: {e}; step skipped, weights untouched")
-        return None, {"skip_reason": "non-finite logits", "times": times}
+        return None, {"skip_reason": "non-finite logits", "times": dict(TIMES)}
     extra = {}
     if not cfg["tracin"]:  # 4-7, num_iterations times: reference, policy, loss, backward; clip and AdamW
-        stats, grad_norm, skip_reason = grpo_updates(model, optimizer, rollouts, cfg, amp, times)
+        stats, grad_norm, skip_reason = grpo_updates(model, optimizer, rollouts, cfg, amp)
     else:  # 4-6 with per-sample gradients, against the validation loss
         val_batch = val_rollouts[0] if val_pg else val
-        stats, influence, keep, extra = tracin_backward(model, optimizer, rollouts, val_batch, cfg, amp, times)
+        stats, influence, keep, extra = tracin_backward(model, optimizer, rollouts, val_batch, cfg, amp)
         rollouts.update(influence=influence.tolist(), selected=keep.tolist())
         if val_pg:
             extra["val/reward"] = val_batch["rewards"].nanmean().item()
-        grad_norm, skip_reason = update(model, optimizer, cfg, stats, extra["n_selected"] == 0, times)  # 7
-    return rollouts, dict(stats=stats, grad_norm=grad_norm, skip_reason=skip_reason, extra=extra, times=times)
+        grad_norm, skip_reason = update(model, optimizer, cfg, stats, extra["n_selected"] == 0)  # 7
+    return rollouts, dict(stats=stats, grad_norm=grad_norm, skip_reason=skip_reason, extra=extra, times=dict(TIMES))
 
 
 # -----------------------------------------------------------------------------

@@ -65,7 +65,9 @@ def project_grpo_step(model, optimizer, prompts, group, new_tokens, advantages, 
     c = {**train_grpo.defaults, "device": dev, "beta": beta, "temperature": temperature,
          "max_new_tokens": new_tokens, "micro_batch_size": micro_batch_size or prompts.size(0) * group}
     sync = torch.cuda.synchronize if "cuda" in dev else (lambda: None)
-    times = {"reference": 0.0, "policy": 0.0}
+    grpo.TIMES.clear()  # policy_backward adds its reference and policy seconds there
+    grpo.TIMES.update(reference=0.0, policy=0.0)
+    times = {}
     t0 = time.perf_counter()
     with amp:
         idx, pad_left, mask = generate(model, prompts.tolist(), new_tokens, eot_id=-1, num_samples=group,
@@ -73,7 +75,8 @@ def project_grpo_step(model, optimizer, prompts, group, new_tokens, advantages, 
                                        generator=torch.Generator(device=dev).manual_seed(seed))
     sync(); times["generation"] = time.perf_counter() - t0
     st = grpo.policy_backward(model, dict(idx=idx, pad_left=pad_left, mask=mask, advantages=advantages),
-                                    c, amp, times, beta)
+                              c, amp, beta)
+    times.update(reference=grpo.TIMES["reference"], policy=grpo.TIMES["policy"])
     t0 = time.perf_counter()
     torch.nn.utils.clip_grad_norm_(lora_parameters(model), c["grad_clip"])
     optimizer.step()

@@ -104,7 +104,7 @@ def timed_val_backward(model, enc, vb, cfg, amp):
     c = {**train_grpo.defaults, "device": dev, "beta": 0.0, "micro_batch_size": 64}
     sync = torch.cuda.synchronize if "cuda" in dev else (lambda: None)
     sync(); t0 = time.perf_counter()
-    policy_backward(model, reference_solutions(enc, vb, dev), c, amp, {}, 0.0)
+    policy_backward(model, reference_solutions(enc, vb, dev), c, amp, 0.0)
     sync(); total = time.perf_counter() - t0
     model.zero_grad(set_to_none=True)
     return {"total": total}

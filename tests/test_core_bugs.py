@@ -124,12 +124,12 @@ def test_update_skips_a_non_finite_gradient_with_a_finite_loss(tiny_gpt, bad):
     before = [p.detach().clone() for p in params]
     fill_grads()
     params[3].grad.view(-1)[5] = bad
-    norm, reason = grpo.update(tiny_gpt, opt, cfg, stats, False, {})
+    norm, reason = grpo.update(tiny_gpt, opt, cfg, stats, False)
     assert reason is not None and not math.isfinite(norm)
     assert all(torch.equal(p, b) for p, b in zip(params, before))  # weights untouched
     assert not opt.state  # AdamW never stepped (no moments, no step count)
     fill_grads()  # control: the same call with a finite gradient steps
-    norm, reason = grpo.update(tiny_gpt, opt, cfg, stats, False, {})
+    norm, reason = grpo.update(tiny_gpt, opt, cfg, stats, False)
     assert reason is None and math.isfinite(norm)
     assert any(not torch.equal(p, b) for p, b in zip(params, before))
 
