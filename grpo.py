@@ -187,12 +187,12 @@ def grpo_loss(logp, old_logp, ref_logp, advantages, mask, beta=0.04, epsilon_low
     return loss, stats
 
 
-def logprobs_no_grad(model, batch, cfg, amp, name, disabled=False):
+def logprobs_no_grad(model, batch, cfg, name, disabled=False):
     """(N, T) completion log-probs without graph, micro-batch by micro-batch: of the policy as it is
     now (the 'old' policy of num_iterations > 1), or with disabled=True of the reference (LoRA off)."""
     idx, pad_left, T, mb = batch["idx"], batch["pad_left"], batch["mask"].size(1), cfg["micro_batch_size"]
     out = []
-    with phase(name), torch.no_grad(), disable_lora(model) if disabled else nullcontext(), amp:
+    with phase(name), torch.no_grad(), disable_lora(model) if disabled else nullcontext(), model.amp:
         for s in range(0, idx.size(0), mb):
             out.append(completion_logprobs(model, idx[s:s + mb], pad_left[s:s + mb], T, cfg["temperature"])[0])
     return torch.cat(out)
@@ -205,7 +205,7 @@ def batch_counts(mask):
     return dict(num_seqs=mask.size(0), num_tokens=mask.sum().clamp(min=1).item())
 
 
-def policy_backward(model, batch, cfg, amp, beta):
+def policy_backward(model, batch, cfg, beta):
     """Passes 3 and 2 and the backward of the GRPO loss, per micro-batch. batch: idx, pad_left, mask,
     advantages (a make_rollouts result), and old_logp / ref_logp when num_iterations > 1 took them
     already. Gradients add up in .grad; under TracIn's capture (ghost.GhostHooks) no .grad forms: the
@@ -227,9 +227,9 @@ def policy_backward(model, batch, cfg, amp, beta):
         sl = slice(s, s + mb)
         ref_logp = None if beta == 0 or batch.get("ref_logp") is None else batch["ref_logp"][sl]
         if beta != 0 and ref_logp is None:  # PASS 3, reference: base weights through the same modules, no graph
-            with phase("reference"), torch.no_grad(), disable_lora(model), amp:
+            with phase("reference"), torch.no_grad(), disable_lora(model), model.amp:
                 ref_logp, _ = completion_logprobs(model, idx[sl], pad_left[sl], T, cfg["temperature"])
-        with phase("policy"), amp:  # PASS 2, policy, with grad
+        with phase("policy"), model.amp:  # PASS 2, policy, with grad
             logp, entropy = completion_logprobs(model, idx[sl], pad_left[sl], T, cfg["temperature"],
                                                 with_entropy=True)
             # one update per generation: old = logp.detach(), so the ratio is exactly 1 and the epsilon clip
@@ -248,15 +248,15 @@ def policy_backward(model, batch, cfg, amp, beta):
     return stats
 
 
-def make_rollouts(model, enc, batches, cfg, generator, amp, cache=None):
+def make_rollouts(model, enc, batches, cfg, generator, cache=None):
     """PASS 1 (sampling, no grad, no logits kept), rewards and group-relative advantages.
 
     batches: a list of (prompts as token ids, answers); all are sampled in ONE generate call (TracIn's train and
     validation prompts share the per-token cost) and scored separately: one rollout dict per batch."""
-    return score_rollouts(enc, sample_rollouts(model, enc, batches, cfg, generator, amp), batches, cfg, cache)
+    return score_rollouts(enc, sample_rollouts(model, enc, batches, cfg, generator), batches, cfg, cache)
 
 
-def sample_rollouts(model, enc, batches, cfg, generator, amp):
+def sample_rollouts(model, enc, batches, cfg, generator):
     """PASS 1: (idx, pad_left, mask) of group_size completions for every prompt of every batch. Under
     torchrun each rank samples its contiguous share of the prompts (the rows one process would give
     them, see sample.generate's rows=) and the shares are gathered on every rank."""
@@ -265,7 +265,7 @@ def sample_rollouts(model, enc, batches, cfg, generator, amp):
     # each rank's contiguous prompts: whole prompts, so a group never spans two ranks
     shares = [distributed.split(len(prompts), r) for r in range(distributed.world_size())]
     mine = shares[distributed.rank()]
-    with phase("generation"), amp:
+    with phase("generation"), model.amp:
         sampled = generate(model, prompts[mine], cfg["max_new_tokens"], stop_tokens(enc), num_samples=G,
                            temperature=cfg["temperature"], top_k=cfg["top_k"] or None, top_p=cfg["top_p"],
                            generator=generator, rows=(mine.start * G, len(prompts) * G), vocab_size=enc.n_vocab)
@@ -295,19 +295,19 @@ def score_rollouts(enc, sampled, batches, cfg, cache=None):
     return out
 
 
-def rollouts_rewards_in_background(model, enc, batches, cfg, generator, amp, cache=None):
+def rollouts_rewards_in_background(model, enc, batches, cfg, generator, cache=None):
     """make_rollouts with the rewards off the critical path: a worker thread decodes and scores the
     completions while this thread runs the reference pass (3) of every micro-batch, whose log-probs
     are kept for the loss ((N, T) floats). Torch releases the GIL in its kernels, so a slow reward
     function costs little extra; a cheap one gains nothing. Without a reference pass (beta 0) or
     with num_iterations > 1 (which takes its own), the scoring simply runs first."""
-    sampled = sample_rollouts(model, enc, batches, cfg, generator, amp)
+    sampled = sample_rollouts(model, enc, batches, cfg, generator)
     with ThreadPoolExecutor(max_workers=1) as pool:
         scoring = pool.submit(score_rollouts, enc, sampled, batches, cfg, cache)
         ref = None
         if cfg["beta"] != 0 and cfg["num_iterations"] == 1:
-            ref = logprobs_no_grad(model, dict(idx=sampled[0], pad_left=sampled[1], mask=sampled[2]), cfg, amp,
-                                   "reference", disabled=True)
+            ref = logprobs_no_grad(model, dict(idx=sampled[0], pad_left=sampled[1], mask=sampled[2]), cfg, "reference",
+                                   disabled=True)
         rollouts = scoring.result()
     rollouts[0]["ref_logp"] = ref
     return rollouts
@@ -331,19 +331,19 @@ def update(model, optimizer, cfg, stats, nothing_kept):
     return grad_norm.item(), skip_reason
 
 
-def grpo_updates(model, optimizer, rollouts, cfg, amp):
+def grpo_updates(model, optimizer, rollouts, cfg):
     """Steps 4-7 num_iterations (mu) times on one generation, as DeepSeekMath's algorithm and TRL's
     num_iterations: with mu > 1 the old (sampling) and reference log-probs are taken once, before the
     first update, so later updates see ratios != 1 and the clip acts. Returns (stats summed over the
     updates, the last gradient norm, the first skip reason or None)."""
     batch = rank_share(rollouts, cfg["micro_batch_size"])  # under torchrun, this process's rows
     if cfg["num_iterations"] > 1:  # the sampling policy's and the reference's log-probs, once, for every update
-        batch["old_logp"] = logprobs_no_grad(model, batch, cfg, amp, "old_logp")
+        batch["old_logp"] = logprobs_no_grad(model, batch, cfg, "old_logp")
         if cfg["beta"] != 0:
-            batch["ref_logp"] = logprobs_no_grad(model, batch, cfg, amp, "reference", disabled=True)
+            batch["ref_logp"] = logprobs_no_grad(model, batch, cfg, "reference", disabled=True)
     total, first_skip = None, None
     for _ in range(cfg["num_iterations"]):
-        stats = sum_over_ranks(model, policy_backward(model, batch, cfg, amp, cfg["beta"]))
+        stats = sum_over_ranks(model, policy_backward(model, batch, cfg, cfg["beta"]))
         grad_norm, skip_reason = update(model, optimizer, cfg, stats, False)
         first_skip = first_skip or skip_reason
         total = stats if total is None else {k: total[k] + stats[k] for k in total}  # lists concatenate

@@ -19,6 +19,7 @@ import hashlib
 import io
 import math
 import os
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -200,6 +201,9 @@ class GPT(nn.Module):
         super().__init__()
         assert config.arch in ("gpt2", "llama"), f"arch must be 'gpt2' or 'llama', got {config.arch!r}"
         self.config = config
+        # the precision every pass of a run computes in, set once at start-up (train_grpo: bf16 autocast where
+        # scale/device.check_device chooses bf16); the passes run `with model.amp:`. Default: the weights' dtype
+        self.amp = nullcontext()
         self.transformer = nn.ModuleDict(dict(
             wte=nn.Embedding(config.vocab_size, config.n_embd),
             # learned positions; 'llama' rotates q and k instead (RoPE)

@@ -50,7 +50,7 @@ def reference_solutions(enc, examples, device):
     return dict(idx=idx, pad_left=pad_left, mask=mask, advantages=adv)
 
 
-def tracin_backward(model, optimizer, rollouts, val_batch, cfg, amp):
+def tracin_backward(model, optimizer, rollouts, val_batch, cfg):
     """TracIn-GRPO's backward, in place of grpo.policy_backward: every rollout's LoRA gradient from the
     hooks, influence_i = <g_i, sum_j g_val_j>, the selection, and the selected rollouts' summed gradient
     written into .grad from the hooks' buffers (no 4th pass). cfg['tracin_influence']:
@@ -70,11 +70,11 @@ def tracin_backward(model, optimizer, rollouts, val_batch, cfg, amp):
     # nobody reads), only what flows through the hooks. ghost_mode makes optimizer.step() raise meanwhile.
     with install_ghost_hooks(model) as hooks, ghost_mode(optimizer):  # no weight can change in here
         with phase("grad_capture_train"):  # passes 3 and 2 and the backward: per-sample factors, no .grad
-            stats = policy_backward(model, rank_share(rollouts, mb), cfg, amp, cfg["beta"])
+            stats = policy_backward(model, rank_share(rollouts, mb), cfg, cfg["beta"])
         hooks.split = "val" if matrix else None  # 'summed': the hooks keep nothing, the weights need grad again
         with phase("grad_capture_val"):  # the validation loss has no KL term; 'summed': G adds up in .grad
             policy_backward(model, val_batch if matrix else informative_rows(rank_share(val_batch, mb), cfg),
-                            cfg, amp, beta=0.0)
+                            cfg, beta=0.0)
         train_grads = hooks.collect("train")
         val_grads = hooks.collect("val") if matrix else summed_gradient(model)  # per row, or G {layer: (G_A, G_B)}
     with phase("influence"):

@@ -219,8 +219,9 @@ def main(argv):
         # a second run in this out_dir is refused from here on (rank 0 holds the lock for the whole job)
         with run_lock(cfg["out_dir"]) if distributed.is_main() else nullcontext():
             run = setup(cfg, ckpt)
+            run.model.amp = amp  # every pass computes in this precision (bf16 autocast, or the weights' own)
             del ckpt  # the weights and optimizer state now live in the model and optimizer: free the loaded copy
-            return train(cfg, amp, run)
+            return train(cfg, run)
 
 
 def setup(cfg, ckpt):
@@ -274,7 +275,7 @@ def rank_rows(x, y):
     return x[rows], y[rows], ((y[rows] != -1).sum() / (y != -1).sum()).item()
 
 
-def train(cfg, amp, run):
+def train(cfg, run):
     """The training loop: one line per log_interval, an evaluation and a checkpoint per eval_interval."""
     model, optimizer, rng = run.model, run.optimizer, run.rng
 
@@ -298,7 +299,7 @@ def train(cfg, amp, run):
                 g["lr"] = lr
             x, y, share = rank_rows(*get_batch(run.train_pairs, cfg["batch_size"], rng, cfg["device"]))
             model.train()
-            with amp:
+            with model.amp:
                 _, loss = model(x, targets=y)
             if share != 1.0:
                 loss = loss * share
@@ -322,7 +323,7 @@ def train(cfg, amp, run):
                 print(f"iter {it:5d} | loss {loss_value:.4f} | lr {lr:.2e} | {dt * 1000:.0f} ms/iter"
                       f" | {run.elapsed_before + time.time() - t_start:.0f}s")
             if at_eval:  # every rank scores its share of the test problems
-                with amp:
+                with model.amp:
                     metrics = evaluate(model, run.enc, run.test, cfg["max_new_tokens"])
             if at_eval and distributed.is_main():
                 print(f"eval  {it:5d} | test accuracy {metrics['accuracy']:.3f} (greedy, {len(run.test)} problems)")

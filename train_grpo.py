@@ -126,7 +126,7 @@ defaults = {k: v for k, v in dict(globals()).items()
             if not k.startswith("_") and isinstance(v, (int, float, bool, str, tuple))}
 
 
-def grpo_step(model, optimizer, enc, prompts, answers, cfg, generator, amp, val=None, cache=None):
+def grpo_step(model, optimizer, enc, prompts, answers, cfg, generator, val=None, cache=None):
     """One GRPO step, the numbered steps of the module docstring. prompts: the batch_size prompts as token
     ids (step 1 drew them), answers: their reference answers. With cfg['tracin'], `val` is the validation
     batch: ('pg') its (prompts, answers), sampled with the training prompts; ('nll') its reference
@@ -140,16 +140,16 @@ def grpo_step(model, optimizer, enc, prompts, answers, cfg, generator, amp, val=
     background = cfg["background_rewards"] and not cfg["tracin"]
     try:  # 2-3: one generate call for every prompt, then rewards and advantages
         rollouts, *val_rollouts = (rollouts_rewards_in_background if background else make_rollouts)(
-            model, enc, batches, cfg, generator, amp, cache)
+            model, enc, batches, cfg, generator, cache)
     except NonFiniteLogits as e:  # the weights have blown up: nothing to learn from this step
         print(f"warning: {e}; step skipped, weights untouched")
         return None, {"skip_reason": "non-finite logits", "times": dict(TIMES)}
     extra = {}
     if not cfg["tracin"]:  # 4-7, num_iterations times: reference, policy, loss, backward; clip and AdamW
-        stats, grad_norm, skip_reason = grpo_updates(model, optimizer, rollouts, cfg, amp)
+        stats, grad_norm, skip_reason = grpo_updates(model, optimizer, rollouts, cfg)
     else:  # 4-6 with per-sample gradients, against the validation loss
         val_batch = val_rollouts[0] if val_pg else val
-        stats, influence, keep, extra = tracin_backward(model, optimizer, rollouts, val_batch, cfg, amp)
+        stats, influence, keep, extra = tracin_backward(model, optimizer, rollouts, val_batch, cfg)
         rollouts.update(influence=influence.tolist(), selected=keep.tolist())
         if val_pg:
             extra["val/reward"] = val_batch["rewards"].nanmean().item()
@@ -264,7 +264,7 @@ class Run:
     prompts, which completions) and the step counter; checkpoints hold all of them."""
 
     def __init__(self, cfg, amp, resume):
-        self.cfg, self.amp, self.out, device = cfg, amp, cfg["out_dir"], cfg["device"]
+        self.cfg, self.out, device = cfg, cfg["out_dir"], cfg["device"]
         if resume is None and distributed.is_main():  # (the others would see rank 0's first files)
             refuse_existing_run(self.out)  # any run file: resume it, or use another out_dir
         self.model, self.fingerprint, self.data_dir, self.enc, splits = load_base(cfg, self.out, resume)
@@ -275,6 +275,7 @@ class Run:
         torch.manual_seed(cfg["seed"])  # the LoRA initialisation
         apply_lora(self.model, cfg["lora_r"], cfg["lora_alpha"], cfg["lora_dropout"], cfg["lora_targets"])
         self.model.to(device)
+        self.model.amp = amp  # every pass of the run computes in this precision (bf16 autocast, or as stored)
         self.optimizer = torch.optim.AdamW(lora_parameters(self.model), lr=cfg["learning_rate"],
                                            weight_decay=cfg["weight_decay"])
         self.rng = random.Random(cfg["seed"])                                   # which prompts
@@ -332,7 +333,7 @@ class Run:
     def evaluate(self):
         k = self.cfg["eval_k"]
         try:  # every rank scores its share of the test problems (train_base.evaluate sums the counts)
-            with self.amp:
+            with self.model.amp:
                 r = evaluate(self.model, self.enc, self.test, self.cfg["max_new_tokens"], k=k, seed=self.cfg["seed"],
                              task=self.cfg["task"])
         except NonFiniteLogits as e:
@@ -360,7 +361,7 @@ class Run:
                 if cfg["tracin_val_loss"] == "pg" else reference_solutions(self.enc, val, cfg["device"])
         questions, answers = [e["question"] for e in batch], [e["answer"] for e in batch]
         scored, result = grpo_step(self.model, self.optimizer, self.enc, [encode_prompt(self.enc, q) for q in questions],
-                                   answers, cfg, self.generator, self.amp, val, self.reward_cache)
+                                   answers, cfg, self.generator, val, self.reward_cache)
         log = step_log(scored, result, cfg, self.reward_cache)
         rollouts = rollout_record(questions, answers, scored, cfg) if scored is not None else None
         self.iter_num += 1

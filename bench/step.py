@@ -89,8 +89,9 @@ def timed_grpo_step(model, enc, tb, vb, mode, cfg, amp, **overrides):
     val = None if not c["tracin"] else reference_solutions(enc, vb, dev) if mode == "nll" else \
         ([encode_prompt(enc, e["question"]) for e in vb], [e["answer"] for e in vb])
     with contextlib.redirect_stdout(io.StringIO()):  # its notices ("no rollout kept") are not bench output
+        model.amp = amp  # the precision every pass computes in
         rollouts, result = train_grpo.grpo_step(model, opt, enc, [encode_prompt(enc, e["question"]) for e in tb],
-                                                [e["answer"] for e in tb], c, gen, amp, val)  # no cache: all scored
+                                                [e["answer"] for e in tb], c, gen, val)  # no cache: all scored
     log = step_log(rollouts, result, c)
     log["total"] = time.perf_counter() - t0
     log["selected"] = (rollouts or {}).get("selected")
@@ -104,7 +105,8 @@ def timed_val_backward(model, enc, vb, cfg, amp):
     c = {**train_grpo.defaults, "device": dev, "beta": 0.0, "micro_batch_size": 64}
     sync = torch.cuda.synchronize if "cuda" in dev else (lambda: None)
     sync(); t0 = time.perf_counter()
-    policy_backward(model, reference_solutions(enc, vb, dev), c, amp, 0.0)
+    model.amp = amp
+    policy_backward(model, reference_solutions(enc, vb, dev), c, 0.0)
     sync(); total = time.perf_counter() - t0
     model.zero_grad(set_to_none=True)
     return {"total": total}

@@ -315,8 +315,8 @@ def sampling_worker(rank, world, port, out):
     grpo.generate = lambda m, prompts, *a, **k: seen.append(len(prompts)) or real(m, prompts, *a, **k)
     with distributed.process_group("cpu"):
         g = torch.Generator().manual_seed(11)
-        sampled = grpo.sample_rollouts(model, enc, batches, SAMPLE_CFG, g, contextlib.nullcontext())
-        again = grpo.sample_rollouts(model, enc, batches, SAMPLE_CFG, g, contextlib.nullcontext())
+        sampled = grpo.sample_rollouts(model, enc, batches, SAMPLE_CFG, g)
+        again = grpo.sample_rollouts(model, enc, batches, SAMPLE_CFG, g)
         torch.save(dict(sampled=sampled, again=again, state=g.get_state(), seen=seen), f"{out}.{rank}")
     finish()
 
@@ -329,7 +329,7 @@ def test_each_rank_samples_its_share_and_all_get_the_single_process_batch(tmp_pa
     import grpo
     model, enc, batches = sampling_setup()
     g = torch.Generator().manual_seed(11)
-    ref = [grpo.sample_rollouts(model, enc, batches, SAMPLE_CFG, g, contextlib.nullcontext()) for _ in range(2)]
+    ref = [grpo.sample_rollouts(model, enc, batches, SAMPLE_CFG, g) for _ in range(2)]
     out = str(tmp_path / "sampled")
     mp.spawn(sampling_worker, args=(2, free_port(), out), nprocs=2)
     for rank, share in ((0, 3), (1, 2)):

@@ -54,13 +54,13 @@ def as_batch(data, adv):
 
 def summed_and_matrix(m, train, val, mb_train=4, mb_val=3):
     """(summed influence, matrix row sums, G) for the same batches through policy_backward."""
-    policy_backward(m, as_batch(val, VAL_ADV), cfg(mb_val), AMP, 0.0)  # ordinary backward: G in .grad
+    policy_backward(m, as_batch(val, VAL_ADV), cfg(mb_val), 0.0)  # ordinary backward: G in .grad
     G = ghost.summed_gradient(m)
     assert all(p.grad is None for p in lora_parameters(m))  # cleared for the next backward
     with ghost.install_ghost_hooks(m) as hooks:
-        policy_backward(m, as_batch(train, TRAIN_ADV), cfg(mb_train), AMP, 0.0)
+        policy_backward(m, as_batch(train, TRAIN_ADV), cfg(mb_train), 0.0)
         hooks.split = "val"
-        policy_backward(m, as_batch(val, VAL_ADV), cfg(mb_val), AMP, 0.0)
+        policy_backward(m, as_batch(val, VAL_ADV), cfg(mb_val), 0.0)
         tr, va = hooks.collect("train"), hooks.collect("val")
     assert len(tr) == len(va) == LAYERS
     m.zero_grad(set_to_none=True)
@@ -84,12 +84,12 @@ def test_summed_products_match_bruteforce_and_matrix(world):
 
 def test_summed_gradient_is_the_batch_gradient(world):
     m, _, val = world
-    policy_backward(m, as_batch(val, VAL_ADV), cfg(3), AMP, 0.0)  # no hooks at all
+    policy_backward(m, as_batch(val, VAL_ADV), cfg(3), 0.0)  # no hooks at all
     grads = {n: p.grad.clone() for n, p in m.named_parameters() if ".lora_" in n}
     m.zero_grad(set_to_none=True)
     with ghost.install_ghost_hooks(m) as hooks:
         hooks.split = None  # idle hooks, as tracin_backward's 'summed' validation pass: nothing kept
-        policy_backward(m, as_batch(val, VAL_ADV), cfg(3), AMP, 0.0)
+        policy_backward(m, as_batch(val, VAL_ADV), cfg(3), 0.0)
         assert not any(d for split in ("train", "val") for d in hooks.buffers(split))
     G = ghost.summed_gradient(m, layer_filter="mlp")
     assert len(G) == LAYERS // 2 and all("mlp" in k for k in G)
@@ -116,7 +116,7 @@ def test_tracin_backward_summed_equals_matrix(world, monkeypatch, rule, beta):
     for how in ("summed", "matrix"):
         calls.clear()
         c = cfg(4, beta=beta, tracin_influence=how, tracin_selection=rule, tracin_topk_frac=0.5)
-        _, infl, keep, log = tracin.tracin_backward(m, opt, as_batch(train, adv), as_batch(val, VAL_ADV), c, AMP)
+        _, infl, keep, log = tracin.tracin_backward(m, opt, as_batch(train, adv), as_batch(val, VAL_ADV), c)
         out[how] = infl, keep, [p.grad.clone() for p in lora_parameters(m)]
         assert sorted(calls) == (["train"] if how == "summed" else ["matrix", "train", "val"])
         m.zero_grad(set_to_none=True)
@@ -199,12 +199,12 @@ def test_zero_advantage_validation_rows_are_skipped_and_G_is_unchanged(world, mo
     Gs, rows = [], []
     for batch in (as_batch(val, adv), tracin.informative_rows(as_batch(val, adv), c)):
         rows.append(batch["idx"].size(0))
-        policy_backward(m, batch, c, AMP, 0.0)
+        policy_backward(m, batch, c, 0.0)
         Gs.append(torch.cat([torch.cat([a.flatten(), b.flatten()]) for a, b in ghost.summed_gradient(m).values()]))
     assert rel(Gs[1], Gs[0]) <= 1e-6
     assert rows == ([len(adv)] * 2 if loss_type == "bnpo" else [len(adv), len(adv) - 2])
     none = tracin.informative_rows(as_batch(val, torch.zeros_like(adv)), c)
     if loss_type != "bnpo":
         assert none["idx"].size(0) == 1
-        policy_backward(m, none, c, AMP, 0.0)
+        policy_backward(m, none, c, 0.0)
         assert all((g == 0).all() for pair in ghost.summed_gradient(m).values() for g in pair)

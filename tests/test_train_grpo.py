@@ -395,7 +395,7 @@ def test_reference_solutions_gradient_is_mean_nll(tiny_setup):
     assert len({len(e["question"]) for e in ex}) > 1  # prompts of different lengths: padding is exercised
     cfg = {**tg.defaults, "micro_batch_size": 2, "max_new_tokens": 40}
     R = tracin.reference_solutions(enc, ex, "cpu")
-    grpo.policy_backward(m, R, cfg, contextlib.nullcontext(), 0.0)
+    grpo.policy_backward(m, R, cfg, 0.0)
     params = lora_parameters(m)
     g = [p.grad.clone() for p in params]
     m.zero_grad(set_to_none=True)
@@ -420,8 +420,8 @@ def test_train_and_val_sampled_in_one_call(tiny_setup):
     a, b = ([encode_prompt(enc, e["question"]) for e in val[:2]], [e["answer"] for e in val[:2]]), \
            ([encode_prompt(enc, e["question"]) for e in val[2:5]], [e["answer"] for e in val[2:5]])
     gen = lambda: torch.Generator().manual_seed(3)
-    R, V = grpo.make_rollouts(m, enc, [a, b], cfg, gen(), contextlib.nullcontext())
-    (W,) = grpo.make_rollouts(m, enc, [(a[0] + b[0], a[1] + b[1])], cfg, gen(), contextlib.nullcontext())
+    R, V = grpo.make_rollouts(m, enc, [a, b], cfg, gen())
+    (W,) = grpo.make_rollouts(m, enc, [(a[0] + b[0], a[1] + b[1])], cfg, gen())
     assert torch.equal(torch.cat([R["idx"], V["idx"]]), W["idx"]) and torch.equal(torch.cat([R["mask"], V["mask"]]), W["mask"])
     assert torch.equal(torch.cat([R["rewards"], V["rewards"]]), W["rewards"])
     for P in (R, V):
@@ -488,12 +488,12 @@ def test_grpo_step_under_bf16_autocast(tiny_setup, mode):
            "reward_funcs": ("correctness", "format", "chars"), "reward_weights": (1.0, 0.5, 1.0)}
     opt = torch.optim.AdamW(lora_parameters(m), lr=1e-2)
     before = [p.detach().clone() for p in lora_parameters(m)]
-    amp = torch.autocast("cpu", dtype=torch.bfloat16)
+    m.amp = torch.autocast("cpu", dtype=torch.bfloat16)  # every pass of the step under bf16 autocast
     v = val[2:5]
     v = tracin.reference_solutions(enc, v, "cpu") if mode == "nll" else \
         ([encode_prompt(enc, e["question"]) for e in v], [e["answer"] for e in v])
     rollouts, result = tg.grpo_step(m, opt, enc, [encode_prompt(enc, e["question"]) for e in val[:2]],
-                                    [e["answer"] for e in val[:2]], cfg, torch.Generator().manual_seed(0), amp, v)
+                                    [e["answer"] for e in val[:2]], cfg, torch.Generator().manual_seed(0), v)
     log = step_log(rollouts, result, cfg)
     assert not log["skipped"] and math.isfinite(log["loss"]) and math.isfinite(log["grad_norm"])
     assert all(p.dtype == torch.float32 for p in lora_parameters(m))
@@ -528,8 +528,8 @@ def test_old_and_reference_logprobs_are_the_sampling_and_base_policies(lora_gpt)
     idx = torch.randint(1, 50, (5, 9))
     batch = dict(idx=idx, pad_left=torch.zeros(5, dtype=torch.long), mask=torch.ones(5, 4, dtype=torch.long))
     cfg = {**tg.defaults, "micro_batch_size": 2, "beta": 0.1}
-    old = grpo.logprobs_no_grad(lora_gpt, batch, cfg, contextlib.nullcontext(), "old_logp")
-    ref = grpo.logprobs_no_grad(lora_gpt, batch, cfg, contextlib.nullcontext(), "reference", disabled=True)
+    old = grpo.logprobs_no_grad(lora_gpt, batch, cfg, "old_logp")
+    ref = grpo.logprobs_no_grad(lora_gpt, batch, cfg, "reference", disabled=True)
     full = F.log_softmax(lora_gpt(idx[:, :-1], keep_last=4)[0].double(), -1).gather(-1, idx[:, -4:, None]).squeeze(-1)
     assert torch.allclose(old.double(), full, atol=1e-5) and not old.requires_grad
     with disable_lora(lora_gpt):
