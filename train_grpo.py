@@ -6,7 +6,7 @@ GRPO (Group Relative Policy Optimization, DeepSeekMath arXiv 2402.03300) with Lo
     torchrun --standalone --nproc_per_node=2 train_grpo.py config/tiny_grpo.py   # 2 processes: scale/distributed.py
 
 One step (grpo_step), in the order it runs; the parts live in grpo.py:
-  1. take batch_size prompts, each repeated group_size times
+  1. take batch_size prompts (Run.step draws and encodes them), each repeated group_size times
   2. PASS 1 sampling, no grad: KV-cache generation, token ids only (make_rollouts -> sample.generate)
   3. rewards -> compute_group_advantages: A_i = (r_i - mean_group) / std_group (make_rollouts)
   4. PASS 3 reference, no grad: the same model with LoRA disabled (no second copy of the weights);
