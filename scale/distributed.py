@@ -109,15 +109,6 @@ def sum_floats(values):
     return t.tolist()
 
 
-def gather_objects(obj):
-    """A list of every rank's `obj` (pickled) in rank order on rank 0; None on the other ranks."""
-    if world_size() == 1:
-        return [obj]
-    out = [None] * world_size() if is_main() else None
-    dist.gather_object(obj, out, dst=0)
-    return out
-
-
 def shard(n):
     """This rank's contiguous rows of a global batch of n rows (slice); n must divide evenly."""
     if n % world_size():

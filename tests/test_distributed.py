@@ -260,11 +260,7 @@ def helpers_worker(rank, world, port, out):
                    floats=distributed.sum_floats([0.5 * rank, 1.0]), rows=distributed.shard(6),
                    uneven=[distributed.split(n) for n in (3, 1)],
                    gathered=distributed.all_gather_cat(torch.tensor([rank, rank + 10])).tolist())
-        gathered = distributed.gather_objects(got)
-        if distributed.is_main():
-            torch.save(gathered, out)
-        else:
-            assert gathered is None
+        torch.save(got, f"{out}.{rank}")  # each rank's own file: the test reads them in rank order
     finish()
 
 
@@ -272,7 +268,7 @@ def test_helpers_in_two_processes(tmp_path):
     """Sums, gather order and row shares, against values computed by hand."""
     out = str(tmp_path / "gathered.pt")
     mp.spawn(helpers_worker, args=(2, free_port(), out), nprocs=2)
-    g = torch.load(out, weights_only=False)
+    g = [torch.load(f"{out}.{r}", weights_only=False) for r in range(2)]
     assert [r["rank"] for r in g] == [0, 1] and all(r["world"] == 2 and r["device"] == "cpu" for r in g)
     assert all(r["sums"] == [[3.0, 6.0], 21.0] and r["floats"] == [0.5, 2.0] for r in g)
     assert [r["rows"] for r in g] == [slice(0, 3), slice(3, 6)]
@@ -285,7 +281,7 @@ def test_helpers_in_one_process_do_nothing():
     assert not distributed.launched() and distributed.setup("cpu") == (0, 1, "cpu")
     t = torch.tensor([1.0])
     assert distributed.all_reduce_sum([t])[0].item() == 1.0 and distributed.sum_floats([2.0]) == [2.0]
-    assert distributed.gather_objects("x") == ["x"] and distributed.shard(4) == slice(0, 4)
+    assert distributed.shard(4) == slice(0, 4)
     assert distributed.split(5) == slice(0, 5) and distributed.all_gather_cat(t) is t
     assert not torch.distributed.is_initialized()
 
