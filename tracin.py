@@ -37,15 +37,20 @@ def select_rollouts(influence, rule="positive", topk_frac=0.5):
     raise UserError(f"tracin_selection must be 'positive' or 'topk', got {rule!r}")
 
 
+def nll_row(enc, question, completion, advantage=1.0):
+    """A question and a given completion (token ids) as a rollout row, end-of-text appended, every token
+    counted. With A = +1 its GRPO loss (ratio 1, no KL) has the gradient of the completion's mean negative
+    log-likelihood, -grad mean_t log p(y_t); with A = -1, minus that. TracIn's 'nll' validation rows
+    and post-hoc attribution's test answers are such rows."""
+    toks = completion + [enc.eot_token]
+    return {"prompt": question, "completion_tokens": toks, "completion_mask": [1] * len(toks), "advantage": advantage}
+
+
 def reference_solutions(enc, examples, device):
     """The validation batch for tracin_val_loss='nll': each prompt followed by its clean reference
-    solution, laid out as sample.generate lays out rollouts, with advantage +1. The GRPO loss of a
-    row with A = 1 and old = logp.detach() has gradient -grad(mean_t log p(solution_t)): the
-    gradient of the solution's negative log-likelihood, so no sampling is needed."""
-    rows = [{"prompt": e["question"], "completion_tokens": encode_text(enc, e["solution"]) + [enc.eot_token],
-             "advantage": 1.0} for e in examples]
-    for r in rows:
-        r["completion_mask"] = [1] * len(r["completion_tokens"])
+    solution (nll_row, A = +1), laid out as sample.generate lays out rollouts: its gradient is that of
+    the solutions' negative log-likelihood, so no sampling is needed."""
+    rows = [nll_row(enc, e["question"], encode_text(enc, e["solution"])) for e in examples]
     idx, pad_left, mask, adv = rollout_batch(enc, rows, device)
     return dict(idx=idx, pad_left=pad_left, mask=mask, advantages=adv)
 

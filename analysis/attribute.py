@@ -21,15 +21,15 @@ import re
 import shlex
 import tempfile
 
-from analysis.audit import LOSSES, audit, summary_lines
+from analysis.audit import LOSSES, audit, greedy_answers, summary_lines
 from analysis.plot import has_matplotlib, plot_influence
 from analysis.report import write_report
 from data.tasks import load_task_split
 from model import load_checkpoint
 from runs.rundir import read_jsonl, run_files, run_lock, unused_out_dir, write_json
-from sample import encode_prompt, encode_text, generate, load_policy, stop_tokens
+from sample import encode_prompt, encode_text, load_policy, stop_tokens
 from scale.device import check_device
-from tracin import find_critical_samples, trapezoid_steps
+from tracin import find_critical_samples, nll_row, trapezoid_steps
 
 # ---------------------------------------------------------------------------------------------
 # CLI: which training rollouts of a finished run helped or hurt the model's answer to a question?
@@ -184,15 +184,11 @@ def attribute(cfg, model, enc, ckpts, iters, train, temperature, question):
         if room < 1:
             raise UserError(f"question of {len(prompt)} tokens does not fit the context of "
                             f"{model.config.block_size}")
-        idx, _, mask = generate(model, [prompt], min(64, room), stop_tokens(enc), temperature=0,
-                                vocab_size=enc.n_vocab)
-        stops = stop_tokens(enc)
-        completion = [t for t in idx[0, -mask.size(1):].tolist()[:int(mask.sum())] if t not in stops]
+        completion = greedy_answers(model, enc, [prompt], 64)[0]
     if len(prompt) + len(completion) + 1 > model.config.block_size:
         raise UserError(f"question + completion ({len(prompt) + len(completion) + 1} tokens) exceed the "
                         f"context of {model.config.block_size}")
-    test = [{"prompt": question, "completion_tokens": completion + [enc.eot_token],
-             "completion_mask": [1] * (len(completion) + 1), "advantage": 1.0}]  # A=1: loss = NLL
+    test = [nll_row(enc, question, completion)]  # A = +1: the test loss is the answer's NLL
     print(f"attributing {enc.decode(completion)!r} over {len(ckpts)} checkpoints (iters {iters[0]}-{iters[-1]})"
           f" and {min(len(train), cfg['n_probe'] or len(train))} of {len(train)} rollouts ({cfg['mode']}, "
           f"temperature {temperature})")

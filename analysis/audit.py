@@ -23,39 +23,38 @@ Measured on experiment C's runs in docs/experiments.md (the advantage alone rank
 """
 import numpy as np
 
-from tracin import find_critical_samples, trapezoid_steps
+from tracin import find_critical_samples, nll_row, trapezoid_steps
 from configurator import UserError
 from rewards import REWARD_FUNCS
-from sample import decode_completions, encode_prompt, encode_text, generate, stop_tokens
+from sample import encode_prompt, encode_text, generate, stop_tokens
 from data.tasks import TASKS
 
 FRACS = (0.01, 0.05, 0.10)  # the top fractions whose target share is reported
 LOSSES = ("wrong", "contrast")
 
 
-def test_row(enc, question, completion, advantage=1.0):
-    """One test sample as find_critical_samples takes it: the completion's tokens and end-of-text, A = +1
-    (its loss is the completion's NLL) or A = -1 (minus its NLL)."""
-    toks = completion + [enc.eot_token]
-    return {"prompt": question, "completion_tokens": toks, "completion_mask": [1] * len(toks),
-            "advantage": advantage}
+def greedy_answers(model, enc, prompts, max_new_tokens):
+    """The model's greedy completion (temperature 0) of each prompt, as token ids without the stop ids: at most
+    max_new_tokens, and never into the last place of the context (a test row appends end-of-text there)."""
+    room = model.config.block_size - 1 - max(len(p) for p in prompts)
+    stops = stop_tokens(enc)
+    idx, _, mask = generate(model, prompts, min(max_new_tokens, room), stops, temperature=0, vocab_size=enc.n_vocab)
+    T = mask.size(1)
+    return [[t for t, keep in zip(row, m) if keep and t not in stops] for row, m in zip(idx[:, -T:].tolist(), mask.tolist())]
 
 
 def find_wrong(model, enc, examples, n, task, max_new_tokens, batch=100):
     """The first n of `examples` that the model answers wrongly, greedily (temperature 0), wrong as the task's
     correctness reward says (tasks.TASKS), in split order. Returns (wrong, number of problems answered);
     each wrong one: {question, answer, solution, completion (text), completion_tokens}."""
-    correct, stops, wrong, seen = REWARD_FUNCS[TASKS[task]["correct"]], stop_tokens(enc), [], 0
+    correct, wrong, seen = REWARD_FUNCS[TASKS[task]["correct"]], [], 0
     for s in range(0, len(examples), batch):
         chunk = examples[s:s + batch]
-        room = model.config.block_size - 1 - max(len(encode_prompt(enc, e["question"])) for e in chunk)
-        idx, _, mask = generate(model, [encode_prompt(enc, e["question"]) for e in chunk],
-                                min(max_new_tokens, room), stops, temperature=0, vocab_size=enc.n_vocab)
-        T = mask.size(1)
-        for e, text, row, m in zip(chunk, decode_completions(enc, idx, mask), idx[:, -T:].tolist(), mask.tolist()):
+        answers = greedy_answers(model, enc, [encode_prompt(enc, e["question"]) for e in chunk], max_new_tokens)
+        for e, toks in zip(chunk, answers):
             seen += 1
+            text = enc.decode(toks)
             if correct(text, e["answer"]) != 1.0:
-                toks = [t for t, keep in zip(row, m) if keep and t not in stops]
                 wrong.append({"question": e["question"], "answer": e["answer"], "solution": e.get("solution"),
                               "completion": text, "completion_tokens": toks})
                 if len(wrong) == n:
@@ -70,9 +69,9 @@ def audit_tests(enc, wrong, loss="wrong"):
                 a rollout scores high when its step made the wrong answer likelier RELATIVE to the right one."""
     if loss not in LOSSES:
         raise UserError(f"audit_loss must be one of {', '.join(LOSSES)}, got {loss!r}")
-    rows = [test_row(enc, w["question"], w["completion_tokens"]) for w in wrong]
+    rows = [nll_row(enc, w["question"], w["completion_tokens"]) for w in wrong]  # A = +1: loss = NLL
     if loss == "contrast":
-        rows += [test_row(enc, w["question"], encode_text(enc, w["solution"]), -1.0) for w in wrong]
+        rows += [nll_row(enc, w["question"], encode_text(enc, w["solution"]), -1.0) for w in wrong]
     return rows
 
 

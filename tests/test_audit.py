@@ -108,7 +108,7 @@ def test_audit_ranks_by_the_sum_of_per_answer_attributions(run):
     wrong = audit.find_wrong(model, enc, load_task_split(data_dir, "test"), 3, "arith", 8)[0]
     assert [(w["question"], w["completion"]) for w in wrong] == expected
     for w in wrong:
-        res = tracin.find_critical_samples(model, ckpts, train, [audit.test_row(enc, w["question"],
+        res = tracin.find_critical_samples(model, ckpts, train, [tracin.nll_row(enc, w["question"],
                                                 w["completion_tokens"])], enc, temperature=temperature,
                                                 checkpoint_steps=[1.0, 1.5, 0.5])
         total += [e["tracin_score"] for e in res["scores"]]
