@@ -47,7 +47,7 @@ def compute_group_advantages(rewards, group_size, scale_rewards="group", epsilon
         raise UserError(f"group_size must be >= 2 for group-relative advantages, got {group_size}")
     if rewards.numel() % group_size:
         raise UserError(f"{rewards.numel()} rewards do not split into groups of {group_size}")
-    r = rewards.float().view(-1, group_size)                          # (B, G)
+    r = rewards.float().view(-1, group_size)                          # (B, group_size)
     scored = ~torch.isnan(r)
     if scored.all():
         centered = r - r.mean(dim=1, keepdim=True)
@@ -260,33 +260,33 @@ def sample_rollouts(model, enc, batches, cfg, generator):
     """PASS 1: (idx, pad_left, mask) of group_size completions for every prompt of every batch. Under
     torchrun each rank samples its contiguous share of the prompts (the rows one process would give
     them, see sample.generate's rows=) and the shares are gathered on every rank."""
-    G = cfg["group_size"]
+    group = cfg["group_size"]
     prompts = [p for batch_prompts, _ in batches for p in batch_prompts]
     # each rank's contiguous prompts: whole prompts, so a group never spans two ranks
     shares = [distributed.split(len(prompts), r) for r in range(distributed.world_size())]
     mine = shares[distributed.rank()]
     with phase("generation"), model.amp:
-        sampled = generate(model, prompts[mine], cfg["max_new_tokens"], stop_tokens(enc), num_samples=G,
+        sampled = generate(model, prompts[mine], cfg["max_new_tokens"], stop_tokens(enc), num_samples=group,
                            temperature=cfg["temperature"], top_k=cfg["top_k"] or None, top_p=cfg["top_p"],
-                           generator=generator, rows=(mine.start * G, len(prompts) * G), vocab_size=enc.n_vocab)
-        sampled = distributed.gather_sampled(*sampled, enc.eot_token, [G * (s.stop - s.start) for s in shares])
+                           generator=generator, rows=(mine.start * group, len(prompts) * group), vocab_size=enc.n_vocab)
+        sampled = distributed.gather_sampled(*sampled, enc.eot_token, [group * (s.stop - s.start) for s in shares])
     return sampled
 
 
 def score_rollouts(enc, sampled, batches, cfg, cache=None):
     """Rewards (cache: see rewards.compute_rewards) and advantages: one rollout dict per batch."""
-    (idx, pad_left, mask), G = sampled, cfg["group_size"]
+    (idx, pad_left, mask), group = sampled, cfg["group_size"]
     T = mask.size(1)  # generation stops once every row has ended: T <= max_new_tokens
     out, start = [], 0
     with phase("reward"):
         for prompts, answers in batches:
-            rows = slice(start, start + len(prompts) * G)
+            rows = slice(start, start + len(prompts) * group)
             start = rows.stop
             texts = decode_completions(enc, idx[rows], mask[rows])
-            rewards, per_fn, errors = compute_rewards(texts, [a for a in answers for _ in range(G)],
+            rewards, per_fn, errors = compute_rewards(texts, [a for a in answers for _ in range(group)],
                                                       list(cfg["reward_funcs"]), list(cfg["reward_weights"]), cache)
             rewards = torch.tensor(rewards)  # NaN where no reward function could score the completion
-            advantages, n_zero_std = compute_group_advantages(rewards, G, cfg["scale_rewards"],
+            advantages, n_zero_std = compute_group_advantages(rewards, group, cfg["scale_rewards"],
                                                               cfg["advantage_epsilon"])
             truncated = ~torch.isin(idx[rows, -T:], torch.tensor(stop_tokens(enc), device=idx.device)).any(1)
             m = mask[rows] * (~truncated).long()[:, None] if cfg["mask_truncated_completions"] else mask[rows]

@@ -221,7 +221,7 @@ def validate(cfg):
                         "each activation once, exactly as the gradient used it")
 
 
-def load_base(cfg, out, resume):
+def prepare_base(cfg, out, resume):
     """The frozen base model (dropout off), its data and tokenizer; an adapter being resumed must
     have been trained on exactly these base weights, and every prompt + max_new_tokens must fit."""
     ensure_base(cfg["base_ckpt"], cfg["base_config"], cfg["device"], resuming=resume is not None)
@@ -267,7 +267,7 @@ class Run:
         self.cfg, self.out, device = cfg, cfg["out_dir"], cfg["device"]
         if resume is None and distributed.is_main():  # (the others would see rank 0's first files)
             refuse_existing_run(self.out)  # any run file: resume it, or use another out_dir
-        self.model, self.fingerprint, self.data_dir, self.enc, splits = load_base(cfg, self.out, resume)
+        self.model, self.fingerprint, self.data_dir, self.enc, splits = prepare_base(cfg, self.out, resume)
         self.train_split, self.val_split = splits["train"], splits["val"]
         self.test = splits["test"][:cfg["eval_n"]]
         n = len(self.train_split)

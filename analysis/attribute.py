@@ -152,7 +152,7 @@ def written_here(path):
         return False
 
 
-def check_writable(cfg, key, suffix, named=True):
+def check_output_path(cfg, key, suffix, named=True):
     """An output path: the right suffix (never a run's own file), a directory that exists and takes a file,
     and, where the path was named on the command line, no file there but one tracin.py wrote."""
     path = cfg[key]
@@ -203,13 +203,13 @@ def attribute(cfg, model, enc, ckpts, iters, train, temperature, question):
 def output_paths(cfg, run):
     """(json, html, figure) paths, checked before any work: the defaults live in the run directory, '' = none.
     The figure's default is written only where matplotlib is installed; a figure asked for by name needs it."""
-    check_writable(cfg, "out_json", ".json")
+    check_output_path(cfg, "out_json", ".json")
     for key, suffix in (("html", ".html"), ("figure", ".png")):
         check(cfg, key, cfg[key] is None or isinstance(cfg[key], str), f"must be a path ending in {suffix} ('': none)")
     html_path = os.path.join(run, "tracin_report.html") if cfg["html"] is None else cfg["html"]
-    check_writable({**cfg, "html": html_path}, "html", ".html", named=cfg["html"] is not None)
+    check_output_path({**cfg, "html": html_path}, "html", ".html", named=cfg["html"] is not None)
     fig_path = os.path.join(run, "tracin_influence.png") if cfg["figure"] is None else cfg["figure"]
-    check_writable({**cfg, "figure": fig_path}, "figure", ".png", named=cfg["figure"] is not None)
+    check_output_path({**cfg, "figure": fig_path}, "figure", ".png", named=cfg["figure"] is not None)
     if fig_path and not has_matplotlib():
         if cfg["figure"]:
             raise UserError(f"--figure={fig_path} needs matplotlib: pip install matplotlib (or --figure= for none)")
