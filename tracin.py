@@ -17,7 +17,7 @@ import torch
 from ghost import (compute_ghost_inner_product_matrix, ghost_mode, install_ghost_hooks, per_sample_grads,
                    subset_gradients, summed_gradient, summed_inner_products)
 from sample import encode_text
-from grpo import (batch_counts, completion_logprobs, grpo_loss, phase, policy_backward, rank_share, rollout_batch,
+from grpo import (batch_counts, completion_logprobs, phase, policy_backward, rank_share, rollout_batch,
                   sum_over_ranks)
 from lora import LoRALinear, load_lora_state_dict, lora_state_dict
 from model import load_checkpoint
@@ -127,11 +127,12 @@ def informative_rows(batch, cfg):
 # log pi uses logits / temperature, the run's sampling temperature (0 = greedy: plain log-probs).
 
 def sample_losses(model, idx, pad_left, mask, advantages, temperature=1.0):
-    """Sum over samples of each sample's own loss (per-sample mean over its completion tokens,
-    times -A); backward of this sum gives every sample its own gradient in the hooks."""
-    logp, _ = completion_logprobs(model, idx, pad_left, mask.size(1), temperature)
-    loss, _ = grpo_loss(logp, logp.detach(), None, advantages, mask, beta=0.0, num_seqs=1)
-    return loss
+    """Sum over samples of each sample's own loss, -A_i * mean_t log pi(y_t) over its completion tokens: the
+    GRPO loss (grpo.grpo_loss, 'grpo' aggregation) at ratio 1 without KL, whose gradient it has, written
+    out. The backward of this sum gives every sample its own gradient in the hooks."""
+    logp, _ = completion_logprobs(model, idx, pad_left, mask.size(1), temperature)     # (n, T)
+    mask = mask.to(logp.dtype)
+    return -(advantages * (logp * mask).sum(1) / mask.sum(1).clamp(min=1)).sum()
 
 
 def chunks(batch, size, order=None):

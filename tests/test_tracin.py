@@ -489,6 +489,24 @@ def posthoc_setup(tmp_path, m):
     return paths, lrs, train, test
 
 
+def test_posthoc_rollout_loss_has_the_grpo_loss_gradient(tmp_path):
+    """sample_losses writes out -A_i * mean_t log pi(y_t) per sample: its LoRA gradient equals that of
+    grpo.grpo_loss at ratio 1 (old = logp.detach()), no KL, 'grpo' aggregation over one sequence each,
+    summed over the samples, with a mask that leaves completion tokens out (unequal lengths)."""
+    m = make_model()
+    _, _, train, _ = posthoc_setup(tmp_path, m)
+    train[0]["completion_mask"] = [1, 0, 0]  # only the first token counts in this row
+    batch = tracin.rollout_batch(ByteEnc(), train, "cpu")
+    params = lora_parameters(m)
+    ours = torch.autograd.grad(tracin.sample_losses(m, *batch, 0.7), params)
+    idx, pad_left, mask, adv = batch
+    logp, _ = completion_logprobs(m, idx, pad_left, mask.size(1), 0.7)
+    ref, _ = grpo_loss(logp, logp.detach(), None, adv, mask, beta=0.0, num_seqs=1)
+    for a, b in zip(ours, torch.autograd.grad(ref, params)):
+        assert torch.allclose(a, b, rtol=1e-5, atol=1e-8)
+    assert max(a.abs().max() for a in ours) > 1e-4
+
+
 def test_posthoc_full_equals_loop_over_checkpoints(world, tmp_path):
     m = world[0]
     paths, lrs, train, test = posthoc_setup(tmp_path, m)
