@@ -288,6 +288,7 @@ def score_rollouts(enc, sampled, batches, cfg, cache=None):
             rewards = torch.tensor(rewards)  # NaN where no reward function could score the completion
             advantages, n_zero_std = compute_group_advantages(rewards, group, cfg["scale_rewards"],
                                                               cfg["advantage_epsilon"])
+            # truncated: no stop id anywhere in the completion (it ran into max_new_tokens)
             truncated = ~torch.isin(idx[rows, -T:], torch.tensor(stop_tokens(enc), device=idx.device)).any(1)
             m = mask[rows] * (~truncated).long()[:, None] if cfg["mask_truncated_completions"] else mask[rows]
             out.append(dict(idx=idx[rows], pad_left=pad_left[rows], mask=m, rewards=rewards, advantages=advantages,

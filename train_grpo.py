@@ -360,8 +360,9 @@ class Run:
             val = ([encode_prompt(self.enc, e["question"]) for e in val], [e["answer"] for e in val]) \
                 if cfg["tracin_val_loss"] == "pg" else reference_solutions(self.enc, val, cfg["device"])
         questions, answers = [e["question"] for e in batch], [e["answer"] for e in batch]
-        scored, result = grpo_step(self.model, self.optimizer, self.enc, [encode_prompt(self.enc, q) for q in questions],
-                                   answers, cfg, self.generator, val, self.reward_cache)
+        prompts = [encode_prompt(self.enc, q) for q in questions]
+        scored, result = grpo_step(self.model, self.optimizer, self.enc, prompts, answers, cfg, self.generator, val,
+                                   self.reward_cache)
         log = step_log(scored, result, cfg, self.reward_cache)
         rollouts = rollout_record(questions, answers, scored, cfg) if scored is not None else None
         self.iter_num += 1

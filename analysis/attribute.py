@@ -39,7 +39,7 @@ defaults = dict(
     questions_file="",         # or: a text file, one question per line (blank lines skipped); one report section each
     completion="",             # the answer text to attribute; empty: the final model's greedy answer
     mode="memory_efficient",   # 'simple' / 'full' / 'memory_efficient'
-    audit=0,                   # N > 0: audit the first N test problems the final model answers wrongly (analysis/audit.py)
+    audit=0,                   # N > 0: audit the first N test problems the final model answers wrongly (audit.py)
     audit_loss="wrong",        # the audit's test loss: 'wrong' (NLL of each wrong answer) or 'contrast' (minus
                                # the NLL of the reference solution: likelier wrong RELATIVE to right)
     n_probe=None,              # score n_probe rollouts with nonzero advantage, spread over the run (0: all);
@@ -136,7 +136,7 @@ def read_questions(cfg):
     return questions
 
 
-MARKS = (b"<title>TracIn attribution report", b"TracIn influence figure")  # analysis/report.py's page, analysis/plot.py's PNG
+MARKS = (b"<title>TracIn attribution report", b"TracIn influence figure")  # report.py's page, plot.py's PNG
 
 
 def written_here(path):

@@ -40,7 +40,8 @@ def greedy_answers(model, enc, prompts, max_new_tokens):
     stops = stop_tokens(enc)
     idx, _, mask = generate(model, prompts, min(max_new_tokens, room), stops, temperature=0, vocab_size=enc.n_vocab)
     T = mask.size(1)
-    return [[t for t, keep in zip(row, m) if keep and t not in stops] for row, m in zip(idx[:, -T:].tolist(), mask.tolist())]
+    return [[t for t, keep in zip(row, m) if keep and t not in stops]
+            for row, m in zip(idx[:, -T:].tolist(), mask.tolist())]
 
 
 def find_wrong(model, enc, examples, n, task, max_new_tokens, batch=100):

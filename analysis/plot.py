@@ -206,7 +206,8 @@ def main(argv):
         if arg.startswith("--") and key in opts and value:
             opts[key] = value
         elif arg.startswith("--"):
-            raise UserError(f"bad argument {arg!r}: analysis/plot.py takes run directories, --out=FILE.png and --labels=a,b")
+            raise UserError(f"bad argument {arg!r}: analysis.plot takes run directories, --out=FILE.png and "
+                            "--labels=a,b")
         else:
             run_dirs.append(arg)
     if not run_dirs:

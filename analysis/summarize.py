@@ -29,8 +29,8 @@ def last_acc(evals):
 def main(runs):
     bad = [r for r in runs if r.startswith("--")]
     if not runs or bad:
-        raise UserError((f"analysis/summarize.py takes no option {bad[0]!r}; " if bad else "") +
-                        "usage: python -m analysis.summarize RUN_DIR [RUN_DIR ...] (the --out_dir of train_grpo.py runs)")
+        raise UserError((f"analysis.summarize takes no option {bad[0]!r}; " if bad else "") + "usage: "
+                        "python -m analysis.summarize RUN_DIR [RUN_DIR ...] (the --out_dir of train_grpo.py runs)")
     logs = {r: load_log(r) for r in runs}
     evals = {r: [(l["elapsed"], l["iter"], l["test/accuracy"]) for l in L  # (a NaN one: an evaluation skipped)
                  if isinstance(l.get("test/accuracy"), (int, float)) and l["test/accuracy"] == l["test/accuracy"]]
