@@ -49,18 +49,15 @@ class GhostHooks:
     def __init__(self, model):
         self._train_xs, self._train_hs, self._train_gAs, self._train_gBs = {}, {}, {}, {}
         self._xs, self._hs, self._gAs, self._gBs = {}, {}, {}, {}
-        self.handles = []
-        self.names = []
-        self.weights = {}  # LoRA weight -> its requires_grad before the hooks: put back by remove()
+        self.handles, self.weights = [], {}  # weights: LoRA weight -> its requires_grad before, put back by remove()
         for name, m in model.named_modules():
             if isinstance(m, LoRALinear):
                 if m.lora_dropout.p > 0 and m.training:
                     raise UserError("ghost hooks need lora_dropout=0 (a dropped x is not the x the gradient used)")
-                self.names.append(name)
-                self.handles.append(m.lora_A.register_forward_hook(self._hook_A(name)))
-                self.handles.append(m.lora_B.register_forward_hook(self._hook_B(name)))
+                self.handles += [m.lora_A.register_forward_hook(self._hook_A(name)),
+                                 m.lora_B.register_forward_hook(self._hook_B(name))]
                 self.weights.update({w: w.requires_grad for w in (m.lora_A.weight, m.lora_B.weight)})
-        if not self.names:
+        if not self.handles:
             raise UserError("no LoRA layers to hook: call lora.apply_lora(model, ...) first")
         self.split = "train"
 
@@ -98,8 +95,7 @@ class GhostHooks:
     def _hook_B(self, name):
         def hook(module, inputs, u):
             if self.split is not None and torch.is_grad_enabled() and u.requires_grad:
-                _, _, _, gBs = self.buffers()
-                u.register_hook(self._keep(gBs, name))               # gB = dL/d(B h)
+                u.register_hook(self._keep(self.buffers()[3], name))  # gB = dL/d(B h)
         return hook
 
     def _keep(self, store, name):
@@ -183,30 +179,26 @@ def ghost_inner_products(x1, g1, x2, g2, chunk=16):
     return torch.cat(out)
 
 
-def linear_inner_products(x1, g1, x2, g2, method="auto"):
-    """(n1, n2) gradient inner products of one linear map, ghost or materialised by cost."""
-    if method not in ("auto", "ghost", "materialise"):
-        raise UserError(f"method must be 'auto', 'ghost' or 'materialise', got {method!r}")
+def linear_inner_products(x1, g1, x2, g2):
+    """(n1, n2) gradient inner products of one linear map, ghost or materialised, whichever costs less."""
     T, d, p = max(x1.size(1), x2.size(1)), x1.size(2), g1.size(2)
-    if method == "ghost" or (method == "auto" and 2 * T * T < d * p):
+    if 2 * T * T < d * p:
         return ghost_inner_products(x1, g1, x2, g2)
     return per_sample_grad(x1, g1).flatten(1) @ per_sample_grad(x2, g2).flatten(1).T
 
 
-def compute_ghost_inner_product_matrix(train, val, method="auto", layer_filter=None):
+def compute_ghost_inner_product_matrix(train, val, layer_filter=None):
     """[n_train, n_val] matrix of <grad L(train_i), grad L(val_j)> over every (filtered) LoRA
-    parameter. train / val: GhostHooks.collect() dicts {layer: (x, gA, h, gB)}. float32."""
+    parameter. train / val: GhostHooks.collect() dicts {layer: (x, gA, h, gB)}. float32; NaN/Inf in the
+    captured gradients give a non-finite entry (the callers check: tracin.py skips such a step)."""
     names = [n for n in train if layer_filter is None or layer_filter in n]
     if not names:
         raise UserError(f"layer_filter {layer_filter!r} matches no LoRA layer (layers: {list(train)[:4]} ...)")
-    total = None
+    total = 0
     for n in names:
         x, gA, h, gB = train[n]
         vx, vgA, vh, vgB = val[n]
-        ip = linear_inner_products(x, gA, vx, vgA, method) + linear_inner_products(h, gB, vh, vgB, method)
-        total = ip if total is None else total + ip
-    if not torch.isfinite(total).all():
-        raise FloatingPointError("non-finite gradient inner product (NaN/Inf in captured gradients)")
+        total = total + (linear_inner_products(x, gA, vx, vgA) + linear_inner_products(h, gB, vh, vgB))
     return total
 
 
@@ -227,15 +219,12 @@ def summed_gradient(model, layer_filter=None):
 
 
 def per_sample_grads(captured, names=None):
-    """{layer: (dA (n, r, d_in), dB^T (n, r, d_out))}: every sample's LoRA gradient, float32, from the
-    hooks' buffers (GhostHooks.collect()), one batched matmul per factor over the sample's positions:
-
+    """{layer: (dA (n, r, d_in), dB^T (n, r, d_out))} for the layers in `names` (default: all): every sample's
+    LoRA gradient, float32, from the hooks' buffers (GhostHooks.collect()), one batched matmul per factor:
         dA_i = sum_t gA_it x_it^T = gA_i^T x_i          dB_i^T = sum_t h_it gB_it^T = h_i^T gB_i
-
-    (dB transposed: the r-wide factor leads, the faster layout). n r (d_in + d_out) numbers per layer,
-    fewer than the buffers they come from, n T (d_in + d_out + 2 r), whenever T > r: forming them costs
-    O(T d r) per sample, as the products with G would, and then serves both the influence and the update.
-    names: only these layers (default: all)."""
+    (dB transposed: the r-wide factor leads, the faster layout). n r (d_in + d_out) numbers per layer, fewer
+    than the buffers they come from, n T (d_in + d_out + 2 r), whenever T > r: forming them costs O(T d r)
+    per sample, as the products with G would, and then serves both the influence and the update."""
     return {n: (per_sample_grad(x, gA), per_sample_grad(gB, h)) for n, (x, gA, h, gB) in captured.items()
             if names is None or n in names}
 
@@ -243,14 +232,11 @@ def per_sample_grads(captured, names=None):
 def summed_inner_products(grads, summed):
     """(n,) <grad L(sample_i), G> for per-sample gradients `grads` (per_sample_grads) and a LoRA-sized G
     (summed_gradient), over the layers of `summed`: <dA_i, G_A> + <dB_i, G_B>, one matrix-vector product
-    per factor."""
-    total = None
+    per factor. Not checked for NaN/Inf: the callers do (tracin.py)."""
+    total = 0
     for name, (GA, GB) in summed.items():
         dA, dBt = grads[name]
-        ip = dA.flatten(1) @ GA.flatten() + dBt.flatten(1) @ GB.T.flatten()
-        total = ip if total is None else total + ip
-    if not torch.isfinite(total).all():
-        raise FloatingPointError("non-finite gradient inner product (NaN/Inf in captured or summed gradients)")
+        total = total + (dA.flatten(1) @ GA.flatten() + dBt.flatten(1) @ GB.T.flatten())
     return total
 
 

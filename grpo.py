@@ -6,6 +6,8 @@ The parts of one GRPO step, which train_grpo.grpo_step puts in order and TracIn 
 and the math under them: compute_group_advantages, selective_log_softmax (no (N, T, V) log-prob
 tensor), completion_logprobs, grpo_loss; rollout_batch lays out recorded rollouts as sampling does.
 Imports flow one way: model, lora -> sample, rewards -> grpo.py -> tracin.py (with ghost.py) -> train_grpo.py.
+Under torchrun, scale/distributed.py wraps generate, grpo_updates and update once at setup (each rank samples
+and back-propagates its share, the ranks' gradients are summed before the clip): nothing here knows of ranks.
 """
 import math
 import time
@@ -14,8 +16,8 @@ from contextlib import contextmanager, nullcontext
 
 import torch
 from torch.autograd.function import once_differentiable
+from torch.nn.utils.rnn import pad_sequence
 
-from scale import distributed
 from configurator import UserError
 from lora import disable_lora, lora_parameters
 from rewards import compute_rewards
@@ -115,7 +117,6 @@ def selective_log_softmax(logits, tokens, temperature=1.0):
 
 def completion_logprobs(model, idx, pad_left, T, temperature, with_entropy=False):
     """Per-token log-probs (N, T) of the last T tokens of idx (the completion).
-
     The LM head runs on the T positions that predict completion tokens only (keep_last); the
     logits are divided by the sampling temperature so that logp is the policy that sampled."""
     logits, _ = model(idx[:, :-1], pad_left=pad_left, keep_last=T)          # (N, T, V)
@@ -257,20 +258,12 @@ def make_rollouts(model, enc, batches, cfg, generator, cache=None):
 
 
 def sample_rollouts(model, enc, batches, cfg, generator):
-    """PASS 1: (idx, pad_left, mask) of group_size completions for every prompt of every batch. Under
-    torchrun each rank samples its contiguous share of the prompts (the rows one process would give
-    them, see sample.generate's rows=) and the shares are gathered on every rank."""
-    group = cfg["group_size"]
+    """PASS 1: (idx, pad_left, mask) of group_size completions for every prompt of every batch."""
     prompts = [p for batch_prompts, _ in batches for p in batch_prompts]
-    # each rank's contiguous prompts: whole prompts, so a group never spans two ranks
-    shares = [distributed.split(len(prompts), r) for r in range(distributed.world_size())]
-    mine = shares[distributed.rank()]
     with phase("generation"), model.amp:
-        sampled = generate(model, prompts[mine], cfg["max_new_tokens"], stop_tokens(enc), num_samples=group,
-                           temperature=cfg["temperature"], top_k=cfg["top_k"] or None, top_p=cfg["top_p"],
-                           generator=generator, rows=(mine.start * group, len(prompts) * group), vocab_size=enc.n_vocab)
-        sampled = distributed.gather_sampled(*sampled, enc.eot_token, [group * (s.stop - s.start) for s in shares])
-    return sampled
+        return generate(model, prompts, cfg["max_new_tokens"], stop_tokens(enc), num_samples=cfg["group_size"],
+                        temperature=cfg["temperature"], top_k=cfg["top_k"] or None, top_p=cfg["top_p"],
+                        generator=generator, vocab_size=enc.n_vocab)
 
 
 def score_rollouts(enc, sampled, batches, cfg, cache=None):
@@ -315,8 +308,9 @@ def rollouts_rewards_in_background(model, enc, batches, cfg, generator, cache=No
 
 
 def update(model, optimizer, cfg, stats, nothing_kept):
-    """7: clip, AdamW on the LoRA parameters; skipped (weights untouched) when a loss or the gradient
-    is not finite, and nothing to do when TracIn kept no rollout. Returns (grad norm, skip reason)."""
+    """7: clip, AdamW on the LoRA parameters (under torchrun the ranks' gradients are summed first); skipped
+    (weights untouched) when a loss or the gradient is not finite, nothing to do when TracIn kept no rollout.
+    Returns (grad norm, skip reason)."""
     skip_reason = None
     with phase("optimizer"):
         grad_norm = torch.tensor(0.0) if nothing_kept else \
@@ -332,68 +326,30 @@ def update(model, optimizer, cfg, stats, nothing_kept):
     return grad_norm.item(), skip_reason
 
 
-def grpo_updates(model, optimizer, rollouts, cfg):
+def grpo_updates(model, optimizer, batch, cfg):
     """Steps 4-7 num_iterations (mu) times on one generation, as DeepSeekMath's algorithm and TRL's
     num_iterations: with mu > 1 the old (sampling) and reference log-probs are taken once, before the
     first update, so later updates see ratios != 1 and the clip acts. Returns (stats summed over the
-    updates, the last gradient norm, the first skip reason or None)."""
-    batch = rank_share(rollouts, cfg["micro_batch_size"])  # under torchrun, this process's rows
+    updates, the last gradient norm, the first skip reason or None). batch: the scored rollouts."""
     if cfg["num_iterations"] > 1:  # the sampling policy's and the reference's log-probs, once, for every update
         batch["old_logp"] = logprobs_no_grad(model, batch, cfg, "old_logp")
         if cfg["beta"] != 0:
             batch["ref_logp"] = logprobs_no_grad(model, batch, cfg, "reference", disabled=True)
     total, first_skip = None, None
     for _ in range(cfg["num_iterations"]):
-        stats = sum_over_ranks(model, policy_backward(model, batch, cfg, cfg["beta"]))
+        stats = policy_backward(model, batch, cfg, cfg["beta"])
         grad_norm, skip_reason = update(model, optimizer, cfg, stats, False)
         first_skip = first_skip or skip_reason
         total = stats if total is None else {k: total[k] + stats[k] for k in total}  # lists concatenate
     return total, grad_norm, first_skip
 
 
-def rank_share(rollouts, micro_batch_size):
-    """This process's contiguous rows of the global batch (the whole batch in a single process), with
-    the global counts the loss divides by, so the ranks' gradients add up to the single-process one.
-    Every rank holds the whole sampled and scored batch (sample_rollouts gathers the ranks' shares),
-    and a rank's share is whole prompts, so the group-relative advantages are those of the single process. bnpo divides by each
-    micro-batch's tokens: equal to the single process when micro-batches do not straddle ranks."""
-    if distributed.world_size() == 1:
-        return rollouts
-    rows = distributed.shard(rollouts["idx"].size(0))
-    share = {k: rollouts[k][rows] for k in ("idx", "pad_left", "mask", "advantages", "old_logp", "ref_logp")
-             if rollouts.get(k) is not None}
-    share["global_counts"] = dict(**batch_counts(rollouts["mask"]),
-                                  num_micro_batches=distributed.world_size() * -(-(rows.stop - rows.start)
-                                                                               // micro_batch_size))
-    return share
-
-
-def sum_over_ranks(model, stats):
-    """Under torchrun: the LoRA gradients and the loss statistics summed over the ranks, before the
-    clip, so every rank clips, skips or steps identically. An explicit all_reduce rather than DDP:
-    the LoRA tensors are few and small (one call each is cheap), the three passes and the TracIn
-    hooks stay plain module calls, and no DDP wrapper sits around a model that also runs with LoRA
-    disabled (the reference pass) or without grad (sampling)."""
-    if distributed.world_size() == 1:
-        return stats
-    for p in lora_parameters(model):
-        if p.grad is None:  # every rank must all-reduce the same list of tensors
-            p.grad = torch.zeros_like(p)
-    distributed.all_reduce_sum([p.grad for p in lora_parameters(model)])
-    keys = ("kl_sum", "clipped", "clipped_low", "clipped_high", "ent_sum")
-    total = distributed.sum_floats([sum(stats["losses"])] + [stats[k] for k in keys])
-    return {**stats, "losses": [total[0]], **dict(zip(keys, total[1:]))}
-
-
 def rollout_batch(enc, samples, device):
     """samples: dicts with 'prompt' (text), 'completion_tokens', 'completion_mask', 'advantage'
     -> (idx (n, P+T), pad_left (n,), mask (n, T), advantages (n,)) laid out as sample.generate does."""
     idx, pad_left = pad_prompts([encode_prompt(enc, s["prompt"]) for s in samples], enc.eot_token, device)
-    T = max(len(s["completion_tokens"]) for s in samples)
-    comp = torch.full((len(samples), T), enc.eot_token, dtype=torch.long)
-    mask = torch.zeros(len(samples), T, dtype=torch.long)
-    for i, s in enumerate(samples):
-        comp[i, :len(s["completion_tokens"])] = torch.tensor(s["completion_tokens"])
-        mask[i, :len(s["completion_mask"])] = torch.tensor(s["completion_mask"])
+    comp, mask = (pad_sequence([torch.tensor(s[key], dtype=torch.long) for s in samples], True, pad)
+                  for key, pad in (("completion_tokens", enc.eot_token), ("completion_mask", 0)))
+    mask = torch.cat([mask, mask.new_zeros(len(samples), comp.size(1) - mask.size(1))], 1)  # a shorter mask: 0s
     adv = torch.tensor([float(s["advantage"]) for s in samples])
     return torch.cat([idx, comp.to(device)], 1), pad_left, mask.to(device), adv.to(device)

@@ -312,53 +312,34 @@ REWARD_FUNCS = {
 }
 
 
-def compute_rewards(
-    completions: list[str],
-    answers: list[int],
-    reward_funcs: list[str],
-    reward_weights: list[float],
-    cache: dict | None = None,
-) -> tuple[list[float], dict[str, list[float]], dict[str, int]]:
-    """Score every completion with every named reward function.
-
-    Returns (totals, per_func, errors):
+def compute_rewards(completions, answers, reward_funcs, reward_weights, cache=None):
+    """Score every completion with every named reward function. Returns (totals, per_func, errors):
       totals[i]      = sum_k reward_weights[k] * per_func[reward_funcs[k]][i]
       per_func[name] = raw (unweighted) values, one per completion
       errors[name]   = how many samples made that function raise
-    A raising function scores 0.0 for that sample and training continues; one
-    malformed sample should not kill a long run. The caller logs the counts.
-    A function may return None for "cannot score this one": that value is NaN in
-    per_func and left out of the total (as TRL's nansum); a completion that no
-    function could score gets a NaN total, which the advantages leave out.
-    cache: a dict kept by the caller across calls, (name, completion, answer) -> (value, raised);
-    the reward functions are pure, so a completion seen before is not scored again. Its
-    "hits" / "lookups" entries count how often that saved a call.
-    """
-    # Validate before doing any work so config mistakes fail fast and clearly.
+    A raising function scores 0.0 for that sample and training continues; one malformed sample should
+    not kill a long run. The caller logs the counts. A function may return None for "cannot score this
+    one": that value is NaN in per_func and left out of the total (as TRL's nansum); a completion that
+    no function could score gets a NaN total, which the advantages leave out.
+    cache: a dict kept by the caller across calls, (name, completion, answer) -> (value, raised); the
+    reward functions are pure, so a completion seen before is not scored again. Its "hits" / "lookups"
+    entries count how often that saved a call."""
+    # validate before doing any work, so config mistakes fail fast and clearly
     unknown = [name for name in reward_funcs if name not in REWARD_FUNCS]
     if unknown:
         raise ValueError(f"unknown reward function(s) {unknown}; known: {sorted(REWARD_FUNCS)}")
-    if len(set(reward_funcs)) != len(reward_funcs):
-        # Results are keyed by name, so a duplicate would be silently merged.
+    if len(set(reward_funcs)) != len(reward_funcs):  # results are keyed by name: a duplicate would be merged
         raise ValueError(f"duplicate reward function names in {reward_funcs}")
-    if len(reward_weights) != len(reward_funcs):
-        raise ValueError(
-            f"got {len(reward_weights)} reward_weights for {len(reward_funcs)} reward_funcs"
-        )
-    if len(completions) != len(answers):
-        raise ValueError(f"got {len(completions)} completions but {len(answers)} answers")
-
+    if len(reward_weights) != len(reward_funcs) or len(completions) != len(answers):
+        raise ValueError(f"got {len(reward_weights)} reward_weights for {len(reward_funcs)} reward_funcs and "
+                         f"{len(completions)} completions for {len(answers)} answers: each pair must match")
     if cache is not None and len(cache) > CACHE_SIZE:  # a bound on memory: start afresh, keep the counts
         counts = {k: cache.get(k, 0) for k in ("hits", "lookups")}
         cache.clear()
         cache.update(counts)
-    totals = [0.0] * len(completions)
-    scored = [False] * len(completions)
-    per_func: dict[str, list[float]] = {}
-    errors: dict[str, int] = {}
+    totals, scored, per_func, errors = [0.0] * len(completions), [False] * len(completions), {}, {}
     for name, weight in zip(reward_funcs, reward_weights):
-        fn = REWARD_FUNCS[name]  # looked up per call, so tests can monkeypatch
-        values, n_errors = [], 0
+        fn, per_func[name], errors[name] = REWARD_FUNCS[name], [], 0  # looked up per call: tests monkeypatch it
         for i, (completion, answer) in enumerate(zip(completions, answers)):
             key = (name, completion, answer)
             if cache is not None and key in cache:
@@ -373,12 +354,9 @@ def compute_rewards(
                     cache[key] = (value, raised)
             if cache is not None:
                 cache["lookups"] = cache.get("lookups", 0) + 1
-            n_errors += raised
-            values.append(value)
+            errors[name] += raised
+            per_func[name].append(value)
             if value == value:  # not NaN: this function scored it
                 totals[i] += weight * value
                 scored[i] = True
-        per_func[name] = values
-        errors[name] = n_errors
-    totals = [t if s else float("nan") for t, s in zip(totals, scored)]
-    return totals, per_func, errors
+    return [t if s else float("nan") for t, s in zip(totals, scored)], per_func, errors

@@ -88,7 +88,7 @@ def sample_next(logits, temperature, top_k, top_p, generator, u=None):
 
 @torch.no_grad()  # pass 1 needs no graph: no activations are stored for backward
 def generate(model, prompts, max_new_tokens, eot_id, num_samples=1, temperature=1.0,
-             top_k=None, top_p=None, seed=None, generator=None, check_every=None, rows=None, vocab_size=None):
+             top_k=None, top_p=None, seed=None, generator=None, check_every=None, vocab_size=None, u=None):
     """prompts: list of token-id lists (any lengths). Each prompt gets `num_samples` completions.
     eot_id: the end-of-sequence id, or a tuple of them (an instruct model may end a turn with one of
     several); the first pads. vocab_size: ids from here on are never drawn (the embedding rows a
@@ -100,17 +100,14 @@ def generate(model, prompts, max_new_tokens, eot_id, num_samples=1, temperature=
       pad_left (B*num_samples,), completion_mask (B*num_samples, T) 1 on generated tokens up to
           and including end-of-text.
     Only the last position's logits (N, V) exist at any step; none are returned.
-    Random numbers: each step draws one uniform per row of the whole batch, and a call always uses
-    max_new_tokens steps' worth (those of steps skipped once every row ended are drawn at the end).
-    rows=(first, total): these N rows are rows first..first+N-1 of a batch of `total` rows sampled
-    by several processes from the same generator state; each draws every row's numbers and uses
-    its own, so every row gets the tokens one process sampling all `total` rows would give it."""
+    Random numbers: u (max_new_tokens, N), one uniform per row and step (sample_next), drawn from the
+    generator before the first step unless given; a row's tokens depend on its own column only."""
     device = next(model.parameters()).device
     stops = torch.tensor(eot_id if isinstance(eot_id, (tuple, list)) else [eot_id], device=device, dtype=torch.long)
     eot_id = int(stops[0]) if len(stops) else 0  # the padding id; () = nothing stops a row
     check_every = check_every or (8 if device.type == "cuda" else 1)  # see "all rows done?" below
     idx, pad_left = pad_prompts(prompts, eot_id, device)
-    B, P = idx.shape
+    (B, P), N = idx.shape, len(prompts) * num_samples
     if max_new_tokens < 1:
         raise UserError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
     if P + max_new_tokens > model.config.block_size:
@@ -118,54 +115,41 @@ def generate(model, prompts, max_new_tokens, eot_id, num_samples=1, temperature=
                         f"of {model.config.block_size} tokens; shorten the prompt or max_new_tokens")
     if generator is None and seed is not None:
         generator = torch.Generator(device=device).manual_seed(seed)
+    if u is None and temperature > 0:
+        u = torch.rand(max_new_tokens, N, generator=generator, device=device)  # (S, N)
+    if u is not None and tuple(u.shape) != (max_new_tokens, N):
+        raise ValueError(f"u must be (max_new_tokens, rows) = ({max_new_tokens}, {N}), got {tuple(u.shape)}")
     was_training = model.training
     model.eval()
     cache = model.new_cache(B, P + max_new_tokens, pad_left)
     logits, _ = model(idx, cache=cache)                   # prefill once per prompt: (B, 1, V)
     cache.repeat_interleave(num_samples)                  # share the prefill among the samples
     logits = logits[:, -1].repeat_interleave(num_samples, dim=0)   # (N, V)
-    N = B * num_samples
-    first, total = rows or (0, N)
-    if not 0 <= first <= total - N:
-        raise ValueError(f"rows={rows}: these {N} rows must lie within the batch of {total}")
-
-    def draw(steps):  # one uniform per row of the whole batch per step
-        return torch.rand(steps, total, generator=generator, device=device)
     out = torch.full((N, max_new_tokens), eot_id, dtype=torch.long, device=device)
     done = torch.zeros(N, dtype=torch.bool, device=device)
     nonfinite = torch.zeros(N, dtype=torch.bool, device=device)
     for t in range(max_new_tokens):
-        bad = ~torch.isfinite(logits).all(-1)             # NaN/Inf: recorded without a host sync,
-        nonfinite |= bad                                  # raised once at the end (below)
-        logits = logits.masked_fill(bad[:, None], 0.0)    # so multinomial gets valid probabilities meanwhile
-        u = draw(1)[0, first:first + N] if temperature > 0 else None
-        if vocab_size is not None and vocab_size < logits.size(-1):
-            logits = logits[:, :vocab_size]                # a view: rows past the tokenizer never drawn
-        nxt = sample_next(logits, temperature, top_k, top_p, generator, u)
+        nonfinite |= ~torch.isfinite(logits).all(-1)      # NaN/Inf: recorded without a host sync, raised at the end
+        nxt = sample_next(logits[:, :vocab_size], temperature, top_k, top_p, generator, None if u is None else u[t])
         del logits                                        # the only logits alive; nothing keeps them
         nxt = nxt.masked_fill(done, eot_id)               # finished rows only emit padding
         out[:, t] = nxt
         done |= torch.isin(nxt, stops)
-        # bool() waits for the device: on a GPU, asking every step would stall the kernel queue once
-        # per token, so there we ask every 8 steps (at most 7 wasted steps once all rows are done;
-        # they draw random numbers too, so a GPU run's later samples differ from asking every step)
+        # all rows done? bool() waits for the device: on a GPU, asking every step would stall the kernel
+        # queue once per token, so there we ask every 8 steps (at most 7 wasted steps once all rows are done)
         if t + 1 == max_new_tokens or (t % check_every == check_every - 1 and bool(done.all())):
             break
         logits, _ = model(nxt[:, None], cache=cache)      # one new column for every row
         logits = logits[:, -1]
-    if temperature > 0 and t + 1 < max_new_tokens:
-        draw(max_new_tokens - t - 1)  # steps not taken: where the stream ends never depends on the rows
-    if was_training:
-        model.train()
+    model.train(was_training)
     if bool(nonfinite.any()):
         raise NonFiniteLogits(f"NaN/Inf logits in {int(nonfinite.sum())} of {N} sampled rows")
     # mask: 1 up to and including the first end-of-text of each row
     is_eot = torch.isin(out[:, :t + 1], stops).long()
     mask = ((is_eot.cumsum(1) - is_eot) == 0).long()      # 0 strictly after the first EOT
     T = int(mask.sum(0).nonzero().max()) + 1              # drop columns no row reached (all padding)
-    out, mask = out[:, :T], mask[:, :T]
-    return torch.cat([idx.repeat_interleave(num_samples, dim=0), out], dim=1), \
-        pad_left.repeat_interleave(num_samples), mask
+    return torch.cat([idx.repeat_interleave(num_samples, dim=0), out[:, :T]], dim=1), \
+        pad_left.repeat_interleave(num_samples), mask[:, :T]
 
 
 def stop_tokens(enc):

@@ -17,11 +17,9 @@ import torch
 from ghost import (compute_ghost_inner_product_matrix, ghost_mode, install_ghost_hooks, per_sample_grads,
                    subset_gradients, summed_gradient, summed_inner_products)
 from sample import encode_text
-from grpo import (batch_counts, completion_logprobs, phase, policy_backward, rank_share, rollout_batch,
-                  sum_over_ranks)
+from grpo import batch_counts, completion_logprobs, phase, policy_backward, rollout_batch
 from lora import LoRALinear, load_lora_state_dict, lora_state_dict
 from model import load_checkpoint
-from scale import distributed
 
 
 def select_rollouts(influence, rule="positive", topk_frac=0.5):
@@ -62,24 +60,21 @@ def tracin_backward(model, optimizer, rollouts, val_batch, cfg):
       'summed'  G = sum_j g_val_j from ONE ordinary backward of the validation loss (nothing kept per row),
                 then <g_i, G> per layer from the train buffers: O(T d r) per rollout
       'matrix'  every validation row's gradient captured too; the row sums of the [N, N_val] matrix
-    Both give the same influence up to float rounding. Under torchrun each rank captures its share of the
-    rollouts and, for 'summed', of the validation rows, both divided by the whole batch's counts
-    (grpo.rank_share): G is all-reduced (LoRA-sized), so no rank pays the whole validation pass and G is
-    the single-process G. 'matrix' needs every validation row's buffers: each rank runs them all. The
-    influences are gathered ('topk' needs the global threshold), the kept gradients summed over ranks.
-    Returns (loss stats, influence (N,), keep (N,) bool, log entries), all of the whole batch."""
-    matrix, mb = cfg["tracin_influence"] == "matrix", cfg["micro_batch_size"]
+    Both give the same influence up to float rounding. A non-finite influence (overflowed gradients) makes
+    the loss NaN: update() skips the step and the run counts it, as it does a standard step's.
+    Returns (loss stats, influence (N,), keep (N,) bool). (Under torchrun, scale/distributed.py hands each
+    rank its share of the rollouts, selects over every rank's influence and gathers both.)"""
+    matrix = cfg["tracin_influence"] == "matrix"
     # The capture: a forward hook on every lora_A / lora_B keeps each sample's input x and h = A x, a tensor
     # hook its output gradient gA = dL/dh, gB = dL/d(B h) (ghost.GhostHooks). While the split is 'train' the
     # LoRA weights do not require grad: the backward forms no .grad (the batch's summed gradient, which
     # nobody reads), only what flows through the hooks. ghost_mode makes optimizer.step() raise meanwhile.
     with install_ghost_hooks(model) as hooks, ghost_mode(optimizer):  # no weight can change in here
         with phase("grad_capture_train"):  # passes 3 and 2 and the backward: per-sample factors, no .grad
-            stats = policy_backward(model, rank_share(rollouts, mb), cfg, cfg["beta"])
+            stats = policy_backward(model, rollouts, cfg, cfg["beta"])
         hooks.split = "val" if matrix else None  # 'summed': the hooks keep nothing, the weights need grad again
         with phase("grad_capture_val"):  # the validation loss has no KL term; 'summed': G adds up in .grad
-            policy_backward(model, val_batch if matrix else informative_rows(rank_share(val_batch, mb), cfg),
-                            cfg, beta=0.0)
+            policy_backward(model, val_batch if matrix else informative_rows(val_batch, cfg), cfg, beta=0.0)
         train_grads = hooks.collect("train")
         val_grads = hooks.collect("val") if matrix else summed_gradient(model)  # per row, or G {layer: (G_A, G_B)}
     with phase("influence"):
@@ -87,17 +82,13 @@ def tracin_backward(model, optimizer, rollouts, val_batch, cfg):
             influence = compute_ghost_inner_product_matrix(train_grads, val_grads).sum(1)
         train_grads = per_sample_grads(train_grads)  # each rollout's (r, d) per factor; the buffers are freed
         if not matrix:
-            distributed.all_reduce_sum([g for pair in val_grads.values() for g in pair])  # the whole batch's G
             influence = summed_inner_products(train_grads, val_grads)  # <g_i, G>: (N,), O(T d r) per rollout
-        influence = distributed.all_gather_cat(influence)  # every rollout's, in global order
+        if not torch.isfinite(influence).all():
+            stats["losses"].append(float("nan"))  # the step is skipped (update), not the run
         keep = select_rollouts(influence, cfg["tracin_selection"], cfg["tracin_topk_frac"])
-        subset_gradients(model, train_grads, keep[distributed.shard(keep.numel())])  # this rank's kept rollouts
+        subset_gradients(model, train_grads, keep)  # sum of the kept rollouts' gradients -> .grad
         del train_grads, val_grads  # every LoRA layer's per-sample gradients (and G, or the validation buffers)
-        stats = sum_over_ranks(model, stats)  # the kept rollouts' gradients and the loss stats of every rank
-    log = {"selection_rate": keep.float().mean().item(), "n_selected": int(keep.sum()),
-           "influence/mean": influence.mean().item(), "influence/std": influence.std().item(),
-           "influence/min": influence.min().item(), "influence/max": influence.max().item()}
-    return stats, influence, keep, log
+    return stats, influence, keep
 
 
 def informative_rows(batch, cfg):
@@ -109,9 +100,8 @@ def informative_rows(batch, cfg):
     if cfg["loss_type"] == "bnpo" or bool(keep.all()):
         return batch
     keep[0] |= not keep.any()
-    counts = batch.get("global_counts") or batch_counts(batch["mask"])
     return {**{k: batch[k][keep.to(batch[k].device)] for k in ("idx", "pad_left", "mask", "advantages")},
-            "global_counts": counts}
+            "global_counts": batch_counts(batch["mask"])}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -127,71 +117,33 @@ def informative_rows(batch, cfg):
 # log pi uses logits / temperature, the run's sampling temperature (0 = greedy: plain log-probs).
 
 def sample_losses(model, idx, pad_left, mask, advantages, temperature=1.0):
-    """Sum over samples of each sample's own loss, -A_i * mean_t log pi(y_t) over its completion tokens: the
-    GRPO loss (grpo.grpo_loss, 'grpo' aggregation) at ratio 1 without KL, whose gradient it has, written
-    out. The backward of this sum gives every sample its own gradient in the hooks."""
+    """Sum over samples of each one's loss -A_i * mean_t log pi(y_t) (completion tokens): the GRPO loss at ratio 1
+    without KL ('grpo' aggregation), written out; its backward gives every sample its own gradient in the hooks."""
     logp, _ = completion_logprobs(model, idx, pad_left, mask.size(1), temperature)     # (n, T)
     mask = mask.to(logp.dtype)
     return -(advantages * (logp * mask).sum(1) / mask.sum(1).clamp(min=1)).sum()
 
 
-def chunks(batch, size, order=None):
-    """The batch's rows (in `order`) in chunks of `size`, each without the columns that all its rows pad:
-    the left padding they share and the completion columns after the longest completion. Positions count
-    from each row's first real token and attention is causal, so every row's loss and gradient are as in
-    the full batch; only less padding is computed."""
-    idx, pad_left, mask, adv = batch
-    order = torch.arange(idx.size(0), device=idx.device) if order is None else order
-    P = idx.size(1) - mask.size(1)
-    for s in range(0, idx.size(0), size):
-        rows = order[s:s + size]
-        m, left = mask[rows], int(pad_left[rows].min())
-        T = int(m.any(0).nonzero().max()) + 1 if m.any() else 1
-        yield idx[rows, left:P + T], pad_left[rows] - left, m[:, :T], adv[rows]
-
-
-def sq_norms(grads):
-    """||grad L(z_i)||^2 per sample, from per-sample LoRA gradients (ghost.per_sample_grads)."""
-    return sum(dA.pow(2).sum((1, 2)) + dBt.pow(2).sum((1, 2)) for dA, dBt in grads.values())
-
-
-def hook_products(model, train_batch, test_batch, temperature, layer_filter, micro_batch, norms):
-    """One checkpoint: (<g_i, G> (n,), ||g_i||^2 (n,), ||G||^2) with G = sum_j g_test_j from ONE ordinary
-    backward of the summed test loss (no hooks, LoRA-sized), and the train gradients from the hooks,
-    chunk by chunk (each chunk's per-sample gradients formed from the buffers, r x d per factor);
-    the two norms only if `norms`."""
+def hook_products(model, train_chunks, test_chunks, temperature, layer_filter):
+    """One checkpoint: (<g_i, G> (n,), ||g_i||^2 (n,), ||G||^2) with G = sum_j g_test_j
+    from ONE ordinary backward of the summed test loss (no hooks, LoRA-sized), and the train gradients from
+    the hooks, chunk by chunk (rollout_batch's), each chunk's per-sample gradients formed from the buffers."""
     model.zero_grad(set_to_none=True)
-    for c in chunks(test_batch, micro_batch):  # before the hooks exist: no per-sample test buffers
+    for c in test_chunks:  # before the hooks exist: no per-sample test buffers
         sample_losses(model, *c, temperature).backward()  # micro-batches add up in .grad
     G = summed_gradient(model, layer_filter)  # {layer: (G_A, G_B)}; .grad cleared, the train capture starts clean
-    te_sq = sum(GA.pow(2).sum() + GB.pow(2).sum() for GA, GB in G.values()) if norms else None
+    te_sq = sum(GA.pow(2).sum() + GB.pow(2).sum() for GA, GB in G.values())  # ||G||^2
     inner, tr_sq = [], []
-    idx, pad_left, mask, _ = train_batch
-    order = (idx.size(1) - mask.size(1) - pad_left + mask.sum(1)).argsort()  # by length: chunks pad little
     with install_ghost_hooks(model) as hooks:
-        for c in chunks(train_batch, micro_batch, order):  # chunk by chunk: buffers stay small
+        for c in train_chunks:  # chunk by chunk: buffers stay small
             sample_losses(model, *c, temperature).backward()
             train_grads = per_sample_grads(hooks.collect("train"), G.keys())  # the layers of G (layer_filter)
             hooks.clear("train")  # the buffers: the per-sample gradients hold what is needed
             inner.append(summed_inner_products(train_grads, G))       # <g_i, G>: (chunk,)
-            if norms:
-                tr_sq.append(sq_norms(train_grads))
+            tr_sq.append(sum(dA.pow(2).sum((1, 2)) + dBt.pow(2).sum((1, 2)) for dA, dBt in train_grads.values()))
             del train_grads  # this chunk's per-sample gradients
     model.zero_grad(set_to_none=True)  # capture's .grad is not an update
-    back = order.argsort()  # the rows' own order again
-    return torch.cat(inner)[back], torch.cat(tr_sq)[back] if norms else None, te_sq
-
-
-def loop_gradients(model, batch, temperature, layer_filter=None):
-    """Reference path: one autograd.grad per sample, flattened: (n, number of LoRA parameters)."""
-    params = [p for n, p in model.named_parameters()
-              if ".lora_" in n and (layer_filter is None or layer_filter in n)]
-    idx, pad_left, mask, adv = batch
-    out = []
-    for i in range(idx.size(0)):
-        loss = sample_losses(model, idx[i:i + 1], pad_left[i:i + 1], mask[i:i + 1], adv[i:i + 1], temperature)
-        out.append(torch.cat([g.float().flatten() for g in torch.autograd.grad(loss, params)]))
-    return torch.stack(out)
+    return torch.cat(inner).double().cpu(), torch.cat(tr_sq).double().cpu(), te_sq.double().cpu()  # float64 sums
 
 
 def trapezoid_steps(iters):
@@ -202,13 +154,11 @@ def trapezoid_steps(iters):
     return [(s[i + 2] - s[i]) / 2 for i in range(len(iters))] if len(iters) > 1 else [1.0]
 
 
-def check_attribution_inputs(model, checkpoints, train_samples, test_samples, mode, gradient_method,
-                             learning_rates, checkpoint_steps, layer_filter):
+def check_attribution_inputs(model, checkpoints, train_samples, test_samples, mode, learning_rates,
+                             checkpoint_steps, layer_filter):
     """find_critical_samples' arguments, checked before any work."""
     if mode not in ("simple", "full", "memory_efficient"):
         raise UserError(f"mode must be 'simple', 'full' or 'memory_efficient', got {mode!r}")
-    if gradient_method not in ("hooks", "loop"):
-        raise UserError(f"gradient_method must be 'hooks' or 'loop', got {gradient_method!r}")
     if not checkpoints:
         raise UserError("no checkpoints to attribute over")
     for name, per_ckpt in (("learning rates", learning_rates), ("checkpoint_steps", checkpoint_steps)):
@@ -221,109 +171,76 @@ def check_attribution_inputs(model, checkpoints, train_samples, test_samples, mo
         raise UserError(f"layer_filter {layer_filter!r} matches no LoRA layer (layers: {layers[:4]} ...)")
 
 
-def checkpoint_products(model, train_batch, test_batch, temperature, layer_filter, gradient_method, micro_batch,
-                        norms, t):
-    """At the loaded checkpoint t: (<g_i, G> (n,), ||g_i||^2 (n,), ||G||^2) with G = sum_j g_test_j,
-    float64 on the CPU whatever the model's device; the norms are None from the hooks unless asked for."""
-    if gradient_method == "loop":
-        tr, te = (loop_gradients(model, b, temperature, layer_filter) for b in (train_batch, test_batch))
-        inner, tr_sq, te_sq = tr @ te.sum(0), tr.pow(2).sum(1), te.sum(0).pow(2).sum()
-    else:
-        inner, tr_sq, te_sq = hook_products(model, train_batch, test_batch, temperature, layer_filter, micro_batch, norms)
-    if not torch.isfinite(inner).all():
-        raise FloatingPointError(f"NaN/Inf in gradient inner products at checkpoint {t}")
-    return tuple(None if v is None else v.double().cpu() for v in (inner, tr_sq, te_sq))
-
-
-def attribution_result(train_samples, scores, contributions, cosine, selfinf, mode, weights, top_k):
-    """The result dictionary of the TracIn documentation's find_critical_samples (plus the weights
-    w_t = eta_t k_t, oldest checkpoint first, so that a report can show them)."""
-    n, per_sample = len(train_samples), []
-    for i, s in enumerate(train_samples):
-        entry = {**{k: s[k] for k in s if k not in ("completion_tokens", "completion_mask")},
-                 "index": i, "tracin_score": scores[i].item(),
-                 "checkpoint_contributions": [c[i].item() for c in contributions]}
-        if cosine is not None:
-            entry["cosine_score"] = cosine[i].item()
-        if selfinf is not None:
-            entry["self_influence"] = selfinf[i].item()
-        per_sample.append(entry)
-    order = sorted(range(n), key=lambda i: scores[i].item(), reverse=True)
-    positive = [per_sample[i] for i in order[:top_k] if scores[i] > 0]
-    negative = [per_sample[i] for i in reversed(order[-top_k:]) if scores[i] < 0]
-    return {"mode": mode, "num_checkpoints": len(weights), "checkpoint_weights": weights, "num_train_samples": n,
-            "critical_samples": sorted(per_sample, key=lambda e: -abs(e["tracin_score"]))[:top_k],
-            "most_influential_positive": positive, "most_influential_negative": negative,
-            "mean_influence_score": scores.mean().item(), "max_influence_score": scores.max().item(),
-            "scores": per_sample}
+def attribution_result(train_samples, contrib, cosine, selfinf, mode, weights, top_k):
+    """The result dictionary of the TracIn documentation's find_critical_samples, plus the weights w_t = eta_t k_t
+    (oldest first, for a report). contrib, cosine, selfinf: (n,) float64 per checkpoint, or none when not asked for."""
+    scores, extra = sum(contrib), {"cosine_score": sum(cosine), "self_influence": sum(selfinf)}  # 0: not asked for
+    per_sample = [{**{k: v for k, v in s.items() if k not in ("completion_tokens", "completion_mask")}, "index": i,
+                   "tracin_score": scores[i].item(), "checkpoint_contributions": [c[i].item() for c in contrib],
+                   **{k: v[i].item() for k, v in extra.items() if torch.is_tensor(v)}}
+                  for i, s in enumerate(train_samples)]
+    order = sorted(range(len(per_sample)), key=lambda i: scores[i].item(), reverse=True)
+    by_size = sorted(per_sample, key=lambda e: -abs(e["tracin_score"]))
+    return {"mode": mode, "num_checkpoints": len(weights), "checkpoint_weights": weights, "num_train_samples": len(order),
+            "critical_samples": by_size[:top_k], "scores": per_sample,
+            "most_influential_positive": [per_sample[i] for i in order[:top_k] if scores[i] > 0],
+            "most_influential_negative": [per_sample[i] for i in reversed(order[-top_k:]) if scores[i] < 0],
+            "mean_influence_score": scores.mean().item(), "max_influence_score": scores.max().item()}
 
 
 def find_critical_samples(model, checkpoints, train_samples, test_samples, enc, mode="memory_efficient",
                           learning_rates=None, layer_filter=None, n_probe=None, top_k=5, temperature=1.0,
-                          gradient_method="hooks", micro_batch=64, normalize=False, self_influence=False,
-                          checkpoint_steps=None):
+                          micro_batch=64, normalize=False, self_influence=False, checkpoint_steps=None):
     """Score training rollouts by their influence on test samples across checkpoints.
 
-    checkpoints: paths of GRPO checkpoints (each holds 'lora' and 'lr'), or, for mode='full',
-        already loaded LoRA state dicts are accepted too.
-    mode: 'simple'           one checkpoint (the last), no learning-rate weight: plain gradient alignment
-          'full'             every checkpoint loaded into memory first, then sum_t w_t <g_test, g_train>
-          'memory_efficient' one checkpoint at a time from disk, each loaded exactly once
-    learning_rates: eta_t per checkpoint; default: the 'lr' stored in each checkpoint.
-    checkpoint_steps: how many training steps checkpoint t stands for, k_t; its weight is w_t = eta_t k_t.
-        None: w_t = eta_t (plain TracInCP, as Captum computes it). trapezoid_steps(iters) gives the
-        trapezoid rule over the steps: the sum over every step s of eta_s <g_test, g_train>(theta_s) is
-        approximated as if that term varied linearly between checkpoints (no step in between is visited).
+    checkpoints: paths of GRPO checkpoints (each holds 'lora' and 'lr'); with mode='full' also LoRA state dicts.
+    mode: 'simple' (the last checkpoint, weight 1: plain gradient alignment), 'full' (every checkpoint loaded
+        first) or 'memory_efficient' (one at a time from disk, each loaded once): sum_t w_t <g_test, g_train>.
+    learning_rates: eta_t per checkpoint (default: each checkpoint's stored 'lr'). checkpoint_steps: k_t, how
+        many training steps checkpoint t stands for; w_t = eta_t k_t (None: w_t = eta_t, plain TracInCP as
+        Captum computes it; trapezoid_steps(iters): the trapezoid rule over the steps between checkpoints).
     temperature: the run's sampling temperature (log pi = log softmax(logits / temperature)).
     n_probe: score only n_probe training rollouts, evenly spaced over the list (None: all).
-    normalize: also cosine_score = sum_t w_t <g_i, G_t> / (||g_i|| ||G_t||), G_t = sum_j g_test_j.
-    self_influence: also sum_t w_t ||g_i||^2.
-    Scores are taken with dropout off (model.eval()); the model's train/eval flag, LoRA weights and
-    every parameter's .grad are as they were on return. Returns the result dictionary (see README)."""
-    check_attribution_inputs(model, checkpoints, train_samples, test_samples, mode, gradient_method,
-                             learning_rates, checkpoint_steps, layer_filter)
+    normalize: also cosine_score = sum_t w_t <g_i, G_t> / (||g_i|| ||G_t||), G_t = sum_j g_test_j;
+    self_influence: also sum_t w_t ||g_i||^2. Scores are taken with dropout off (model.eval()); the model's
+    train/eval flag, LoRA weights and every .grad are as they were on return. Returns the result dictionary."""
+    check_attribution_inputs(model, checkpoints, train_samples, test_samples, mode, learning_rates,
+                             checkpoint_steps, layer_filter)
     if mode == "simple":
         checkpoints, learning_rates, checkpoint_steps = checkpoints[-1:], [1.0], None
     if n_probe and n_probe < len(train_samples):  # evenly spaced over the run, not only its first steps
         train_samples = [train_samples[i * len(train_samples) // n_probe] for i in range(n_probe)]
-    device = next(model.parameters()).device
-    train_batch = rollout_batch(enc, train_samples, device)
-    test_batch = rollout_batch(enc, test_samples, device)
-    states = [load_checkpoint(c) if isinstance(c, str) else c for c in checkpoints] if mode == "full" else None
-    n = len(train_samples)
-    scores = torch.zeros(n, dtype=torch.float64)          # float64 accumulation across checkpoints
-    cosine = torch.zeros(n, dtype=torch.float64)
-    selfinf = torch.zeros(n, dtype=torch.float64)
-    contributions, weights = [], []
-    # put back in `finally`: the caller's train/eval flag, LoRA weights and .grad tensors
-    was_training, own_lora = model.training, lora_state_dict(model)
-    own_grads = [(p, p.grad) for p in model.parameters()]
-    model.zero_grad(set_to_none=True)  # a backward must not add into the caller's .grad tensors
+    # micro-batches laid out once for every checkpoint, each padded only to its own longest row (a run's
+    # rollouts are recorded step by step, so neighbours share their step's completion length)
+    train_chunks, test_chunks = ([rollout_batch(enc, rows[s:s + micro_batch], next(model.parameters()).device)
+                                  for s in range(0, len(rows), micro_batch)] for rows in (train_samples, test_samples))
+    if mode == "full":  # every checkpoint in memory first; 'memory_efficient' loads each in turn, once
+        checkpoints = [load_checkpoint(c) if isinstance(c, str) else c for c in checkpoints]
+    weights, contrib, cosine, selfinf = [], [], [], []  # per checkpoint: w_t, then (n,) float64 each
+    # put back in `finally`: the caller's train/eval flag, LoRA weights and .grad tensors (hook_products sets .grad None)
+    was_training, own_lora, grads = model.training, lora_state_dict(model), [(p, p.grad) for p in model.parameters()]
     model.eval()  # dropout off: deterministic scores; eval also turns gradient checkpointing off (hooks need that)
     try:
         for t, ckpt in enumerate(checkpoints):
-            state = states[t] if states is not None else (load_checkpoint(ckpt) if isinstance(ckpt, str) else ckpt)
+            state = load_checkpoint(ckpt) if isinstance(ckpt, str) else ckpt
             load_lora_state_dict(model, state["lora"] if "lora" in state else state)
             w = learning_rates[t] if learning_rates is not None else float(state.get("lr", 1.0))
             w *= checkpoint_steps[t] if checkpoint_steps is not None else 1.0   # w_t = eta_t k_t
-            inner, tr_sq, te_sq = checkpoint_products(model, train_batch, test_batch, temperature, layer_filter,
-                                                   gradient_method, micro_batch, normalize or self_influence, t)
-            contrib = w * inner                          # w_t <g_i, G_t>, G_t = sum_j g_test_j: (n,)
-            weights.append(float(w))
-            scores += contrib
-            contributions.append(contrib)
-            if normalize:
-                cosine += contrib / (tr_sq * te_sq).sqrt().clamp(min=1e-12)
-            if self_influence:
-                selfinf += w * tr_sq
             del state  # this checkpoint's adapter (and optimizer state): one checkpoint in memory at a time
+            inner, tr_sq, te_sq = hook_products(model, train_chunks, test_chunks, temperature, layer_filter)
+            if not torch.isfinite(inner).all():
+                raise UserError(f"NaN/Inf gradient inner products at checkpoint {t}: its adapter or the rollouts "
+                                f"give non-finite gradients; leave that checkpoint out")
+            weights.append(float(w))
+            contrib.append(w * inner)                    # w_t <g_i, G_t>, G_t = sum_j g_test_j: (n,)
+            cosine += [contrib[-1] / (tr_sq * te_sq).sqrt().clamp(min=1e-12)] if normalize else []
+            selfinf += [w * tr_sq] if self_influence else []  # w_t ||g_i||^2
     finally:
         load_lora_state_dict(model, own_lora)
-        for p, g in own_grads:
+        for p, g in grads:
             p.grad = g
         model.train(was_training)
-    return attribution_result(train_samples, scores, contributions, cosine if normalize else None,
-                              selfinf if self_influence else None, mode, weights, top_k)
+    return attribution_result(train_samples, contrib, cosine, selfinf, mode, weights, top_k)
 
 
 if __name__ == "__main__":  # the post-hoc command line, which lives with the other tools that read runs

@@ -15,6 +15,11 @@ def step_log(rollouts, result, cfg, cache=None):
     if rollouts is None:
         return {"skipped": True, "skip_reason": result["skip_reason"], **times}
     stats, grad_norm, extra = result["stats"], result["grad_norm"], result["extra"]
+    if "influence" in rollouts:  # a TracIn step: what it kept, and the influences it chose by
+        infl, keep = rollouts["influence"], rollouts["selected"]
+        extra = {"selection_rate": keep.float().mean().item(), "n_selected": int(keep.sum()),
+                 "influence/mean": infl.mean().item(), "influence/std": infl.std().item(),
+                 "influence/min": infl.min().item(), "influence/max": infl.max().item(), **extra}
     if result["skip_reason"]:
         extra = {**extra, "skip_reason": result["skip_reason"]}
     n, ntok, rewards, per_fn, mask = rollouts["idx"].size(0), stats["num_tokens"], rollouts["rewards"], \
@@ -43,7 +48,8 @@ def rollout_record(questions, answers, rollouts, cfg):
     return {"prompts": questions, "answers": answers, "completion_tokens": rollouts["idx"][:, -T:].tolist(),
             "completion_mask": rollouts["mask"].tolist(), "rewards": rollouts["rewards"].tolist(),
             "advantages": rollouts["advantages"].tolist(),
-            **({"influence": rollouts["influence"], "selected": rollouts["selected"]} if cfg["tracin"] else {})}
+            **({"influence": rollouts["influence"].tolist(), "selected": rollouts["selected"].tolist()}
+               if cfg["tracin"] else {})}
 
 
 def print_step(log, cfg, lr):

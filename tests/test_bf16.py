@@ -84,7 +84,7 @@ def test_tracin_step_in_bf16_ranks_and_keeps_as_float32():
     out = {}
     for name, m in (("f32", m32), ("bf16", m16)):
         opt = torch.optim.AdamW(lora_parameters(m), lr=0.1)
-        _, infl, keep, _ = tracin.tracin_backward(m, opt, as_batch(train, adv), as_batch(val, VAL_ADV), cfg(8))
+        _, infl, keep = tracin.tracin_backward(m, opt, as_batch(train, adv), as_batch(val, VAL_ADV), cfg(8))
         assert infl.dtype == torch.float32
         out[name] = infl, keep, flat_grads(m)
     (i32, k32, g32), (i16, k16, g16) = out["f32"], out["bf16"]

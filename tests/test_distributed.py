@@ -310,6 +310,8 @@ def sampling_worker(rank, world, port, out):
     seen, real = [], grpo.generate
     grpo.generate = lambda m, prompts, *a, **k: seen.append(len(prompts)) or real(m, prompts, *a, **k)
     with distributed.process_group("cpu"):
+        import train_grpo
+        distributed.wrap_step(train_grpo)  # as train_grpo.main does under torchrun: generate wraps the spy
         g = torch.Generator().manual_seed(11)
         sampled = grpo.sample_rollouts(model, enc, batches, SAMPLE_CFG, g)
         again = grpo.sample_rollouts(model, enc, batches, SAMPLE_CFG, g)

@@ -337,29 +337,33 @@ def test_inverse_cdf_draws_follow_the_probabilities():
 
 @pytest.mark.parametrize("split", [1, 2])
 def test_rows_of_a_batch_sampled_apart_equal_one_call(tiny_gpt, split):
-    """Two calls with rows=(first, total), each on its share of the prompts and from the same
-    generator state, give exactly the rows (and leave the generator exactly where) one call over all
-    prompts does: what several processes sampling their shares of one batch rely on."""
+    """Two calls, each on its share of the prompts with its columns of the uniforms one call draws
+    (max_new_tokens x rows, before the first step), give exactly the rows one call over all prompts does:
+    what several processes sampling their shares of one batch rely on (scale/distributed.sample_share)."""
     kw = dict(max_new_tokens=9, eot_id=3, num_samples=3, temperature=1.0, top_p=0.9)
     g = torch.Generator().manual_seed(5)
     whole = generate(tiny_gpt, PROMPTS, generator=g, **kw)
-    after = g.get_state()
+    drawn = torch.Generator().manual_seed(5)
+    u = torch.rand(9, len(PROMPTS) * 3, generator=drawn)
+    assert torch.equal(g.get_state(), drawn.get_state())  # the call drew exactly those numbers, once
     cut = split * len(PROMPTS) // 3 or 1
-    parts = []
-    for lo, hi in ((0, cut), (cut, len(PROMPTS))):
-        gp = torch.Generator().manual_seed(5)
-        parts.append(generate(tiny_gpt, PROMPTS[lo:hi], generator=gp, rows=(lo * 3, len(PROMPTS) * 3), **kw))
-        assert torch.equal(gp.get_state(), after)
+    parts = [generate(tiny_gpt, PROMPTS[lo:hi], u=u[:, lo * 3:hi * 3], **kw) for lo, hi in ((0, cut), (cut, len(PROMPTS)))]
     T = whole[2].size(1)
     for (lo, hi), (idx, pad, mask) in zip(((0, cut), (cut, len(PROMPTS))), parts):
         n = mask.size(1)
         assert torch.equal(mask, whole[2][lo * 3:hi * 3, :n]) and not whole[2][lo * 3:hi * 3, n:].any()
         assert torch.equal(idx[:, -n:], whole[0][lo * 3:hi * 3, -T:][:, :n])
-    resumed = torch.Generator().manual_seed(5).set_state(after)
-    assert torch.equal(generate(tiny_gpt, PROMPTS, generator=g, **kw)[0],
-                       generate(tiny_gpt, PROMPTS, generator=resumed, **kw)[0])
 
 
-def test_rows_outside_the_batch_are_refused(tiny_gpt):
-    with pytest.raises(ValueError, match="must lie within the batch"):
-        generate(tiny_gpt, PROMPTS, 3, NEVER, num_samples=2, seed=0, rows=(5, 10))  # 8 rows from 5: past 10
+def test_uniforms_drawn_at_once_equal_a_draw_per_step(tiny_gpt):
+    """The generator's numbers come in the same order whether drawn per step (one row of u at a time) or all
+    before the first step, so a run's completions do not depend on how generate draws them."""
+    kw = dict(max_new_tokens=7, eot_id=3, num_samples=2, temperature=0.8)
+    g = torch.Generator().manual_seed(9)
+    per_step = torch.cat([torch.rand(1, len(PROMPTS) * 2, generator=g) for _ in range(7)])
+    assert torch.equal(generate(tiny_gpt, PROMPTS, seed=9, **kw)[0], generate(tiny_gpt, PROMPTS, u=per_step, **kw)[0])
+
+
+def test_uniforms_of_the_wrong_shape_are_refused(tiny_gpt):
+    with pytest.raises(ValueError, match="u must be"):
+        generate(tiny_gpt, PROMPTS, 3, NEVER, num_samples=2, u=torch.rand(3, len(PROMPTS)))

@@ -11,7 +11,8 @@
 #   test_val_split_buffers_with_beta      the same torch.func reference for the val split; snapshots of
 #       the train buffers taken before the val capture.
 #   test_ghost_equals_materialised_and_bruteforce  brute force: flattened torch.func per-sample gradients,
-#       train @ val^T; the three method paths against each other; a call counter on the ghost kernel.
+#       train @ val^T; the ghost and materialised forms against each other, and the cost rule mixing them
+#       (a call counter on the ghost kernel).
 #   test_influence_sums_validation_gradients  <g_i, sum_j g_val_j> from the torch.func gradients, and a
 #       deliberately wrong "sum the validation activations first" ghost product that must differ.
 #   test_subset_gradients_equal_backward_on_subset  a second code path: zero grads, forward the kept rows
@@ -23,14 +24,14 @@
 #   test_select_rollouts                  hand-written expected masks; sorted() for the top-k set.
 #   test_layer_filter_*                   per-layer matrices computed one layer at a time and summed, and
 #       brute force restricted to the filtered parameters.
-#   test_nan_in_captured_gradient_raises  a NaN written by hand into x / gA / gB (train and val sides).
+#   test_nan_in_captured_gradient_*       a NaN written by hand into x / gA / gB (train and val sides).
 #   test_batch_layout                     the batch really has left padding and eot-padded ended rows.
 #   test_hooks_need_lora                  UserError by hand.
 #   test_posthoc_*                        a plain torch.autograd.grad loop over checkpoints and samples
 #       (autograd_grads): scores, cosines <g_i, sum_j g_test_j> / (||g_i|| ||sum_j g_test_j||) and
 #       self-influences written out from those gradients; snapshots of the model's state.
 #   test_trapezoid_steps                  hand-computed weights.
-#   test_*_method_*                       UserError by hand.
+#   test_posthoc_unknown_mode_*           UserError by hand, before any work.
 import pytest
 import torch
 
@@ -213,19 +214,26 @@ def test_val_split_buffers_with_beta(world):
             assert rel_err(got[k], want[k]) <= 1e-5, k
 
 
+def materialised_products(x1, g1, x2, g2):
+    """<G1_i, G2_j> with every per-sample gradient formed first: (n1, n2)."""
+    return ghost.per_sample_grad(x1, g1).flatten(1) @ ghost.per_sample_grad(x2, g2).flatten(1).T
+
+
+def one_form_matrix(tr, va, form):
+    """The [n_train, n_val] matrix with one form (ghost or materialised) on every layer."""
+    return sum(form(x, gA, vx, vgA) + form(h, gB, vh, vgB)
+               for (x, gA, h, gB), (vx, vgA, vh, vgB) in ((tr[n], va[n]) for n in tr))
+
+
 def test_ghost_equals_materialised_and_bruteforce(world, monkeypatch):
     m, train, val = world
     tr, va = capture_both(m, train, val)
     calls = []
     real = ghost.ghost_inner_products
     monkeypatch.setattr(ghost, "ghost_inner_products", lambda *a, **k: calls.append(1) or real(*a, **k))
-    ghosted = ghost.compute_ghost_inner_product_matrix(tr, va, method="ghost")
-    assert len(calls) == 2 * LAYERS
-    calls.clear()
-    mat = ghost.compute_ghost_inner_product_matrix(tr, va, method="materialise")
-    assert not calls  # 'materialise' never calls the ghost kernel
-    auto = ghost.compute_ghost_inner_product_matrix(tr, va, method="auto")
-    assert 0 < len(calls) < 2 * LAYERS  # at these sizes 'auto' mixes both paths
+    ghosted, mat = one_form_matrix(tr, va, real), one_form_matrix(tr, va, materialised_products)
+    auto = ghost.compute_ghost_inner_product_matrix(tr, va)
+    assert 0 < len(calls) < 2 * LAYERS  # at these sizes the cost rule mixes both forms
     brute = flat(func_per_sample_grads(m, train, TRAIN_ADV)) @ flat(func_per_sample_grads(m, val, VAL_ADV)).T
     assert ghosted.shape == (train[0].size(0), val[0].size(0)) and ghosted.dtype == torch.float32
     scale = brute.abs().max().item()
@@ -390,9 +398,9 @@ def test_zero_advantage_zero_gradient_and_influence(world):
         assert (g[adv != 0].flatten(1).abs().amax(1) > 0).all(), k
     for layer, (x, gA, h, gB) in tr.items():
         assert torch.all(gA[adv == 0] == 0) and torch.all(gB[adv == 0] == 0)
-    for method in ("ghost", "materialise", "auto"):
-        infl = ghost.compute_ghost_inner_product_matrix(tr, va, method=method).sum(1)
-        assert torch.all(infl[adv == 0] == 0) and torch.all(infl[adv != 0] != 0), method
+    for form in (ghost.ghost_inner_products, materialised_products, None):
+        infl = (ghost.compute_ghost_inner_product_matrix(tr, va) if form is None else one_form_matrix(tr, va, form)).sum(1)
+        assert torch.all(infl[adv == 0] == 0) and torch.all(infl[adv != 0] != 0), form
     assert not tracin.select_rollouts(infl)[adv == 0].any()
 
 
@@ -434,7 +442,9 @@ def test_layer_filter_restricts_matrix(world):
 
 
 @pytest.mark.parametrize("where", ["train_gA", "val_gB", "train_x"])
-def test_nan_in_captured_gradient_raises(world, where):
+def test_nan_in_captured_gradient_gives_a_non_finite_product(world, where):
+    """NaN in one captured factor reaches the matrix in both forms (the callers check: the online step is
+    skipped, post-hoc attribution stops with a one-line error)."""
     m, train, val = world
     tr, va = capture_both(m, train, val)
     assert torch.isfinite(ghost.compute_ghost_inner_product_matrix(tr, va)).all()
@@ -444,9 +454,9 @@ def test_nan_in_captured_gradient_raises(world, where):
     x, gA, h, gB = (t.clone() for t in d[name])
     {"gA": gA, "gB": gB, "x": x}[part][1, -1, 0] = float("nan")
     d[name] = (x, gA, h, gB)
-    for method in ("ghost", "materialise", "auto"):
-        with pytest.raises(FloatingPointError):
-            ghost.compute_ghost_inner_product_matrix(tr, va, method=method)
+    for form in (ghost.ghost_inner_products, materialised_products):
+        assert not torch.isfinite(one_form_matrix(tr, va, form)).all(), form
+    assert not torch.isfinite(ghost.compute_ghost_inner_product_matrix(tr, va)).all()
 
 
 def test_hooks_need_lora():
@@ -536,10 +546,9 @@ def test_posthoc_full_equals_loop_over_checkpoints(world, tmp_path):
     best = int(want.argmax())
     assert full["most_influential_positive"][0]["index"] == best if want[best] > 0 else not full["most_influential_positive"]
     assert all("cosine_score" in e and e["self_influence"] > 0 for e in full["scores"])
-    # memory-efficient streams the same checkpoints from disk: same scores; loop path too
+    # memory-efficient streams the same checkpoints from disk: same scores
     eff = tracin.find_critical_samples(m, paths, train, test, enc, mode="memory_efficient")
-    loop = tracin.find_critical_samples(m, paths, train, test, enc, mode="memory_efficient", gradient_method="loop")
-    for other in (eff, loop):
+    for other in (eff,):
         assert torch.allclose(torch.tensor([e["tracin_score"] for e in other["scores"]], dtype=torch.float64),
                               want, rtol=1e-4, atol=1e-10)
     simple = tracin.find_critical_samples(m, paths, train, test, enc, mode="simple")
@@ -616,22 +625,12 @@ def test_posthoc_n_probe_spreads_over_the_run(world, tmp_path):
     assert scores(got) == scores(want) and scores(got) != scores(first)
 
 
-def test_unknown_method_raises():
-    x, g = torch.randn(2, 3, 4), torch.randn(2, 3, 5)
-    with pytest.raises(UserError, match="'auto', 'ghost' or 'materialise', got 'ghosts'"):
-        ghost.linear_inner_products(x, g, x, g, method="ghosts")
-    with pytest.raises(UserError, match="'auto', 'ghost' or 'materialise', got 'materialize'"):
-        ghost.compute_ghost_inner_product_matrix({"l": (x, g, x, g)}, {"l": (x, g, x, g)}, method="materialize")
-
-
-def test_posthoc_unknown_mode_or_gradient_method_raises_before_work(world, tmp_path, monkeypatch):
+def test_posthoc_unknown_mode_raises_before_work(world, tmp_path, monkeypatch):
     """Checked first: mode='full' would otherwise load (here: fail to find) every checkpoint first."""
     m = world[0]
     _, _, train, test = posthoc_setup(tmp_path, m)
     monkeypatch.setattr(tracin, "rollout_batch", lambda *a: pytest.fail("work started"))
     missing = [str(tmp_path / "missing.pt")]
-    with pytest.raises(UserError, match="gradient_method.*'nope'"):
-        tracin.find_critical_samples(m, missing, train, test, ByteEnc(), mode="full", gradient_method="nope")
     with pytest.raises(UserError, match="mode.*'fast'"):
         tracin.find_critical_samples(m, missing, train, test, ByteEnc(), mode="fast")
 
@@ -661,12 +660,10 @@ def test_posthoc_cosine_and_self_influence_match_autograd(world, tmp_path):
     tr, te = autograd_grads(m, paths, train), autograd_grads(m, paths, test)
     cos = sum(lr * (g @ G.sum(0)) / (g.norm(dim=1) * G.sum(0).norm()) for lr, g, G in zip(lrs, tr, te))
     self_inf = sum(lr * g.pow(2).sum(1) for lr, g in zip(lrs, tr))
-    for method in ("hooks", "loop"):
-        res = tracin.find_critical_samples(m, paths, train, test, ByteEnc(), normalize=True, self_influence=True,
-                                           gradient_method=method)
-        assert torch.allclose(column(res, "cosine_score"), cos, rtol=1e-4, atol=1e-8), method
-        assert torch.allclose(column(res, "self_influence"), self_inf, rtol=1e-4), method
-        assert (self_inf > 0).all() and cos.abs().min() > 1e-3
+    res = tracin.find_critical_samples(m, paths, train, test, ByteEnc(), normalize=True, self_influence=True)
+    assert torch.allclose(column(res, "cosine_score"), cos, rtol=1e-4, atol=1e-8)
+    assert torch.allclose(column(res, "self_influence"), self_inf, rtol=1e-4)
+    assert (self_inf > 0).all() and cos.abs().min() > 1e-3
 
 
 def test_posthoc_repeated_test_sample_keeps_the_cosine(world, tmp_path):
@@ -678,15 +675,24 @@ def test_posthoc_repeated_test_sample_keeps_the_cosine(world, tmp_path):
     assert torch.allclose(column(four, "cosine_score"), column(once, "cosine_score"), rtol=1e-5)
 
 
-def test_posthoc_loop_and_hooks_agree_on_every_key(world, tmp_path):
+def autograd_scores(m, paths, train, test):
+    """Reference for every key of find_critical_samples' per-sample entries, from one autograd.grad per
+    sample and checkpoint, weighted by each checkpoint's stored learning rate."""
+    lrs = [float(load_checkpoint(p)["lr"]) for p in paths]
+    tr, te = autograd_grads(m, paths, train), autograd_grads(m, paths, test)
+    return {"tracin_score": sum(lr * g @ G.sum(0) for lr, g, G in zip(lrs, tr, te)),
+            "cosine_score": sum(lr * (g @ G.sum(0)) / (g.norm(dim=1) * G.sum(0).norm()) for lr, g, G in zip(lrs, tr, te)),
+            "self_influence": sum(lr * g.pow(2).sum(1) for lr, g in zip(lrs, tr))}
+
+
+def test_posthoc_hooks_agree_with_autograd_on_every_key(world, tmp_path):
     m = world[0]
     paths, _, train, test = posthoc_setup(tmp_path, m)
-    kw = dict(normalize=True, self_influence=True)
-    hooks, loop = (tracin.find_critical_samples(m, paths, train, test * 2, ByteEnc(), gradient_method=g, **kw)
-                   for g in ("hooks", "loop"))
+    hooks = tracin.find_critical_samples(m, paths, train, test * 2, ByteEnc(), normalize=True, self_influence=True)
+    want = autograd_scores(m, paths, train, test * 2)
     for key in ("tracin_score", "cosine_score", "self_influence"):
-        assert column(loop, key).abs().min() > 0, key
-        assert torch.allclose(column(hooks, key), column(loop, key), rtol=1e-4, atol=1e-10), key
+        assert want[key].abs().min() > 0, key
+        assert torch.allclose(column(hooks, key), want[key], rtol=1e-4, atol=1e-10), key
 
 
 def test_posthoc_scores_ignore_dropout(tmp_path):
@@ -696,16 +702,16 @@ def test_posthoc_scores_ignore_dropout(tmp_path):
     assert all(torch.equal(a, b) for a, b in zip(noisy.state_dict().values(), clean.state_dict().values()))
     paths, _, train, test = posthoc_setup(tmp_path, noisy)
     kw = dict(normalize=True, self_influence=True)
-    runs = [tracin.find_critical_samples(m, paths, train, test, ByteEnc(), gradient_method=g, **kw)
-            for m, g in ((noisy, "hooks"), (noisy, "hooks"), (noisy, "loop"), (clean, "hooks"))]
+    runs = [tracin.find_critical_samples(m, paths, train, test, ByteEnc(), **kw) for m in (noisy, noisy, clean)]
+    want = autograd_scores(clean.eval(), paths, train, test)
     for key in ("tracin_score", "cosine_score", "self_influence"):
         assert torch.equal(column(runs[0], key), column(runs[1], key)), key
-        assert torch.allclose(column(runs[0], key), column(runs[3], key), rtol=1e-6, atol=1e-12), key
-        assert torch.allclose(column(runs[2], key), column(runs[3], key), rtol=1e-4, atol=1e-10), key
+        assert torch.allclose(column(runs[0], key), column(runs[2], key), rtol=1e-6, atol=1e-12), key
+        assert torch.allclose(column(runs[2], key), want[key], rtol=1e-4, atol=1e-10), key
 
 
-@pytest.mark.parametrize("training,method", [(True, "hooks"), (False, "hooks"), (True, "loop")])
-def test_posthoc_leaves_the_model_as_it_was(world, tmp_path, training, method):
+@pytest.mark.parametrize("training", [True, False])
+def test_posthoc_leaves_the_model_as_it_was(world, tmp_path, training):
     """The train/eval flag, the LoRA weights loaded before the call (not the last checkpoint's) and
     every parameter's .grad (the very tensor, same values, or None) are restored, also on an error."""
     m = world[0]
@@ -722,8 +728,7 @@ def test_posthoc_leaves_the_model_as_it_was(world, tmp_path, training, method):
     for ckpts in (paths, paths + [str(tmp_path / "missing.pt")]):  # the second fails after 3 checkpoints
         m.train(training)
         try:
-            tracin.find_critical_samples(m, ckpts, train, test, ByteEnc(), gradient_method=method,
-                                         normalize=True, self_influence=True)
+            tracin.find_critical_samples(m, ckpts, train, test, ByteEnc(), normalize=True, self_influence=True)
         except UserError as e:
             assert "missing.pt" in str(e) and len(ckpts) == 4
         assert m.training == training and all(mod.training == training for mod in m.modules())

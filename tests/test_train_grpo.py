@@ -347,6 +347,28 @@ def test_nan_loss_skips_step(tiny_setup, tmp_path, monkeypatch):
     assert json.loads(open(out / "log.jsonl").readlines()[-1])["skipped"] is True
 
 
+@pytest.mark.parametrize("influence", ["summed", "matrix"])
+def test_tracin_step_with_non_finite_gradients_is_skipped_like_a_standard_step(tiny_setup, tmp_path, monkeypatch,
+                                                                               influence):
+    """NaN per-sample gradients (an overflow) give a non-finite influence, so no rollout is kept: the step is skipped and counted (weights
+    untouched, 'skipped' logged), as a standard step with a NaN loss is, and the run goes on to its end."""
+    import ghost
+    import tracin
+    real = ghost.per_sample_grads
+    monkeypatch.setattr(tracin, "per_sample_grads", lambda *a, **k: {n: (dA * float("nan"), dB * float("nan"))
+                                                                       for n, (dA, dB) in real(*a, **k).items()})
+    if influence == "matrix":  # the matrix path's products come from the captured buffers themselves
+        real_m = ghost.compute_ghost_inner_product_matrix
+        monkeypatch.setattr(tracin, "compute_ghost_inner_product_matrix", lambda *a, **k: real_m(*a, **k) * float("nan"))
+    out = tmp_path / "inf"
+    run(tiny_setup, out, "--max_iters=2", "--tracin=True", "--tracin_val_loss=nll", "--beta=0.0",
+        f"--tracin_influence={influence}")
+    ck0, ck2 = load_checkpoint(str(out / "ckpt_000000.pt")), load_checkpoint(str(out / "ckpt.pt"))
+    assert ck2["iter_num"] == 2 and all(torch.equal(ck0["lora"][k], ck2["lora"][k]) for k in ck0["lora"])
+    logs = [json.loads(line) for line in open(out / "log.jsonl")][1:]
+    assert [l["skipped"] for l in logs] == [True, True] and all(l["skip_reason"] for l in logs)
+
+
 def test_tracin_run_logs_selection(tiny_setup, tmp_path):
     out = tmp_path / "tr"
     run(tiny_setup, out, "--max_iters=2", "--tracin=True", "--tracin_val_batch_size=2", "--beta=0.0",
