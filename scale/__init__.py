@@ -2,9 +2,10 @@
 
     device.py       check_device: the device and dtype a run uses ('auto': bf16 where the hardware runs it
                     fast), per-phase device sync and the memory columns of the log
-    distributed.py  torchrun (gloo on CPU, nccl on CUDA): the process group, each process's share of the
-                    prompts and rows, the sums that make the update equal one process's
+    distributed.py  torchrun (gloo on CPU, nccl on CUDA): the process group, and wrap_step, which wraps the
+                    step's sampling and gradient so that each process takes its share of the prompts and
+                    rows and the sums make the update equal one process's
 
 Where it plugs in: train_base.main and train_grpo.main open the process group and resolve the dtype;
-see scale/distributed.py for where several processes meet the GRPO step.
+train_grpo.main calls distributed.wrap_step once (a no-op in one process).
 """
