@@ -19,7 +19,7 @@ from torch.autograd.function import once_differentiable
 from torch.nn.utils.rnn import pad_sequence
 
 from configurator import UserError
-from lora import disable_lora, lora_parameters
+from lora import disable_lora, folded_for_sampling, lora_parameters
 from rewards import compute_rewards
 from sample import decode_completions, encode_prompt, generate, pad_prompts, stop_tokens
 
@@ -260,7 +260,7 @@ def make_rollouts(model, enc, batches, cfg, generator, cache=None):
 def sample_rollouts(model, enc, batches, cfg, generator):
     """PASS 1: (idx, pad_left, mask) of group_size completions for every prompt of every batch."""
     prompts = [p for batch_prompts, _ in batches for p in batch_prompts]
-    with phase("generation"), model.amp:
+    with phase("generation"), model.amp, folded_for_sampling(model):  # LoRA folded in: W + s B A, one matmul
         return generate(model, prompts, cfg["max_new_tokens"], stop_tokens(enc), num_samples=cfg["group_size"],
                         temperature=cfg["temperature"], top_k=cfg["top_k"] or None, top_p=cfg["top_p"],
                         generator=generator, vocab_size=enc.n_vocab)
@@ -290,11 +290,10 @@ def score_rollouts(enc, sampled, batches, cfg, cache=None):
 
 
 def rollouts_rewards_in_background(model, enc, batches, cfg, generator, cache=None):
-    """make_rollouts with the rewards off the critical path: a worker thread decodes and scores the
-    completions while this thread runs the reference pass (3) of every micro-batch, whose log-probs
-    are kept for the loss ((N, T) floats). Torch releases the GIL in its kernels, so a slow reward
-    function costs little extra; a cheap one gains nothing. Without a reference pass (beta 0) or
-    with num_iterations > 1 (which takes its own), the scoring simply runs first."""
+    """make_rollouts with the rewards off the critical path: a worker thread scores the completions while
+    this thread runs the reference pass (3), whose (N, T) log-probs are kept for the loss. Torch releases the
+    GIL in its kernels, so a slow reward costs little extra. Without a reference pass (beta 0) or with
+    num_iterations > 1 (which takes its own), the scoring simply runs first."""
     sampled = sample_rollouts(model, enc, batches, cfg, generator)
     with ThreadPoolExecutor(max_workers=1) as pool:
         scoring = pool.submit(score_rollouts, enc, sampled, batches, cfg, cache)

@@ -12,6 +12,7 @@ from contextlib import contextmanager
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from configurator import UserError
 
@@ -22,16 +23,18 @@ class LoRALinear(nn.Module):
         if r <= 0:
             raise UserError(f"LoRA rank r must be a positive integer, got r={r}")
         self.base = base
-        self.lora_A = nn.Linear(base.in_features, r, bias=False)   # kaiming-uniform init (nn.Linear's)
-        self.lora_B = nn.Linear(r, base.out_features, bias=False)
+        # float32 even on a bf16 base (the trained weights and AdamW state), on the base's device
+        self.lora_A = nn.Linear(base.in_features, r, bias=False, device=base.weight.device)  # kaiming-uniform init
+        self.lora_B = nn.Linear(r, base.out_features, bias=False, device=base.weight.device)
         nn.init.zeros_(self.lora_B.weight)                         # B = 0: the adapter starts as a no-op
         self.lora_dropout = nn.Dropout(dropout)
         self.r, self.alpha, self.scaling = r, alpha, alpha / r
         self.disabled = False                                      # set by disable_lora()
-        self.lora_A.to(base.weight.device)                         # float32 even on a bf16 base: the
-        self.lora_B.to(base.weight.device)                         # trained weights and AdamW state
+        self.folded = None                                         # W + s B A while folded_for_sampling()
 
     def forward(self, x):
+        if self.folded is not None and not torch.is_grad_enabled():  # pass 1: one matmul, not three
+            return F.linear(x, self.folded, self.base.bias)
         out = self.base(x)
         if self.disabled:
             return out                                             # the base model, exactly
@@ -106,6 +109,24 @@ def disable_lora(model):
     finally:
         for m, d in zip(mods, previous):
             m.disabled = d
+
+
+@contextmanager
+def folded_for_sampling(model):
+    """Pass 1 with W' = W + s B A: one matmul per adapted layer and token instead of three. W' is a copy for
+    the duration, in the dtype the matmul runs in (autocast's if on, else the base's); W, A and B are never
+    written, so nothing drifts however often it folds. Costs one copy of the adapted weights meanwhile."""
+    mods, kind = [m for m in lora_modules(model) if not m.disabled], next(model.parameters()).device.type
+    with torch.no_grad():  # W' is a constant
+        for m in mods:
+            delta = (m.lora_B.weight @ m.lora_A.weight) * m.scaling  # (d_out, d_in), float32
+            m.folded = (m.base.weight.float() + delta).to(
+                torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else m.base.weight.dtype)
+    try:
+        yield model
+    finally:
+        for m in mods:
+            m.folded = None  # the copies are freed
 
 
 @torch.no_grad()

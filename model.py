@@ -157,6 +157,9 @@ class CausalSelfAttention(nn.Module):
         dropout_p = self.dropout if self.training else 0.0
         if mask is None:  # no padding, no cache: the fused causal kernel
             y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
+        elif T == 1 and not self.training:  # decoding, one query: written out (no SDPA per-call overhead), float32
+            att = (q.float() @ k.float().transpose(-2, -1) * self.hd ** -0.5).masked_fill(~mask, float("-inf"))
+            y = (att.softmax(-1) @ v.float()).to(q.dtype)                          # (B, H, 1, hd)
         else:
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
         y = y.transpose(1, 2).contiguous().view(B, T, C)
@@ -247,12 +250,9 @@ class GPT(nn.Module):
         keep_last defaults to 1, the only position sampling needs.
         pad_left (B,): left padding per row. cache: a KVCache to read from and append to."""
         B, T = idx.size()
-        start = cache.pos if cache is not None else 0
+        start, pad_left = (cache.pos, cache.pad_left) if cache is not None else (0, pad_left)
         if start + T > self.config.block_size:
-            raise UserError(f"sequence of {start + T} tokens exceeds the context of "
-                            f"{self.config.block_size} (block_size)")
-        if cache is not None:
-            pad_left = cache.pad_left
+            raise UserError(f"sequence of {start + T} tokens exceeds the context ({self.config.block_size}, block_size)")
         cols = torch.arange(start, start + T, device=idx.device)
         if pad_left is None and cache is None:
             pos, mask = cols[None], None  # (1, T); no mask -> the fused causal kernel

@@ -142,7 +142,6 @@ def hook_products(model, train_chunks, test_chunks, temperature, layer_filter):
             inner.append(summed_inner_products(train_grads, G))       # <g_i, G>: (chunk,)
             tr_sq.append(sum(dA.pow(2).sum((1, 2)) + dBt.pow(2).sum((1, 2)) for dA, dBt in train_grads.values()))
             del train_grads  # this chunk's per-sample gradients
-    model.zero_grad(set_to_none=True)  # capture's .grad is not an update
     return torch.cat(inner).double().cpu(), torch.cat(tr_sq).double().cpu(), te_sq.double().cpu()  # float64 sums
 
 
@@ -180,9 +179,8 @@ def attribution_result(train_samples, contrib, cosine, selfinf, mode, weights, t
                    **{k: v[i].item() for k, v in extra.items() if torch.is_tensor(v)}}
                   for i, s in enumerate(train_samples)]
     order = sorted(range(len(per_sample)), key=lambda i: scores[i].item(), reverse=True)
-    by_size = sorted(per_sample, key=lambda e: -abs(e["tracin_score"]))
     return {"mode": mode, "num_checkpoints": len(weights), "checkpoint_weights": weights, "num_train_samples": len(order),
-            "critical_samples": by_size[:top_k], "scores": per_sample,
+            "critical_samples": sorted(per_sample, key=lambda e: -abs(e["tracin_score"]))[:top_k], "scores": per_sample,
             "most_influential_positive": [per_sample[i] for i in order[:top_k] if scores[i] > 0],
             "most_influential_negative": [per_sample[i] for i in reversed(order[-top_k:]) if scores[i] < 0],
             "mean_influence_score": scores.mean().item(), "max_influence_score": scores.max().item()}

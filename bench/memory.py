@@ -25,7 +25,7 @@ import torch
 
 import grpo
 import train_grpo
-from lora import apply_lora, lora_modules, lora_parameters
+from lora import apply_lora, folded_for_sampling, lora_modules, lora_parameters
 from model import GPT, GPTConfig
 from sample import generate
 
@@ -58,7 +58,7 @@ def step_inputs(n_prompts, group, prompt_len, vocab, seed):
 def project_grpo_step(model, optimizer, prompts, group, new_tokens, advantages, amp, seed, beta=0.04,
                       temperature=1.0, micro_batch_size=0):
     """One standard GRPO step with the project's code, rewards replaced by `advantages`: pass 1 is
-    sample.generate as make_rollouts calls it, passes 2 and 3 and the backward are
+    sample.generate as grpo.sample_rollouts calls it (LoRA folded in), passes 2 and 3 and the backward are
     grpo.policy_backward, then clip and AdamW as grpo_step does them.
     Returns (loss, idx, mask, seconds per phase: generation, reference, policy, optimizer)."""
     dev = str(next(model.parameters()).device)
@@ -69,7 +69,7 @@ def project_grpo_step(model, optimizer, prompts, group, new_tokens, advantages, 
     grpo.TIMES.update(reference=0.0, policy=0.0)
     times = {}
     t0 = time.perf_counter()
-    with amp:
+    with amp, folded_for_sampling(model):  # as grpo.sample_rollouts: the adapter folded into W for pass 1
         idx, pad_left, mask = generate(model, prompts.tolist(), new_tokens, eot_id=-1, num_samples=group,
                                        temperature=temperature,
                                        generator=torch.Generator(device=dev).manual_seed(seed))

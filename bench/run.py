@@ -32,6 +32,11 @@ Rows:
   throughput (bench/memory.py) one standard GRPO step at the throughput size: 6 layers x 384,
              8 prompts x 8 completions x 64 tokens, per phase; steps/s, generated tokens/s,
              completions/s (the target is an H100's).
+  limits     (bench/decode.py) each phase of one standard GRPO step against its matmul limit (its matmul
+             FLOPs at the matmul rate measured in the same run on its shapes), 6 x 384 and GPT-2 small,
+             float32 and bf16.
+  vs generate (bench/decode.py) greedy sampling vs transformers' generate on the same weights, same prompts
+             and tokens, at 4 x 128, 6 x 384 and GPT-2 small, float32 and bf16; identical tokens counted.
   half precision (bench/half.py) the same step in float32 vs with the frozen base in bf16 under bf16
              autocast (dtype='bfloat16'), per phase, at 4 x 128, 6 x 384 and GPT-2 small (12 x 768,
              vocabulary 50,304); loss and LoRA gradient of both on the same rollouts.
@@ -52,6 +57,7 @@ if __package__ in (None, ""):  # run as a file (python bench/run.py): the projec
 import torch
 from torch.func import functional_call, grad, vmap
 
+from bench.decode import bench_limits, bench_vs_generate
 from bench.half import bench_half
 from bench.memory import bench_memory, bench_throughput
 from bench.posthoc import bench_posthoc
@@ -104,8 +110,12 @@ defaults = dict(
     thr_repeats=0,        # throughput: 0 = repeats on CUDA, 1 on CPU (one step takes seconds there)
     half_shapes=((4, 4, 128, 395), (6, 6, 384, 96), (12, 12, 768, 50304)),  # half precision: (layers, heads,
     half_repeats=3,       # width, vocabulary) at the throughput batch; rounds after a warm-up
+    limit_shapes=((6, 6, 384, 96), (12, 12, 768, 50304)),  # limits: (layers, heads, width, vocabulary), the
+    limit_repeats=1,      # throughput batch; timed steps after a warm-up
+    generate_shapes=((4, 4, 128, 395), (6, 6, 384, 96), (12, 12, 768, 50257)),  # vs generate: shapes, and
+    gen_rows=64,          # prompts (thr_prompt_len + thr_new_tokens tokens each)
     rows="",              # comma-separated row names (sampling, step_cost, rewards, influence, posthoc, memory,
-    seed=0,               #   throughput, half); '' = every row
+    seed=0,               #   throughput, half, limits, vs_generate); '' = every row
 )
 
 
@@ -117,7 +127,8 @@ QUICK = dict(n_seq=4, new_tokens=16, n_train=4, n_val=2, seq_lens=(8,), repeats=
              posthoc_prompts=2, posthoc_group=2, posthoc_checkpoints=2, posthoc_wide=(1, 2, 32),
              mem_n_layer=1, mem_n_head=2, mem_n_embd=32, mem_vocab=512, mem_prompts=2, mem_group=2,
              mem_prompt_len=8, mem_new_tokens=8, thr_n_layer=1, thr_n_head=2, thr_n_embd=32, thr_prompts=2,
-             thr_group=2, thr_prompt_len=8, thr_new_tokens=8, half_shapes=((1, 2, 32, 64),), half_repeats=1)
+             thr_group=2, thr_prompt_len=8, thr_new_tokens=8, half_shapes=((1, 2, 32, 64),), half_repeats=1,
+             limit_shapes=((1, 2, 32, 64),), limit_repeats=1, generate_shapes=((1, 2, 32, 64),), gen_rows=4)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -245,7 +256,8 @@ def bench_influence(cfg):
 # every row, in this order, into one table
 
 ROWS = {fn.__name__[len("bench_"):]: fn for fn in (bench_sampling, bench_step_cost, bench_rewards, bench_influence,
-                                                   bench_posthoc, bench_memory, bench_throughput, bench_half)}
+                                                   bench_posthoc, bench_memory, bench_throughput, bench_half,
+                                                   bench_limits, bench_vs_generate)}
 
 
 def check_knobs(cfg):
@@ -256,9 +268,10 @@ def check_knobs(cfg):
             check(cfg, k, v >= 0 if auto else v > 0, "must be >= 0 (0 = by device)" if auto else "must be > 0")
     check(cfg, "seq_lens", len(cfg["seq_lens"]) > 0 and all(isinstance(t, int) and t > 0 for t in cfg["seq_lens"]),
           "one or more positive completion lengths, e.g. (64, 256)")
-    check(cfg, "half_shapes", len(cfg["half_shapes"]) > 0 and all(
-          len(s) == 4 and all(isinstance(v, int) and v > 0 for v in s) and s[2] % s[1] == 0 for s in cfg["half_shapes"]),
-          "one or more (layers, heads, width, vocabulary), positive, width a multiple of heads")
+    for key in ("half_shapes", "limit_shapes", "generate_shapes"):
+        check(cfg, key, len(cfg[key]) > 0 and all(isinstance(s, tuple) and len(s) == 4 and all(
+              isinstance(v, int) and v > 0 for v in s) and s[2] % s[1] == 0 for s in cfg[key]),
+              "one or more (layers, heads, width, vocabulary), positive, width a multiple of heads")
     check(cfg, "posthoc_wide", cfg["posthoc_wide"] == () or (len(cfg["posthoc_wide"]) == 3 and all(
           isinstance(v, int) and v > 0 for v in cfg["posthoc_wide"]) and cfg["posthoc_wide"][2] % cfg["posthoc_wide"][1] == 0),
           "(layers, heads, width), positive, width a multiple of heads; or () for none")

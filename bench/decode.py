@@ -1,0 +1,143 @@
+"""
+Two rows of bench/run.py about generation, the largest phase of every GRPO step:
+
+  limits        one standard GRPO step (bench.memory.project_grpo_step: sampling with the LoRA folded in,
+                then the reference and the policy pass with its backward) at 6 x 384 (vocabulary 96) and GPT-2
+                small (12 x 768, vocabulary 50,304), float32 and bf16 (the frozen base stored in bf16 under bf16
+                autocast), each phase against its matmul limit: its matmul FLOPs at the matmul rate measured
+                here, in the same run, on the phase's own shapes (rows = the decode batch for generation, every
+                token of the batch for the two passes). A forward costs 2 x tokens x (the linear layers'
+                weights, the head's where logits are taken) plus attention's 4 x context x width per token and
+                layer; the policy pass counts twice that (the frozen base's backward forms input gradients
+                only; the LoRA factors' few extra FLOPs are left out).
+  vs_generate   greedy sampling of the same prompts and number of new tokens with sample.generate and with
+                transformers' generate, on the same random GPT-2 weights (a directory written here, read by
+                GPT.from_pretrained), at the tiny shape (4 x 128), 6 x 384 and GPT-2 small, float32 and bf16;
+                the ratio, and how many rows' tokens are identical. A note instead when transformers is missing.
+"""
+import statistics
+import tempfile
+import time
+
+import torch
+import torch.nn.functional as F
+
+from bench.half import halved
+from bench.memory import lora_gpt, project_grpo_step, step_inputs
+from bench.step import timed
+from lora import lora_parameters
+from model import GPT
+from sample import generate
+
+LIMIT_SHAPES = ((6, 6, 384, 96), (12, 12, 768, 50304))                    # (layers, heads, width, vocabulary)
+GENERATE_SHAPES = ((4, 4, 128, 395), (6, 6, 384, 96), (12, 12, 768, 50257))
+TARGET_LIMIT, TARGET_GENERATE = 2.0, 2.0  # generation within 2x of its limit; sampling >= 2x transformers'
+
+
+def matmul_rate(width, vocab, rows, dtype, device, repeats=3):
+    """FLOP/s of the linear layers of one block and the head (gpt2 layout) on `rows` rows, in `dtype`."""
+    g = torch.Generator().manual_seed(0)
+    W = [torch.randn(o, i, generator=g).to(device, dtype) for o, i in
+         ((3 * width, width), (width, width), (4 * width, width), (width, 4 * width), (vocab, width))]
+    x = [torch.randn(rows, w.size(1), generator=g).to(device, dtype) for w in W]
+    sync = torch.cuda.synchronize if "cuda" in device else (lambda: None)
+
+    def once():
+        for xi, w in zip(x, W):
+            F.linear(xi, w)
+    once()
+    times = []
+    for _ in range(repeats):
+        sync(); t0 = time.perf_counter()
+        once()
+        sync(); times.append(time.perf_counter() - t0)
+    return 2 * rows * sum(w.numel() for w in W) / statistics.median(times)
+
+
+def forward_flops(n_layer, width, vocab, rows, tokens, context, head_tokens):
+    """Matmul FLOPs of a forward of `rows` sequences of `tokens` new tokens seeing `context` earlier ones
+    (mean), logits for `head_tokens` of them."""
+    blocks = 2 * rows * tokens * n_layer * (12 * width * width + 2 * width * (context + tokens / 2))
+    return blocks + 2 * rows * head_tokens * width * vocab
+
+
+def bench_limits(cfg):
+    dev, rows = cfg["device"], []
+    B, G, P, T = cfg["thr_prompts"], cfg["thr_group"], cfg["thr_prompt_len"], cfg["thr_new_tokens"]
+    N = B * G
+    for n_layer, n_head, width, vocab in cfg["limit_shapes"]:
+        m32 = lora_gpt(n_layer, n_head, width, vocab, P + T, cfg["seed"], dev)
+        prompts, adv = step_inputs(B, G, P, vocab, cfg["seed"])
+        gen_flops = forward_flops(n_layer, width, vocab, B, P, 0, 1) + \
+            sum(forward_flops(n_layer, width, vocab, N, 1, P + t, 1) for t in range(T - 1))
+        pass_flops = forward_flops(n_layer, width, vocab, N, P + T - 1, 0, T)  # reference; policy: twice
+        for name, dtype in (("float32", torch.float32), ("bf16", torch.bfloat16)):
+            model = m32 if dtype == torch.float32 else halved(m32)
+            opt = torch.optim.AdamW(lora_parameters(model), lr=1e-5)
+            amp = torch.autocast(torch.device(dev).type, dtype=torch.bfloat16, enabled=dtype != torch.float32)
+            runs = [project_grpo_step(model, opt, prompts, G, T, adv.to(dev), amp, cfg["seed"] + r, beta=0.04,
+                                      micro_batch_size=N)[3] for r in range(cfg["limit_repeats"] + 1)][1:]
+            t = {k: statistics.median(r[k] for r in runs) for k in ("generation", "reference", "policy")}
+            decode_rate = matmul_rate(width, vocab, N, dtype, dev)
+            pass_rate = matmul_rate(width, vocab, N * (P + T - 1), dtype, dev)
+            limit = {"generation": gen_flops / decode_rate, "reference": pass_flops / pass_rate,
+                     "policy": 2 * pass_flops / pass_rate}
+            dist = {k: t[k] / limit[k] for k in t}
+            detail = (f"{n_layer} x {width}, vocab {vocab}, {N} rows x {P} + {T} tokens, {name}: matmul rate "
+                      f"{decode_rate / 1e9:.0f} GFLOP/s at {N} rows, {pass_rate / 1e9:.0f} at {N * (P + T - 1)}; "
+                      + ", ".join(f"{k} {t[k]:.3f} s vs limit {limit[k]:.3f} s ({dist[k]:.1f}x)" for k in t))
+            goal = f"generation <= {TARGET_LIMIT:.0f}x its limit"
+            verdict = ("met" if dist["generation"] <= TARGET_LIMIT else "MISSED") if (n_layer, width) == (6, 384) \
+                else "n/a (target at 6 x 384)"
+            rows.append((f"matmul limit, {n_layer} x {width} {name}", detail, f"generation {dist['generation']:.2f}x",
+                         goal, verdict))
+    return rows
+
+
+def hf_pair(n_layer, n_head, width, vocab, block, dtype, seed, tmp):
+    """(transformers GPT2LMHeadModel, the project's GPT.from_pretrained of the same directory), in dtype."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+    from transformers.utils import logging
+    logging.disable_progress_bar()  # save_pretrained's bars are not bench output
+    torch.manual_seed(seed)
+    hf = GPT2LMHeadModel(GPT2Config(n_layer=n_layer, n_head=n_head, n_embd=width, vocab_size=vocab,
+                                    n_positions=block, bos_token_id=0, eos_token_id=0)).eval()
+    hf.save_pretrained(tmp)
+    return hf.to(dtype), GPT.from_pretrained(tmp, dtype).eval()
+
+
+def bench_vs_generate(cfg):
+    try:
+        import transformers  # noqa: F401  (a test and benchmark reference only)
+    except ImportError:
+        return [("sampling vs transformers generate", "transformers is not installed: pip install transformers",
+                 "n/a", f">= {TARGET_GENERATE:.0f}x at every shape and dtype", "n/a")]
+    dev, rows = cfg["device"], []
+    n, P, T = cfg["gen_rows"], cfg["thr_prompt_len"], cfg["thr_new_tokens"]
+    for n_layer, n_head, width, vocab in cfg["generate_shapes"]:
+        prompts = torch.randint(1, vocab, (n, P), generator=torch.Generator().manual_seed(cfg["seed"]))
+        for name, dtype in (("float32", torch.float32), ("bf16", torch.bfloat16)):
+            with tempfile.TemporaryDirectory() as tmp:
+                hf, ours = hf_pair(n_layer, n_head, width, vocab, P + T, dtype, cfg["seed"], tmp)
+            hf, ours = hf.to(dev), ours.to(dev)
+            amp = torch.autocast(torch.device(dev).type, dtype=torch.bfloat16, enabled=dtype != torch.float32)
+            ids = prompts.to(dev)
+
+            def theirs():
+                with torch.no_grad():
+                    return hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=T, min_new_tokens=T,
+                                       do_sample=False, pad_token_id=0, eos_token_id=None)[:, P:]
+
+            def project():
+                with amp:
+                    return generate(ours, prompts.tolist(), T, eot_id=(), temperature=0)[0][:, P:]
+            t_hf, a = timed(theirs, dev, cfg["repeats"])
+            t_us, b = timed(project, dev, cfg["repeats"])
+            same = int((a.cpu() == b.cpu()).all(1).sum())
+            ratio = t_hf / t_us
+            detail = (f"{n_layer} x {width}, vocab {vocab}, {n} prompts of {P} + {T} greedy tokens, {name}: "
+                      f"transformers {t_hf:.3f} s, project {t_us:.3f} s; identical tokens in {same} of {n} rows")
+            rows.append((f"sampling vs transformers generate, {n_layer} x {width} {name}", detail, f"{ratio:.2f}x",
+                         f">= {TARGET_GENERATE:.0f}x", "met" if ratio >= TARGET_GENERATE else "MISSED"))
+    return rows
+
