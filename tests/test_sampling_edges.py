@@ -42,12 +42,13 @@ def chain(f, start, n):
 
 
 # ----------------------------------------------------------------------------------------- top_p
-@pytest.mark.parametrize("n", [2, 4, 8, 16])
+@pytest.mark.parametrize("n", [2, 4, 8, 16, 256])
 def test_top_p_keeps_the_smallest_set_reaching_it_exactly_at_the_boundary(n):
     """n equally likely tokens (probability 1/n, exact in float32) and top_p = k/n: the nucleus, the smallest
-    set whose mass reaches top_p, is exactly k tokens; the (k+1)-th, whose preceding mass equals top_p, is out."""
+    set whose mass reaches top_p, is exactly k tokens; the (k+1)-th, whose preceding mass equals top_p, is out.
+    n = 256 takes top_p up to 255/256: nucleus sampling is off only at top_p = 1."""
     u = (torch.arange(4096, dtype=torch.float32) + 0.5) / 4096  # every part of the unit interval
-    for k in range(1, n):
+    for k in range(1, n) if n <= 16 else (1, n // 2, n - 2, n - 1):
         for V in (n, n + 3):  # extra tokens at -inf (masked) must not change the nucleus
             logits = torch.full((4096, V), float("-inf"))
             logits[:, :n] = 0.0
@@ -57,7 +58,7 @@ def test_top_p_keeps_the_smallest_set_reaching_it_exactly_at_the_boundary(n):
                 assert (torch.bincount(drawn, minlength=V)[drawn.unique()] == 4096 // k).all(), (n, k)
     # top_p just above a boundary takes one more token, just below it the same number
     logits = torch.zeros(4096, n)
-    for k in range(1, n):
+    for k in range(1, min(n, 17)):
         assert len(set(sample_next(logits, 1.0, None, k / n + 1e-4, None, u).tolist())) == k + 1
         assert len(set(sample_next(logits, 1.0, None, k / n - 1e-4, None, u).tolist())) == k
 
@@ -79,6 +80,20 @@ def test_top_p_on_unequal_probabilities_against_the_rule():
             want = {int(order[j]) for j in range(6) if before[j] < top_p or j == 0}
             got = set(sample_next(logits.expand(8192, 6), 1.0, None, top_p, None, u).tolist())
             assert got == want, (logits, top_p)
+
+
+def test_a_token_of_probability_zero_is_never_drawn_even_at_a_boundary_of_u():
+    """Masked tokens (-inf, probability 0) leave flat steps in the cumulative distribution; u exactly on a step
+    (0, 1/4, 1/2, 3/4: exact) must still land on a token that has probability."""
+    u = torch.tensor([0.0, 0.25, 0.5, 0.75, 1e-9, 0.999999])
+    for keep in ([1, 3, 4, 6], [0, 1, 2, 3], [4, 5, 6, 7], [0, 7, 2, 5]):
+        logits = torch.full((len(u), 8), float("-inf"))
+        logits[:, keep] = 1.5
+        for top_p in (None, 0.5):
+            drawn = sample_next(logits, 0.7, None, top_p, None, u)
+            assert set(drawn.tolist()) <= set(keep), (keep, drawn)
+            # every kept token drawn (top_p 0.5: two of the four equally likely ones; which two is the sort's)
+            assert len(set(drawn.tolist())) == (2 if top_p else 4), (keep, top_p)
 
 
 # ------------------------------------------------------------------------------------- vocabulary cap
