@@ -97,3 +97,23 @@ def test_greedy_answers_leave_the_last_place_of_the_context_for_end_of_text():
         (answer,) = greedy_answers(m, enc, [[3] * P], 64)
         assert len(answer) == m.config.block_size - 1 - P, P
         assert 0 not in answer
+
+
+def test_an_audit_test_question_longer_than_the_context_is_named():
+    from analysis.audit import find_wrong
+    f = list(range(1, 16)) + [1]
+    f[0] = 0
+    m = bigram_gpt(f)  # context 32; the byte tokenizer: one token a character, plus the prompt's newline
+    ok = {"question": "1+1", "answer": 2, "solution": "#### 2"}
+    for n in (31, 40, 500):  # a prompt of 30 tokens (29 characters + newline) is the longest that fits
+        examples = [ok] * 3 + [{**ok, "question": "7" * n}] + [ok]
+        with pytest.raises(UserError, match=rf"test question 3 of the split \('7+'...\) is {n + 1} tokens; the "
+                                            r"model's context of 32 leaves no room"):
+            find_wrong(m, ENC_SMALL, examples, 5, "arith", 8, batch=2)
+    wrong, seen = find_wrong(m, ENC_SMALL, [ok, {**ok, "question": "7" * 29}], 5, "arith", 8)
+    assert seen == 2
+
+
+ENC_SMALL = type("Enc", (), {"eot_token": 0, "stop_tokens": (0,), "n_vocab": 16,
+                             "encode": staticmethod(lambda text, **k: [3] * len(text)),
+                             "decode": staticmethod(lambda toks: "x" * len(toks))})()
