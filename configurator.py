@@ -121,6 +121,11 @@ def configure(defaults: dict, argv: list[str], saved: dict | None = None) -> dic
                 hint = f"did you mean: {', '.join(close)}?" if close else "see the defaults at the top of the script"
                 raise UserError(f"unknown config key '{key}' (from {source}); {hint}")
             value = _check_type(key, value, defaults[key])
+            bad = next((c for c in value if "\ud800" <= c <= "\udfff"), None) if isinstance(value, str) else None
+            if bad is not None:  # what Python makes of a command-line byte that is not UTF-8: no text to print,
+                # tokenize or write (the 'Overriding' line below would already fail)
+                raise UserError(f"{key} holds U+{ord(bad):04X}, a lone surrogate (a byte that is not UTF-8, from a "
+                                "terminal or file in another encoding?): give it as UTF-8 text")
             if saved is None:
                 say(f"Overriding: {key} = {value}")
             cfg[key] = given[key] = value

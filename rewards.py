@@ -20,17 +20,40 @@ import operator
 import re
 from fractions import Fraction
 
-# The number after the final "####". Only horizontal whitespace may separate it
-# from the marker, so a number on a *later* line is not taken as the answer.
-# Thousands commas must be well grouped ("1,234", not "12,34") so that a stray
-# comma list like "1,2,3" is not silently read as 123.
-_ANSWER_RE = re.compile(r"[ \t]*([+-]?)(\d{1,3}(?:,\d{3})+|\d+)(?:\.(\d+))?")
+# One rule for digits in every reward: only ASCII 0-9 make a number. Python's \d and int() also take every
+# other Unicode decimal digit ("７２" full-width, "٧٢" Arabic-Indic), so without it "#### ７２" would score
+# as 72 where "\\boxed{７２}" or a countdown answer would not. Every pattern below is built from DIGIT, and
+# every number goes through to_int.
+DIGIT = "[0-9]"
+# a digit of any script may not follow one: "7２" is no number (not 7 followed by a word)
+NO_DIGIT_AFTER = r"(?!\d)"
+# an integer: sign, then thousands commas well grouped ("1,234", not "12,34", so that a stray comma list
+# like "1,2,3" is not silently read as 123), or plain digits
+INTEGER = rf"([+-]?)({DIGIT}{{1,3}}(?:,{DIGIT}{{3}})+|{DIGIT}+){NO_DIGIT_AFTER}"
+
+
+def to_int(sign: str, digits: str) -> int | None:
+    """The integer INTEGER matched (sign, digits with commas), or None if it is not one: non-ASCII digits
+    (the rule above, for a caller's own pattern too) or longer than Python's int() takes."""
+    digits = digits.replace(",", "")
+    if not (digits.isascii() and digits.isdigit()):
+        return None
+    try:
+        value = int(digits)
+    except ValueError:  # Python's limit on very long digit strings
+        return None
+    return -value if sign == "-" else value
+
+
+# The number after the final "####". Only horizontal whitespace may separate it from the marker, so a
+# number on a *later* line is not taken as the answer.
+_ANSWER_RE = re.compile(rf"[ \t]*{INTEGER}(?:\.({DIGIT}+))?(?!\.?\d)")  # "72.0٣": no number either
 
 # A well-formed final line: "#### <integer>" at the start of a line and at the
 # end of the text (trailing whitespace/newlines allowed). Deliberately stricter
 # than extract_answer: no commas, no "+", no decimals, no trailing words, so
 # the format reward pushes the model towards one canonical output shape.
-_FORMAT_RE = re.compile(r"(?m)^####[ \t]+-?\d+\s*\Z")
+_FORMAT_RE = re.compile(rf"(?m)^####[ \t]+-?{DIGIT}+\s*\Z")
 
 # Completions up to this many characters get no length penalty. The synthetic
 # problems need a few short equations plus the answer line, which fits in 64.
@@ -53,11 +76,9 @@ def extract_answer(text: str) -> int | None:
     sign, digits, frac = m.groups()
     if frac is not None and frac.strip("0"):
         return None  # a real fraction; compare digits, not floats, to stay exact
-    try:
-        value = int(digits.replace(",", ""))
-    except ValueError:  # e.g. Python's limit on very long digit strings
-        return None
-    return -value if sign == "-" else value
+    if text[m.end():m.end() + 1].isdigit():
+        return None  # "7²", "7①": a digit that is not Nd (so not \d) but still a digit follows
+    return to_int(sign, digits)
 
 
 def correctness_reward(completion: str, answer: int) -> float:
@@ -90,10 +111,8 @@ def length_reward(completion: str, answer: int) -> float:
 
 # --- gsm8k ---------------------------------------------------------------------
 
-# The content of a \boxed{...} that is an integer: sign, well-grouped thousands
-# commas, a whole decimal ("72.0"), spaces or $ around. ASCII digits only
-# ([0-9], not \d, which would also take "３" or "٣").
-_BOXED_RE = re.compile(r"[\s$]*([+-]?)([0-9]{1,3}(?:,[0-9]{3})+|[0-9]+)(?:\.(0+))?[\s$]*")
+# The content of a \boxed{...} that is an integer: INTEGER, a whole decimal ("72.0"), spaces or $ around.
+_BOXED_RE = re.compile(rf"[\s$]*{INTEGER}(?:\.(0+))?[\s$]*")
 
 
 def _boxed_answer(text: str) -> int | None:
@@ -108,11 +127,7 @@ def _boxed_answer(text: str) -> int | None:
     if m is None:
         return None
     sign, digits, _ = m.groups()
-    try:
-        value = int(digits.replace(",", ""))
-    except ValueError:  # Python's limit on very long digit strings
-        return None
-    return -value if sign == "-" else value
+    return to_int(sign, digits)
 
 
 def gsm8k_reward(completion: str, answer: int) -> float:
@@ -151,7 +166,7 @@ COUNTDOWN_MAX_CHARS = 200
 COUNTDOWN_MAX_DEPTH = 32
 COUNTDOWN_MAX_DIGITS = 6
 
-_TOKEN_RE = re.compile(r"[0-9]+|[-+*/()]|[ \t\r\n]+")  # ASCII only, by construction
+_TOKEN_RE = re.compile(rf"{DIGIT}+|[-+*/()]|[ \t\r\n]+")  # ASCII only, by construction
 
 
 class _Reject(Exception):
@@ -170,7 +185,7 @@ def _tokenize(text: str) -> list:
             # As given: no "03" for 3, and no literal long enough to cost anything.
             if len(tok) > COUNTDOWN_MAX_DIGITS or (len(tok) > 1 and tok[0] == "0"):
                 raise _Reject(f"bad literal {tok[:10]!r}")
-            tokens.append(int(tok))
+            tokens.append(to_int("", tok))
         elif not tok.isspace():
             tokens.append(tok)
     return tokens

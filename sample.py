@@ -244,15 +244,23 @@ def main(argv):
     check_device(cfg["device"])  # float32
     check(cfg, "start", not (cfg["start"] and cfg["question"]), "give --start (raw text) or --question, not both")
     model, enc, data_dir = load_policy(cfg["ckpt"], cfg["device"], merge=True)
+    bad = next((n for n, p in model.named_parameters() if not torch.isfinite(p).all()), None)
+    if bad is not None:  # every logit would be NaN: say which weight, not a traceback from sampling
+        raise UserError(f"{cfg['ckpt']}: weight {bad} holds NaN/Inf, so the model cannot be sampled: use a copy "
+                        "of the model whose weights are finite (for a GRPO run: an earlier ckpt_NNNNNN.pt)")
     if cfg["start"]:  # raw text, special tokens written in it included, continued as it is
         prompts, questions = [enc.encode(cfg["start"], allowed_special="all")], [cfg["start"]]
     else:
         questions = [cfg["question"]] if cfg["question"] else \
             [e["question"] for e in load_split(task_data("arith", data_dir), "test")[:cfg["num_questions"]]]
         prompts = [encode_prompt(enc, q) for q in questions]
-    idx, _, mask = generate(model, prompts, cfg["max_new_tokens"], stop_tokens(enc), cfg["num_samples"],
-                            cfg["temperature"], cfg["top_k"] or None, cfg["top_p"], seed=cfg["seed"],
-                            vocab_size=enc.n_vocab)
+    try:
+        idx, _, mask = generate(model, prompts, cfg["max_new_tokens"], stop_tokens(enc), cfg["num_samples"],
+                                cfg["temperature"], cfg["top_k"] or None, cfg["top_p"], seed=cfg["seed"],
+                                vocab_size=enc.n_vocab)
+    except NonFiniteLogits as e:  # finite weights whose activations overflow
+        raise UserError(f"{cfg['ckpt']}: {e}, from finite weights (activations that overflow): use a model "
+                        "whose weights have not diverged") from None
     if cfg["start"]:  # nanoGPT's output: the text and its continuation, decoded together
         stops = stop_tokens(enc)
         for i in range(cfg["num_samples"]):

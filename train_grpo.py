@@ -408,6 +408,12 @@ class Run:
                 no_signal.after_step(log, verbose=distributed.is_main())
                 skipped_in_a_row = skipped_in_a_row + 1 if log["skipped"] else 0
                 if skipped_in_a_row >= cfg["max_skipped_steps"]:
+                    base_bad = next((n for n, p in self.model.named_parameters()
+                                     if ".lora_" not in n and not torch.isfinite(p).all()), None)
+                    if base_bad is not None:  # no learning rate helps a base that is NaN/Inf before training
+                        raise UserError(f"{skipped_in_a_row} steps in a row skipped ({log['skip_reason']}): the base "
+                                        f"model's weight {base_bad} holds NaN/Inf ({cfg['base_ckpt']}); train on a "
+                                        "base whose weights are finite (re-create or re-download it)")
                     raise UserError(f"{skipped_in_a_row} steps in a row skipped ({log['skip_reason']}) at iter {it}: "
                                     f"the weights or the learning rate ({lr:.1e}) have diverged; the last checkpoint "
                                     f"is {out}/ckpt.pt (iter {self.last_ckpt}); lower learning_rate and start a new run")

@@ -100,8 +100,8 @@ def not_a_run(run):
 
 
 def read_questions(cfg):
-    """The questions to attribute: --question, or --questions_file's non-blank lines, or none (--audit alone:
-    it picks its own); --audit may come with either."""
+    """The questions to attribute, each with where it came from ('--question', '<file> line N'): --question,
+    or --questions_file's non-blank lines, or none (--audit alone: it picks its own); --audit may come with either."""
     if (cfg["question"] and cfg["questions_file"]) or not (cfg["question"] or cfg["questions_file"] or cfg["audit"]):
         raise UserError('give --question="Mia has 3 apples. ..." or --questions_file=PATH (one question per line), '
                         'or --audit=N (the first N wrong test answers), or --audit with one of the two questions '
@@ -115,7 +115,7 @@ def read_questions(cfg):
     if not (cfg["question"] or cfg["questions_file"]):
         return []
     if not cfg["questions_file"]:
-        return [cfg["question"]]
+        return [("--question", cfg["question"])]
     if cfg["out_json"]:
         raise UserError("--out_json names one answer's file: with --questions_file each question's greedy answer "
                         "is attributed and written to <out_dir>/tracin_<hash>.json")
@@ -124,11 +124,12 @@ def read_questions(cfg):
         raise UserError(f"questions_file {path} is not a file: give a text file with one question per line")
     try:
         with open(path, encoding="utf-8") as f:
-            questions = [line.strip() for line in f if line.strip()]
+            questions = [(f"questions_file {path} line {n}", line.strip()) for n, line in enumerate(f, 1)
+                         if line.strip()]
     except UnicodeDecodeError as e:
         raise UserError(f"questions_file {path} is not UTF-8 text (byte {e.start}: {e.reason}): give a text file "
                         "with one question per line") from None
-    if any("\x00" in q for q in questions):
+    if any("\x00" in q for _, q in questions):
         raise UserError(f"questions_file {path} holds NUL bytes (a binary file?): give a text file with one "
                         "question per line")
     if not questions:
@@ -171,6 +172,20 @@ def check_output_path(cfg, key, suffix, named=True):
     if named and os.path.exists(path) and not written_here(path):
         raise UserError(f"{key} {path} exists and was not written by tracin.py: it is never overwritten; remove "
                         "it, or give another path")
+
+
+def check_fits(cfg, model, enc, questions):
+    """Every question (and --completion) fits the context with at least one answer token and the end-of-text
+    token the test loss adds, checked before anything is attributed or written; the first that does not is
+    named by where it came from."""
+    completion = len(encode_text(enc, cfg["completion"])) if cfg["completion"] else 1
+    room = model.config.block_size - 1 - completion
+    for where, question in questions:
+        n = len(encode_prompt(enc, question))
+        if n > room:
+            raise UserError(f"{where}: the question is {n} tokens; the model's context of {model.config.block_size} "
+                            f"holds at most {room} with {'--completion' if cfg['completion'] else 'an answer token'}"
+                            " and end-of-text: shorten it (or split it over several lines)")
 
 
 def attribute(cfg, model, enc, ckpts, iters, train, temperature, question):
@@ -266,13 +281,14 @@ def main(argv):
     with run_lock(run):  # a training run (or another attribution) in this directory is refused
         iters, ckpts = [s for s, _ in ckpts], [p for _, p in ckpts]
         model, enc, data_dir = load_policy(ckpts[-1], cfg["device"])
+        check_fits(cfg, model, enc, questions)  # before the audit's or any question's output is written
         run_cfg = load_checkpoint(ckpts[-1]).get("config", {})
         temperature = run_cfg.get("temperature", 1.0)
         temperature = temperature if temperature > 0 else 1.0  # greedy sampling: plain log-probs
         train = load_rollouts(os.path.join(run, "rollouts.jsonl"), enc)
         if cfg["audit"]:
             audited = run_audit(cfg, model, enc, data_dir, run_cfg, ckpts, iters, train, temperature, json_path)
-        for question in questions:
+        for _, question in questions:
             res = attribute(cfg, model, enc, ckpts, iters, train, temperature, question)
             # one file per question and answer: attributing another question never overwrites this one
             digest = hashlib.sha256((res["question"] + res["completion"]).encode()).hexdigest()[:12]
@@ -291,7 +307,7 @@ def main(argv):
         if fig_path:
             results = [audited["result"]] if audited else [s["result"] for s in sections]
             title = (f"summed influence on the final model's {len(audited['wrong'])} wrong test answers" if audited
-                     else f"influence on {questions[0]!r}" if len(questions) == 1 else
+                     else f"influence on {questions[0][1]!r}" if len(questions) == 1 else
                      f"influence summed over {len(questions)} questions")
             print(f"influence figure: {plot_influence(results, fig_path, title)}"
                   + (" (replacing the earlier one)" if again[fig_path] else ""))

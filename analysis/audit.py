@@ -51,7 +51,13 @@ def find_wrong(model, enc, examples, n, task, max_new_tokens, batch=100):
     correct, wrong, seen = REWARD_FUNCS[TASKS[task]["correct"]], [], 0
     for s in range(0, len(examples), batch):
         chunk = examples[s:s + batch]
-        answers = greedy_answers(model, enc, [encode_prompt(enc, e["question"]) for e in chunk], max_new_tokens)
+        prompts = [encode_prompt(enc, e["question"]) for e in chunk]
+        for i, p in enumerate(prompts):  # an answer token and end-of-text must fit after the question
+            if len(p) > model.config.block_size - 2:
+                raise UserError(f"test question {s + i} of the split ({chunk[i]['question'][:40]!r}...) is {len(p)} "
+                                f"tokens; the model's context of {model.config.block_size} leaves no room for an "
+                                "answer: audit a model with a longer context, or a test split of shorter questions")
+        answers = greedy_answers(model, enc, prompts, max_new_tokens)
         for e, toks in zip(chunk, answers):
             seen += 1
             text = enc.decode(toks)

@@ -8,7 +8,7 @@ paths) goes through esc(): a completion that says `<script>` or `</table>` is sh
 """
 import html
 import os
-import re
+import unicodedata
 
 CSS = """
 body { font: 14px/1.4 sans-serif; max-width: 1100px; margin: 1em auto; color: #111; }
@@ -21,19 +21,39 @@ td.text { white-space: pre-wrap; font-family: monospace; font-size: 12px; }
 .bar { background: #4a78c2; height: 12px; min-width: 1px; }
 .barcell { width: 45%; } .defect { color: #b00; font-weight: bold; }
 .note { color: #444; font-size: 13px; }
+code, span.text { unicode-bidi: isolate; }  /* right-to-left text in a question cannot reorder ours */
 @media print { body { max-width: none; } tr { page-break-inside: avoid; } }
 """
 FORMULA = ("TracIn(z_test, z_i) = &Sigma;<sub>t</sub> &eta;<sub>t</sub> k<sub>t</sub> &lang;&nabla;L(z_test, "
            "&theta;<sub>t</sub>), &nabla;L(z_i, &theta;<sub>t</sub>)&rang;")  # our own markup, no user text
 
 
-CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")  # an untrained model's completions hold these
+# Characters a page would not show as themselves, so text could look other than it is: control characters
+# (an untrained model's completions hold them), format characters (Cf: bidirectional overrides, embeddings,
+# isolates and marks U+202A-202E, U+2066-2069, U+200E/F, U+061C, which reorder what follows; zero-width
+# spaces and joiners, soft hyphen, BOM, tag characters, which hide), line and paragraph separators,
+# lone surrogates (not even writable as UTF-8), private-use and unassigned code points (a newer Unicode may
+# make them format characters), and the invisible letters and variation selectors below.
+HIDDEN_CATEGORIES = ("Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp")
+INVISIBLE = {0x034F, 0x115F, 0x1160, 0x17B4, 0x17B5, 0x3164, 0xFFA0, *range(0x180B, 0x1810),
+             *range(0xFE00, 0xFE10), *range(0xE0100, 0xE01F0)}
+
+
+def shown(ch):
+    """ch itself, or where it could reorder or hide text, its code point written out: \\xNN, \\uNNNN, \\UNNNNNNNN."""
+    o = ord(ch)
+    if ch in "\t\n" or (o not in INVISIBLE and unicodedata.category(ch) not in HIDDEN_CATEGORIES):
+        return ch
+    return f"\\x{o:02x}" if o < 0x100 else f"\\u{o:04x}" if o < 0x10000 else f"\\U{o:08x}"
 
 
 def esc(value):
-    """Any run's or user's text as HTML text (quotes too: safe inside attributes); control characters,
-    which a browser would hide, shown as \\xNN."""
-    return CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", html.escape(str(value), quote=True))
+    """Any run's or user's text as HTML text (quotes too: safe inside attributes), every character that could
+    reorder or hide text shown as its escaped code point (shown)."""
+    text = str(value)
+    if not text.isascii() or not text.isprintable():  # the common case, plain ASCII text, skips the loop
+        text = "".join(map(shown, text))
+    return html.escape(text, quote=True)
 
 
 def rollout_table(entries, with_defect, score_key="tracin_score", score_label="TracIn score"):

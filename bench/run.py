@@ -61,7 +61,7 @@ from bench.decode import bench_limits, bench_vs_generate
 from bench.half import bench_half
 from bench.memory import bench_memory, bench_throughput
 from bench.posthoc import bench_posthoc
-from bench.step import bench_model, bench_rewards, bench_step_cost, timed
+from bench.step import bench_model, bench_rewards, bench_step_cost, check_step_tokens, timed
 from configurator import UserError, check, cli_main, configure
 from ghost import compute_ghost_inner_product_matrix, install_ghost_hooks
 from grpo import completion_logprobs, grpo_loss, selective_log_softmax
@@ -260,21 +260,40 @@ ROWS = {fn.__name__[len("bench_"):]: fn for fn in (bench_sampling, bench_step_co
                                                    bench_limits, bench_vs_generate)}
 
 
+# The longest context a bench model is built with: the sampling row's full recompute costs new_tokens^2
+# forward positions per sequence, so --new_tokens=100000 would run for days instead of failing.
+MAX_CONTEXT = 4096
+
+
+def is_shape(s, n):
+    """A tuple (or list) of n positive ints (a bool is no size)."""
+    return isinstance(s, (tuple, list)) and len(s) == n and all(type(v) is int and v > 0 for v in s)
+
+
 def check_knobs(cfg):
-    """Sizes and counts must be positive; the mem_ ones and thr_repeats may be 0 ('by device')."""
+    """Sizes and counts must be positive; the mem_ ones and thr_repeats may be 0 ('by device'); shapes nested
+    as their defaults; every bench model's context at most MAX_CONTEXT."""
     for k, v in cfg.items():
         if isinstance(v, int) and not isinstance(v, bool) and k != "seed":
             auto = k.startswith("mem_") or k == "thr_repeats"
             check(cfg, k, v >= 0 if auto else v > 0, "must be >= 0 (0 = by device)" if auto else "must be > 0")
-    check(cfg, "seq_lens", len(cfg["seq_lens"]) > 0 and all(isinstance(t, int) and t > 0 for t in cfg["seq_lens"]),
+    check(cfg, "seq_lens", len(cfg["seq_lens"]) > 0 and all(type(t) is int and t > 0 for t in cfg["seq_lens"]),
           "one or more positive completion lengths, e.g. (64, 256)")
+    wide = cfg["posthoc_wide"]
     for key in ("half_shapes", "limit_shapes", "generate_shapes"):
-        check(cfg, key, len(cfg[key]) > 0 and all(isinstance(s, tuple) and len(s) == 4 and all(
-              isinstance(v, int) and v > 0 for v in s) and s[2] % s[1] == 0 for s in cfg[key]),
-              "one or more (layers, heads, width, vocabulary), positive, width a multiple of heads")
-    check(cfg, "posthoc_wide", cfg["posthoc_wide"] == () or (len(cfg["posthoc_wide"]) == 3 and all(
-          isinstance(v, int) and v > 0 for v in cfg["posthoc_wide"]) and cfg["posthoc_wide"][2] % cfg["posthoc_wide"][1] == 0),
-          "(layers, heads, width), positive, width a multiple of heads; or () for none")
+        shapes = cfg[key]
+        check(cfg, key, len(shapes) > 0 and all(is_shape(s, 4) and s[2] % s[1] == 0 for s in shapes),
+              "a tuple of one or more (layers, heads, width, vocabulary), positive, width a multiple of heads, "
+              "e.g. ((4, 4, 128, 395),) for one" + (" (this is one shape: wrap it, with the comma)"
+                                                    if is_shape(shapes, 4) else ""))
+    check(cfg, "posthoc_wide", wide == () or (is_shape(wide, 3) and wide[2] % wide[1] == 0),
+          "one (layers, heads, width), positive, width a multiple of heads, e.g. (6, 6, 384); or () for none"
+          + (" (not a tuple of shapes)" if len(wide) == 1 and is_shape(wide[0], 3) else ""))
+    for key, prompt, new in (("new_tokens", 32, cfg["new_tokens"]), ("seq_lens", 32, max(cfg["seq_lens"])),
+                             ("thr_new_tokens", cfg["thr_prompt_len"], cfg["thr_new_tokens"]),
+                             ("mem_new_tokens", cfg["mem_prompt_len"] or 32, cfg["mem_new_tokens"] or 256)):
+        check(cfg, key, prompt + new <= MAX_CONTEXT, f"its row's model would need a context of {prompt} prompt + {new}"
+              f" new tokens; a bench model holds at most {MAX_CONTEXT}: give at most {MAX_CONTEXT - prompt} new tokens")
     unknown = [r for r in chosen_rows(cfg) if r not in ROWS]  # '' between two commas too
     check(cfg, "rows", not unknown, f"unknown row {unknown[0]!r}: give some of {', '.join(ROWS)}, "
           "comma-separated, or '' for every row" if unknown else "")
@@ -325,6 +344,8 @@ def main(argv):
         raise UserError(f"cannot write bench_{cfg['device'].split(':')[0]}.md in {os.getcwd()} ({e.strerror}): "
                         "run from a writable directory") from None
     check_base(cfg, chosen)
+    if {"step_cost", "rewards"} & set(chosen):
+        check_step_tokens(cfg)  # step_new_tokens against the base's context, before any row
     torch.manual_seed(cfg["seed"])
     rows, t0 = [], time.time()
     for name in ROWS:

@@ -23,6 +23,7 @@ import torch
 
 import rewards
 import train_grpo
+from configurator import UserError
 from data.tasks import task_rewards
 from data.gsm_synth.prepare import ROOT, load_split, load_tokenizer, prepare
 from sample import encode_prompt
@@ -72,6 +73,18 @@ def task_setup(cfg, n_train, n_val):
     train, val = load_split(data_dir, "train"), load_split(data_dir, "val")
     return (model, enc, what, [train[rng.randrange(len(train))] for _ in range(n_train)],
             [val[rng.randrange(len(val))] for _ in range(n_val)])
+
+
+def check_step_tokens(cfg):
+    """step_new_tokens fits the context of the step rows' model after the longest prompt they draw: one line naming
+    the bench's knob (train_grpo's own check would name its max_new_tokens, a key the bench does not have)."""
+    model, enc, what, tb, vb = task_setup(cfg, cfg["step_batch_size"], cfg["step_val_batch_size"])
+    longest = max(len(encode_prompt(enc, e["question"])) for e in tb + vb)
+    room = model.config.block_size - longest
+    if cfg["step_new_tokens"] > room:
+        raise UserError(f"config key 'step_new_tokens' = {cfg['step_new_tokens']} is not allowed: the step rows' "
+                        f"model ({what}) has a context of {model.config.block_size} tokens and its longest drawn "
+                        f"prompt takes {longest}: give --step_new_tokens={room} or less")
 
 
 def timed_grpo_step(model, enc, tb, vb, mode, cfg, amp, **overrides):

@@ -54,6 +54,7 @@ def make_dir(path, family, tied=True, pad_rows=16, kv_heads=2, rope_theta=10000.
                               Qwen2Config, Qwen2ForCausalLM)
     tok = make_tokenizer(path, family)
     V = len(tok) + pad_rows
+    torch.manual_seed(0)  # the constructor's random init too: the same model whatever ran before
     eot, im_end = tok.convert_tokens_to_ids("<|endoftext|>"), tok.convert_tokens_to_ids("<|im_end|>")
     if family == "gpt2":  # GPT2Config's own eos id (50256) lies beyond this vocabulary: nothing stops generate
         model = GPT2LMHeadModel(GPT2Config(vocab_size=V, n_embd=64, n_layer=2, n_head=4, n_positions=128))
