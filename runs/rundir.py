@@ -6,12 +6,14 @@ Run directories (out_dir): one process at a time, nothing half-written, logs tha
     rows = read_jsonl(path)              # a line cut off by a crash is dropped with a warning
     rewind(out_dir, iter_num)            # resume: drop what was written after the checkpoint
     stop_note(script, out_dir, last_ckpt)  # Ctrl-C or a full disk: the command that goes on from there
+    check_output_dir(path, key, ours)    # export, data preparation: never a directory someone else made
 """
 import glob
 import json
 import os
 import re
 import shlex
+import tempfile
 from contextlib import contextmanager
 
 from configurator import UserError
@@ -125,6 +127,35 @@ def run_lock(out_dir, busy="wait for it to end, or use another --out_dir"):
                 os.rmdir(out_dir)  # a run refused before it wrote anything leaves no empty directory behind
         except OSError:
             pass  # not empty: the run wrote its files there
+
+
+def check_output_dir(path, key, ours):
+    """Whether a command may write the directory `path` (key: its name for messages), decided before any
+    work: False where it is new (or an empty directory: nothing to lose), True where it exists and
+    ours(path) says this command wrote it (it may be replaced). Anything else is refused in one line: a
+    file, a symbolic link, a directory someone else filled, a place that takes no new file."""
+    if not path:
+        raise UserError(f"{key} is empty: give a directory")
+    if os.path.islink(path):
+        raise UserError(f"{key} {path} is a symbolic link: it is never replaced; give another path")
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise UserError(f"{key} {path} is a file: it is never overwritten; give another path")
+    if os.path.isdir(path) and os.listdir(path) and not ours(path):
+        shown = ", ".join(sorted(os.listdir(path))[:3])
+        raise UserError(f"{key} {path} exists and holds files this command did not write ({shown}"
+                        f"{', ...' if len(os.listdir(path)) > 3 else ''}): nothing there is overwritten; "
+                        f"give another path, or remove it")
+    existing = os.path.dirname(os.path.abspath(path))  # the new directory goes beside the target, first
+    while not os.path.exists(existing):                 # as a temporary one: where it will be created
+        existing = os.path.dirname(existing)
+    try:
+        if not os.path.isdir(existing):
+            raise NotADirectoryError(20, "Not a directory")
+        tempfile.TemporaryFile(dir=existing).close()
+    except OSError as e:
+        raise UserError(f"cannot write {key} {path}: {existing} takes no new file ({e.strerror or e}); give a "
+                        f"path in a writable directory") from None
+    return os.path.isdir(path) and bool(os.listdir(path))
 
 
 RUN_FILES = ("ckpt.pt", "ckpt_[0-9]*.pt", "log.jsonl", "rollouts.jsonl")  # what a train_grpo.py run writes
