@@ -65,15 +65,14 @@ def check_task_data(d, task):
     if not d or not os.path.isdir(d):
         return
     said = evidence(d)
-    if task in set.intersection(set(TASKS), *(set(tasks) for _, tasks in said)):
+    agreed = sorted(set.intersection(set(TASKS), *(set(tasks) for _, tasks in said)))
+    if task in agreed:
         return
-    others = {t for _, tasks in said for t in tasks if t != task}
-    if task in {t for _, tasks in said for t in tasks}:  # some file says so, another does not: a mix
+    if not agreed:  # the files disagree: another task's files copied over some of them
         how = ", ".join(f"{name}: {' or '.join(tasks)}" for name, tasks in said)
         raise UserError(f"data_dir {d} holds files of different tasks ({how}): build it again with "
                         f"python {PREPARE[task]}, or give another data_dir")
-    found = " or ".join(sorted(others))
-    raise UserError(f"data_dir {d} holds {found} data, not {task}'s: give --task={sorted(others)[0]}, or a "
+    raise UserError(f"data_dir {d} holds {' or '.join(agreed)} data, not {task}'s: give --task={agreed[0]}, or a "
                     f"{task} data directory (python {PREPARE[task]} makes one)")
 
 
