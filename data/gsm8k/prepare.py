@@ -20,8 +20,9 @@ Splits: val is n_val problems drawn from the official train file (seeded shuffle
 test is the official test file. No question is in two splits: an exact duplicate (same text up to
 whitespace) is kept once, and a test question also in train is dropped from test, each with a count.
 A final answer that is not a whole number ("2.5") cannot be scored as an int, and an empty question
-asks nothing: such a row is skipped, counted in meta.json and printed (not an error: the official files have none, so one means an edited
-file, and the rest of it is still good data; a file that is not GSM8K fails on its first line anyway).
+asks nothing: such a row is skipped, counted in meta.json and printed (not an error: the official files
+have none, so one means an edited file, and the rest of it is still good data; a file that is not GSM8K
+fails on its first line anyway). --out is never a folder this script did not make (data/datadir.py).
 
 Running it again returns the directory untouched when meta.json says it was built from the same
 knobs and the same source files (their sha256); a damaged or stale directory is built again.
