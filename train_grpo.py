@@ -41,6 +41,7 @@ from model import CheckpointWriteError, check_same_base, load_checkpoint, save_c
 from rewards import REWARD_FUNCS
 from runs.rundir import refuse_existing_run, rewind, run_lock, stop_note
 from data.tasks import TASKS, portable_path, resolve_data_dir, task_rewards
+from data.datadir import check_task_data
 from sample import NonFiniteLogits, encode_prompt
 from tracin import reference_solutions, tracin_backward
 from train_base import ensure_base, evaluate, get_lr, load_frozen_base
@@ -210,6 +211,7 @@ def validate(cfg):
           "directory as base_ckpt (a train_base.py base knows the arith task only)")
     check(cfg, "task", cfg["task"] == "arith" or not (levels or cfg["defect_frac"]),
           "must be 'arith' with a curriculum or a planted defect (both are built from arith problems)")
+    check_task_data(cfg["data_dir"], cfg["task"])  # (and a resumed run's: another task's data put in its place)
     cfg["reward_funcs"], cfg["reward_weights"] = funcs, weights = task_rewards(cfg)  # () = the task's
     check(cfg, "reward_funcs", len(funcs) > 0 and all(f in REWARD_FUNCS for f in funcs) and len(set(funcs)) == len(funcs),
           f"a non-empty list of distinct names from {sorted(REWARD_FUNCS)}")
@@ -230,10 +232,17 @@ def prepare_base(cfg, out, resume):
                                                                  cfg["data_dir"], cfg["dtype"], cfg["task"])
     if resume is not None:
         check_same_base(resume, os.path.join(out, "ckpt.pt"), fingerprint, cfg["base_ckpt"])
-    longest = max(len(encode_prompt(enc, e["question"])) for rows in splits.values() for e in rows)
-    if longest + cfg["max_new_tokens"] > model.config.block_size:
-        raise UserError(f"config key 'max_new_tokens' = {cfg['max_new_tokens']} is not allowed: prompts of up to "
-                        f"{longest} tokens + max_new_tokens must fit the base's context of {model.config.block_size}")
+    check_task_data(data_dir, cfg["task"])  # the directory actually read (a base checkpoint's, a default one)
+    longest, split, line = max((len(encode_prompt(enc, e["question"])), s, n + 1)
+                               for s, rows in splits.items() for n, e in enumerate(rows))
+    block, question = model.config.block_size, splits[split][line - 1]["question"]
+    where = f"line {line} of {os.path.join(data_dir, split + '.jsonl')} ({question[:50]!r}...)"
+    if longest >= block:  # no max_new_tokens could help: the question itself is at fault
+        raise UserError(f"the question at {where} is {longest} tokens, the base's whole context {block}: remove it")
+    if longest + cfg["max_new_tokens"] > block:
+        raise UserError(f"config key 'max_new_tokens' = {cfg['max_new_tokens']} is not allowed: the longest question, "
+                        f"{longest} tokens at {where}, + max_new_tokens must fit the base's context of {block}: give "
+                        f"at most {block - longest}, or remove that question")
     return model, fingerprint, data_dir, enc, splits
 
 

@@ -173,18 +173,59 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
                    "merges.txt", "generation_config.json", "chat_template.jinja")
 
 
+EXPORT_MARK = "grpo_export.json"  # what export wrote, from which checkpoint: the mark that it may replace it
+
+
+def is_export(path):
+    """Whether the directory at path is one this module wrote (it holds EXPORT_MARK) and nothing else was
+    put there since (a file of someone else's in it would be lost with it)."""
+    ours = {EXPORT_MARK, "adapter_config.json", "adapter_model.safetensors", "config.json", "model.safetensors",
+            *TOKENIZER_FILES}
+    try:
+        with open(os.path.join(path, EXPORT_MARK)) as f:
+            return json.load(f).get("written_by") == "pretrained.export" and set(os.listdir(path)) <= ours
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def check_out(out, key="out"):
+    """Refuse, before any work, a target that is not new, empty or an earlier export (runs.rundir)."""
+    from runs.rundir import check_output_dir
+    return check_output_dir(out, key, is_export)
+
+
 def new_directory(out):
-    """A temporary directory beside `out`; the caller renames it to `out` once complete, so an
-    interrupted export leaves no half directory. An existing `out` is never overwritten."""
-    if os.path.exists(out):
-        raise UserError(f"{out} exists: remove it, or give another output directory")
-    tmp = out.rstrip("/") + ".tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    os.makedirs(tmp)
-    return tmp
+    """A temporary directory of a fresh name beside `out` (never a path someone else may use, such as
+    out + '.tmp'); finish_directory moves it to `out` once complete, so an interrupted export leaves
+    no half directory. Nothing but an earlier export (or an empty directory) is ever replaced."""
+    import tempfile
+    check_out(out)
+    parent, name = os.path.split(os.path.abspath(out))
+    os.makedirs(parent, exist_ok=True)
+    return tempfile.mkdtemp(prefix=f".{name}.", suffix=".partial", dir=parent)
 
 
-def save_peft_adapter(model, out, base_path, r, alpha):
+def finish_directory(tmp, out, source):
+    """Mark tmp as an export (source: where it came from), then put it at `out`: an earlier export
+    there is moved aside first and removed only once the new one is in place."""
+    with open(os.path.join(tmp, EXPORT_MARK), "w") as f:
+        json.dump({"written_by": "pretrained.export", **(source or {})}, f, indent=1)
+    old = None
+    try:
+        if check_out(out):  # checked again: it may have changed while the model was written
+            old = tmp + ".old"
+            os.rename(out, old)
+        os.rename(tmp, out)  # onto an empty directory or none (a filled one raises: never overwritten)
+    except BaseException:
+        if old and not os.path.exists(out):
+            os.rename(old, out)  # the earlier export back where it was
+        shutil.rmtree(tmp, ignore_errors=True)  # ours: a fresh name made by new_directory
+        raise
+    if old:
+        shutil.rmtree(old)
+
+
+def save_peft_adapter(model, out, base_path, r, alpha, source=None):
     """The adapter as peft writes one (adapter_config.json + adapter_model.safetensors), so that
     PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base_path), out) computes what
     this project's base + LoRA computes: peft's lora_A / lora_B hold the same (r, in) / (out, r)
@@ -204,13 +245,17 @@ def save_peft_adapter(model, out, base_path, r, alpha):
               "target_modules": leaves if same_leaf == set(theirs) else "|".join(map(re.escape, sorted(theirs))),
               "inference_mode": True, "init_lora_weights": True, "modules_to_save": None}
     tmp = new_directory(out)
-    save_file(tensors, os.path.join(tmp, "adapter_model.safetensors"), metadata={"format": "pt"})
-    with open(os.path.join(tmp, "adapter_config.json"), "w") as f:
-        json.dump(config, f, indent=2)
-    os.replace(tmp, out)
+    try:
+        save_file(tensors, os.path.join(tmp, "adapter_model.safetensors"), metadata={"format": "pt"})
+        with open(os.path.join(tmp, "adapter_config.json"), "w") as f:
+            json.dump(config, f, indent=2)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    finish_directory(tmp, out, source)
 
 
-def save_pretrained(model, out, base_path, dtype):
+def save_pretrained(model, out, base_path, dtype, source=None):
     """A merged model (no LoRA layers left) as a Hugging Face directory in `dtype`: the base's
     config.json, the weights under the checkpoint's names (GPT-2's Conv1D transposed back, a tied
     head written once), and the base's tokenizer files. GPT.from_pretrained and transformers read it."""
@@ -226,13 +271,17 @@ def save_pretrained(model, out, base_path, dtype):
     config = read_hf_config(base_path)
     config.update(dtype=str(dtype).removeprefix("torch."), torch_dtype=str(dtype).removeprefix("torch."))
     tmp = new_directory(out)
-    save_file(tensors, os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
-    with open(os.path.join(tmp, "config.json"), "w") as f:
-        json.dump(config, f, indent=2)
-    for name in TOKENIZER_FILES:
-        if os.path.isfile(os.path.join(base_path, name)):
-            shutil.copyfile(os.path.join(base_path, name), os.path.join(tmp, name))
-    os.replace(tmp, out)
+    try:
+        save_file(tensors, os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
+        with open(os.path.join(tmp, "config.json"), "w") as f:
+            json.dump(config, f, indent=2)
+        for name in TOKENIZER_FILES:
+            if os.path.isfile(os.path.join(base_path, name)):
+                shutil.copyfile(os.path.join(base_path, name), os.path.join(tmp, name))
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    finish_directory(tmp, out, source)
 
 
 def hf_dtype(path):

@@ -6,12 +6,14 @@ Run directories (out_dir): one process at a time, nothing half-written, logs tha
     rows = read_jsonl(path)              # a line cut off by a crash is dropped with a warning
     rewind(out_dir, iter_num)            # resume: drop what was written after the checkpoint
     stop_note(script, out_dir, last_ckpt)  # Ctrl-C or a full disk: the command that goes on from there
+    check_output_dir(path, key, ours)    # export, data preparation: never a directory someone else made
 """
 import glob
 import json
 import os
 import re
 import shlex
+import tempfile
 from contextlib import contextmanager
 
 from configurator import UserError
@@ -52,45 +54,108 @@ def check_writable(out_dir):
 
 
 @contextmanager
-def run_lock(out_dir):
+def _one_taker_at_a_time(folder):
+    """Only one process at a time reads a lock and replaces it when stale: otherwise two processes that
+    both find the same dead PID would each remove a lock (the second removing the first one's new lock)
+    and both go on. flock is released by the kernel when its process dies, so this lock is never stale."""
+    try:
+        import fcntl
+    except ImportError:  # no flock (Windows): the hard link below still makes creation exclusive
+        yield
+        return
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError:
+            pass  # a file system without flock (some network mounts): creation alone stays exclusive
+        yield
+    finally:
+        os.close(fd)  # releases the flock
+
+
+def _lock_pid(path):
+    """The PID in a lock file; -1 if it holds none (a lock is never read half-written: see run_lock)."""
+    try:
+        with open(path) as f:
+            return int(f.read().strip() or -1)
+    except (OSError, ValueError):
+        return -1
+
+
+@contextmanager
+def run_lock(out_dir, busy="wait for it to end, or use another --out_dir"):
     """Hold out_dir/run.lock (it holds our PID) for the duration of the block.
-    Held by a live process: refused at once. Left by a dead one (kill -9, power cut): taken over."""
+    Held by a live process: refused at once (busy: what to do then). Left by a dead one (kill -9, power
+    cut): taken over, by one process only when several try at once."""
     created = check_writable(out_dir)
     path = os.path.abspath(os.path.join(out_dir, LOCK_NAME))
     if path in _held:
         yield
         return
-    while True:
-        try:
-            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)  # atomic: only one process creates it
-            break
-        except FileExistsError:
-            try:
-                with open(path) as f:
-                    pid = int(f.read().strip() or -1)
-            except (OSError, ValueError):
-                pid = -1
-            if pid > 0 and pid != os.getpid() and _pid_alive(pid):
-                raise UserError(f"{out_dir} is in use by another run (PID {pid}); wait for it to end, or use "
-                                f"another --out_dir") from None
-            print(f"warning: stale lock {path} (PID {pid} is not running): taking it over")
-            try:
-                os.remove(path)
-            except FileNotFoundError:
-                pass  # another process took it over first: try again
-    with os.fdopen(fd, "w") as f:
+    # the PID is written into a file of our own first, which a hard link then puts under the lock's name:
+    # creation is exclusive (link fails if the name exists) and the lock is never seen empty
+    mine = f"{path}.{os.getpid()}.{os.urandom(4).hex()}.new"
+    with open(mine, "w") as f:
         f.write(f"{os.getpid()}\n")
+    try:
+        with _one_taker_at_a_time(os.path.dirname(path)):
+            while True:
+                try:
+                    os.link(mine, path)
+                    break
+                except FileExistsError:
+                    pid = _lock_pid(path)
+                    if pid > 0 and pid != os.getpid() and _pid_alive(pid):
+                        raise UserError(f"{out_dir} is in use by another run (PID {pid}); {busy}") from None
+                    print(f"warning: stale lock {path} (PID {pid} is not running): taking it over")
+                    try:
+                        os.remove(path)
+                    except FileNotFoundError:
+                        pass
+    finally:
+        os.remove(mine)
     _held.add(path)
     try:
         yield
     finally:
         _held.discard(path)
         try:
-            os.remove(path)
+            if _lock_pid(path) == os.getpid():  # never another process's lock (ours deleted by hand, then taken)
+                os.remove(path)
             if created:
                 os.rmdir(out_dir)  # a run refused before it wrote anything leaves no empty directory behind
         except OSError:
             pass  # not empty: the run wrote its files there
+
+
+def check_output_dir(path, key, ours):
+    """Whether a command may write the directory `path` (key: its name for messages), decided before any
+    work: False where it is new (or an empty directory: nothing to lose), True where it exists and
+    ours(path) says this command wrote it (it may be replaced). Anything else is refused in one line: a
+    file, a symbolic link, a directory someone else filled, a place that takes no new file."""
+    if not path:
+        raise UserError(f"{key} is empty: give a directory")
+    if os.path.islink(path):
+        raise UserError(f"{key} {path} is a symbolic link: it is never replaced; give another path")
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise UserError(f"{key} {path} is a file: it is never overwritten; give another path")
+    if os.path.isdir(path) and os.listdir(path) and not ours(path):
+        shown = ", ".join(sorted(os.listdir(path))[:3])
+        raise UserError(f"{key} {path} exists and holds files this command did not write ({shown}"
+                        f"{', ...' if len(os.listdir(path)) > 3 else ''}): nothing there is overwritten; "
+                        f"give another path, or remove it")
+    existing = os.path.dirname(os.path.abspath(path))  # the new directory goes beside the target, first
+    while not os.path.exists(existing):                 # as a temporary one: where it will be created
+        existing = os.path.dirname(existing)
+    try:
+        if not os.path.isdir(existing):
+            raise NotADirectoryError(20, "Not a directory")
+        tempfile.TemporaryFile(dir=existing).close()
+    except OSError as e:
+        raise UserError(f"cannot write {key} {path}: {existing} takes no new file ({e.strerror or e}); give a "
+                        f"path in a writable directory") from None
+    return os.path.isdir(path) and bool(os.listdir(path))
 
 
 RUN_FILES = ("ckpt.pt", "ckpt_[0-9]*.pt", "log.jsonl", "rollouts.jsonl")  # what a train_grpo.py run writes

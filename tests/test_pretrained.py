@@ -268,7 +268,9 @@ def test_exported_adapter_gives_the_projects_logits_in_peft(run, dirs):
         merged_hf = AutoModelForCausalLM.from_pretrained(f"{run}/merged")(x).logits
         merged_ours = GPT.from_pretrained(f"{run}/merged")(x, keep_last=15)[0]
     assert rel(merged_hf, mine) <= 1e-5 and rel(merged_ours, mine) <= 1e-5
-    with pytest.raises(UserError, match="exists"):  # nothing is overwritten
+    export.main([f"--out_dir={run}"])  # its own earlier export is replaced; a user's file is not
+    open(f"{run}/peft_adapter/notes.txt", "w").close()
+    with pytest.raises(UserError, match="did not write"):
         export.main([f"--out_dir={run}"])
 
 

@@ -301,7 +301,7 @@ def countdown_dirs(tmp_path_factory):
 
 def test_countdown_is_byte_identical_across_builds(countdown_dirs):
     a, b = countdown_dirs
-    assert sorted(os.listdir(a)) == sorted(os.listdir(b)) == ["meta.json", "test.jsonl", "train.jsonl", "val.jsonl"]
+    assert sorted(os.listdir(a)) == sorted(os.listdir(b)) == [".task", "meta.json", "test.jsonl", "train.jsonl", "val.jsonl"]
     for name in os.listdir(a):
         with open(os.path.join(a, name), "rb") as fa, open(os.path.join(b, name), "rb") as fb:
             assert fa.read() == fb.read(), name

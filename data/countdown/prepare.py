@@ -38,6 +38,7 @@ REPO = os.path.dirname(os.path.dirname(ROOT))
 if REPO not in sys.path:  # run as a script: configurator.py is at the repository root
     sys.path.append(REPO)
 from configurator import UserError, cli_main, configure  # noqa: E402
+from data.datadir import check_out, mark  # noqa: E402
 from data.gsm_synth.prepare import check_task_dir, read_json, write_atomic  # noqa: E402
 
 DEFAULTS = dict(n_train=20000, n_val=500, n_test=500, min_numbers=3, max_numbers=4, max_number=99, seed=1337,
@@ -189,6 +190,7 @@ def prepare(n_train=20000, n_val=500, n_test=500, min_numbers=3, max_numbers=4, 
     """Build the Countdown data for these knobs if it is missing or damaged; return its directory."""
     check_knobs(n_train, n_val, n_test, min_numbers, max_numbers, max_number)
     out = str(out) if out else data_dir_for(n_train, n_val, n_test, min_numbers, max_numbers, max_number, seed)
+    check_out(out, "countdown")  # never a directory someone else made, nor another task's data
     sizes = {"train": n_train, "val": n_val, "test": n_test}
     knobs = dict(min_numbers=min_numbers, max_numbers=max_numbers, max_number=max_number, max_target=MAX_TARGET,
                  seed=seed, sizes=sizes)
@@ -219,7 +221,7 @@ def prepare(n_train=20000, n_val=500, n_test=500, min_numbers=3, max_numbers=4, 
                         f"min_numbers={min_numbers}, max_numbers={max_numbers}, max_number={max_number}, "
                         f"not n_train + n_val + n_test = {n_total}; lower them or raise max_number")
     splits = {"train": rows[n_test + n_val:], "val": rows[n_test:n_test + n_val], "test": rows[:n_test]}
-    os.makedirs(out, exist_ok=True)
+    mark(out, "countdown")
     for split, split_rows in splits.items():
         write_atomic(os.path.join(out, f"{split}.jsonl"), "".join(json.dumps(r) + "\n" for r in split_rows))
     write_atomic(meta_path, json.dumps({"task": "countdown", **knobs, "template": TEMPLATE}, indent=1))

@@ -13,14 +13,16 @@ meta.json, written last to mark a complete directory. A row of ours:
     solution: the official reasoning without the calculator annotations ("48/2 = <<48/2=24>>24"
               becomes "48/2 = 24"), then a last line "#### 72": what the format reward wants
               (no commas, no decimals), for base training and TracIn's 'nll' validation loss
-    answer:   the final answer as an int ("1,234" -> 1234, "-3" -> -3, "72.0" -> 72)
+    answer:   the final answer as an int ("1,234" -> 1234, "-3" -> -3, "72.0" -> 72), read as the GSM8K
+              reward reads a completion's: "1,2,3" or a 101-digit number is an error naming the line
 
 Splits: val is n_val problems drawn from the official train file (seeded shuffle); train is the rest;
 test is the official test file. No question is in two splits: an exact duplicate (same text up to
 whitespace) is kept once, and a test question also in train is dropped from test, each with a count.
-A final answer that is not a whole number ("2.5") cannot be scored as an int: that row is skipped,
-counted in meta.json and printed (not an error: the official files have none, so one means an edited
-file, and the rest of it is still good data; a file that is not GSM8K fails on its first line anyway).
+A final answer that is not a whole number ("2.5") cannot be scored as an int, and an empty question
+asks nothing: such a row is skipped, counted in meta.json and printed (not an error: the official files
+have none, so one means an edited file, and the rest of it is still good data; a file that is not GSM8K
+fails on its first line anyway). --out is never a folder this script did not make (data/datadir.py).
 
 Running it again returns the directory untouched when meta.json says it was built from the same
 knobs and the same source files (their sha256); a damaged or stale directory is built again.
@@ -38,6 +40,7 @@ REPO = os.path.dirname(os.path.dirname(ROOT))
 if REPO not in sys.path:  # run as a script: configurator.py is at the repository root
     sys.path.append(REPO)
 from configurator import UserError, cli_main, configure  # noqa: E402
+from data.datadir import check_out, mark  # noqa: E402
 from data.gsm_synth.prepare import check_task_dir, read_json, write_atomic  # noqa: E402
 
 DEFAULTS = dict(train_file=os.path.join(ROOT, "train.jsonl"), test_file=os.path.join(ROOT, "test.jsonl"),
@@ -46,8 +49,10 @@ SPLITS = ("train", "val", "test")
 INSTRUCTION = "Solve it step by step. Then write the final answer on a last line as '#### N' (N a whole number)."
 URL = "https://raw.githubusercontent.com/openai/grade-school-math/master/grade_school_math/data/{}.jsonl"
 ANNOTATION = re.compile(r"<<[^<>]*>>")  # GSM8K's calculator calls, "<<48/2=24>>"
-# the final answer after "####": sign, digits with or without thousands commas, an optional decimal part
-NUMBER = re.compile(r"([+-]?)(\d[\d,]*)(?:\.(\d+))?")
+# the final answer after "####" as the GSM8K reward reads it (rewards.extract_answer): a sign, ASCII digits
+# with well-grouped thousands commas or none ("1,234", never "1,2,3", which is not 123), an optional decimal part
+NUMBER = re.compile(r"([+-]?)([0-9]{1,3}(?:,[0-9]{3})+|[0-9]+)(?:\.([0-9]+))?")
+MAX_DIGITS = 100  # far above any count or amount; a longer answer is a garbled file (and beyond int() limits)
 
 
 def fetch_hint(path, role):
@@ -60,10 +65,18 @@ def parse_answer(text):
     """(reasoning, final answer as int or None if not a whole number) of an official answer text;
     ValueError (what is wrong) if it has no '#### N' line."""
     marker = text.rfind("####")
-    m = NUMBER.fullmatch(text[marker + 4:].strip()) if marker >= 0 else None
-    if m is None:
+    if marker < 0:
         raise ValueError("its answer does not end in a line '#### N' (a truncated or different file?)")
+    final = text[marker + 4:].strip()
+    m = NUMBER.fullmatch(final)
+    if m is None:
+        shown = repr(final[:40]) + ("..." if len(final) > 40 else "")
+        raise ValueError(f"its final answer {shown} is not a number: the last line must be '#### N' "
+                         f"('#### 72', '#### 1,234')")
     sign, digits, frac = m.groups()
+    if len(digits.replace(",", "")) > MAX_DIGITS:
+        raise ValueError(f"its final answer has {len(digits.replace(',', ''))} digits (at most {MAX_DIGITS}: a "
+                         f"garbled file?)")
     if frac is not None and frac.strip("0"):
         return text[:marker], None
     value = int(digits.replace(",", ""))
@@ -71,9 +84,9 @@ def parse_answer(text):
 
 
 def read_gsm8k(path, role):
-    """(rows, skipped) of an official GSM8K file: rows [{"question", "solution", "answer"}], skipped the
-    line numbers whose final answer is not a whole number. A one-line UserError naming the file (and the
-    line) if it is missing, empty or not GSM8K."""
+    """(rows, skipped, empty) of an official GSM8K file: rows [{"question", "solution", "answer"}], skipped
+    the line numbers whose final answer is not a whole number, empty those whose question is blank. A
+    one-line UserError naming the file (and the line) if it is missing, empty or not GSM8K."""
     def bad(why, n=None):
         where = f"{path}, line {n}" if n else path
         return UserError(f"{where}: {why}; {fetch_hint(path, role)}")
@@ -82,7 +95,7 @@ def read_gsm8k(path, role):
             lines = f.read().split(b"\n")
     except OSError as e:
         raise bad(e.strerror or e) from None
-    rows, skipped = [], []
+    rows, skipped, empty = [], [], []
     for n, raw in enumerate(lines, 1):
         if not raw.strip():
             continue  # the newline at the end of the file
@@ -100,12 +113,16 @@ def read_gsm8k(path, role):
         if answer is None:
             skipped.append(n)
             continue
+        if not obj["question"].strip():  # nothing to ask: no prompt, no lesson
+            empty.append(n)
+            continue
         reasoning = ANNOTATION.sub("", reasoning).strip()
         rows.append({"question": obj["question"].strip(), "answer": answer,
                      "solution": f"{reasoning}\n#### {answer}" if reasoning else f"#### {answer}"})
     if not rows:
-        raise bad("no problem with a whole-number answer in it" if skipped else "empty: no problem in it")
-    return rows, skipped
+        raise bad("no problem with a question and a whole-number answer in it" if skipped or empty
+                  else "empty: no problem in it")
+    return rows, skipped, empty
 
 
 def key(question):
@@ -156,8 +173,13 @@ def prepare(train_file=DEFAULTS["train_file"], test_file=DEFAULTS["test_file"], 
     if not isinstance(n_val, int) or isinstance(n_val, bool) or n_val < 1:
         raise UserError(f"bad task knob n_val={n_val!r}: must be an int >= 1")
     out = str(out) if out else data_dir_for(n_val, seed)
-    (train_rows, train_skipped), (test_rows, test_skipped) = read_gsm8k(train_file, "train"), \
-        read_gsm8k(test_file, "test")  # the sources are read on every call: a stale directory is rebuilt
+    check_out(out, "gsm8k")  # never a directory someone else made (the official files' own included)
+    for source in (train_file, test_file):
+        if os.path.realpath(os.path.dirname(os.path.abspath(source))) == os.path.realpath(out):
+            raise UserError(f"out {out} holds the source file {source}, which the splits would overwrite: "
+                            f"give another --out")
+    (train_rows, train_skipped, train_empty), (test_rows, test_skipped, test_empty) = read_gsm8k(
+        train_file, "train"), read_gsm8k(test_file, "test")  # read on every call: a stale directory is rebuilt
     knobs = {"n_val": n_val, "seed": seed, "train_sha256": sha256(train_file), "test_sha256": sha256(test_file)}
     meta_path = os.path.join(out, "meta.json")
     if os.path.exists(meta_path):
@@ -168,10 +190,13 @@ def prepare(train_file=DEFAULTS["train_file"], test_file=DEFAULTS["test_file"], 
         os.remove(meta_path)  # until the rebuild is complete, the directory is marked incomplete
     if verbose:
         print(f"preparing GSM8K task data in {out} ...")
-        for path, skipped in ((train_file, train_skipped), (test_file, test_skipped)):
-            if skipped:
-                print(f"  {path}: skipped {len(skipped)} problem(s) whose final answer is not a whole number "
-                      f"(line {', '.join(map(str, skipped[:5]))}{' ...' if len(skipped) > 5 else ''})")
+        for path, lines, why in ((train_file, train_skipped, "whose final answer is not a whole number"),
+                                 (test_file, test_skipped, "whose final answer is not a whole number"),
+                                 (train_file, train_empty, "with an empty question"),
+                                 (test_file, test_empty, "with an empty question")):
+            if lines:
+                print(f"  {path}: skipped {len(lines)} problem(s) {why} "
+                      f"(line {', '.join(map(str, lines[:5]))}{' ...' if len(lines) > 5 else ''})")
     train = dedupe(train_rows)
     test = dedupe(test_rows, exclude={key(r["question"]) for r in train})
     if not test:
@@ -187,14 +212,16 @@ def prepare(train_file=DEFAULTS["train_file"], test_file=DEFAULTS["test_file"], 
     for rows in splits.values():
         for r in rows:
             r["question"] = f"{r['question']}\n{INSTRUCTION}"
-    os.makedirs(out, exist_ok=True)
+    mark(out, "gsm8k")
     for split, rows in splits.items():
         write_atomic(os.path.join(out, f"{split}.jsonl"), "".join(
             json.dumps({k: r[k] for k in ("question", "solution", "answer")}) + "\n" for r in rows))
     meta = {"task": "gsm8k", "sizes": {k: len(v) for k, v in splits.items()}, **knobs,
             "dropped": {"train_duplicates": len(train_rows) - len(train),
                         "test_duplicates_or_in_train": len(test_rows) - len(test),
-                        "train_not_whole": len(train_skipped), "test_not_whole": len(test_skipped)},
+                        "train_not_whole": len(train_skipped), "test_not_whole": len(test_skipped),
+                        **{f"{k}_empty_question": len(v) for k, v in (("train", train_empty), ("test", test_empty))
+                           if v}},  # (only where there were: the official files have none)
             "instruction": INSTRUCTION}
     write_atomic(meta_path, json.dumps(meta, indent=1))  # written last: marks completion
     if verbose:

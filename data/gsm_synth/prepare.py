@@ -35,6 +35,7 @@ REPO = os.path.dirname(os.path.dirname(ROOT))
 if REPO not in sys.path:  # run as a script: configurator.py is at the repository root
     sys.path.append(REPO)
 from configurator import UserError, cli_main, configure  # noqa: E402
+from data.datadir import check_out, mark  # noqa: E402
 
 DEFAULTS = dict(steps=2, max_operand=20, ops="+-", noise=0.0, n_train=20000, n_val=500, n_test=500,
                 num_merges=150, seed=1337, min_steps=0, root=ROOT)
@@ -362,6 +363,7 @@ def prepare(steps=2, max_operand=20, ops="+-", noise=0.0, n_train=20000, n_val=5
     min_steps = 0 if min_steps == steps else min_steps  # the same data as the default: the same directory
     data_dir = data_dir_for(steps, max_operand, ops, noise, root, n_train=n_train, n_val=n_val, n_test=n_test,
                             num_merges=num_merges, seed=seed, min_steps=min_steps)
+    check_out(data_dir, "arith", "data directory", "give another --root")  # never a directory someone else made
     meta_path = os.path.join(data_dir, "meta.json")
     if os.path.exists(meta_path):
         problem = check_data_dir(data_dir)
@@ -387,7 +389,7 @@ def prepare(steps=2, max_operand=20, ops="+-", noise=0.0, n_train=20000, n_val=5
     merges = train_bpe([prompt_text(e["question"]) + e["solution"] for e in splits["train"][:5000]],
                        num_merges)
     enc = build_encoding(merges)
-    os.makedirs(data_dir, exist_ok=True)
+    mark(data_dir, "arith")
     for split, rows in splits.items():
         write_atomic(os.path.join(data_dir, f"{split}.jsonl"), "".join(json.dumps(r) + "\n" for r in rows))
     write_atomic(os.path.join(data_dir, "tokenizer.json"),
