@@ -176,11 +176,11 @@ def cli_main(main, argv=None):
         if _distributed() is not None:
             _distributed().finish()  # under torchrun: end now, the work is done (see distributed.finish)
     except UserError as e:
-        print(f"error: {_rank_prefix()}{e}", file=sys.stderr)
+        sys.stderr.write(f"error: {_rank_prefix()}{e}\n")  # one write: ranks' lines never interleave
         _exit(2)
     except OSError as e:
         where = f"{e.filename}: " if e.filename else ""
-        print(f"error: {_rank_prefix()}{where}{e.strerror or e}", file=sys.stderr)
+        sys.stderr.write(f"error: {_rank_prefix()}{where}{e.strerror or e}\n")
         _exit(2)
     except KeyboardInterrupt as e:
         print(f"interrupted: {e}" if str(e) else "interrupted (Ctrl-C)", file=sys.stderr)

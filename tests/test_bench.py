@@ -29,10 +29,23 @@ def test_quick_bench_rows(capsys, tmp_path):
     funcs = dict(rewards.REWARD_FUNCS)
     rows = bench.main(["--quick", f"--base_ckpt={tmp_path / 'none.pt'}", f"--data_root={tmp_path}"])
     captum = importlib.util.find_spec("captum") is not None  # an optional benchmark dependency
+    hf = importlib.util.find_spec("transformers") is not None  # a test and benchmark reference
     posthoc = ["posthoc vs Captum"] + (["posthoc vs Captum, 1x32"] if captum else [])  # the task model, then wide
     assert [r[0] for r in rows] == ["sampling", "step cost, TracIn pg", "step cost, TracIn nll", "rewards, task",
                                     "rewards, slow", "influence T=8", *posthoc, "memory", "throughput",
-                                    "half precision 1x32"]
+                                    "half precision 1x32", "matmul limit, 1 x 32 float32", "matmul limit, 1 x 32 bf16",
+                                    *(["sampling vs transformers generate, 1 x 32 float32",
+                                       "sampling vs transformers generate, 1 x 32 bf16"] if hf else
+                                      ["sampling vs transformers generate"])]
+    if hf:  # the same greedy tokens as transformers' generate on the same weights in float32, and a ratio
+        gen32, gen16 = rows.pop(-2), rows.pop()
+        assert "identical tokens in 4 of 4 rows" in gen32[1] and float(gen32[2].rstrip("x")) > 0
+        assert gen16[4] in ("met", "MISSED") and "transformers" in gen16[1]
+    else:
+        assert rows.pop()[1].startswith("transformers is not installed")
+    for r in (rows.pop(-2), rows.pop()):  # every phase against its limit, a rate measured here; the target is 6 x 384's
+        assert "matmul rate" in r[1] and len(re.findall(r"vs limit [0-9.]+ s \(([0-9.]+)x\)", r[1])) == 3
+        assert r[4] == "n/a (target at 6 x 384)"
     half = rows.pop()  # float32 vs a bf16-stored base, one tiny shape: no target, the numbers are compared
     cos = float(re.search(r"LoRA-gradient cosine ([0-9.]+)", half[1]).group(1))
     l32, l16 = (float(x) for x in re.search(r"loss ([0-9.e+-]+) vs ([0-9.e+-]+)", half[1]).groups())
