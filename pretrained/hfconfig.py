@@ -127,8 +127,12 @@ def hf_config_args(config, path):
     rope_type = rope.get("rope_type", rope.get("type", "default"))
     if rope_type != "default":
         not_implemented(file, f"rope scaling {shown(rope_type)}")
-    theta = Fields(rope, f"{file} rope_parameters").get_float("rope_theta", None) if "rope_theta" in rope \
-        else c.get_float("rope_theta", 10000.0)
+    theta = c.get_float("rope_theta", 10000.0)  # checked even where rope_parameters holds the one used
+    if "rope_theta" in rope:
+        inner = Fields(rope, f"{file} rope_parameters").get_float("rope_theta", None)
+        if "rope_theta" in config and inner != theta:  # transformers 4 reads the outer one, 5 the inner one
+            c.refuse("rope_theta", f"the rope_parameters' rope_theta ({inner}) or absent: two thetas are ambiguous")
+        theta = inner
     c.get_str("hidden_act", "silu", ("silu",))
     if c.get_bool("use_sliding_window", False):
         not_implemented(file, "sliding-window attention")
@@ -156,12 +160,9 @@ def hf_config_args(config, path):
 def config_dtype(config, path):
     """The dtype config.json says the weights are stored in (dtype, or transformers 4's torch_dtype), float32
     if unsaid; an integer or unknown dtype is refused, never cast or truncated."""
-    for key in ("dtype", "torch_dtype"):
-        name = config.get(key)
-        if name is None:
-            continue
-        if name not in FLOAT_DTYPES:
+    names = [config.get(key) for key in ("dtype", "torch_dtype")]
+    for key, name in zip(("dtype", "torch_dtype"), names):  # both checked: transformers 4 reads the second
+        if name is not None and (not isinstance(name, str) or name not in FLOAT_DTYPES):
             Fields(config, f"{path}/config.json").refuse(key, f"null or one of {', '.join(FLOAT_DTYPES)} "
                                                               f"(integer dtypes mean quantized weights)")
-        return getattr(torch, name)
-    return torch.float32
+    return getattr(torch, next((n for n in names if n is not None), "float32"))

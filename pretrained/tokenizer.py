@@ -186,7 +186,8 @@ class _no_panic:
         return self
 
     def __exit__(self, kind, e, tb):
-        if kind is not None and kind.__name__ == "PanicException":
+        # encode_ordinary panics; encode (special tokens allowed) returns fancy-regex's error as a ValueError
+        if kind is not None and (kind.__name__ == "PanicException" or kind is ValueError and "Regex error" in str(e)):
             raise UserError(f"tokenizer {self.enc.name}: its split pattern exceeded the regex engine's backtracking "
                             f"limit on this text ({(str(e).splitlines() or [''])[0][:80]})") from None
         return False
