@@ -15,7 +15,7 @@ import os
 
 from pretrained.hf import hf_dtype, save_peft_adapter, save_pretrained
 from lora import LoRALinear, merge_lora
-from model import load_checkpoint
+from model import load_checkpoint, resolve_base
 from sample import load_policy
 
 defaults = dict(
@@ -24,6 +24,7 @@ defaults = dict(
     adapter_dir="",      # '' = out_dir/peft_adapter
     merged=False,        # also write the merged model
     merged_dir="",       # '' = out_dir/merged
+    base_ckpt="",        # the run's base where it is now, if it moved ('' = where the run found it)
 )
 
 
@@ -35,7 +36,7 @@ def main(argv):
     ckpt = load_checkpoint(path)
     if "lora" not in ckpt or "base_ckpt" not in ckpt:
         raise UserError(f"{path} is not a train_grpo.py checkpoint (no LoRA adapter): give the out_dir of a GRPO run")
-    base, run_cfg = ckpt["base_ckpt"], ckpt["config"]
+    base, run_cfg = resolve_base(ckpt, path, cfg["base_ckpt"]), ckpt["config"]  # as sample.py finds it
     if not os.path.isdir(base):
         raise UserError(f"the run's base {base} is a train_base.py checkpoint, which peft and transformers cannot "
                         f"read: export needs a run on a Hugging Face model directory (train_grpo.py --base_ckpt=DIR)")
@@ -44,7 +45,7 @@ def main(argv):
     for d in filter(None, (adapter_dir, merged_dir)):  # both refused before either is written
         if os.path.exists(d):
             raise UserError(f"{d} exists: remove it, or give another --adapter_dir / --merged_dir")
-    model, _, _ = load_policy(path)  # base + adapter, checked against the base's fingerprint
+    model, _, _ = load_policy(path, base_ckpt=base)  # base + adapter, checked against the base's identity
     save_peft_adapter(model, adapter_dir, base, run_cfg["lora_r"], run_cfg["lora_alpha"])
     n = sum(isinstance(m, LoRALinear) for m in model.modules())
     print(f"wrote {adapter_dir} (peft LoRA adapter, r={run_cfg['lora_r']}, {n} layers, on {base})")

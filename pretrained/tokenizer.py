@@ -53,6 +53,17 @@ def _json(path):
     return read_json(path) if os.path.isfile(path) else None
 
 
+def _read_text(path):
+    """A text file's contents, or None if there is no such file."""
+    if not os.path.isfile(path):
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except (OSError, ValueError) as e:
+        raise UserError(f"cannot read {path} ({type(e).__name__}: {str(e)[:100]})") from None
+
+
 def _split_pattern(pre, path):
     """The regex of a supported pre-tokenizer (see the module docstring), else UserError."""
     steps = (pre.get("pretokenizers") if pre and pre.get("type") == "Sequence" else [pre]) or [None]
@@ -197,9 +208,10 @@ class HFEncoding(tiktoken.Encoding):
     """A tiktoken.Encoding plus what a model directory says: NFC normalisation, eos ids, chat format."""
 
     def __init__(self, name, *, pat_str, mergeable_ranks, special_tokens, nfc=False, eot_token=None,
-                 stop_tokens=(), chat=None):
+                 stop_tokens=(), chat=None, chat_template=None):
         super().__init__(name, pat_str=pat_str, mergeable_ranks=mergeable_ranks, special_tokens=special_tokens)
         self.nfc, self._eot, self.stop_tokens, self.chat = nfc, eot_token, tuple(stop_tokens), chat
+        self.chat_template = chat_template  # the directory's own text: part of what an adapter is bound to
         # HF matches added tokens in the raw text and normalises only the text between them
         specials = sorted(special_tokens, key=len, reverse=True)
         self._special_split = regex.compile("(" + "|".join(map(regex.escape, specials)) + ")") if specials else None
@@ -238,7 +250,7 @@ class HFEncoding(tiktoken.Encoding):
 
     def __getstate__(self):  # pickles with its own fields; tiktoken's __setstate__ calls __init__(**state)
         return {**super().__getstate__(), "nfc": self.nfc, "eot_token": self._eot, "stop_tokens": self.stop_tokens,
-                "chat": self.chat}
+                "chat": self.chat, "chat_template": self.chat_template}
 
 
 def load_hf_tokenizer(path):
@@ -271,13 +283,15 @@ def load_hf_tokenizer(path):
     if len(set(ranks.values())) < len(ranks) or set(ranks.values()) & set(specials.values()):
         raise UserError(f"{source}: two tokens share an id")  # tiktoken's Rust core would panic
     eot, stops = _eos_ids(path, tok_config, {**vocab, **specials})
+    template = tok_config.get("chat_template") or _read_text(f("chat_template.jinja"))
     has_template = bool(tok_config.get("chat_template")) or os.path.isfile(f("chat_template.jinja"))
     chat = next((k for k, need in CHAT_TOKENS.items() if has_template and need <= specials.keys()), None)
     if not isinstance(pat, str):
         raise UserError(f"{source}: the split pattern is {shown(pat)}, not a regular expression (a string)")
     try:  # tiktoken compiles the split pattern here (fancy-regex): a pattern it cannot parse is a ValueError
         enc = HFEncoding(os.path.basename(os.path.normpath(path)), pat_str=pat, mergeable_ranks=ranks,
-                         special_tokens=specials, nfc=nfc, eot_token=eot, stop_tokens=stops, chat=chat)
+                         special_tokens=specials, nfc=nfc, eot_token=eot, stop_tokens=stops, chat=chat,
+                         chat_template=template)
     except ValueError as e:
         raise UserError(f"{source}: the split pattern {shown(pat)} does not compile "
                         f"({(str(e).splitlines() or [''])[0][:100]})") from None
