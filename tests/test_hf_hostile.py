@@ -104,7 +104,7 @@ def test_every_config_field_of_a_wrong_type_or_range_is_one_line_naming_it(dirs,
 
 @pytest.mark.parametrize("changes,key", [
     (dict(num_attention_heads=3), "num_attention_heads"),      # 64 is not a multiple of 3
-    (dict(num_attention_heads=64 // 1), "num_attention_heads"),  # head size 1: RoPE needs pairs
+    (dict(num_attention_heads=64), "num_attention_heads"),     # head size 1: RoPE needs pairs
     (dict(num_key_value_heads=3), "num_key_value_heads"),      # 4 query heads cannot share 3
     (dict(head_dim=32), "head_dim"),
     (dict(layer_types=["sliding_attention", "full_attention"]), "sliding"),
