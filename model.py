@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint as activation_checkpoint
 
 from configurator import UserError
-from pretrained.hf import hf_config_args, hf_tensors, read_hf_config, read_hf_weights
+from pretrained.hf import hf_config_args, hf_layer_count, hf_tensors, read_hf_config, read_hf_weights
 from runs.base import base_identity, check_same_base, resolve_base  # noqa: F401 (a run's base: the scripts' import)
 
 
@@ -289,6 +289,11 @@ class GPT(nn.Module):
         (config.json + model.safetensors, or shards named in model.safetensors.index.json), its
         weights kept in `dtype`. Nothing is downloaded: fetch the directory first (README)."""
         config = GPTConfig(**hf_config_args(read_hf_config(path), path))
+        held = hf_layer_count(path)
+        if config.n_layer > held:  # checked before building n_layer blocks (fewer: an unexpected tensor, below)
+            key = "n_layer" if config.arch == "gpt2" else "num_hidden_layers"
+            raise UserError(f"{path}/config.json: {key} = {config.n_layer}, but the weights hold {held} layers: "
+                            f"config.json and the weights do not belong together")
         with torch.device("meta"):  # no memory yet: each tensor arrives once, straight from the file
             model = cls(config)
         shapes = {k: v.shape for k, v in model.state_dict().items()}

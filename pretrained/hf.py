@@ -82,6 +82,21 @@ def open_safetensors(file):
                         f"download it again") from None
 
 
+def hf_layer_count(path):
+    """The layers the weight files hold (highest layer index in their tensor names + 1), from the files'
+    headers alone: a config.json's layer count is checked against it before the model is built (a count of
+    10^9 would otherwise build modules for hours before any tensor is read)."""
+    n = 0
+    for file, keys in hf_weight_files(path).items():
+        if keys is None:
+            with open_safetensors(file) as f:
+                keys = list(f.keys())
+        for key in keys:
+            if m := re.search(r"(?:^|\.)(?:h|layers)\.(\d+)\.", key):
+                n = max(n, int(m[1]) + 1)
+    return n
+
+
 def hf_tensors(path):
     """(name, tensor) of every tensor of the directory's weight files, as stored (memory-mapped)."""
     for file, keys in hf_weight_files(path).items():

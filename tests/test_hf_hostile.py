@@ -126,6 +126,21 @@ def test_inconsistent_gpt2_configs_are_refused_by_name(dirs, tmp_path, changes, 
     one_line_error(lambda: GPT.from_pretrained(d), key)
 
 
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+@pytest.mark.parametrize("n", [3, 10 ** 9])
+def test_a_layer_count_the_weights_do_not_hold_is_refused_before_building(dirs, tmp_path, family, n):
+    """The files hold 2 layers; 10^9 would build modules for hours if the count were trusted first."""
+    import time
+    d = copy_of(dirs[family], tmp_path / "d")
+    key = "n_layer" if family == "gpt2" else "num_hidden_layers"
+    write_config(d, **{key: n})
+    t = time.time()
+    one_line_error(lambda: GPT.from_pretrained(d), f"{key} = {n}, but the weights hold 2 layers")
+    assert time.time() - t < 30
+    write_config(d, **{key: 1})  # fewer: the first tensor of layer 1 is named
+    one_line_error(lambda: GPT.from_pretrained(d), "unexpected tensor", ".1.")
+
+
 def test_accepted_edge_values_compute_what_transformers_computes(dirs, tmp_path):
     """An integer theta (JSON has one number type), a large epsilon and a float32 dtype load, and the model is the
     one transformers reads from the same file; the untied head stays untied."""
