@@ -230,7 +230,7 @@ def load_policy(ckpt_path, device="cpu", merge=False, base_ckpt=""):
     """(model, tokenizer, data_dir) from a base (checkpoint or Hugging Face directory) or a GRPO
     checkpoint. merge=True folds the adapter into the base weights (W + s B A): plain nn.Linear
     layers, so sampling pays no LoRA matmuls. base_ckpt: a GRPO checkpoint's base where it is now
-    ('' = found by model.resolve_base, as every script finds it)."""
+    ('' = found by runs/base.resolve_base, as every script finds it)."""
     ckpt = None if os.path.isdir(ckpt_path) else load_checkpoint(ckpt_path)
     if ckpt is None or "lora" not in ckpt:
         if base_ckpt:

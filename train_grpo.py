@@ -225,7 +225,7 @@ def prepare_base(cfg, out, resume):
     """The frozen base model (dropout off), its data and tokenizer; an adapter being resumed must
     have been trained on exactly this base (weights, configuration, tokenizer: runs/base.py), and every
     prompt + max_new_tokens must fit. Returns the base's identity (base_identity) in place of its fingerprint."""
-    if resume is not None:  # found as every script finds a run's base; --base_ckpt=NEWPATH where it moved
+    if resume is not None:  # found as every script finds a run's base; --base_ckpt=PATH where it moved
         given = cfg["base_ckpt"] if cfg["base_ckpt"] != resume["base_ckpt"] else ""
         cfg["base_ckpt"] = resolve_base(resume, os.path.join(out, "ckpt.pt"), given)
     ensure_base(cfg["base_ckpt"], cfg["base_config"], cfg["device"], resuming=resume is not None)

@@ -68,7 +68,7 @@ PROJECT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def resolve_base(ckpt, ckpt_path, given=""):
     """The base a GRPO checkpoint was trained on, found the same way by every script (sample, attribution,
-    export, resume): `given` (--base_ckpt=NEWPATH) if given; else where it was when the run started (its
+    export, resume): `given` (--base_ckpt=PATH) if given; else where it was when the run started (its
     absolute path), as recorded (relative to the working directory), or relative to the project. The
     adapter is then checked against it (check_same_base), so a wrong base is refused, never used."""
     stored = ckpt.get("base_ckpt", "")
