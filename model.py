@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint as activation_checkpoint
 
 from configurator import UserError
-from pretrained.hf import hf_config_args, hf_tensors, read_hf_config, read_hf_weights
+from pretrained.hf import hf_config_args, hf_layer_count, hf_tensors, read_hf_config, read_hf_weights
 
 
 @dataclass
@@ -288,6 +288,11 @@ class GPT(nn.Module):
         (config.json + model.safetensors, or shards named in model.safetensors.index.json), its
         weights kept in `dtype`. Nothing is downloaded: fetch the directory first (README)."""
         config = GPTConfig(**hf_config_args(read_hf_config(path), path))
+        held = hf_layer_count(path)
+        if config.n_layer > held:  # checked before building n_layer blocks (fewer: an unexpected tensor, below)
+            key = "n_layer" if config.arch == "gpt2" else "num_hidden_layers"
+            raise UserError(f"{path}/config.json: {key} = {config.n_layer}, but the weights hold {held} layers: "
+                            f"config.json and the weights do not belong together")
         with torch.device("meta"):  # no memory yet: each tensor arrives once, straight from the file
             model = cls(config)
         shapes = {k: v.shape for k, v in model.state_dict().items()}
@@ -330,6 +335,11 @@ def load_checkpoint(path, map_location="cpu"):
     """torch.load with weights_only=True (no arbitrary code), with one-line errors."""
     if not os.path.exists(path):
         raise UserError(f"checkpoint not found: {path}")
+    if os.path.isdir(path):  # torch.load's IsADirectoryError would read as a corrupt file
+        what = ("a Hugging Face model directory" if os.path.isfile(os.path.join(path, "config.json")) else
+                f"a run directory (its checkpoint: {os.path.join(path, 'ckpt.pt')})"
+                if os.path.isfile(os.path.join(path, "ckpt.pt")) else "a directory")
+        raise UserError(f"{path} is {what}, not a checkpoint file")
     try:
         return torch.load(path, map_location=map_location, weights_only=True)
     except Exception as e:
@@ -339,6 +349,9 @@ def load_checkpoint(path, map_location="cpu"):
 
 def model_from_checkpoint(ckpt, path="checkpoint", **overrides):
     """Build a GPT from a base checkpoint's model_args and weights; a mismatch is a clear error."""
+    if "lora" in ckpt:  # a GRPO run's: an adapter, not a model
+        raise UserError(f"{path} is a train_grpo.py checkpoint (a LoRA adapter on the base {ckpt.get('base_ckpt')}), "
+                        f"not a base model: give a base, e.g. the one it was trained on")
     if "model_args" not in ckpt or "model" not in ckpt:
         raise UserError(f"{path} is not a base model checkpoint (no model_args/model)")
     args = {**ckpt["model_args"], **overrides}
@@ -371,13 +384,3 @@ def tensors_fingerprint(named_tensors):
         h.update(f"{k}|{t.dtype}|{tuple(t.shape)}|".encode())
         h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
     return h.hexdigest()[:16]
-
-
-def check_same_base(adapter_ckpt, adapter_path, fingerprint, base_path):
-    """A LoRA adapter is a difference to ONE set of base weights: on another base (retrained, same
-    shape or not) it means nothing. Refuse it, naming the base."""
-    saved = adapter_ckpt.get("base_fingerprint")
-    if saved is not None and saved != fingerprint:
-        raise UserError(f"{adapter_path} was trained on other base weights than {base_path} holds now "
-                        f"(fingerprint {saved}, found {fingerprint}): the base was retrained or replaced; "
-                        f"put the original base back, or train a new adapter on this one")

@@ -22,7 +22,8 @@ import torch
 from data.gsm_synth.prepare import load_split, load_tokenizer
 from lora import apply_lora, load_lora_state_dict, merge_lora
 from scale.device import check_device
-from model import GPT, base_fingerprint, check_same_base, load_checkpoint, model_from_checkpoint
+from model import GPT, base_fingerprint, load_checkpoint, model_from_checkpoint
+from runs.base import base_identity, check_same_base, resolve_base
 from data.tasks import resolve_data_dir, set_instruction, task_data
 from pretrained.tokenizer import load_hf_tokenizer
 
@@ -183,6 +184,7 @@ defaults = dict(
     top_p=1.0,
     seed=1337,
     device="cpu",
+    base_ckpt="",             # a GRPO checkpoint's base where it is now, if it moved ('' = where the run found it)
 )
 
 
@@ -208,25 +210,24 @@ def load_base(path, data_dir="", dtype=torch.float32, ckpt=None, **overrides):
     return model, enc, data_dir
 
 
-def load_policy(ckpt_path, device="cpu", merge=False):
+def load_policy(ckpt_path, device="cpu", merge=False, base_ckpt=""):
     """(model, tokenizer, data_dir) from a base (checkpoint or Hugging Face directory) or a GRPO
     checkpoint. merge=True folds the adapter into the base weights (W + s B A): plain nn.Linear
-    layers, so sampling pays no LoRA matmuls."""
-    if os.path.isdir(ckpt_path):
-        model, enc, data_dir = load_base(ckpt_path)
-        return model.to(device).eval(), enc, data_dir
-    ckpt = load_checkpoint(ckpt_path)
-    if "lora" not in ckpt:
+    layers, so sampling pays no LoRA matmuls. base_ckpt: a GRPO checkpoint's base where it is now
+    ('' = found by runs/base.resolve_base, as every script finds it)."""
+    ckpt = None if os.path.isdir(ckpt_path) else load_checkpoint(ckpt_path)
+    if ckpt is None or "lora" not in ckpt:
+        if base_ckpt:
+            raise UserError(f"base_ckpt={base_ckpt} names the base of a GRPO checkpoint; {ckpt_path} is a base "
+                            f"model itself: leave base_ckpt ''")
         model, enc, data_dir = load_base(ckpt_path, ckpt=ckpt)
         return model.to(device).eval(), enc, data_dir
     cfg = ckpt["config"]  # a GRPO checkpoint: the adapter on top of the base it was trained from
-    base_path = ckpt["base_ckpt"]  # relative to where the run was started, usually the repository
-    beside_code = os.path.join(os.path.dirname(os.path.abspath(__file__)), base_path)
-    if not os.path.exists(base_path) and os.path.exists(beside_code):
-        base_path = beside_code  # run from another directory
+    base_path = resolve_base(ckpt, ckpt_path, base_ckpt)
     model, enc, data_dir = load_base(base_path, resolve_data_dir(ckpt.get("data_dir", "")))
     set_instruction(enc, cfg.get("task", "arith"))  # the run's prompts
-    check_same_base(ckpt, ckpt_path, base_fingerprint(base_path, model), base_path)
+    # the adapter is bound to the base's weights, configuration and tokenizer: any change is refused by name
+    check_same_base(ckpt, ckpt_path, base_identity(base_fingerprint(base_path, model), model, enc), base_path)
     apply_lora(model, cfg["lora_r"], cfg["lora_alpha"], 0.0, cfg["lora_targets"])
     load_lora_state_dict(model, ckpt["lora"])
     if merge:
@@ -243,7 +244,7 @@ def main(argv):
     check(cfg, "top_p", 0 < cfg["top_p"] <= 1, "must be in (0, 1] (1 = off)")
     check_device(cfg["device"])  # float32
     check(cfg, "start", not (cfg["start"] and cfg["question"]), "give --start (raw text) or --question, not both")
-    model, enc, data_dir = load_policy(cfg["ckpt"], cfg["device"], merge=True)
+    model, enc, data_dir = load_policy(cfg["ckpt"], cfg["device"], merge=True, base_ckpt=cfg["base_ckpt"])
     bad = next((n for n, p in model.named_parameters() if not torch.isfinite(p).all()), None)
     if bad is not None:  # every logit would be NaN: say which weight, not a traceback from sampling
         raise UserError(f"{cfg['ckpt']}: weight {bad} holds NaN/Inf, so the model cannot be sampled: use a copy "

@@ -37,7 +37,8 @@ from grpo import LOSS_TYPES, TIMES, grpo_updates, make_rollouts, rollouts_reward
 from runs.metrics import NoSignal, print_step, rollout_record, step_log
 from lora import apply_lora, lora_parameters, lora_state_dict, load_lora_state_dict
 from scale.device import check_device, memory_stats
-from model import CheckpointWriteError, check_same_base, load_checkpoint, save_checkpoint
+from model import CheckpointWriteError, load_checkpoint, save_checkpoint
+from runs.base import base_identity, check_same_base, resolve_base
 from rewards import REWARD_FUNCS
 from runs.rundir import refuse_existing_run, rewind, run_lock, stop_note
 from data.tasks import TASKS, portable_path, resolve_data_dir, task_rewards
@@ -226,12 +227,17 @@ def validate(cfg):
 
 def prepare_base(cfg, out, resume):
     """The frozen base model (dropout off), its data and tokenizer; an adapter being resumed must
-    have been trained on exactly these base weights, and every prompt + max_new_tokens must fit."""
+    have been trained on exactly this base (weights, configuration, tokenizer: runs/base.py), and every
+    prompt + max_new_tokens must fit. Returns the base's identity (base_identity) in place of its fingerprint."""
+    if resume is not None:  # found as every script finds a run's base; --base_ckpt=PATH where it moved
+        given = cfg["base_ckpt"] if cfg["base_ckpt"] != resume["base_ckpt"] else ""
+        cfg["base_ckpt"] = resolve_base(resume, os.path.join(out, "ckpt.pt"), given)
     ensure_base(cfg["base_ckpt"], cfg["base_config"], cfg["device"], resuming=resume is not None)
     model, fingerprint, data_dir, enc, splits = load_frozen_base(cfg["base_ckpt"], cfg["grad_checkpoint"],
                                                                  cfg["data_dir"], cfg["dtype"], cfg["task"])
+    identity = base_identity(fingerprint, model, enc)
     if resume is not None:
-        check_same_base(resume, os.path.join(out, "ckpt.pt"), fingerprint, cfg["base_ckpt"])
+        check_same_base(resume, os.path.join(out, "ckpt.pt"), identity, cfg["base_ckpt"])
     check_task_data(data_dir, cfg["task"])  # the directory actually read (a base checkpoint's, a default one)
     longest, split, line = max((len(encode_prompt(enc, e["question"])), s, n + 1)
                                for s, rows in splits.items() for n, e in enumerate(rows))
@@ -243,7 +249,7 @@ def prepare_base(cfg, out, resume):
         raise UserError(f"config key 'max_new_tokens' = {cfg['max_new_tokens']} is not allowed: the longest question, "
                         f"{longest} tokens at {where}, + max_new_tokens must fit the base's context of {block}: give "
                         f"at most {block - longest}, or remove that question")
-    return model, fingerprint, data_dir, enc, splits
+    return model, identity, data_dir, enc, splits
 
 
 def main(argv):
@@ -278,7 +284,7 @@ class Run:
         self.cfg, self.out, device = cfg, cfg["out_dir"], cfg["device"]
         if resume is None and distributed.is_main():  # (the others would see rank 0's first files)
             refuse_existing_run(self.out)  # any run file: resume it, or use another out_dir
-        self.model, self.fingerprint, self.data_dir, self.enc, splits = prepare_base(cfg, self.out, resume)
+        self.model, self.base, self.data_dir, self.enc, splits = prepare_base(cfg, self.out, resume)
         self.train_split, self.val_split = splits["train"], splits["val"]
         self.test = splits["test"][:cfg["eval_n"]]
         n = len(self.train_split)
@@ -330,8 +336,10 @@ class Run:
         # lr: the rate of the step taken FROM these weights (TracIn's eta_t pairs theta_t with step t)
         state = {"lora": lora_state_dict(self.model), "optimizer": self.optimizer.state_dict(),
                  "iter_num": self.iter_num, "lr": self.lr_at(self.iter_num), "base_ckpt": self.cfg["base_ckpt"],
+                 "base_abspath": os.path.abspath(self.cfg["base_ckpt"]),  # runs/base.resolve_base looks here
                  "config": {**self.cfg, "data_dir": portable_path(self.cfg["data_dir"])},  # another copy of the
-                 "base_fingerprint": self.fingerprint, "data_dir": portable_path(self.data_dir),  # project: its own
+                 "data_dir": portable_path(self.data_dir),  # project reads its own data
+                 "base_fingerprint": self.base["tensors"], "base_identity": self.base,  # what the adapter is bound to
                  "train_seconds": self.elapsed_before + time.time() - self.t_start,
                  **({"curriculum": self.curriculum.state_dict()} if self.curriculum else {}),
                  "rng": {"python": self.rng.getstate(), "generator": self.generator.get_state(),

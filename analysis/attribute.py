@@ -49,6 +49,7 @@ defaults = dict(
     normalize=True,            # also report cosine-normalised scores (rankings not dominated by gradient norm)
     self_influence=False,
     device="cpu",
+    base_ckpt="",              # the run's base where it is now, if it moved ('' = where the run found it)
     out_json="",               # default: <out_dir>/tracin_<sha256(question + completion)[:12]>.json, one per answer
     html=None,                 # the HTML report; default (unset): <out_dir>/tracin_report.html; --html= : none
     figure=None,               # the slide figure (PNG, needs matplotlib); default: <out_dir>/tracin_influence.png
@@ -280,7 +281,7 @@ def main(argv):
     sections, audited = [], None
     with run_lock(run):  # a training run (or another attribution) in this directory is refused
         iters, ckpts = [s for s, _ in ckpts], [p for _, p in ckpts]
-        model, enc, data_dir = load_policy(ckpts[-1], cfg["device"])
+        model, enc, data_dir = load_policy(ckpts[-1], cfg["device"], base_ckpt=cfg["base_ckpt"])
         check_fits(cfg, model, enc, questions)  # before the audit's or any question's output is written
         run_cfg = load_checkpoint(ckpts[-1]).get("config", {})
         temperature = run_cfg.get("temperature", 1.0)

@@ -68,6 +68,7 @@ from grpo import completion_logprobs, grpo_loss, selective_log_softmax
 from lora import apply_lora
 from scale.device import check_device
 from sample import generate
+from model import load_checkpoint, model_from_checkpoint
 from train_base import ensure_base
 
 defaults = dict(
@@ -309,7 +310,15 @@ def check_base(cfg, chosen):
     is missing (train_base.ensure_base), from config/tiny_base.py relative to the working directory: checked
     before the first row, so that a wrong --base_ckpt or directory is an error before any work."""
     needs = {"step_cost", "rewards"} | ({"posthoc"} if importlib.util.find_spec("captum") else set())
-    if cfg["quick"] or not needs & set(chosen) or os.path.exists(cfg["base_ckpt"]):
+    if cfg["quick"] or not needs & set(chosen):
+        return
+    if os.path.exists(cfg["base_ckpt"]):  # a model directory or a GRPO checkpoint is named as what it is
+        rows = ", ".join(r for r in ROWS if r in needs & set(chosen))
+        try:
+            model_from_checkpoint(load_checkpoint(cfg["base_ckpt"]), cfg["base_ckpt"])
+        except UserError as e:
+            raise UserError(f"base_ckpt: {e}; the row(s) {rows} measure the tiny task's base, a train_base.py "
+                            f"checkpoint such as out/base/ckpt.pt: give one, or leave --base_ckpt out") from None
         return
     if not os.path.isfile(os.path.join("config", "tiny_base.py")):
         raise UserError(f"base_ckpt {cfg['base_ckpt']} not found from {os.getcwd()}: the row(s) "

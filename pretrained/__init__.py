@@ -2,6 +2,7 @@
 Llama-family) and hand its adapter back.
 
     hf.py         config.json -> GPTConfig switches, the tensor-name table, safetensors in and out
+    hfconfig.py   config.json checked field by field (type, range, what this GPT implements); JSON read safely
     tokenizer.py  the directory's byte-level BPE tokenizer as a tiktoken.Encoding, its chat format, stop ids
     export.py     python -m pretrained.export --out_dir=RUN: a peft adapter and a merged model directory
 

@@ -21,6 +21,7 @@ from contextlib import nullcontext
 from pretrained.hf import check_out, hf_dtype, save_peft_adapter, save_pretrained
 from lora import LoRALinear, merge_lora
 from model import load_checkpoint
+from runs.base import resolve_base
 from runs.rundir import run_lock
 from sample import load_policy
 
@@ -30,6 +31,7 @@ defaults = dict(
     adapter_dir="",      # '' = out_dir/peft_adapter
     merged=False,        # also write the merged model
     merged_dir="",       # '' = out_dir/merged
+    base_ckpt="",        # the run's base where it is now, if it moved ('' = where the run found it)
 )
 
 
@@ -82,13 +84,13 @@ def export(cfg, path, adapter_dir, merged_dir, replaced):
     ckpt = load_checkpoint(path)
     if "lora" not in ckpt or "base_ckpt" not in ckpt:
         raise UserError(f"{path} is not a train_grpo.py checkpoint (no LoRA adapter): give the out_dir of a GRPO run")
-    base, run_cfg = ckpt["base_ckpt"], ckpt["config"]
+    base, run_cfg = resolve_base(ckpt, path, cfg["base_ckpt"]), ckpt["config"]  # as sample.py finds it
     if not os.path.isdir(base):
         raise UserError(f"the run's base {base} is a train_base.py checkpoint, which peft and transformers cannot "
                         f"read: export needs a run on a Hugging Face model directory (train_grpo.py --base_ckpt=DIR)")
     source = {"ckpt": os.path.abspath(path), "iter": ckpt.get("iter_num"), "base": os.path.abspath(base)}
     said = f"iter {source['iter']} of {path}"
-    model, _, _ = load_policy(path)  # base + adapter, checked against the base's fingerprint
+    model, _, _ = load_policy(path, base_ckpt=base)  # base + adapter, checked against the base's identity
     again = lambda d: " (replacing an earlier export)" if d in replaced else ""  # noqa: E731
     save_peft_adapter(model, adapter_dir, base, run_cfg["lora_r"], run_cfg["lora_alpha"], source)
     n = sum(isinstance(m, LoRALinear) for m in model.modules())

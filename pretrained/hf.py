@@ -16,7 +16,7 @@ import torch
 import torch.nn as nn
 
 from configurator import UserError
-
+from pretrained.hfconfig import config_dtype, hf_config_args, read_json  # noqa: F401 (hf_config_args: model.py's)
 
 
 # module and tensor names here -> a Hugging Face checkpoint's, replaced in this order (GPT-2: the same)
@@ -40,57 +40,7 @@ def read_hf_config(path):
                             f"{os.path.join(path, 'ckpt.pt')}")
         raise UserError(f"{path} is not a Hugging Face model directory (no config.json)" if os.path.isdir(path)
                         else f"model directory not found: {path}")
-    try:
-        with open(file) as f:
-            hf = json.load(f)
-    except (OSError, ValueError) as e:
-        raise UserError(f"{file} cannot be read as JSON ({e})") from None
-    if not isinstance(hf, dict):
-        raise UserError(f"{file} is not a model config (a JSON object)")
-    return hf
-
-
-def hf_config_args(hf, path):
-    """GPTConfig arguments for a config.json; anything this GPT would compute differently is an error."""
-    kind = hf.get("model_type")
-
-    def refuse(what):
-        raise UserError(f"{path}/config.json: {what} is not implemented here; the model would compute "
-                        f"something else")
-    try:
-        if kind == "gpt2":
-            gelu = {"gelu_new": "tanh", "gelu_pytorch_tanh": "tanh", "gelu": "none"}.get(
-                hf.get("activation_function", "gelu_new"))
-            if gelu is None:
-                refuse(f"activation_function {hf['activation_function']!r}")
-            if hf.get("scale_attn_by_inverse_layer_idx") or hf.get("reorder_and_upcast_attn") \
-                    or not hf.get("scale_attn_weights", True):
-                refuse("GPT-2's attention scaling options")
-            return dict(arch="gpt2", block_size=hf["n_positions"], vocab_size=hf["vocab_size"],
-                        n_layer=hf["n_layer"], n_head=hf["n_head"], n_embd=hf["n_embd"], n_inner=hf.get("n_inner") or 0,
-                        bias=True, gelu=gelu, norm_eps=hf.get("layer_norm_epsilon", 1e-5), tie_head=True)
-        if kind in ("qwen2", "llama"):
-            rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}  # transformers 5 | 4
-            if rope.get("rope_type", rope.get("type", "default")) != "default":
-                refuse(f"rope scaling {rope.get('rope_type', rope.get('type'))!r}")
-            if hf.get("hidden_act", "silu") != "silu":
-                refuse(f"hidden_act {hf['hidden_act']!r}")
-            if hf.get("use_sliding_window") or "sliding_attention" in (hf.get("layer_types") or ()):
-                refuse("sliding-window attention")
-            if hf.get("attention_bias") or hf.get("mlp_bias"):
-                refuse("attention_bias / mlp_bias")
-            C, H = hf["hidden_size"], hf["num_attention_heads"]
-            if hf.get("head_dim") not in (None, C // H):
-                refuse(f"head_dim {hf['head_dim']} != hidden_size / num_attention_heads")
-            return dict(arch="llama", block_size=hf["max_position_embeddings"], vocab_size=hf["vocab_size"],
-                        n_layer=hf["num_hidden_layers"], n_head=H, n_embd=C,
-                        n_kv_head=hf.get("num_key_value_heads") or H, n_inner=hf["intermediate_size"],
-                        norm_eps=hf.get("rms_norm_eps", 1e-6), qkv_bias=kind == "qwen2",
-                        rope_theta=float(rope.get("rope_theta", hf.get("rope_theta", 10000.0))),
-                        tie_head=bool(hf.get("tie_word_embeddings", False)))
-    except KeyError as e:
-        raise UserError(f"{path}/config.json lacks {e.args[0]!r}, which a {kind} model needs") from None
-    raise UserError(f"{path}/config.json: model_type {kind!r} is not supported (gpt2, qwen2, llama)")
+    return read_json(file, "model config")
 
 
 def hf_weight_files(path):
@@ -102,13 +52,14 @@ def hf_weight_files(path):
         found = [f for f in os.listdir(path) if f.endswith((".bin", ".pt", ".pth", ".h5", ".msgpack"))]
         raise UserError(f"{path} has no model.safetensors nor model.safetensors.index.json"
                         + (f" (found {found[0]}: only safetensors weights are read)" if found else ""))
+    weight_map = read_json(index, "safetensors index").get("weight_map")
     try:
-        with open(index) as f:
-            weight_map = json.load(f)["weight_map"]
         files = {}
         for key, name in weight_map.items():
+            if not isinstance(name, str) or os.path.basename(name) != name:  # a file of this directory only
+                raise ValueError(f"{key} is stored in {name!r}, not a file name")
             files.setdefault(os.path.join(path, name), []).append(key)
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+    except (ValueError, TypeError, AttributeError) as e:
         raise UserError(f"{index} is not a safetensors index ({type(e).__name__}: {e})") from None
     for file in files:
         if not os.path.isfile(file):
@@ -129,6 +80,21 @@ def open_safetensors(file):
         why = (str(e).splitlines() or [""])[0][:120]
         raise UserError(f"{file} is not a readable safetensors file ({type(e).__name__}: {why}); "
                         f"download it again") from None
+
+
+def hf_layer_count(path):
+    """The layers the weight files hold (highest layer index in their tensor names + 1), from the files'
+    headers alone: a config.json's layer count is checked against it before the model is built (a count of
+    10^9 would otherwise build modules for hours before any tensor is read)."""
+    n = 0
+    for file, keys in hf_weight_files(path).items():
+        if keys is None:
+            with open_safetensors(file) as f:
+                keys = list(f.keys())
+        for key in keys:
+            if m := re.search(r"(?:^|\.)(?:h|layers)\.(\d+)\.", key):
+                n = max(n, int(m[1]) + 1)
+    return n
 
 
 def hf_tensors(path):
@@ -153,6 +119,9 @@ def read_hf_weights(path, arch, shapes, dtype):
                         continue  # buffers older files carry; a tied head's copy of wte
                     raise UserError(f"{file}: unexpected tensor {key} for a {arch} model of this config.json")
                 t = f.get_tensor(key)
+                if not t.dtype.is_floating_point:  # quantized or damaged: casting would give other numbers
+                    raise UserError(f"{file}: tensor {key} is stored as {str(t.dtype).removeprefix('torch.')}; "
+                                    f"only float weights are read (quantized models are not supported)")
                 if arch == "gpt2" and re.search(r"\.(c_attn|c_proj|c_fc)\.weight$", theirs):
                     t = t.t()  # GPT-2's Conv1D stores (in, out); nn.Linear holds (out, in)
                 ours = names.pop(theirs)
@@ -286,6 +255,4 @@ def save_pretrained(model, out, base_path, dtype, source=None):
 
 def hf_dtype(path):
     """The dtype a directory's weights are stored in (config.json's dtype / torch_dtype), float32 if unsaid."""
-    config = read_hf_config(path)
-    name = config.get("dtype") or config.get("torch_dtype") or "float32"
-    return getattr(torch, name) if isinstance(getattr(torch, name, None), torch.dtype) else torch.float32
+    return config_dtype(read_hf_config(path), path)

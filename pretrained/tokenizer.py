@@ -17,14 +17,15 @@ bytes). tiktoken also takes a whole piece that is in the vocabulary as one token
 `ignore_merges` and as a trained BPE's merges do anyway. The split pattern is the pre-tokenizer's
 regex; added tokens (HF matches them all in text) are tiktoken's special tokens.
 """
-import json
 import os
+import threading
 import unicodedata
 
 import regex  # tiktoken's own dependency, for the special-token split below
 import tiktoken
 
 from configurator import UserError
+from pretrained.hfconfig import read_json, shown
 
 SUPPORTED = "only byte-level BPE (GPT-2, Qwen2, SmolLM2, Llama 3) is supported"
 GPT2_PAT = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
@@ -49,16 +50,18 @@ BYTE_OF_CHAR = {c: b for b, c in _bytes_to_unicode().items()}
 
 def _json(path):
     """The JSON object in path, or None if there is no such file."""
+    return read_json(path) if os.path.isfile(path) else None
+
+
+def _read_text(path):
+    """A text file's contents, or None if there is no such file."""
     if not os.path.isfile(path):
         return None
     try:
         with open(path, encoding="utf-8") as f:
-            obj = json.load(f)
-    except (OSError, ValueError) as e:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
-        raise UserError(f"cannot read {path}: {e}") from None
-    if not isinstance(obj, dict):
-        raise UserError(f"{path} is not a JSON object")
-    return obj
+            return f.read()
+    except (OSError, ValueError) as e:
+        raise UserError(f"cannot read {path} ({type(e).__name__}: {str(e)[:100]})") from None
 
 
 def _split_pattern(pre, path):
@@ -87,6 +90,25 @@ def _to_bytes(token, path):
         return bytes(BYTE_OF_CHAR[c] for c in token)
     except KeyError:
         raise UserError(f"{path}: token {token!r} is not byte-level BPE; {SUPPORTED}") from None
+
+
+MAX_ID = 2 ** 31 - 1  # tiktoken's ranks are 32-bit; torch embeds ids as int64
+
+
+def _check_ids(vocab, merges, specials, path):
+    """Refuse, by name, an id that is not an integer (a string, a float, JSON's true) or out of range,
+    and a merge that is not two tokens: tiktoken would fail inside its Rust core, or compute other ids."""
+    if not isinstance(vocab, dict) or not isinstance(merges, list):
+        raise UserError(f"{path}: the vocabulary must be a JSON object (token -> id) and the merges a list")
+    for table, what in ((vocab, "token"), (specials, "added token")):
+        for token, i in table.items():
+            if not isinstance(token, str) or not isinstance(i, int) or isinstance(i, bool) or not 0 <= i <= MAX_ID:
+                raise UserError(f"{path}: {what} {shown(token)} has id {shown(i)}; ids must be integers from 0 to "
+                                f"{MAX_ID}: the file is damaged")
+    for k, m in enumerate(merges):
+        pair = m.split(" ") if isinstance(m, str) else m
+        if not isinstance(pair, list) or len(pair) != 2 or not all(isinstance(t, str) for t in pair):
+            raise UserError(f"{path}: merge {k} is {shown(m)}; a merge is two tokens ('a b' or ['a', 'b'])")
 
 
 def _check_merges(vocab, merges, path):
@@ -164,13 +186,32 @@ def _eos_ids(folder, tok_config, token_ids):
     return token_ids[eos], ()
 
 
+class _no_panic:
+    """A text on which the split pattern still exceeds fancy-regex's backtracking limit (the load-time probe
+    below tries fixed strings only): one line, not pyo3's PanicException (a BaseException) and a traceback."""
+
+    def __init__(self, enc):
+        self.enc = enc
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, e, tb):
+        # encode_ordinary panics; encode (special tokens allowed) returns fancy-regex's error as a ValueError
+        if kind is not None and (kind.__name__ == "PanicException" or kind is ValueError and "Regex error" in str(e)):
+            raise UserError(f"tokenizer {self.enc.name}: its split pattern exceeded the regex engine's backtracking "
+                            f"limit on this text ({(str(e).splitlines() or [''])[0][:80]})") from None
+        return False
+
+
 class HFEncoding(tiktoken.Encoding):
     """A tiktoken.Encoding plus what a model directory says: NFC normalisation, eos ids, chat format."""
 
     def __init__(self, name, *, pat_str, mergeable_ranks, special_tokens, nfc=False, eot_token=None,
-                 stop_tokens=(), chat=None):
+                 stop_tokens=(), chat=None, chat_template=None):
         super().__init__(name, pat_str=pat_str, mergeable_ranks=mergeable_ranks, special_tokens=special_tokens)
         self.nfc, self._eot, self.stop_tokens, self.chat = nfc, eot_token, tuple(stop_tokens), chat
+        self.chat_template = chat_template  # the directory's own text: part of what an adapter is bound to
         # HF matches added tokens in the raw text and normalises only the text between them
         specials = sorted(special_tokens, key=len, reverse=True)
         self._special_split = regex.compile("(" + "|".join(map(regex.escape, specials)) + ")") if specials else None
@@ -186,10 +227,12 @@ class HFEncoding(tiktoken.Encoding):
         return "".join(p if k % 2 else unicodedata.normalize("NFC", p) for k, p in enumerate(parts))
 
     def encode_ordinary(self, text):
-        return super().encode_ordinary(self._normalize(text))
+        with _no_panic(self):
+            return super().encode_ordinary(self._normalize(text))
 
     def encode(self, text, **kwargs):
-        return super().encode(self._normalize(text), **kwargs)
+        with _no_panic(self):
+            return super().encode(self._normalize(text), **kwargs)
 
     def encode_chat(self, user_text):
         """Ids of a one-turn chat prompt that ends in the assistant's header. The user's text is ordinary
@@ -207,7 +250,7 @@ class HFEncoding(tiktoken.Encoding):
 
     def __getstate__(self):  # pickles with its own fields; tiktoken's __setstate__ calls __init__(**state)
         return {**super().__getstate__(), "nfc": self.nfc, "eot_token": self._eot, "stop_tokens": self.stop_tokens,
-                "chat": self.chat}
+                "chat": self.chat, "chat_template": self.chat_template}
 
 
 def load_hf_tokenizer(path):
@@ -227,6 +270,7 @@ def load_hf_tokenizer(path):
     try:
         vocab, merges, specials, pat, nfc = _read_tokenizer_json(source) if source.endswith(".json") \
             else _read_vocab_merges(path, tok_config)
+        _check_ids(vocab, merges, specials, source)
         _check_merges(vocab, merges, source)
         ranks = {_to_bytes(s, source): i for s, i in vocab.items() if s not in specials}  # added tokens: specials
     except UserError:
@@ -239,7 +283,72 @@ def load_hf_tokenizer(path):
     if len(set(ranks.values())) < len(ranks) or set(ranks.values()) & set(specials.values()):
         raise UserError(f"{source}: two tokens share an id")  # tiktoken's Rust core would panic
     eot, stops = _eos_ids(path, tok_config, {**vocab, **specials})
+    template = tok_config.get("chat_template") or _read_text(f("chat_template.jinja"))
     has_template = bool(tok_config.get("chat_template")) or os.path.isfile(f("chat_template.jinja"))
     chat = next((k for k, need in CHAT_TOKENS.items() if has_template and need <= specials.keys()), None)
-    return HFEncoding(os.path.basename(os.path.normpath(path)), pat_str=pat, mergeable_ranks=ranks,
-                      special_tokens=specials, nfc=nfc, eot_token=eot, stop_tokens=stops, chat=chat)
+    if not isinstance(pat, str):
+        raise UserError(f"{source}: the split pattern is {shown(pat)}, not a regular expression (a string)")
+    try:  # tiktoken compiles the split pattern here (fancy-regex): a pattern it cannot parse is a ValueError
+        enc = HFEncoding(os.path.basename(os.path.normpath(path)), pat_str=pat, mergeable_ranks=ranks,
+                         special_tokens=specials, nfc=nfc, eot_token=eot, stop_tokens=stops, chat=chat,
+                         chat_template=template)
+    except ValueError as e:
+        raise UserError(f"{source}: the split pattern {shown(pat)} does not compile "
+                        f"({(str(e).splitlines() or [''])[0][:100]})") from None
+    _probe_pattern(enc, source)
+    return enc
+
+
+# The split pattern is tried, not trusted. tiktoken runs it with fancy-regex: a pattern without lookaround
+# or backreferences goes to a linear-time engine, but lookaround (GPT-2's own `\s+(?!\S)`) makes it
+# backtrack, and an ambiguous quantified group such as `(a|aa)+(?=c)` then backtracks exponentially, up
+# to fancy-regex's step limit, where tiktoken panics. Which patterns do so cannot be read off their text
+# reliably (nested quantifiers are neither necessary nor sufficient), so each is run on fixed strings of
+# every character class, long runs included (backtracking grows with run length), within a time bound,
+# and must give back every character: tiktoken silently drops text its pattern does not match.
+PROBE_TEXTS = [c * 2000 for c in ("a", "A", "7", " ", "\n", "\t", "!", "é", "日", "\U0001F600", "'")] + [
+    "Mia has 3 apples.\nShe buys 12 more: how many now?  \n\n #### 15 " * 40,
+    " a1!" * 500 + "\r\n" * 200 + "don't I'll we've " * 50 + "\u00a0\u2003x\u200b" * 100]
+PROBE_SECONDS = 10.0  # each probe takes milliseconds with a real tokenizer's pattern
+
+
+def _probe_pattern(enc, source):
+    """UserError unless enc's split pattern encodes PROBE_TEXTS back to themselves, in time, without panic."""
+    outcome = []
+
+    def run():
+        try:
+            for text in PROBE_TEXTS:
+                got = tiktoken.Encoding.decode(enc, tiktoken.Encoding.encode_ordinary(enc, text))
+                if got != text:
+                    outcome.append(f"drops or changes characters of {shown(text[:20])}... (it must match all text)")
+                    return
+            outcome.append(None)
+        except BaseException as e:  # pyo3's PanicException derives from BaseException only
+            outcome.append(f"exceeds the regex engine's backtracking limit ({type(e).__name__})")
+    with _quiet_stderr():  # a panic prints Rust's backtrace to the process's stderr
+        worker = threading.Thread(target=run, daemon=True)  # tiktoken releases the GIL while it encodes
+        worker.start()
+        worker.join(PROBE_SECONDS)
+    why = outcome[0] if outcome else f"takes over {PROBE_SECONDS:.0f} s on {len(PROBE_TEXTS)} test strings " \
+                                     f"(catastrophic backtracking)"
+    if why:
+        raise UserError(f"{source}: the split pattern {shown(enc._pat_str)} {why}; {SUPPORTED}")
+
+
+class _quiet_stderr:
+    """File descriptor 2 to /dev/null for a moment (Rust writes there directly, below sys.stderr)."""
+
+    def __enter__(self):
+        try:
+            self.saved = os.dup(2)
+            null = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(null, 2)
+            os.close(null)
+        except OSError:
+            self.saved = None
+
+    def __exit__(self, *exc):
+        if self.saved is not None:
+            os.dup2(self.saved, 2)
+            os.close(self.saved)

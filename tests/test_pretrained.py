@@ -136,7 +136,7 @@ def test_config_errors_are_one_line(tmp_path, dirs):
           rope_parameters={"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0})
     fails("rope scaling 'linear'", rope_parameters=None, rope_scaling={"type": "linear", "factor": 2.0})
     fails("lacks 'hidden_size'", hidden_size=None)
-    fails("hidden_act 'gelu'", hidden_act="gelu")
+    fails("hidden_act = 'gelu' is not allowed", hidden_act="gelu")
     fails(r"model\.layers\.0\.self_attn\.k_proj\.weight has shape", num_key_value_heads=4)
     with pytest.raises(UserError, match="no config.json"):
         GPT.from_pretrained(str(tmp_path))

@@ -106,9 +106,9 @@ def test_resume_refuses_another_base_of_the_same_shape(tiny_setup, tmp_path):
     run(other, tmp_path / "r", "--max_iters=1")
     base["model"] = {k: v + 1e-3 if v.is_floating_point() else v for k, v in base["model"].items()}  # "retrained"
     save_checkpoint(base, str(other))
-    with pytest.raises(UserError, match="other base weights than .*base/ckpt.pt"):
+    with pytest.raises(UserError, match=r"another base than .*base/ckpt.pt holds now \(changed: its weights"):
         tg.main([f"--out_dir={tmp_path / 'r'}", "--init_from=resume", "--max_iters=2"])
-    with pytest.raises(UserError, match="other base weights than .*base/ckpt.pt"):
+    with pytest.raises(UserError, match=r"another base than .*base/ckpt.pt holds now \(changed: its weights"):
         sample.load_policy(str(tmp_path / "r" / "ckpt.pt"))
 
 
@@ -268,7 +268,8 @@ def test_resume_needs_its_own_base_and_a_grpo_checkpoint(tiny_setup, tmp_path):
     with pytest.raises(UserError, match="is not a train_grpo.py checkpoint"):
         tg.main([f"--out_dir={tmp_path / 'base'}", "--init_from=resume"])
     os.remove(base)
-    with pytest.raises(UserError, match="not found \\(the base this run was trained on: put it back, or name"):
+    with pytest.raises(UserError, match=r"was trained on is not found .*: it was moved or deleted; put it back, or name "
+                                         r"where it is now with --base_ckpt=PATH"):
         tg.main([f"--out_dir={tmp_path / 'r'}", "--init_from=resume", "--max_iters=2"])
     assert not base.exists()
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import model
-from runs import rundir
+from runs import base, rundir
 from configurator import Interrupted, UserError, cli_main
 
 
@@ -88,9 +88,9 @@ def test_fingerprint_sees_one_changed_weight():
     changed["a.weight"][2, 1] += 1e-3
     assert model.tensors_fingerprint(changed.items()) != fp
     assert model.tensors_fingerprint({**sd, "h": sd["h"].float()}.items()) != fp   # same values, another dtype
-    with pytest.raises(UserError, match="other base weights than base.pt"):
-        model.check_same_base({"base_fingerprint": fp}, "run/ckpt.pt", model.tensors_fingerprint(changed.items()), "base.pt")
-    model.check_same_base({"base_fingerprint": fp}, "run/ckpt.pt", fp, "base.pt")
+    with pytest.raises(UserError, match=r"another base than base.pt holds now \(changed: its weights"):
+        base.check_same_base({"base_fingerprint": fp}, "run/ckpt.pt", model.tensors_fingerprint(changed.items()), "base.pt")
+    base.check_same_base({"base_fingerprint": fp}, "run/ckpt.pt", fp, "base.pt")
 
 
 @pytest.mark.parametrize("exc, code, line", [
