@@ -52,6 +52,7 @@ countdown_numbers = 3       # numbers per problem
 countdown_max_number = 12   # numbers drawn from 1..countdown_max_number
 countdown_max_target = 100  # targets at most this
 countdown_max_misses = 3    # a reference solution shows 0..this many missed tries before the hit
+countdown_variants = 1      # searched solutions per training problem (each with other misses)
 # model
 n_layer = 4
 n_head = 4
@@ -86,7 +87,7 @@ def load_task(cfg, verbose=True):
     if cfg["task"] == "countdown":
         data_dir = searched.prepare(cfg["countdown_numbers"], cfg["countdown_max_number"],
                                     cfg["countdown_max_target"], cfg["countdown_max_misses"],
-                                    n_train=cfg["n_train"], verbose=verbose)
+                                    n_train=cfg["n_train"], variants=cfg["countdown_variants"], verbose=verbose)
         return data_dir, load_tokenizer(data_dir)
     data_dir = prepare(cfg["task_steps"], cfg["task_max_operand"], cfg["task_ops"], cfg["task_noise"],
                        n_train=cfg["n_train"], verbose=verbose, min_steps=cfg["task_min_steps"])
@@ -202,7 +203,7 @@ def validate(cfg):
     check_choice(cfg, "init_from", ("scratch", "resume"))
     check_choice(cfg, "task", ("arith", "countdown"))
     check_positive(cfg, "batch_size", "learning_rate", "grad_clip", "log_interval", "eval_interval", "eval_n",
-                   "max_new_tokens", "n_layer", "n_head", "n_embd", "block_size", "n_train", "task_steps",
+                   "max_new_tokens", "n_layer", "n_head", "n_embd", "block_size", "n_train", "task_steps", "countdown_variants",
                    "task_max_operand")
     check(cfg, "max_iters", cfg["max_iters"] >= 1, "must be >= 1 (0 would leave a random-weights base for GRPO)")
     check_nonnegative(cfg, "min_lr", "warmup_iters", "lr_decay_iters", "weight_decay")

@@ -174,3 +174,15 @@ def test_training_lowers_the_loss_on_searched_solutions(cd_dir, tmp_path, monkey
              "--log_interval=10", "--max_new_tokens=8", "--warmup_iters=2", "--learning_rate=1e-2"])
     losses = [float(x) for x in re.findall(r"loss (\d+\.\d+)", capsys.readouterr().out)]
     assert losses[-1] < 0.7 * losses[0]
+
+
+def test_variants_give_each_training_problem_several_solutions(tmp_path, monkeypatch):
+    monkeypatch.setattr(searched, "ROOT", str(tmp_path))
+    d = searched.prepare(3, 9, 60, 3, n_train=40, n_val=5, n_test=5, num_merges=10, variants=4, verbose=False)
+    train = load_split(d, "train")
+    assert len(train) == 160 and len(load_split(d, "test")) == 5
+    by_problem = {}
+    for r in train:
+        assert countdown_reward(r["solution"], r["answer"]) == 1.0
+        by_problem.setdefault((tuple(r["answer"][0]), r["answer"][1]), set()).add(r["solution"])
+    assert len(by_problem) == 40 and sum(len(v) > 1 for v in by_problem.values()) > 30

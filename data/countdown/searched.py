@@ -28,11 +28,11 @@ from data.gsm_synth.prepare import (PAT_STR, build_encoding, check_data_dir, pro
                                     write_atomic)
 
 DEFAULTS = dict(n_numbers=3, max_number=12, max_target=100, max_misses=3, n_train=20000, n_val=500, n_test=500,
-                num_merges=300, seed=1337)
+                num_merges=300, seed=1337, variants=1)
 # the question's first sentence: the rest of TEMPLATE is the same for every problem, an instruction that
 # a model trained from scratch learns from the examples instead (and 60 tokens less per sequence)
 QUESTION = TEMPLATE.split(" You can")[0]
-NAME_KNOBS = (("n_train", "t"), ("n_val", "v"), ("n_test", "e"), ("num_merges", "b"), ("seed", "r"))
+NAME_KNOBS = (("n_train", "t"), ("n_val", "v"), ("n_test", "e"), ("num_merges", "b"), ("seed", "r"), ("variants", "k"))
 
 
 def data_dir_for(n_numbers=3, max_number=12, max_target=100, max_misses=3, **extra):
@@ -42,14 +42,14 @@ def data_dir_for(n_numbers=3, max_number=12, max_target=100, max_misses=3, **ext
     return os.path.join(ROOT, name)
 
 
-def check_knobs(n_numbers, max_number, max_target, max_misses, n_train, n_val, n_test, num_merges):
+def check_knobs(n_numbers, max_number, max_target, max_misses, n_train, n_val, n_test, num_merges, variants=1):
     """A one-line UserError naming the first knob out of range, its value and what is allowed."""
     rules = [("n_numbers", n_numbers, 2 <= n_numbers <= 4, "in [2, 4] (a try lists every step: more is too long)"),
              ("max_number", max_number, 1 <= max_number <= 99, "in [1, 99]"),
              ("max_target", max_target, 1 <= max_target <= MAX_TARGET, f"in [1, {MAX_TARGET}]"),
              ("max_misses", max_misses, max_misses >= 0, ">= 0"), ("n_train", n_train, n_train >= 1, ">= 1"),
              ("n_val", n_val, n_val >= 1, ">= 1"), ("n_test", n_test, n_test >= 1, ">= 1"),
-             ("num_merges", num_merges, num_merges >= 0, ">= 0")]
+             ("num_merges", num_merges, num_merges >= 0, ">= 0"), ("variants", variants, variants >= 1, ">= 1")]
     for name, value, ok, allowed in rules:
         if not ok:
             raise UserError(f"bad task knob {name}={value!r}: must be {allowed}")
@@ -72,11 +72,13 @@ def draw_problems(n, n_numbers, max_number, max_target, rng):
 
 
 def prepare(n_numbers=3, max_number=12, max_target=100, max_misses=3, n_train=20000, n_val=500, n_test=500,
-            num_merges=300, seed=1337, verbose=True):
-    """Build the data and tokenizer for these knobs if missing or damaged; return the directory."""
-    check_knobs(n_numbers, max_number, max_target, max_misses, n_train, n_val, n_test, num_merges)
+            num_merges=300, seed=1337, variants=1, verbose=True):
+    """Build the data and tokenizer for these knobs if missing or damaged; return the directory.
+    variants: each training problem is written this many times, each with its own searched solution
+    (other misses, possibly another hit): a base learns to search and compute rather than recall one trace."""
+    check_knobs(n_numbers, max_number, max_target, max_misses, n_train, n_val, n_test, num_merges, variants)
     out = data_dir_for(n_numbers, max_number, max_target, max_misses, n_train=n_train, n_val=n_val, n_test=n_test,
-                       num_merges=num_merges, seed=seed)
+                       num_merges=num_merges, seed=seed, variants=variants)
     meta_path = os.path.join(out, "meta.json")
     if os.path.exists(meta_path):
         problem = check_data_dir(out)
@@ -92,10 +94,12 @@ def prepare(n_numbers=3, max_number=12, max_target=100, max_misses=3, n_train=20
         raise UserError(f"bad task knob n_train={n_train}: only {len(problems)} distinct problems with "
                         f"n_numbers={n_numbers}, max_number={max_number}, max_target={max_target}, not "
                         f"n_train + n_val + n_test = {n_total}; lower them or raise max_number or max_target")
-    rows = [{"question": QUESTION.format(numbers=numbers, target=target),
-             "solution": searched_solution(numbers, target, max_misses, seed)[0],
-             "answer": [numbers, target]} for numbers, target in problems]
-    splits = {"test": rows[:n_test], "val": rows[n_test:n_test + n_val], "train": rows[n_test + n_val:]}
+    def rows(part, seeds):
+        return [{"question": QUESTION.format(numbers=numbers, target=target),
+                 "solution": searched_solution(numbers, target, max_misses, s)[0],
+                 "answer": [numbers, target]} for numbers, target in part for s in seeds]
+    splits = {"test": rows(problems[:n_test], [seed]), "val": rows(problems[n_test:n_test + n_val], [seed]),
+              "train": rows(problems[n_test + n_val:], range(seed, seed + variants))}
     merges = train_bpe([prompt_text(r["question"]) + r["solution"] for r in splits["train"][:5000]], num_merges)
     enc = build_encoding(merges, "countdown")
     os.makedirs(out, exist_ok=True)
@@ -104,7 +108,7 @@ def prepare(n_numbers=3, max_number=12, max_target=100, max_misses=3, n_train=20
     write_atomic(os.path.join(out, "tokenizer.json"),
                  json.dumps({"name": "countdown", "pat_str": PAT_STR, "merges": [m.hex() for m in merges]}))
     meta = {"task": "countdown", "n_numbers": n_numbers, "max_number": max_number, "max_target": max_target,
-            "max_misses": max_misses, "num_merges": num_merges, "seed": seed, "vocab_size": enc.n_vocab,
+            "max_misses": max_misses, "num_merges": num_merges, "seed": seed, "variants": variants, "vocab_size": enc.n_vocab,
             "eot_token": enc.eot_token, "sizes": {k: len(v) for k, v in splits.items()}}
     write_atomic(meta_path, json.dumps(meta, indent=1))  # written last: marks completion
     if verbose:
