@@ -2,8 +2,8 @@
 # <answer> that makes the target from every number once, 0.1 for the <think>...</think><answer>...</answer>
 # format (data/tasks.py: countdown + think_format).
 # python train_grpo.py config/countdown_grpo.py   (trains the base model first if out/countdown_base is missing)
-# Measured (docs/experiments.md, Countdown from scratch): greedy test accuracy 29.8 % -> 38.4-39.0 % in 150
-# steps (two seeds), about 1 s a step on a free 2-core CPU; the +25 points aimed at are not reached.
+# Measured (docs/experiments.md, Countdown from scratch): greedy test accuracy 29.8 % -> 37.0-39.0 % in 150
+# steps (three seeds), about 1 s a step on a free 2-core CPU; the +25 points aimed at are not reached.
 out_dir = "out/countdown_grpo"
 base_ckpt = "out/countdown_base/ckpt.pt"
 base_config = "config/countdown_base.py"
