@@ -2,7 +2,7 @@
 # validation problems with their searched reference solutions ('nll') and trains only on rollouts whose
 # LoRA gradient has a positive inner product with theirs.
 # python train_grpo.py config/countdown_tracin.py   (trains the base model first if out/countdown_base is missing)
-# Measured (docs/experiments.md, Countdown from scratch): 29.8 % -> 38.2-39.4 % greedy in 150 steps (two seeds).
+# Measured (docs/experiments.md, Countdown from scratch): 29.8 % -> 36.8-39.4 % greedy in 150 steps (three seeds).
 out_dir = "out/countdown_tracin"
 base_ckpt = "out/countdown_base/ckpt.pt"
 base_config = "config/countdown_base.py"
