@@ -23,6 +23,7 @@ from types import SimpleNamespace
 import torch
 
 from scale import distributed
+from data.countdown import searched
 from data.gsm_synth.prepare import TEMPLATES, load_split, load_tokenizer, prepare
 from scale.device import check_device
 from model import (GPT, GPTConfig, CheckpointWriteError, base_fingerprint, load_checkpoint,
@@ -38,13 +39,20 @@ out_dir = "out/base"
 init_from = "scratch"       # 'scratch' or 'resume' (from out_dir/ckpt.pt)
 seed = 1337
 device = "cpu"              # 'cpu', 'cuda', 'cuda:1', 'mps'
-# task: synthetic GSM8K-style problems (data/gsm_synth/prepare.py)
+task = "arith"              # 'arith' (data/gsm_synth) or 'countdown' (data/countdown/searched.py)
+# task 'arith': synthetic GSM8K-style problems (data/gsm_synth/prepare.py)
 task_steps = 2              # operations per problem
 task_min_steps = 0          # if set, each problem has task_min_steps..task_steps operations (0 = task_steps)
 task_max_operand = 20       # operands drawn from 1..task_max_operand
 task_ops = "+-"             # any of '+-*/'
 task_noise = 0.0            # fraction of training solutions that stop one step early (see prepare.py)
 n_train = 20000
+# task 'countdown': reach a target from every given number once; solutions show a search (data/countdown)
+countdown_numbers = 3       # numbers per problem
+countdown_max_number = 12   # numbers drawn from 1..countdown_max_number
+countdown_max_target = 100  # targets at most this
+countdown_max_misses = 3    # a reference solution shows 0..this many missed tries before the hit
+countdown_variants = 1      # searched solutions per training problem (each with other misses)
 # model
 n_layer = 4
 n_head = 4
@@ -76,6 +84,11 @@ defaults = {k: v for k, v in dict(globals()).items()
 
 def load_task(cfg, verbose=True):
     """Prepare the task data if missing; return (data_dir, tokenizer)."""
+    if cfg["task"] == "countdown":
+        data_dir = searched.prepare(cfg["countdown_numbers"], cfg["countdown_max_number"],
+                                    cfg["countdown_max_target"], cfg["countdown_max_misses"],
+                                    n_train=cfg["n_train"], variants=cfg["countdown_variants"], verbose=verbose)
+        return data_dir, load_tokenizer(data_dir)
     data_dir = prepare(cfg["task_steps"], cfg["task_max_operand"], cfg["task_ops"], cfg["task_noise"],
                        n_train=cfg["n_train"], verbose=verbose, min_steps=cfg["task_min_steps"])
     return data_dir, load_tokenizer(data_dir)
@@ -188,8 +201,9 @@ def validate(cfg):
     check(cfg, "out_dir", cfg["out_dir"] != "", "give a directory, e.g. --out_dir=out/base")
     check_finite(cfg, "grad_clip")
     check_choice(cfg, "init_from", ("scratch", "resume"))
+    check_choice(cfg, "task", ("arith", "countdown"))
     check_positive(cfg, "batch_size", "learning_rate", "grad_clip", "log_interval", "eval_interval", "eval_n",
-                   "max_new_tokens", "n_layer", "n_head", "n_embd", "block_size", "n_train", "task_steps",
+                   "max_new_tokens", "n_layer", "n_head", "n_embd", "block_size", "n_train", "task_steps", "countdown_variants",
                    "task_max_operand")
     check(cfg, "max_iters", cfg["max_iters"] >= 1, "must be >= 1 (0 would leave a random-weights base for GRPO)")
     check_nonnegative(cfg, "min_lr", "warmup_iters", "lr_decay_iters", "weight_decay")
@@ -324,7 +338,7 @@ def train(cfg, run):
                       f" | {run.elapsed_before + time.time() - t_start:.0f}s")
             if at_eval:  # every rank scores its share of the test problems
                 with model.amp:
-                    metrics = evaluate(model, run.enc, run.test, cfg["max_new_tokens"])
+                    metrics = evaluate(model, run.enc, run.test, cfg["max_new_tokens"], task=cfg["task"])
             if at_eval and distributed.is_main():
                 print(f"eval  {it:5d} | test accuracy {metrics['accuracy']:.3f} (greedy, {len(run.test)} problems)")
             if at_eval:

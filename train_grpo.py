@@ -20,7 +20,7 @@ Every large tensor is deleted as soon as it has been used; each `del` says what 
 """
 # configurator first: a Ctrl-C during the slow imports below (torch) is one line, not a traceback
 from configurator import (Interrupted, UserError, check, check_choice, check_finite, check_nonnegative,
-                          check_positive, cli_main, configure)
+                          check_positive, cli_main, configure, read_config_file)
 import json
 import math
 import os
@@ -54,8 +54,8 @@ init_from = "base"          # 'base': new LoRA on base_ckpt; 'resume': continue 
 base_ckpt = "out/base/ckpt.pt"
 base_config = "config/tiny_base.py"   # used to train the base model when base_ckpt is missing
                             # base_ckpt may also be a Hugging Face model directory (GPT.from_pretrained)
-task = "arith"              # 'arith' (data/gsm_synth), 'gsm8k', 'countdown' (data/tasks.py); other than arith
-                            # needs a Hugging Face base_ckpt
+task = "arith"              # 'arith' (data/gsm_synth), 'gsm8k', 'countdown' (data/tasks.py); the task of a
+                            # train_base.py base_ckpt (arith, countdown), or any with a Hugging Face one
 data_dir = ""               # the task's data for such a directory; '' = the task's default (tasks.task_data)
 seed = 1337
 device = "cpu"
@@ -208,8 +208,10 @@ def validate(cfg):
     check_choice(cfg, "tracin_selection", ("positive", "topk"))
     check_choice(cfg, "tracin_influence", ("summed", "matrix"))
     check_choice(cfg, "task", tuple(TASKS))
-    check(cfg, "task", cfg["task"] == "arith" or not os.path.isfile(cfg["base_ckpt"]), "needs a Hugging Face model "
-          "directory as base_ckpt (a train_base.py base knows the arith task only)")
+    if cfg["base_ckpt"].endswith(".pt"):  # a train_base.py base knows one task: the one it was (or will be) trained on
+        trained_on = base_task(cfg["base_ckpt"], cfg["base_config"])
+        check(cfg, "task", cfg["task"] == trained_on, f"must be {trained_on!r}, the task of the base "
+              f"{cfg['base_ckpt']} (another task needs a base trained on it, or a Hugging Face model directory)")
     check(cfg, "task", cfg["task"] == "arith" or not (levels or cfg["defect_frac"]),
           "must be 'arith' with a curriculum or a planted defect (both are built from arith problems)")
     check_task_data(cfg["data_dir"], cfg["task"])  # (and a resumed run's: another task's data put in its place)
@@ -223,6 +225,13 @@ def validate(cfg):
     if cfg["tracin"] and (cfg["grad_checkpoint"] or cfg["lora_dropout"] > 0):
         raise UserError("tracin=True needs grad_checkpoint=False and lora_dropout=0: the hooks must see "
                         "each activation once, exactly as the gradient used it")
+
+
+def base_task(base_ckpt, base_config):
+    """The task a train_base.py checkpoint was trained on; a missing one will be trained with base_config."""
+    if os.path.isfile(base_ckpt):
+        return load_checkpoint(base_ckpt).get("config", {}).get("task", "arith")
+    return read_config_file(base_config).get("task", "arith") if os.path.isfile(base_config) else "arith"
 
 
 def prepare_base(cfg, out, resume):

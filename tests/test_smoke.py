@@ -74,7 +74,7 @@ def test_smoke_config_runs_every_path(task, model_dir, tmp_path, chars_reward, c
 
 def test_other_tasks_need_a_model_directory(tiny_setup, tmp_path):
     from configurator import UserError
-    with pytest.raises(UserError, match="task.*Hugging Face model directory"):
+    with pytest.raises(UserError, match="task.*must be 'arith', the task of the base"):
         train_grpo.main([f"--base_ckpt={tiny_setup}", f"--out_dir={tmp_path}/r", "--task=countdown"])
     with pytest.raises(UserError, match="task"):
         train_grpo.main([f"--base_ckpt={tiny_setup}", f"--out_dir={tmp_path}/r", "--task=chess"])

@@ -1,0 +1,124 @@
+"""
+Countdown for a GPT trained from scratch: problems drawn as data/countdown/prepare.py draws them (its
+question's first sentence, the same [numbers, target] answer, so the same countdown reward scores them), reference solutions
+that show a search (solutions.py), and a tokenizer built here from them, as data/gsm_synth builds
+arith's: bytes, a small BPE trained on the training split, digits one token each, <|endoftext|>.
+
+    python data/countdown/searched.py --n_numbers=3 --max_number=12 --max_target=100
+
+writes data/countdown/search_n{n_numbers}_m{max_number}_x{max_target}_s{max_misses}[...]/ with
+{train,val,test}.jsonl, tokenizer.json and meta.json (written last: it marks a complete directory),
+read by data/gsm_synth's load_split / load_tokenizer. train_base.py (task='countdown') calls prepare()
+itself. Deterministic: random.Random(seed), no timestamps; a damaged directory is built again.
+No two problems share a multiset of numbers and a target; test is drawn first, then val, then train.
+"""
+import json
+import os
+import random
+import sys
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(ROOT))
+if REPO not in sys.path:  # run as a script: configurator.py is at the repository root
+    sys.path.append(REPO)
+from configurator import UserError, cli_main, configure  # noqa: E402
+from data.countdown.prepare import MAX_TARGET, TEMPLATE, make_problem  # noqa: E402
+from data.countdown.solutions import searched_solution  # noqa: E402
+from data.gsm_synth.prepare import (PAT_STR, build_encoding, check_data_dir, prompt_text, train_bpe,  # noqa: E402
+                                    write_atomic)
+
+DEFAULTS = dict(n_numbers=3, max_number=12, max_target=100, max_misses=3, n_train=20000, n_val=500, n_test=500,
+                num_merges=300, seed=1337, variants=1)
+# the question's first sentence: the rest of TEMPLATE is the same for every problem, an instruction that
+# a model trained from scratch learns from the examples instead (and 60 tokens less per sequence)
+QUESTION = TEMPLATE.split(" You can")[0]
+NAME_KNOBS = (("n_train", "t"), ("n_val", "v"), ("n_test", "e"), ("num_merges", "b"), ("seed", "r"), ("variants", "k"))
+
+
+def data_dir_for(n_numbers=3, max_number=12, max_target=100, max_misses=3, **extra):
+    """One directory per set of knobs; the split sizes, merges and seed are in the name when not the default."""
+    name = f"search_n{n_numbers}_m{max_number}_x{max_target}_s{max_misses}"
+    name += "".join(f"_{letter}{extra[k]}" for k, letter in NAME_KNOBS if extra.get(k, DEFAULTS[k]) != DEFAULTS[k])
+    return os.path.join(ROOT, name)
+
+
+def check_knobs(n_numbers, max_number, max_target, max_misses, n_train, n_val, n_test, num_merges, variants=1):
+    """A one-line UserError naming the first knob out of range, its value and what is allowed."""
+    rules = [("n_numbers", n_numbers, 2 <= n_numbers <= 4, "in [2, 4] (a try lists every step: more is too long)"),
+             ("max_number", max_number, 1 <= max_number <= 99, "in [1, 99]"),
+             ("max_target", max_target, 1 <= max_target <= MAX_TARGET, f"in [1, {MAX_TARGET}]"),
+             ("max_misses", max_misses, max_misses >= 0, ">= 0"), ("n_train", n_train, n_train >= 1, ">= 1"),
+             ("n_val", n_val, n_val >= 1, ">= 1"), ("n_test", n_test, n_test >= 1, ">= 1"),
+             ("num_merges", num_merges, num_merges >= 0, ">= 0"), ("variants", variants, variants >= 1, ">= 1")]
+    for name, value, ok, allowed in rules:
+        if not ok:
+            raise UserError(f"bad task knob {name}={value!r}: must be {allowed}")
+
+
+def draw_problems(n, n_numbers, max_number, max_target, rng):
+    """n distinct (numbers, target) with target <= max_target, or fewer when a long run of draws finds
+    nothing new (the caller says which knob to change)."""
+    seen, out, misses = set(), [], 0
+    while len(out) < n and misses < max(2000, n):
+        numbers, target, _, _ = make_problem(rng, n_numbers, n_numbers, max_number)
+        key = (tuple(sorted(numbers)), target)
+        if target > max_target or key in seen:
+            misses += 1
+            continue
+        seen.add(key)
+        out.append((numbers, target))
+        misses = 0
+    return out
+
+
+def prepare(n_numbers=3, max_number=12, max_target=100, max_misses=3, n_train=20000, n_val=500, n_test=500,
+            num_merges=300, seed=1337, variants=1, verbose=True):
+    """Build the data and tokenizer for these knobs if missing or damaged; return the directory.
+    variants: each training problem is written this many times, each with its own searched solution
+    (other misses, possibly another hit): a base learns to search and compute rather than recall one trace."""
+    check_knobs(n_numbers, max_number, max_target, max_misses, n_train, n_val, n_test, num_merges, variants)
+    out = data_dir_for(n_numbers, max_number, max_target, max_misses, n_train=n_train, n_val=n_val, n_test=n_test,
+                       num_merges=num_merges, seed=seed, variants=variants)
+    meta_path = os.path.join(out, "meta.json")
+    if os.path.exists(meta_path):
+        problem = check_data_dir(out)
+        if problem is None:
+            return out
+        print(f"warning: {out} is damaged ({problem}): building it again")
+        os.remove(meta_path)  # until the rebuild is complete, the directory is marked incomplete
+    if verbose:
+        print(f"preparing Countdown data with searched solutions in {out} ...")
+    n_total = n_train + n_val + n_test
+    problems = draw_problems(n_total, n_numbers, max_number, max_target, random.Random(seed))
+    if len(problems) < n_total:
+        raise UserError(f"bad task knob n_train={n_train}: only {len(problems)} distinct problems with "
+                        f"n_numbers={n_numbers}, max_number={max_number}, max_target={max_target}, not "
+                        f"n_train + n_val + n_test = {n_total}; lower them or raise max_number or max_target")
+    def rows(part, seeds):
+        return [{"question": QUESTION.format(numbers=numbers, target=target),
+                 "solution": searched_solution(numbers, target, max_misses, s)[0],
+                 "answer": [numbers, target]} for numbers, target in part for s in seeds]
+    splits = {"test": rows(problems[:n_test], [seed]), "val": rows(problems[n_test:n_test + n_val], [seed]),
+              "train": rows(problems[n_test + n_val:], range(seed, seed + variants))}
+    merges = train_bpe([prompt_text(r["question"]) + r["solution"] for r in splits["train"][:5000]], num_merges)
+    enc = build_encoding(merges, "countdown")
+    os.makedirs(out, exist_ok=True)
+    for split, split_rows in splits.items():
+        write_atomic(os.path.join(out, f"{split}.jsonl"), "".join(json.dumps(r) + "\n" for r in split_rows))
+    write_atomic(os.path.join(out, "tokenizer.json"),
+                 json.dumps({"name": "countdown", "pat_str": PAT_STR, "merges": [m.hex() for m in merges]}))
+    meta = {"task": "countdown", "n_numbers": n_numbers, "max_number": max_number, "max_target": max_target,
+            "max_misses": max_misses, "num_merges": num_merges, "seed": seed, "variants": variants, "vocab_size": enc.n_vocab,
+            "eot_token": enc.eot_token, "sizes": {k: len(v) for k, v in splits.items()}}
+    write_atomic(meta_path, json.dumps(meta, indent=1))  # written last: marks completion
+    if verbose:
+        print(f"  {meta['sizes']} problems, vocab {enc.n_vocab} tokens")
+    return out
+
+
+def main(argv):
+    print(prepare(**configure(DEFAULTS, argv)))
+
+
+if __name__ == "__main__":
+    cli_main(main)

@@ -1,0 +1,75 @@
+"""
+Countdown reference solutions that show a search: a few combinations tried and missed, then the one
+that makes the target. The tiny GPT trained from scratch (train_base.py, task='countdown') learns
+from them that an answer is found by trying, computing and checking, not guessed in one go:
+
+    numbers [7, 3, 5], target 26
+    <think>7+3=10 10+5=15 no. 7-3=4 5*4=20 no. 7*3=21 21+5=26</think>
+    <answer>7*3+5</answer>
+
+A try combines the numbers two at a time until one value is left (as data/countdown/prepare.py
+builds its targets: every intermediate value a positive integer, a - b only for a > b, a / b only
+when b divides a). A miss ends in " no."; the last try reaches the target. Which tries miss, and
+how many (0..max_misses), is drawn by a generator seeded by the problem itself, so a problem's
+solution never depends on which split or which other problems it sits with.
+"""
+import random
+
+PREC = {"+": 1, "-": 1, "*": 2, "/": 2}
+ATOM = 3  # a bare number binds tightest
+
+
+def join(a, op, b):
+    """The expression a op b with only the parentheses it needs; a, b are (value, text, precedence).
+    Right of - or /, an operand of equal precedence needs them: 9-(5-2), 8/(4/2)."""
+    left = a[1] if a[2] >= PREC[op] else f"({a[1]})"
+    right = b[1] if b[2] > PREC[op] or (b[2] == PREC[op] and op in "+*") else f"({b[1]})"
+    return f"{left}{op}{right}"
+
+
+def steps_of(a, b):
+    """Every allowed one-step combination of two items, larger first: (value, text, prec, 'a op b=v')."""
+    if a[0] < b[0]:
+        a, b = b, a
+    ops = "+*" + ("-" if a[0] > b[0] else "") + ("/" if a[0] % b[0] == 0 else "")
+    for op in ops:
+        v = {"+": a[0] + b[0], "-": a[0] - b[0], "*": a[0] * b[0], "/": a[0] // max(b[0], 1)}[op]
+        yield v, join(a, op, b), PREC[op], f"{a[0]}{op}{b[0]}={v}"
+
+
+def all_tries(numbers):
+    """Every way to combine ALL the numbers two at a time: [(value, expression, [step texts])].
+    Pairs are taken in index order, so the same expression may appear once per order of its steps."""
+    out = []
+
+    def walk(pool, steps):
+        if len(pool) == 1:
+            out.append((pool[0][0], pool[0][1], steps))
+            return
+        for i in range(len(pool)):
+            for j in range(i + 1, len(pool)):
+                rest = [p for k, p in enumerate(pool) if k not in (i, j)]
+                for v, text, prec, step in steps_of(pool[i], pool[j]):
+                    walk(rest + [(v, text, prec)], steps + [step])
+
+    walk([(n, str(n), ATOM) for n in numbers], [])
+    return out
+
+
+def problem_rng(numbers, target, seed):
+    """A generator seeded by the problem: the same problem gets the same solution in any split."""
+    return random.Random(f"{seed}:{','.join(map(str, numbers))}:{target}")
+
+
+def searched_solution(numbers, target, max_misses=3, seed=0):
+    """(solution text, number of misses shown): 0..max_misses distinct tries that miss the target, then
+    one that makes it. None if no try makes the target (never for data/countdown/prepare.py's problems)."""
+    tries = all_tries(numbers)
+    hits = [t for t in tries if t[0] == target]
+    if not hits:
+        return None
+    rng = problem_rng(numbers, target, seed)
+    misses = [t for t in tries if t[0] != target]
+    shown = rng.sample(misses, min(len(misses), rng.randint(0, max_misses))) + [rng.choice(hits)]
+    think = " no. ".join(" ".join(steps) for _, _, steps in shown)
+    return f"<think>{think}</think>\n<answer>{shown[-1][1]}</answer>", len(shown) - 1
