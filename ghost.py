@@ -203,9 +203,8 @@ def compute_ghost_inner_product_matrix(train, val, layer_filter=None):
 
 
 def summed_gradient(model, layer_filter=None):
-    """Take G = sum_j grad L(val_j) out of .grad after ONE ordinary backward of the summed loss (no hooks):
-    {layer: (G_A (r, d_in), G_B (d_out, r))}, float32, and set that .grad to None, so that the next
-    backward starts clean. LoRA-sized: no per-sample validation buffer ever exists."""
+    """G = sum_j grad L(val_j) out of .grad after ONE ordinary backward of the summed loss (no hooks): {layer:
+    (G_A (r, d_in), G_B (d_out, r))}, float32; .grad set to None for the next backward. No per-sample buffer."""
     out = {}
     for name, m in model.named_modules():
         if isinstance(m, LoRALinear):

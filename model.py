@@ -244,11 +244,10 @@ class GPT(nn.Module):
         return KVCache(c.n_layer, B, c.n_kv_head or c.n_head, max_len, c.n_embd // c.n_head, pad_left, p.device, dtype)
 
     def forward(self, idx, targets=None, pad_left=None, cache=None, keep_last=None):
-        """idx (B, T) token ids.
-        targets (B, T) with -1 = ignore: returns (logits (B, T, V), mean cross-entropy).
-        Otherwise returns (logits of the last `keep_last` positions (B, keep_last, V), None);
-        keep_last defaults to 1, the only position sampling needs.
-        pad_left (B,): left padding per row. cache: a KVCache to read from and append to."""
+        """idx (B, T) token ids. targets (B, T) with -1 = ignore: returns (logits (B, T, V), mean cross-entropy).
+        Otherwise returns (logits of the last `keep_last` positions (B, keep_last, V), None); keep_last
+        defaults to 1, the only position sampling needs. pad_left (B,): left padding per row. cache: a
+        KVCache to read from and append to."""
         B, T = idx.size()
         start, pad_left = (cache.pos, cache.pad_left) if cache is not None else (0, pad_left)
         if start + T > self.config.block_size:
@@ -336,9 +335,9 @@ def load_checkpoint(path, map_location="cpu"):
     if not os.path.exists(path):
         raise UserError(f"checkpoint not found: {path}")
     if os.path.isdir(path):  # torch.load's IsADirectoryError would read as a corrupt file
-        what = ("a Hugging Face model directory" if os.path.isfile(os.path.join(path, "config.json")) else
-                f"a run directory (its checkpoint: {os.path.join(path, 'ckpt.pt')})"
-                if os.path.isfile(os.path.join(path, "ckpt.pt")) else "a directory")
+        kinds = {"config.json": "a Hugging Face model directory",
+                 "ckpt.pt": f"a run directory (its checkpoint: {path}/ckpt.pt)"}
+        what = next((v for k, v in kinds.items() if os.path.isfile(os.path.join(path, k))), "a directory")
         raise UserError(f"{path} is {what}, not a checkpoint file")
     try:
         return torch.load(path, map_location=map_location, weights_only=True)

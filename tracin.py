@@ -125,9 +125,8 @@ def sample_losses(model, idx, pad_left, mask, advantages, temperature=1.0):
 
 
 def hook_products(model, train_chunks, test_chunks, temperature, layer_filter):
-    """One checkpoint: (<g_i, G> (n,), ||g_i||^2 (n,), ||G||^2) with G = sum_j g_test_j
-    from ONE ordinary backward of the summed test loss (no hooks, LoRA-sized), and the train gradients from
-    the hooks, chunk by chunk (rollout_batch's), each chunk's per-sample gradients formed from the buffers."""
+    """One checkpoint: (<g_i, G> (n,), ||g_i||^2 (n,), ||G||^2), G = sum_j g_test_j from ONE ordinary backward of
+    the summed test loss (no hooks, LoRA-sized); the g_i from the hooks' buffers, chunk by chunk (rollout_batch's)."""
     model.zero_grad(set_to_none=True)
     for c in test_chunks:  # before the hooks exist: no per-sample test buffers
         sample_losses(model, *c, temperature).backward()  # micro-batches add up in .grad
@@ -158,13 +157,12 @@ def check_attribution_inputs(model, checkpoints, train_samples, test_samples, mo
     """find_critical_samples' arguments, checked before any work."""
     if mode not in ("simple", "full", "memory_efficient"):
         raise UserError(f"mode must be 'simple', 'full' or 'memory_efficient', got {mode!r}")
-    if not checkpoints:
-        raise UserError("no checkpoints to attribute over")
+    if not (checkpoints and train_samples and test_samples):
+        raise UserError(f"{'no checkpoints' if not checkpoints else 'nothing'} to attribute over: give at least one "
+                        "checkpoint, one training rollout and one test sample")
     for name, per_ckpt in (("learning rates", learning_rates), ("checkpoint_steps", checkpoint_steps)):
         if per_ckpt is not None and len(per_ckpt) != len(checkpoints):
             raise UserError(f"{len(checkpoints)} checkpoints but {len(per_ckpt)} {name}")
-    if not train_samples or not test_samples:
-        raise UserError("need at least one training rollout and one test sample")
     layers = [n for n, m in model.named_modules() if isinstance(m, LoRALinear)]
     if layer_filter is not None and not any(layer_filter in n for n in layers):
         raise UserError(f"layer_filter {layer_filter!r} matches no LoRA layer (layers: {layers[:4]} ...)")
@@ -189,16 +187,15 @@ def attribution_result(train_samples, contrib, cosine, selfinf, mode, weights, t
 def find_critical_samples(model, checkpoints, train_samples, test_samples, enc, mode="memory_efficient",
                           learning_rates=None, layer_filter=None, n_probe=None, top_k=5, temperature=1.0,
                           micro_batch=64, normalize=False, self_influence=False, checkpoint_steps=None):
-    """Score training rollouts by their influence on test samples across checkpoints.
-
+    """Score training rollouts by their influence on test samples across checkpoints. Arguments:
     checkpoints: paths of GRPO checkpoints (each holds 'lora' and 'lr'); with mode='full' also LoRA state dicts.
     mode: 'simple' (the last checkpoint, weight 1: plain gradient alignment), 'full' (every checkpoint loaded
         first) or 'memory_efficient' (one at a time from disk, each loaded once): sum_t w_t <g_test, g_train>.
     learning_rates: eta_t per checkpoint (default: each checkpoint's stored 'lr'). checkpoint_steps: k_t, how
         many training steps checkpoint t stands for; w_t = eta_t k_t (None: w_t = eta_t, plain TracInCP as
         Captum computes it; trapezoid_steps(iters): the trapezoid rule over the steps between checkpoints).
-    temperature: the run's sampling temperature (log pi = log softmax(logits / temperature)).
-    n_probe: score only n_probe training rollouts, evenly spaced over the list (None: all).
+    temperature: the run's sampling temperature (log pi = log softmax(logits / temperature)); n_probe: score
+    only n_probe training rollouts, evenly spaced over the list (None: all).
     normalize: also cosine_score = sum_t w_t <g_i, G_t> / (||g_i|| ||G_t||), G_t = sum_j g_test_j;
     self_influence: also sum_t w_t ||g_i||^2. Scores are taken with dropout off (model.eval()); the model's
     train/eval flag, LoRA weights and every .grad are as they were on return. Returns the result dictionary."""

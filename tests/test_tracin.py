@@ -563,6 +563,9 @@ def test_posthoc_errors(world, tmp_path):
         tracin.find_critical_samples(m, paths, train, test, enc, learning_rates=[0.1])
     with pytest.raises(UserError, match="no checkpoints"):
         tracin.find_critical_samples(m, [], train, test, enc)
+    for tr, te in (([], test), (train, [])):
+        with pytest.raises(UserError, match="nothing to attribute over: give at least one checkpoint, one training"):
+            tracin.find_critical_samples(m, paths, tr, te, enc)
     with pytest.raises(UserError, match="layer_filter"):
         tracin.find_critical_samples(m, paths, train, test, enc, layer_filter="nothing")
 
