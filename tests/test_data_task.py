@@ -17,21 +17,11 @@ from data import datadir
 from data.countdown import prepare as countdown
 from data.gsm8k import prepare as gsm8k
 from data.gsm_synth import prepare as synth
+from test_output_safety import tree  # every path under some roots, with its bytes
 from test_task_data import TEST, TRAIN, write_gsm8k
 
 SMALL_SYNTH = dict(steps=1, max_operand=5, ops="+", n_train=60, n_val=10, n_test=10, num_merges=20, verbose=False)
 SMALL_COUNTDOWN = dict(n_train=30, n_val=5, n_test=5, verbose=False)
-
-
-def tree(*roots):
-    """Every path under roots with its bytes (None for a directory, the target for a link)."""
-    out = {}
-    for root in roots:
-        for d, dirs, files in os.walk(root):
-            for n in dirs + files:
-                p = os.path.join(d, n)
-                out[p] = os.readlink(p) if os.path.islink(p) else None if os.path.isdir(p) else open(p, "rb").read()
-    return out
 
 
 @pytest.fixture(scope="module")
