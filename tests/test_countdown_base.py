@@ -20,6 +20,7 @@ import train_base as tb
 import train_grpo
 from configurator import UserError
 from data.countdown import searched
+from data.countdown.prepare import draw_distinct
 from data.countdown.solutions import all_tries, searched_solution
 from data.gsm_synth.prepare import load_split, load_tokenizer
 from model import load_checkpoint
@@ -63,7 +64,7 @@ def parse_tries(think):
 
 
 def problems(n=300, max_number=20, seed=0):
-    return searched.draw_problems(n, 3, max_number, 100, random.Random(seed))
+    return [(numbers, target) for numbers, target, _, _ in draw_distinct(random.Random(seed), n, 3, 3, max_number, 100)]
 
 
 def test_all_tries_reach_exactly_the_brute_force_values():
@@ -186,3 +187,24 @@ def test_variants_give_each_training_problem_several_solutions(tmp_path, monkeyp
         assert countdown_reward(r["solution"], r["answer"]) == 1.0
         by_problem.setdefault((tuple(r["answer"][0]), r["answer"][1]), set()).add(r["solution"])
     assert len(by_problem) == 40 and sum(len(v) > 1 for v in by_problem.values()) > 30
+
+
+def test_searched_data_never_written_into_someone_elses_directory():
+    """searched.prepare checks its directory as every prepare.py does (data/datadir.check_out): one that holds
+    a user's file, or another task's data, is refused before any work and left as it was; its own is marked."""
+    knobs = dict(n_train=40, n_val=5, n_test=5, num_merges=5, max_number=7, verbose=False)
+    out = searched.data_dir_for(3, 7, 100, 3, n_train=40, n_val=5, n_test=5, num_merges=5)
+    assert not os.path.exists(out)
+    try:
+        os.makedirs(out)
+        for name, text in (("notes.txt", "mine\n"), (".task", "arith\n")):
+            with open(os.path.join(out, name), "w") as f:
+                f.write(text)
+            with pytest.raises(UserError, match=out):
+                searched.prepare(**knobs)
+            assert sorted(os.listdir(out)) == sorted([name]) and open(os.path.join(out, name)).read() == text
+            os.remove(os.path.join(out, name))
+        assert searched.prepare(**knobs) == out and open(os.path.join(out, ".task")).read() == "countdown\n"
+    finally:
+        import shutil
+        shutil.rmtree(out, ignore_errors=True)

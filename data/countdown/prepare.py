@@ -125,6 +125,23 @@ def evaluate(expr):
     return value, used
 
 
+def draw_distinct(rng, n, min_numbers, max_numbers, max_number, max_target=MAX_TARGET):
+    """Up to n make_problem draws, no two with the same multiset of numbers and target, every target at most
+    max_target. Counting every target for every multiset overestimates how many exist, so the draws stop
+    once a long run of them finds nothing new: fewer than n, and the caller says which knob to change."""
+    seen, out, misses = set(), [], 0
+    while len(out) < n and misses < max(2000, n):
+        numbers, target, expr, steps = make_problem(rng, min_numbers, max_numbers, max_number)
+        problem = (tuple(sorted(numbers)), target)
+        if target > max_target or problem in seen:
+            misses += 1
+            continue
+        seen.add(problem)
+        out.append((numbers, target, expr, steps))
+        misses = 0
+    return out
+
+
 def row(numbers, target, expr, steps):
     value, used = evaluate(expr)
     assert value == target and sorted(used) == sorted(numbers), (numbers, target, expr)  # the generator's bug
@@ -203,19 +220,8 @@ def prepare(n_train=20000, n_val=500, n_test=500, min_numbers=3, max_numbers=4, 
         os.remove(meta_path)  # until the rebuild is complete, the directory is marked incomplete
     if verbose:
         print(f"preparing Countdown task data in {out} ...")
-    rng, n_total = random.Random(seed), n_train + n_val + n_test
-    seen, rows, misses = set(), [], 0
-    # the bound above counts every target for every multiset; the real number can be far smaller, so
-    # stop once a long run of draws finds nothing new (never near the end of a roomy set of knobs)
-    while len(rows) < n_total and misses < max(2000, n_total):
-        numbers, target, expr, steps = make_problem(rng, min_numbers, max_numbers, max_number)
-        problem = (tuple(sorted(numbers)), target)
-        if problem in seen:
-            misses += 1
-            continue
-        seen.add(problem)
-        rows.append(row(numbers, target, expr, steps))
-        misses = 0
+    n_total = n_train + n_val + n_test
+    rows = [row(*p) for p in draw_distinct(random.Random(seed), n_total, min_numbers, max_numbers, max_number)]
     if len(rows) < n_total:
         raise UserError(f"bad task knob n_train={n_train}: found only {len(rows)} distinct problems for "
                         f"min_numbers={min_numbers}, max_numbers={max_numbers}, max_number={max_number}, "

@@ -22,7 +22,8 @@ REPO = os.path.dirname(os.path.dirname(ROOT))
 if REPO not in sys.path:  # run as a script: configurator.py is at the repository root
     sys.path.append(REPO)
 from configurator import UserError, cli_main, configure  # noqa: E402
-from data.countdown.prepare import MAX_TARGET, TEMPLATE, make_problem  # noqa: E402
+from data.countdown.prepare import MAX_TARGET, TEMPLATE, draw_distinct  # noqa: E402
+from data.datadir import check_out, mark  # noqa: E402
 from data.countdown.solutions import searched_solution  # noqa: E402
 from data.gsm_synth.prepare import (PAT_STR, build_encoding, check_data_dir, prompt_text, train_bpe,  # noqa: E402
                                     write_atomic)
@@ -55,22 +56,6 @@ def check_knobs(n_numbers, max_number, max_target, max_misses, n_train, n_val, n
             raise UserError(f"bad task knob {name}={value!r}: must be {allowed}")
 
 
-def draw_problems(n, n_numbers, max_number, max_target, rng):
-    """n distinct (numbers, target) with target <= max_target, or fewer when a long run of draws finds
-    nothing new (the caller says which knob to change)."""
-    seen, out, misses = set(), [], 0
-    while len(out) < n and misses < max(2000, n):
-        numbers, target, _, _ = make_problem(rng, n_numbers, n_numbers, max_number)
-        key = (tuple(sorted(numbers)), target)
-        if target > max_target or key in seen:
-            misses += 1
-            continue
-        seen.add(key)
-        out.append((numbers, target))
-        misses = 0
-    return out
-
-
 def prepare(n_numbers=3, max_number=12, max_target=100, max_misses=3, n_train=20000, n_val=500, n_test=500,
             num_merges=300, seed=1337, variants=1, verbose=True):
     """Build the data and tokenizer for these knobs if missing or damaged; return the directory.
@@ -79,6 +64,7 @@ def prepare(n_numbers=3, max_number=12, max_target=100, max_misses=3, n_train=20
     check_knobs(n_numbers, max_number, max_target, max_misses, n_train, n_val, n_test, num_merges, variants)
     out = data_dir_for(n_numbers, max_number, max_target, max_misses, n_train=n_train, n_val=n_val, n_test=n_test,
                        num_merges=num_merges, seed=seed, variants=variants)
+    check_out(out, "countdown", "data directory", "remove it or change a knob")  # never someone else's directory
     meta_path = os.path.join(out, "meta.json")
     if os.path.exists(meta_path):
         problem = check_data_dir(out)
@@ -89,7 +75,8 @@ def prepare(n_numbers=3, max_number=12, max_target=100, max_misses=3, n_train=20
     if verbose:
         print(f"preparing Countdown data with searched solutions in {out} ...")
     n_total = n_train + n_val + n_test
-    problems = draw_problems(n_total, n_numbers, max_number, max_target, random.Random(seed))
+    problems = [(numbers, target) for numbers, target, _, _ in
+                draw_distinct(random.Random(seed), n_total, n_numbers, n_numbers, max_number, max_target)]
     if len(problems) < n_total:
         raise UserError(f"bad task knob n_train={n_train}: only {len(problems)} distinct problems with "
                         f"n_numbers={n_numbers}, max_number={max_number}, max_target={max_target}, not "
@@ -102,7 +89,7 @@ def prepare(n_numbers=3, max_number=12, max_target=100, max_misses=3, n_train=20
               "train": rows(problems[n_test + n_val:], range(seed, seed + variants))}
     merges = train_bpe([prompt_text(r["question"]) + r["solution"] for r in splits["train"][:5000]], num_merges)
     enc = build_encoding(merges, "countdown")
-    os.makedirs(out, exist_ok=True)
+    mark(out, "countdown")  # this task's directory, before any split is written
     for split, split_rows in splits.items():
         write_atomic(os.path.join(out, f"{split}.jsonl"), "".join(json.dumps(r) + "\n" for r in split_rows))
     write_atomic(os.path.join(out, "tokenizer.json"),
