@@ -1,0 +1,86 @@
+"""
+The checks of train_grpo.py's knobs, run before any work or any file is written: one line naming the key,
+the value and what is allowed (a typo'd key or a wrong type is caught earlier, by configurator.configure).
+Where it plugs in: train_grpo.main calls validate(cfg) once, after the config is read (and a resumed run's
+merged in); it also resolves the reward functions the step will call (cfg['reward_funcs'], task_rewards).
+"""
+import math
+import os
+
+from configurator import UserError, check, check_choice, check_finite, check_nonnegative, check_positive, \
+    read_config_file
+from data.curriculum import parse_levels
+from data.datadir import check_task_data
+from data.tasks import TASKS, task_rewards
+from grpo import LOSS_TYPES
+from model import load_checkpoint
+from rewards import REWARD_FUNCS
+from scale import distributed
+
+
+def validate(cfg):
+    """Every knob, before any work or any file is written: one line naming the key, the value and
+    what is allowed (a typo'd key or a wrong type is caught earlier, by configure)."""
+    check(cfg, "out_dir", cfg["out_dir"] != "", "give a directory, e.g. --out_dir=out/grpo")
+    check_finite(cfg, "grad_clip")
+    check(cfg, "base_ckpt", cfg["base_ckpt"] != "", "give the base checkpoint, e.g. --base_ckpt=out/base/ckpt.pt")
+    check_choice(cfg, "init_from", ("base", "resume"))
+    check_positive(cfg, "batch_size", "micro_batch_size", "max_new_tokens", "learning_rate", "grad_clip",
+                   "log_interval", "eval_interval", "eval_n", "eval_k", "ckpt_interval", "max_skipped_steps",
+                   "lora_r", "lora_alpha", "tracin_val_batch_size", "curriculum_window")
+    check_nonnegative(cfg, "max_iters", "min_lr", "warmup_iters", "lr_decay_iters", "weight_decay", "beta",
+                      "epsilon_high", "advantage_epsilon")
+    check(cfg, "group_size", cfg["group_size"] >= 2, "must be >= 2: advantages are relative within a group")
+    world = distributed.launched_world_size()  # checked before any process group
+    check(cfg, "batch_size", cfg["batch_size"] % world == 0, f"must split evenly over the {world} processes")
+    check(cfg, "tracin_val_batch_size", cfg["tracin_val_batch_size"] % world == 0 or not cfg["tracin"],
+          f"must split evenly over the {world} processes (the validation prompts are shared out among them)")
+    n = cfg["batch_size"] * cfg["group_size"]
+    check(cfg, "micro_batch_size", cfg["micro_batch_size"] >= n or n % cfg["micro_batch_size"] == 0,
+          f"batch_size*group_size = {n} completions must divide into micro-batches of this size")
+    check(cfg, "temperature", cfg["temperature"] > 0, "must be > 0 in GRPO: with greedy sampling (0) every "
+          "completion of a group is the same, every advantage is 0 and nothing can be learned")
+    check(cfg, "top_k", cfg["top_k"] >= 0, "must be >= 0 (0 = off)")
+    check(cfg, "top_p", 0 < cfg["top_p"] <= 1, "must be in (0, 1] (1 = off)")
+    check(cfg, "epsilon_low", 0 <= cfg["epsilon_low"] < 1, "must be in [0, 1)")
+    check(cfg, "lora_dropout", 0 <= cfg["lora_dropout"] < 1, "must be in [0, 1)")
+    check(cfg, "defect_frac", 0 <= cfg["defect_frac"] <= 1, "must be in [0, 1]")
+    levels = parse_levels(cfg["curriculum"])  # a bad level list is an error here, before any work
+    check(cfg, "defect_frac", cfg["defect_frac"] == 0 or not levels,
+          "must be 0 with a curriculum: the planted wrong answers belong to the base's train split")
+    check(cfg, "curriculum_threshold", 0 < cfg["curriculum_threshold"] <= 1, "must be in (0, 1]")
+    check(cfg, "tracin_topk_frac", 0 < cfg["tracin_topk_frac"] <= 1, "must be in (0, 1]")
+    check_choice(cfg, "loss_type", LOSS_TYPES)
+    check_choice(cfg, "importance_sampling_level", ("token", "sequence"))
+    check(cfg, "num_iterations", cfg["num_iterations"] >= 1, "must be >= 1")
+    check(cfg, "num_iterations", cfg["num_iterations"] == 1 or not cfg["tracin"], "must be 1 with tracin=True: "
+          "the selection is made from the sampling policy's per-sample gradients, one update per generation")
+    check_choice(cfg, "scale_rewards", ("group", "batch", "none"))
+    check_choice(cfg, "tracin_val_loss", ("pg", "nll"))
+    check_choice(cfg, "tracin_selection", ("positive", "topk"))
+    check_choice(cfg, "tracin_influence", ("summed", "matrix"))
+    check_choice(cfg, "task", tuple(TASKS))
+    if cfg["base_ckpt"].endswith(".pt"):  # a train_base.py base knows one task: the one it was (or will be) trained on
+        trained_on = base_task(cfg["base_ckpt"], cfg["base_config"])
+        check(cfg, "task", cfg["task"] == trained_on, f"must be {trained_on!r}, the task of the base "
+              f"{cfg['base_ckpt']} (another task needs a base trained on it, or a Hugging Face model directory)")
+    check(cfg, "task", cfg["task"] == "arith" or not (levels or cfg["defect_frac"]),
+          "must be 'arith' with a curriculum or a planted defect (both are built from arith problems)")
+    check_task_data(cfg["data_dir"], cfg["task"])  # (and a resumed run's: another task's data put in its place)
+    cfg["reward_funcs"], cfg["reward_weights"] = funcs, weights = task_rewards(cfg)  # () = the task's
+    check(cfg, "reward_funcs", len(funcs) > 0 and all(f in REWARD_FUNCS for f in funcs) and len(set(funcs)) == len(funcs),
+          f"a non-empty list of distinct names from {sorted(REWARD_FUNCS)}")
+    check(cfg, "reward_weights", len(weights) == len(funcs) and all(
+          isinstance(w, (int, float)) and not isinstance(w, bool) and math.isfinite(w) for w in weights),
+          f"one finite number per reward function ({len(funcs)}: {', '.join(funcs)})")
+    check(cfg, "lora_targets", len(cfg["lora_targets"]) > 0, "name at least one layer, e.g. ('c_attn',)")
+    if cfg["tracin"] and (cfg["grad_checkpoint"] or cfg["lora_dropout"] > 0):
+        raise UserError("tracin=True needs grad_checkpoint=False and lora_dropout=0: the hooks must see "
+                        "each activation once, exactly as the gradient used it")
+
+
+def base_task(base_ckpt, base_config):
+    """The task a train_base.py checkpoint was trained on; a missing one will be trained with base_config."""
+    if os.path.isfile(base_ckpt):
+        return load_checkpoint(base_ckpt).get("config", {}).get("task", "arith")
+    return read_config_file(base_config).get("task", "arith") if os.path.isfile(base_config) else "arith"
