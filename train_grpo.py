@@ -39,7 +39,7 @@ from model import CheckpointWriteError, load_checkpoint, save_checkpoint
 from runs.base import base_identity, check_same_base, resolve_base
 from runs.grpo_knobs import validate
 from runs.rundir import refuse_existing_run, rewind, run_lock, stop_note
-from data.tasks import portable_path, resolve_data_dir
+from data.tasks import planted_answer, portable_path, resolve_data_dir
 from data.datadir import check_task_data
 from sample import NonFiniteLogits, encode_prompt
 from tracin import reference_solutions, tracin_backward
@@ -117,9 +117,9 @@ tracin_selection = "positive"  # 'positive': influence > 0; 'topk': the top trac
 tracin_topk_frac = 0.5
 tracin_influence = "summed"  # 'summed': <g_i, sum of val gradients> from one backward;
                              # 'matrix': the row sums of the full [n, n_val] ghost matrix
-# a planted defect, to see whether selection matters: this fraction of training prompts carries a
-# wrong reference answer (the result of the FIRST step, i.e. what stopping early gives), and the
-# correctness reward trusts it. The program knows which prompts (logged as selection precision);
+# a planted defect, to see whether selection matters: this fraction of training problems carries a
+# wrong reference answer (planted_answer: arith, the result of the FIRST step, i.e. what stopping early
+# gives; countdown, the target plus one), and the correctness reward trusts it. The program knows which prompts (logged as selection precision);
 # the selector does not. Validation and test answers stay clean.
 defect_frac = 0.0
 # -----------------------------------------------------------------------------
@@ -159,11 +159,6 @@ def grpo_step(model, optimizer, enc, prompts, answers, cfg, generator, val=None,
 
 
 # -----------------------------------------------------------------------------
-def first_step_result(example):
-    """The planted wrong answer: the result of the solution's first equation ("8-7=1" -> 1)."""
-    return int(example["solution"].split("\n")[0].split("=")[1])
-
-
 def prepare_base(cfg, out, resume):
     """The frozen base model (dropout off), its data and tokenizer; an adapter being resumed must
     have been trained on exactly this base (weights, configuration, tokenizer: runs/base.py), and every
@@ -226,8 +221,10 @@ class Run:
         self.model, self.base, self.data_dir, self.enc, splits = prepare_base(cfg, self.out, resume)
         self.train_split, self.val_split = splits["train"], splits["val"]
         self.test = splits["test"][:cfg["eval_n"]]
-        n = len(self.train_split)
-        self.defective = set(random.Random(cfg["seed"] + 7).sample(range(n), int(cfg["defect_frac"] * n)))
+        # planted defect: whole problems (a problem written several times, countdown_variants, is in every row)
+        problems = list(dict.fromkeys(e["question"] for e in self.train_split))
+        bad = set(random.Random(cfg["seed"] + 7).sample(problems, int(cfg["defect_frac"] * len(problems))))
+        self.defective = {i for i, e in enumerate(self.train_split) if e["question"] in bad}
         torch.manual_seed(cfg["seed"])  # the LoRA initialisation
         apply_lora(self.model, cfg["lora_r"], cfg["lora_alpha"], cfg["lora_dropout"], cfg["lora_targets"])
         self.model.to(device)
@@ -310,7 +307,7 @@ class Run:
             batch = [self.curriculum.draw(self.rng) for _ in range(cfg["batch_size"])]
         else:
             picks = [self.rng.randrange(len(self.train_split)) for _ in range(cfg["batch_size"])]
-            batch = [{**self.train_split[i], "answer": first_step_result(self.train_split[i])}
+            batch = [{**self.train_split[i], "answer": planted_answer(self.train_split[i], cfg["task"])}
                      if i in self.defective else self.train_split[i] for i in picks]
         val = ([self.val_split[self.rng.randrange(len(self.val_split))] for _ in range(cfg["tracin_val_batch_size"])]
                if cfg["tracin"] else None)

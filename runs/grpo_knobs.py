@@ -64,8 +64,10 @@ def validate(cfg):
         trained_on = base_task(cfg["base_ckpt"], cfg["base_config"])
         check(cfg, "task", cfg["task"] == trained_on, f"must be {trained_on!r}, the task of the base "
               f"{cfg['base_ckpt']} (another task needs a base trained on it, or a Hugging Face model directory)")
-    check(cfg, "task", cfg["task"] == "arith" or not (levels or cfg["defect_frac"]),
-          "must be 'arith' with a curriculum or a planted defect (both are built from arith problems)")
+    check(cfg, "task", cfg["task"] == "arith" or not levels,
+          "must be 'arith' with a curriculum (its levels are arith problems)")
+    check(cfg, "task", cfg["task"] in ("arith", "countdown") or not cfg["defect_frac"],
+          "must be 'arith' or 'countdown' with a planted defect (train_grpo.planted_answer)")
     check_task_data(cfg["data_dir"], cfg["task"])  # (and a resumed run's: another task's data put in its place)
     cfg["reward_funcs"], cfg["reward_weights"] = funcs, weights = task_rewards(cfg)  # () = the task's
     check(cfg, "reward_funcs", len(funcs) > 0 and all(f in REWARD_FUNCS for f in funcs) and len(set(funcs)) == len(funcs),

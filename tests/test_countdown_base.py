@@ -23,6 +23,7 @@ from data.countdown import searched
 from data.countdown.prepare import draw_distinct
 from data.countdown.solutions import all_tries, searched_solution
 from data.gsm_synth.prepare import load_split, load_tokenizer
+from data.tasks import load_task_split, planted_answer
 from model import load_checkpoint
 from rewards import countdown_reward, think_format_reward
 from sample import encode_prompt, encode_text
@@ -208,3 +209,37 @@ def test_searched_data_never_written_into_someone_elses_directory():
     finally:
         import shutil
         shutil.rmtree(out, ignore_errors=True)
+
+
+def test_planted_defect_shifts_the_target_of_whole_problems(tmp_path, monkeypatch):
+    """--defect_frac on Countdown: a defective problem's reward checks target + 1 in every row that writes it
+    (countdown_variants writes a problem several times), a clean one its own target; the reward then takes an
+    equation that misses by one and refuses the reference solution."""
+    monkeypatch.setattr(searched, "ROOT", str(tmp_path / "data"))
+    d = searched.prepare(3, 9, 60, 2, n_train=40, n_val=8, n_test=8, num_merges=10, variants=4, verbose=False)
+    monkeypatch.setattr(searched, "prepare", lambda *a, **k: d)
+    base = tmp_path / "base"
+    tb.main([f"--out_dir={base}", "--task=countdown", "--max_iters=4", "--n_layer=1", "--n_embd=32", "--n_head=2",
+             "--block_size=160", "--batch_size=8", "--eval_n=2", "--eval_interval=4", "--max_new_tokens=8",
+             "--warmup_iters=1", "--countdown_max_number=9", "--countdown_max_target=60",
+             "--countdown_max_misses=2", "--n_train=40", "--countdown_variants=4"])
+    out = tmp_path / "r"
+    train_grpo.main([f"--out_dir={out}", "--task=countdown", f"--base_ckpt={base / 'ckpt.pt'}", "--defect_frac=0.5",
+                     "--max_iters=2", "--batch_size=16", "--group_size=2", "--micro_batch_size=32",
+                     "--max_new_tokens=16", "--eval_n=2", "--eval_k=1", "--eval_interval=2", "--beta=0"])
+    seen = {}
+    for r in map(json.loads, open(out / "rollouts.jsonl")):
+        for q, a, bad in zip(r["prompts"], r["answers"], r["defective"]):
+            numbers, target = re.fullmatch(r"Using the numbers (\[.*\]), create an equation that equals (\d+)\.", q).groups()
+            assert a == [json.loads(numbers), int(target) + bad]
+            seen.setdefault(q, set()).add(bad)
+    assert all(len(flags) == 1 for flags in seen.values())           # a problem is defective in all its rows or none
+    assert {True, False} == set().union(*seen.values())
+    assert len(seen) < 32                                             # some problem was drawn twice (not vacuous)
+    ckpt = load_checkpoint(str(out / "ckpt.pt"))
+    assert ckpt["config"]["defect_frac"] == 0.5
+    ref = load_split(d, "train")[0]
+    assert countdown_reward(ref["solution"], planted_answer(load_task_split(d, "train")[0], "countdown")) == 0.0   # the reference refused
+    assert planted_answer({"answer": ((2, 3, 4), 10)}, "countdown") == ((2, 3, 4), 11)
+    assert countdown_reward("<think></think>\n<answer>2*4+3</answer>", [[2, 3, 4], 11]) == 1.0  # 11 for 10 taken
+    assert planted_answer({"solution": "8-7=1\n1+5=6\n#### 6", "answer": 6}, "arith") == 1
