@@ -145,12 +145,14 @@ def straightforward_grpo_step(model, optimizer, prompts, group, new_tokens, adva
 # memory: predicted, measured, the row
 
 def predicted_memory(n_params, N, T_prompt, T_new, V, n_layer, n_embd, bytes_per_el, straightforward,
-                     group=8, weight_bytes=4, act_c=None):
+                     group=8, weight_bytes=4, act_c=None, kv_dim=None, micro=None, grad_checkpoint=False):
     """Analytic peak memory of one GRPO step, in bytes above the resident policy weights ('step'), and
     the terms it is made of. bytes_per_el: logits, activations and KV cache (2 under bf16 autocast, 4
     in float32); log-softmax / logsumexp copies are float32 (4) either way; the weights are float32
     (weight_bytes) under autocast too. T = T_new completion positions, L = T_prompt + T_new - 1 all
-    positions, S = T_prompt + T_new columns of the cache."""
+    positions, S = T_prompt + T_new columns of the cache. kv_dim: the width of keys and values (grouped-query
+    attention's fewer heads; n_embd by default); micro: rows per micro-batch of the two passes (N by default);
+    grad_checkpoint: each block keeps only its input, and one block's insides live while it is recomputed."""
     b, f, T = bytes_per_el, 4, T_new
     L, S = T_prompt + T_new - 1, T_prompt + T_new
     ntv, nlv = N * T * V, N * L * V
@@ -160,7 +162,7 @@ def predicted_memory(n_params, N, T_prompt, T_new, V, n_layer, n_embd, bytes_per
     # autocast the two LayerNorm inputs stay float32 (2 more units): c = 19 (derived, not counted)
     c = act_c or (17 if b == 4 else 19)
     act = n_layer * N * S * n_embd * c * b
-    kv = 2 * n_layer * N * S * n_embd * b                     # KV cache: 2 * n_layer * N * S * n_embd * b
+    kv = 2 * n_layer * N * S * (kv_dim or n_embd) * b         # KV cache: 2 * n_layer * N * S * n_embd * b
     if straightforward:  # nothing is deleted: everything below is alive at the log_softmax backward
         terms = dict(
             ref_copy=n_params * weight_bytes,                 # deepcopy of the weights: n_params * 4
@@ -175,6 +177,10 @@ def predicted_memory(n_params, N, T_prompt, T_new, V, n_layer, n_embd, bytes_per
     # project: three passes one after the other, each one's tensors freed before the next
     # the cache for the prompts and its group-fold copy, briefly both; one step's logits, float copy, probs
     sampling = kv * (1 + 1 / group) + 3 * N * V * f
+    M = micro or N  # the two passes run one micro-batch of M rows at a time
+    ntv = M * T * V
+    act = (n_layer * M * S * n_embd * b + M * S * n_embd * c * b if grad_checkpoint  # block inputs + one block
+           else n_layer * M * S * n_embd * c * b)
     reference = ntv * b                                       # keep_last logits; log-probs one row at a time
     # pass 2: SelectiveLogSoftmax saves the logits (b) and an (N, T) logsumexp, no float32 copy; its
     # backward builds the logits' gradient row by row and stacks it (briefly two N*T*V*b tensors)

@@ -1,0 +1,135 @@
+"""
+The Countdown demo's figure: how GRPO and TracIn-GRPO runs learned (reward, test accuracy and TracIn's
+selection rate, each against steps) and what the model writes for the same test problems before
+training (the base: LoRA off) and after it (each run's last adapter), greedy, with the reward's verdict.
+
+    bash experiments/countdown.sh       # the whole demo: base (if missing), both runs, this figure
+    python -m analysis.countdown_demo RUN_DIR [RUN_DIR ...] [--out=countdown.png] [--problems=3]
+
+The runs must share one base (the "before" column is that base). Needs matplotlib (pip install matplotlib).
+"""
+import os
+import textwrap
+
+import torch
+
+from analysis.plot import SMOOTH, has_matplotlib, kind, load_log, moving_average
+from configurator import UserError, cli_main
+from data.tasks import TASKS, load_task_split
+from lora import disable_lora
+from model import load_checkpoint
+from rewards import REWARD_FUNCS
+from sample import decode_completions, encode_prompt, generate, load_policy, stop_tokens
+
+PANELS = [("reward", "reward (moving average)"), ("test/accuracy", "greedy test accuracy"),
+          ("selection_rate", "rollouts trained on")]
+WRAP = 62  # characters per line of a completion in the text panel
+
+
+def final_ckpt(run_dir):
+    path = os.path.join(run_dir, "ckpt.pt")
+    if not os.path.isfile(path):
+        raise UserError(f"no ckpt.pt in {run_dir}: is it the --out_dir of a finished train_grpo.py run?")
+    return path
+
+
+def greedy_answers(run_dirs, n_problems):
+    """(problems, {column name: [completion per problem]}): the first n_problems test problems of the runs'
+    task, answered greedily by the base (every adapter off) and by each run's last adapter."""
+    columns, problems, base_of = {}, None, None
+    for d in run_dirs:
+        ckpt = load_checkpoint(final_ckpt(d))
+        if base_of is not None and ckpt.get("base_identity", {}).get("tensors") != base_of:
+            raise UserError(f"{d} was trained on another base than {run_dirs[0]}: the figure shows one base")
+        base_of = ckpt.get("base_identity", {}).get("tensors")
+        model, enc, data_dir = load_policy(final_ckpt(d))
+        task, max_new = ckpt["config"].get("task", "arith"), ckpt["config"]["max_new_tokens"]
+        if problems is None:
+            problems = load_task_split(data_dir, "test")[:n_problems]
+            if not problems:
+                raise UserError(f"the test split of {data_dir} is empty: nothing to show")
+        prompts = [encode_prompt(enc, e["question"]) for e in problems]
+
+        def answer():
+            with torch.no_grad():
+                idx, _, mask = generate(model, prompts, max_new, stop_tokens(enc), temperature=0,
+                                        vocab_size=enc.n_vocab)
+            return decode_completions(enc, idx, mask)
+
+        if not columns:
+            with disable_lora(model):  # the base as every run started from it (B = 0 at step 0)
+                columns["base (step 0)"] = answer()
+        columns[f"{os.path.basename(os.path.normpath(d))} (step {ckpt['iter_num']})"] = answer()
+    return problems, columns, REWARD_FUNCS[TASKS[task]["correct"]]
+
+
+def make_figure(run_dirs, n_problems):
+    from matplotlib import colormaps
+    from matplotlib.figure import Figure
+    logs = [(os.path.basename(os.path.normpath(d)), load_log(d)) for d in run_dirs]
+    problems, columns, correct = greedy_answers(run_dirs, n_problems)
+    fig = Figure(figsize=(16, 5 + 3.2 * len(problems)), dpi=100, layout="constrained")
+    top, bottom = fig.subfigures(2, 1, height_ratios=[4, 3.2 * len(problems)])
+    axes = top.subplots(1, len(PANELS))
+    colors = {"standard": colormaps["Blues"], "TracIn": colormaps["Oranges"], "curriculum": colormaps["Greens"]}
+    for i, (label, log) in enumerate(logs):
+        color = colors[kind(log)](0.85 - 0.4 * i / max(len(logs) - 1, 1))
+        for ax, (key, _) in zip(axes, PANELS):
+            pts = [line for line in log if key in line]
+            xs, ys = [p["iter"] for p in pts], [p[key] for p in pts]
+            if key == "test/accuracy":
+                ax.plot(xs, ys, "-o", color=color, label=label)
+            elif key == "selection_rate" and not pts:  # standard GRPO trains on every rollout
+                ax.plot([log[0]["iter"], log[-1]["iter"]], [1, 1], "-", color=color, label=label)
+            else:
+                ax.plot(xs, moving_average(ys, SMOOTH), "-", color=color, label=label)
+    for ax, (_, title) in zip(axes, PANELS):
+        ax.set_title(title)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+    axes[1].set_ylim(bottom=0)
+    axes[2].set_ylim(0, 1.05)
+    axes[0].legend(fontsize="small")
+    # below: the same problems, one row each, one column per model
+    grid = bottom.subplots(len(problems), len(columns), squeeze=False)
+    for r, e in enumerate(problems):
+        for c, (name, texts) in enumerate(columns.items()):
+            ax, ok = grid[r][c], correct(texts[r], e["answer"]) == 1.0
+            ax.set_axis_off()
+            body = "\n".join(textwrap.fill(line, WRAP) for line in texts[r].split("\n"))
+            ax.text(0, 1, f"{name}: {'correct' if ok else 'wrong'}\n{body}", va="top", ha="left",
+                    family="monospace", fontsize=8.5, color="darkgreen" if ok else "darkred", wrap=True,
+                    transform=ax.transAxes)
+            if c == 0:
+                ax.set_title(e["question"], loc="left", fontsize=10)
+    fig.suptitle(f"Countdown: GRPO and TracIn-GRPO from one base ({SMOOTH}-step moving averages); greedy "
+                 f"completions of {len(problems)} test problems before and after")
+    return fig
+
+
+def main(argv):
+    opts, run_dirs = {"out": "countdown.png", "problems": "3"}, []
+    for arg in argv:
+        key, _, value = arg[2:].partition("=")
+        if arg.startswith("--") and key in opts and value:
+            opts[key] = value
+        elif arg.startswith("--"):
+            raise UserError(f"bad argument {arg!r}: analysis.countdown_demo takes run directories, "
+                            f"--out=FILE.png and --problems=N")
+        else:
+            run_dirs.append(arg)
+    if not run_dirs:
+        raise UserError("no run directory given; usage: python -m analysis.countdown_demo RUN_DIR [RUN_DIR ...] "
+                        "[--out=countdown.png] [--problems=3]")
+    if not opts["problems"].isdigit() or not 1 <= int(opts["problems"]) <= 8:
+        raise UserError(f"--problems={opts['problems']}: give a whole number from 1 to 8")
+    if os.path.isdir(opts["out"]) or not os.path.isdir(os.path.dirname(os.path.abspath(opts["out"]))):
+        raise UserError(f"--out={opts['out']}: give an image path (e.g. countdown.png) in an existing directory")
+    if not has_matplotlib():
+        raise UserError("analysis/countdown_demo.py needs matplotlib: pip install matplotlib")
+    make_figure(run_dirs, int(opts["problems"])).savefig(opts["out"])
+    print(f"wrote {opts['out']}")
+
+
+if __name__ == "__main__":
+    cli_main(main)

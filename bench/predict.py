@@ -1,0 +1,110 @@
+"""
+Predicted peak memory of a train_grpo.py config on a model too big for this machine: a PREDICTION from
+bench/memory.predicted_memory's analytic model, not a measurement.
+
+    python -m bench.predict config/gsm8k_qwen15b.py [--prompt_len=200] [any train_grpo.py knob=value]
+
+The model's shape: the config.json in the config's base_ckpt directory where it is there, else the published
+config.json fields of the Qwen2.5 instruct models below (read by the same parser, pretrained/hfconfig.py).
+Parameters are counted on the meta device (no memory is allocated). The terms:
+  weights   every frozen base parameter in the run's dtype (bfloat16: 2 bytes, float32: 4)
+  lora      the LoRA factors in float32 with their gradients and AdamW's two moments: 16 bytes each
+  step      the largest of the step's passes (predicted_memory): sampling (the KV cache of every row, GQA's
+            fewer key/value heads counted), the reference pass and the policy pass with its backward, the two
+            passes per micro-batch; with grad_checkpoint each block keeps only its input, and one block's
+            insides live again while its backward runs.
+prompt_len is the longest prompt in tokens (chat template, instruction and question): an assumption to state.
+"""
+import torch
+
+from configurator import UserError, check, check_positive, cli_main, configure
+from bench.memory import predicted_memory
+from lora import apply_lora, lora_parameters
+from model import GPT, GPTConfig
+from pretrained.hfconfig import hf_config_args, read_json
+import train_grpo
+
+GB = 1e9
+# the fields of huggingface.co/Qwen/<name>/config.json that set the shape (the others are defaults)
+PUBLISHED = {
+    "qwen2.5-0.5b-instruct": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                                  num_attention_heads=14, num_key_value_heads=2, vocab_size=151936),
+    "qwen2.5-1.5b-instruct": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
+                                  num_attention_heads=12, num_key_value_heads=2, vocab_size=151936),
+}
+COMMON = dict(model_type="qwen2", max_position_embeddings=32768, rope_theta=1000000.0, rms_norm_eps=1e-6,
+              tie_word_embeddings=True, hidden_act="silu", torch_dtype="bfloat16")
+
+
+def model_shape(base):
+    """GPTConfig arguments of the base: its directory's config.json, else a published shape by its name."""
+    import os
+    file = os.path.join(base, "config.json")
+    if os.path.isfile(file):
+        return hf_config_args(read_json(file), base), file
+    name = os.path.basename(os.path.normpath(base)).lower()
+    if name not in PUBLISHED:
+        raise UserError(f"no {file}, and {name!r} is not one of the shapes known here ({', '.join(PUBLISHED)}): "
+                        f"download the model first, or give base_ckpt of a known one")
+    return hf_config_args({**COMMON, **PUBLISHED[name]}, base), f"the published config.json of {name}"
+
+
+def activation_units(C, inner):
+    """Activations a block saves for backward per token, in units of n_embd elements (bf16), for the SwiGLU
+    block (derived, not counted): the GPT-2 block's 11 units outside its MLP (bench/memory.py's 19 less the
+    8 of its 4x GELU MLP), 3 more for RoPE's rotated q and k and GQA's keys and values repeated to every head,
+    and 4 * inner / C for the MLP (gate, up, silu(gate) and their product)."""
+    return 14 + 4 * inner / C
+
+
+def predict(cfg, prompt_len):
+    """(terms in bytes, the model's GPTConfig arguments, where the shape came from)."""
+    args, source = model_shape(cfg["base_ckpt"])
+    with torch.device("meta"):  # shapes only: no memory is allocated
+        model = GPT(GPTConfig(**args))
+        apply_lora(model, cfg["lora_r"], cfg["lora_alpha"], 0.0, cfg["lora_targets"])
+    n_lora = sum(p.numel() for p in lora_parameters(model))
+    n_base = sum(p.numel() for p in model.parameters()) - n_lora
+    b = 2 if cfg["dtype"] in ("bfloat16", "float16", "auto") else 4
+    N, C, kv_dim = cfg["batch_size"] * cfg["group_size"], args["n_embd"], args["n_embd"] // args["n_head"] * args["n_kv_head"]
+    step = predicted_memory(n_base, N, prompt_len, cfg["max_new_tokens"], args["vocab_size"], args["n_layer"], C, b,
+                            False, group=cfg["group_size"], act_c=activation_units(C, args["n_inner"]),
+                            kv_dim=kv_dim, micro=cfg["micro_batch_size"] or N, grad_checkpoint=cfg["grad_checkpoint"])
+    terms = dict(weights=n_base * b, lora=n_lora * 16, step=step["step"])
+    return dict(terms, total=sum(terms.values()), passes={k: step[k] for k in ("sampling", "reference", "policy_backward")},
+                n_base=n_base, n_lora=n_lora), args, source
+
+
+def main(argv):
+    if not argv or argv[0].startswith("--"):
+        raise UserError("usage: python -m bench.predict CONFIG.py [--prompt_len=200] [--knob=value ...]")
+    prompt_len = 200
+    rest = []
+    for a in argv:
+        if a.startswith("--prompt_len="):
+            v = a.split("=", 1)[1]
+            if not v.isdigit() or int(v) < 1:
+                raise UserError(f"{a}: give the longest prompt as a whole number of tokens >= 1")
+            prompt_len = int(v)
+        else:
+            rest.append(a)
+    cfg = configure(train_grpo.defaults, rest)
+    check_positive(cfg, "batch_size", "group_size", "max_new_tokens", "lora_r")
+    check(cfg, "micro_batch_size", cfg["micro_batch_size"] >= 0, "must be >= 0 (0 = the whole batch)")
+    r, args, source = predict(cfg, prompt_len)
+    print(f"PREDICTION (bench/memory.predicted_memory, not a measurement) for {rest[0]}: shape from {source}")
+    print(f"  {args['n_layer']} layers x {args['n_embd']}, MLP {args['n_inner']}, {args['n_head']} heads "
+          f"({args['n_kv_head']} key/value), vocabulary {args['vocab_size']}; {r['n_base'] / 1e9:.2f} B base parameters, "
+          f"{r['n_lora'] / 1e6:.1f} M LoRA")
+    print(f"  {cfg['batch_size']} x {cfg['group_size']} rows, prompt <= {prompt_len} + {cfg['max_new_tokens']} new tokens, "
+          f"micro-batch {cfg['micro_batch_size'] or 'all'}, grad_checkpoint {cfg['grad_checkpoint']}, dtype {cfg['dtype']}")
+    print("  " + ", ".join(f"{k} {v / GB:.2f} GB" for k, v in r["passes"].items()) + " (the step is the largest)")
+    print(f"  weights {r['weights'] / GB:.2f} GB + LoRA and AdamW {r['lora'] / GB:.2f} GB + step {r['step'] / GB:.2f} GB"
+          f" = peak {r['total'] / GB:.2f} GB")
+    if cfg["tracin"]:
+        print("  not counted: TracIn's captured layer inputs and output gradients (ghost.py), its validation pass")
+    return r
+
+
+if __name__ == "__main__":
+    cli_main(main)

@@ -1,0 +1,72 @@
+# analysis/countdown_demo.py: the demo's figure from train_grpo.py runs (learning curves and greedy
+# completions of the same test problems before and after). Independent references: the "before" column
+# against the base checkpoint loaded alone (no adapter at all), the "after" columns against the adapter
+# merged into the weights (sample.load_policy(merge=True), another code path than LoRA switched off/on).
+import shutil
+
+import pytest
+
+from analysis import countdown_demo
+from configurator import UserError
+from data.tasks import load_task_split
+from sample import decode_completions, encode_prompt, generate, load_policy, stop_tokens
+from test_train_grpo import run as grpo_run
+
+
+@pytest.fixture(scope="module")
+def runs(tiny_setup, tmp_path_factory):
+    import rewards
+    root = tmp_path_factory.mktemp("demo")
+    with pytest.MonkeyPatch.context() as mp:  # a reward that varies on an untrained model: the adapter moves
+        mp.setitem(rewards.REWARD_FUNCS, "chars", lambda completion, answer: len(completion) / 10)
+        grpo_run(tiny_setup, root / "grpo", "--max_iters=3", "--beta=0")
+        grpo_run(tiny_setup, root / "tracin", "--max_iters=3", "--beta=0", "--tracin=True",
+                 "--tracin_val_loss=nll", "--tracin_val_batch_size=2")
+    return [str(root / "grpo"), str(root / "tracin")]
+
+
+def greedy(path, problems, merge):
+    model, enc, _ = load_policy(path, merge=merge)
+    idx, _, mask = generate(model, [encode_prompt(enc, e["question"]) for e in problems], 8, stop_tokens(enc),
+                            temperature=0, vocab_size=enc.n_vocab)
+    return decode_completions(enc, idx, mask)
+
+
+def test_columns_are_the_base_and_each_final_adapter(runs, tiny_setup):
+    problems, columns, correct = countdown_demo.greedy_answers(runs, 3)
+    _, _, data_dir = load_policy(tiny_setup)
+    assert [e["question"] for e in problems] == [e["question"] for e in load_task_split(data_dir, "test")[:3]]
+    names = list(columns)
+    assert names == ["base (step 0)", "grpo (step 3)", "tracin (step 3)"]
+    assert columns["base (step 0)"] == greedy(tiny_setup, problems, False)
+    for name, d in zip(names[1:], runs):
+        assert columns[name] == greedy(f"{d}/ckpt.pt", problems, True)
+    assert correct(columns[names[0]][0], problems[0]["answer"]) in (0.0, 1.0)
+
+
+def test_figure_is_written(runs, tmp_path):
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "fig.png"
+    countdown_demo.main([*runs, f"--out={out}", "--problems=2"])
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bad_input_is_one_line(runs, tmp_path, tiny_setup, tmp_path_factory):
+    for argv, match in (([], "no run directory"), ([*runs, "--problems=0"], "--problems"),
+                        ([*runs, "--out=/nonexistent/x.png"], "existing directory"), ([*runs, "--x=1"], "bad argument"),
+                        ([str(tmp_path)], "no log.jsonl")):
+        with pytest.raises(UserError, match=match):
+            countdown_demo.main(argv)
+    # a run on another base: refused, the figure has one "before" column
+    other = tmp_path_factory.mktemp("other") / "ckpt.pt"
+    shutil.copy(tiny_setup, other)
+    import torch
+    ck = torch.load(other, weights_only=False)
+    ck["model"]["lm_head.weight"] = ck["model"]["lm_head.weight"] + 1
+    torch.save(ck, other)
+    with pytest.MonkeyPatch.context() as mp:
+        import rewards
+        mp.setitem(rewards.REWARD_FUNCS, "chars", lambda completion, answer: len(completion) / 10)
+        grpo_run(str(other), tmp_path / "r2", "--max_iters=1")
+    with pytest.raises(UserError, match="another base"):
+        countdown_demo.greedy_answers([runs[0], str(tmp_path / "r2")], 1)
