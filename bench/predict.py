@@ -3,6 +3,7 @@ Predicted peak memory of a train_grpo.py config on a model too big for this mach
 bench/memory.predicted_memory's analytic model, not a measurement.
 
     python -m bench.predict config/gsm8k_qwen15b.py [--prompt_len=200] [any train_grpo.py knob=value]
+    python -m bench.predict --check       # the terms against a measured step on this CPU (a small model)
 
 The model's shape: the config.json in the config's base_ckpt directory where it is there, else the published
 config.json fields of the Qwen2.5 instruct models below (read by the same parser, pretrained/hfconfig.py).
@@ -75,7 +76,48 @@ def predict(cfg, prompt_len):
                 n_base=n_base, n_lora=n_lora), args, source
 
 
+CHECK = dict(n_layer=8, n_head=4, n_embd=256, vocab=512, n_prompts=4, group=8, prompt_len=16, new_tokens=112,
+             seed=0, device="cpu")  # activations, not logits, dominate: the terms this file adds are what shows
+
+
+def check_child(micro, grad_checkpoint):
+    """In a fresh process: one project step at CHECK's size, measured (peak RSS above the setup) and predicted."""
+    from bench import memory
+    lora_gpt, step = memory.lora_gpt, memory.project_grpo_step
+
+    def model_with(*a, **k):
+        model = lora_gpt(*a, **k)
+        model.config.grad_checkpoint = grad_checkpoint
+        return model
+
+    memory.lora_gpt = model_with  # the warm-up step (one prompt) runs whole; the measured one in micro-batches
+    memory.project_grpo_step = lambda *a, **k: step(*a, **k, micro_batch_size=micro if len(a[2]) > 1 else 0)
+    r, s = memory.memory_variant("project", CHECK), CHECK
+    pred = predicted_memory(r["n_params"], s["n_prompts"] * s["group"], s["prompt_len"], s["new_tokens"], s["vocab"],
+                            s["n_layer"], s["n_embd"], 4, False, group=s["group"], micro=micro,
+                            grad_checkpoint=grad_checkpoint)
+    print(f"CHECK micro-batch {micro:2d}, grad_checkpoint {str(grad_checkpoint):5}: measured "
+          f"{(r['peak'] - r['before']) / 2 ** 20:5.0f} MiB, predicted {pred['step'] / 2 ** 20:5.0f} MiB", flush=True)
+
+
+def check():
+    """The micro-batch and checkpointing terms against a measurement on this CPU (peak RSS of a fresh process,
+    glibc mapping every block from 64 KiB so that freed tensors leave RSS; float32, 4 x 8 rows)."""
+    import os
+    import subprocess
+    import sys
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(1 << 16)}
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    print(f"{CHECK['n_layer']} layers x {CHECK['n_embd']}, vocabulary {CHECK['vocab']}, {CHECK['n_prompts']} x "
+          f"{CHECK['group']} rows of {CHECK['prompt_len']} + {CHECK['new_tokens']} tokens, float32, CPU")
+    for micro, ckpt in ((32, False), (32, True), (8, False), (8, True)):
+        subprocess.run([sys.executable, "-c", f"from bench import predict; predict.check_child({micro}, {ckpt})"],
+                       cwd=root, env=env, check=True)
+
+
 def main(argv):
+    if argv == ["--check"]:
+        return check()
     if not argv or argv[0].startswith("--"):
         raise UserError("usage: python -m bench.predict CONFIG.py [--prompt_len=200] [--knob=value ...]")
     prompt_len = 200

@@ -3,9 +3,10 @@
 # format; LoRA r 16, alpha 32 on every projection.
 # First, once: huggingface-cli download Qwen/Qwen2.5-1.5B-Instruct --local-dir models/qwen2.5-1.5b-instruct
 # python train_grpo.py config/countdown_qwen15b.py        (the problems are generated offline)
-# PREDICTIONS, not measurements (no GPU has run this): peak memory about 21 GB (3.1 GB of bf16 weights
-# + 17.8 GB for the step at micro_batch_size 8, bench_memory.predicted_memory with a SwiGLU activation
-# count); a step about 4-8 s on an H100 (512 decode steps dominate).
+# PREDICTIONS, not measurements (no GPU has run this): `python -m bench.predict config/countdown_qwen15b.py`
+# (prompts up to 200 tokens) gives a peak of 25.4 GB (3.1 GB of bf16 weights, 0.3 GB LoRA with AdamW, 22.0 GB
+# for the policy pass at micro_batch_size 8; --grad_checkpoint=True: 8.3 GB); a step about 4-8 s on an H100
+# (512 decode steps dominate).
 out_dir = "out/countdown_qwen15b"
 base_ckpt = "models/qwen2.5-1.5b-instruct"
 task = "countdown"

@@ -3,9 +3,10 @@
 # First, once: huggingface-cli download Qwen/Qwen2.5-0.5B-Instruct --local-dir models/qwen2.5-0.5b-instruct
 #              and GSM8K's train.jsonl / test.jsonl into data/gsm8k/ (data/gsm8k/prepare.py says from where)
 # python train_grpo.py config/gsm8k_qwen05b.py
-# PREDICTIONS, not measurements (no GPU has run this): peak memory about 13.5 GB (1.0 GB of bf16
-# weights + 12.5 GB for the step at micro_batch_size 16, bench_memory.predicted_memory with a SwiGLU
-# activation count); a step about 2-4 s on an H100 (256 decode steps of 16 rows dominate).
+# PREDICTIONS, not measurements (no GPU has run this): `python -m bench.predict config/gsm8k_qwen05b.py`
+# (prompts up to 200 tokens) gives a peak of 16.1 GB (1.0 GB of bf16 weights, 0.1 GB LoRA with AdamW, 14.9 GB
+# for the policy pass at micro_batch_size 16), TracIn's captured activations not counted; a step about 2-4 s
+# on an H100 (256 decode steps of 16 rows dominate). config/gsm8k_qwen15b.py fits the 1.5B model in 8 GB.
 out_dir = "out/gsm8k_qwen05b"
 base_ckpt = "models/qwen2.5-0.5b-instruct"
 task = "gsm8k"
