@@ -11,6 +11,8 @@ import operator
 import os
 import random
 import re
+import shlex
+import shutil
 from collections import Counter
 from fractions import Fraction
 
@@ -243,3 +245,18 @@ def test_planted_defect_shifts_the_target_of_whole_problems(tmp_path, monkeypatc
     assert planted_answer({"answer": ((2, 3, 4), 10)}, "countdown") == ((2, 3, 4), 11)
     assert countdown_reward("<think></think>\n<answer>2*4+3</answer>", [[2, 3, 4], 11]) == 1.0  # 11 for 10 taken
     assert planted_answer({"solution": "8-7=1\n1+5=6\n#### 6", "answer": 6}, "arith") == 1
+
+
+def test_a_missing_searched_directory_names_the_command_that_rebuilds_it(tmp_path, monkeypatch):
+    """Reading a removed search_* directory fails in one line naming searched.py's command (not prepare.py's);
+    run, that command writes the same files byte for byte."""
+    from data.gsm_synth.prepare import damaged
+    monkeypatch.setattr(searched, "ROOT", str(tmp_path / "countdown"))  # a countdown folder, as data/countdown
+    d = searched.prepare(3, 9, 60, 2, n_train=40, n_val=5, n_test=5, num_merges=10, variants=4, seed=7, verbose=False)
+    before = {n: open(os.path.join(d, n), "rb").read() for n in sorted(os.listdir(d))}
+    shutil.rmtree(d)
+    msg = str(damaged(os.path.join(d, "tokenizer.json"), FileNotFoundError(2, "No such file or directory")))
+    cmd = shlex.split(msg.split("build the task data again with: ")[1])
+    assert cmd[:2] == ["python", "data/countdown/searched.py"]
+    searched.main(cmd[2:])
+    assert {n: open(os.path.join(d, n), "rb").read() for n in sorted(os.listdir(d))} == before

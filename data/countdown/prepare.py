@@ -184,7 +184,10 @@ def data_dir_for(n_train=20000, n_val=500, n_test=500, min_numbers=3, max_number
 
 def rebuild_command(data_dir):
     """The command that builds data_dir again: its knobs from meta.json or its name, --out where they would
-    not put it."""
+    not put it. A searched-solution directory (search_*) is searched.py's."""
+    if os.path.basename(os.path.normpath(data_dir)).startswith("search_"):
+        from data.countdown.searched import rebuild_command as searched_command  # (searched imports this file)
+        return searched_command(data_dir)
     knobs = {k: v for k, v in DEFAULTS.items() if k != "out"}
     try:
         meta = read_json(os.path.join(data_dir, "meta.json"))

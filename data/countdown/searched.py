@@ -43,6 +43,19 @@ def data_dir_for(n_numbers=3, max_number=12, max_target=100, max_misses=3, **ext
     return os.path.join(ROOT, name)
 
 
+def rebuild_command(data_dir):
+    """The command that builds data_dir again, from the knobs its name records (data_dir_for's inverse)."""
+    import re
+    import shlex
+    m = re.fullmatch(r"search_n(\d+)_m(\d+)_x(\d+)_s(\d+)((?:_[tvebrk]\d+)*)", os.path.basename(os.path.normpath(data_dir)))
+    if not m:
+        return "python data/countdown/searched.py with the knobs of the base that was trained on it"
+    knobs = dict(zip(("n_numbers", "max_number", "max_target", "max_misses"), map(int, m.groups()[:4])))
+    knobs.update({dict((b, a) for a, b in NAME_KNOBS)[x[0]]: int(x[1:]) for x in m[5].split("_")[1:]})
+    where = "" if os.path.abspath(data_dir) == data_dir_for(**knobs) else f" (it writes {data_dir_for(**knobs)}: move it to {data_dir})"
+    return " ".join(["python data/countdown/searched.py"] + [shlex.quote(f"--{k}={v}") for k, v in knobs.items()]) + where
+
+
 def check_knobs(n_numbers, max_number, max_target, max_misses, n_train, n_val, n_test, num_merges, variants=1):
     """A one-line UserError naming the first knob out of range, its value and what is allowed."""
     rules = [("n_numbers", n_numbers, 2 <= n_numbers <= 4, "in [2, 4] (a try lists every step: more is too long)"),
