@@ -68,8 +68,8 @@ def make_figure(run_dirs, n_problems):
     from matplotlib.figure import Figure
     logs = [(os.path.basename(os.path.normpath(d)), load_log(d)) for d in run_dirs]
     problems, columns, correct = greedy_answers(run_dirs, n_problems)
-    fig = Figure(figsize=(16, 5 + 3.2 * len(problems)), dpi=100, layout="constrained")
-    top, bottom = fig.subfigures(2, 1, height_ratios=[4, 3.2 * len(problems)])
+    fig = Figure(figsize=(16, 4.5 + 1.3 * len(problems)), dpi=100, layout="constrained")
+    top, bottom = fig.subfigures(2, 1, height_ratios=[4, 1.3 * len(problems)])
     axes = top.subplots(1, len(PANELS))
     colors = {"standard": colormaps["Blues"], "TracIn": colormaps["Oranges"], "curriculum": colormaps["Greens"]}
     for i, (label, log) in enumerate(logs):
