@@ -100,7 +100,7 @@ def check_child(micro, grad_checkpoint):
           f"{(r['peak'] - r['before']) / 2 ** 20:5.0f} MiB, predicted {pred['step'] / 2 ** 20:5.0f} MiB", flush=True)
 
 
-def check():
+def check_terms():
     """The micro-batch and checkpointing terms against a measurement on this CPU (peak RSS of a fresh process,
     glibc mapping every block from 64 KiB so that freed tensors leave RSS; float32, 4 x 8 rows)."""
     import os
@@ -117,7 +117,7 @@ def check():
 
 def main(argv):
     if argv == ["--check"]:
-        return check()
+        return check_terms()
     if not argv or argv[0].startswith("--"):
         raise UserError("usage: python -m bench.predict CONFIG.py [--prompt_len=200] [--knob=value ...]")
     prompt_len = 200
