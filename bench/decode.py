@@ -14,7 +14,12 @@ Two rows of bench/run.py about generation, the largest phase of every GRPO step:
                 transformers' generate, on the same random GPT-2 weights (a directory written here, read by
                 GPT.from_pretrained), at the tiny shape (4 x 128), 6 x 384 and GPT-2 small, float32 and bf16;
                 the ratio, and how many rows' tokens are identical. A note instead when transformers is missing.
+                With --compile=MODE (a torch.compile mode; 'default' = inductor's), the project's generate with
+                the decode step compiled too (scale/compiled.py): the three interleaved, once per round; the
+                first compiled call's seconds beyond a compiled call (the compile), the saving per call, and
+                the call (a GRPO step samples once) at which the compile has paid for itself.
 """
+import math
 import statistics
 import tempfile
 import time
@@ -24,10 +29,10 @@ import torch.nn.functional as F
 
 from bench.half import halved
 from bench.memory import lora_gpt, project_grpo_step, step_inputs
-from bench.step import timed
 from lora import lora_parameters
 from model import GPT
 from sample import generate
+from scale.compiled import compiled_decoding
 
 LIMIT_SHAPES = ((6, 6, 384, 96), (12, 12, 768, 50304))                    # (layers, heads, width, vocabulary)
 GENERATE_SHAPES = ((4, 4, 128, 395), (6, 6, 384, 96), (12, 12, 768, 50257))
@@ -94,6 +99,19 @@ def bench_limits(cfg):
     return rows
 
 
+def interleaved_calls(variants, device, repeats):
+    """({name: median seconds, 'first': the first call of the last variant}, {name: last output}): every
+    variant once per round, a warm-up round first, so that a slow spell of a shared machine hits all alike."""
+    sync = torch.cuda.synchronize if "cuda" in device else (lambda: None)
+    times, out = {k: [] for k in variants}, {}
+    for r in range(repeats + 1):
+        for k, fn in variants.items():
+            sync(); t0 = time.perf_counter()
+            out[k] = fn()
+            sync(); times[k].append(time.perf_counter() - t0)
+    return {"first": times[k][0], **{k: statistics.median(v[1:]) for k, v in times.items()}}, out
+
+
 def hf_pair(n_layer, n_head, width, vocab, block, dtype, seed, tmp):
     """(transformers GPT2LMHeadModel, the project's GPT.from_pretrained of the same directory), in dtype."""
     from transformers import GPT2Config, GPT2LMHeadModel
@@ -131,12 +149,22 @@ def bench_vs_generate(cfg):
             def project():
                 with amp:
                     return generate(ours, prompts.tolist(), T, eot_id=(), temperature=0)[0][:, P:]
-            t_hf, a = timed(theirs, dev, cfg["repeats"])
-            t_us, b = timed(project, dev, cfg["repeats"])
-            same = int((a.cpu() == b.cpu()).all(1).sum())
-            ratio = t_hf / t_us
+
+            def compiled():
+                with amp, compiled_decoding(ours, None if cfg["compile"] == "default" else cfg["compile"]):
+                    return generate(ours, prompts.tolist(), T, eot_id=(), temperature=0)[0][:, P:]
+            variants = dict(theirs=theirs, project=project, **({"compiled": compiled} if cfg["compile"] else {}))
+            t, out = interleaved_calls(variants, dev, cfg["repeats"])
+            same = int((out["theirs"].cpu() == out["project"].cpu()).all(1).sum())
+            ratio = t["theirs"] / t["project"]
             detail = (f"{n_layer} x {width}, vocab {vocab}, {n} prompts of {P} + {T} greedy tokens, {name}: "
-                      f"transformers {t_hf:.3f} s, project {t_us:.3f} s; identical tokens in {same} of {n} rows")
+                      f"transformers {t['theirs']:.3f} s, project {t['project']:.3f} s; identical tokens in {same} of {n} rows")
+            if cfg["compile"]:
+                saving, compile_s = t["project"] - t["compiled"], t["first"] - t["compiled"]
+                payback = f"pays back at call {math.ceil(compile_s / saving)}" if saving > 0 else "never pays back"
+                detail += (f"; compiled ({cfg['compile']}) {t['compiled']:.3f} s ({t['theirs'] / t['compiled']:.2f}x "
+                           f"transformers'), compile {compile_s:.1f} s, {payback}; compiled tokens = eager in "
+                           f"{int((out['compiled'].cpu() == out['project'].cpu()).all(1).sum())} of {n} rows")
             rows.append((f"sampling vs transformers generate, {n_layer} x {width} {name}", detail, f"{ratio:.2f}x",
                          f">= {TARGET_GENERATE:.0f}x", "met" if ratio >= TARGET_GENERATE else "MISSED"))
     return rows

@@ -36,7 +36,8 @@ Rows:
              FLOPs at the matmul rate measured in the same run on its shapes), 6 x 384 and GPT-2 small,
              float32 and bf16.
   vs generate (bench/decode.py) greedy sampling vs transformers' generate on the same weights, same prompts
-             and tokens, at 4 x 128, 6 x 384 and GPT-2 small, float32 and bf16; identical tokens counted.
+             and tokens, at 4 x 128, 6 x 384 and GPT-2 small, float32 and bf16; identical tokens counted;
+             with --compile=default, the decode step compiled as well: compile seconds and payback call.
   half precision (bench/half.py) the same step in float32 vs with the frozen base in bf16 under bf16
              autocast (dtype='bfloat16'), per phase, at 4 x 128, 6 x 384 and GPT-2 small (12 x 768,
              vocabulary 50,304); loss and LoRA gradient of both on the same rollouts.
@@ -66,6 +67,7 @@ from configurator import UserError, check, cli_main, configure
 from ghost import compute_ghost_inner_product_matrix, install_ghost_hooks
 from grpo import completion_logprobs, grpo_loss, selective_log_softmax
 from lora import apply_lora
+from scale.compiled import check_compile
 from scale.device import check_device
 from sample import generate
 from model import load_checkpoint, model_from_checkpoint
@@ -115,6 +117,8 @@ defaults = dict(
     limit_repeats=1,      # throughput batch; timed steps after a warm-up
     generate_shapes=((4, 4, 128, 395), (6, 6, 384, 96), (12, 12, 768, 50257)),  # vs generate: shapes, and
     gen_rows=64,          # prompts (thr_prompt_len + thr_new_tokens tokens each)
+    compile="",           # vs generate: also the compiled decode step (scale/compiled.py) in this torch.compile
+                          #   mode ('default': inductor's; 'max-autotune-no-cudagraphs', ...); '' = not
     rows="",              # comma-separated row names (sampling, step_cost, rewards, influence, posthoc, memory,
     seed=0,               #   throughput, half, limits, vs_generate); '' = every row
 )
@@ -344,6 +348,10 @@ def main(argv):
             cfg = configure({**defaults, **QUICK}, argv)
     check_knobs(cfg)
     check_device(cfg["device"])  # float32
+    modes = ("", "default", *torch._inductor.list_mode_options())
+    check(cfg, "compile", cfg["compile"] in modes, f"one of {', '.join(map(repr, modes))} ('' = not compiled)")
+    if cfg["compile"]:  # torch.compile there, and a C++ compiler for inductor on CPU
+        check_compile(cfg["device"])
     chosen = chosen_rows(cfg) or list(ROWS)
     writes = not cfg["quick"] and len(set(chosen)) == len(ROWS)
     try:  # the table is written after every row: a directory that takes no file is refused now
