@@ -1,24 +1,26 @@
 """
 nanoGPT's `compile` knob, for the decode step of sampling (pass 1): one new token for every row against
 the KV cache, the step sample.generate repeats max_new_tokens times. Off by default (train_grpo.py's
-`compile`): docs/performance.md has the compile seconds, the per-call times and where it pays back.
+`compile`): on a CPU it pays back only in long runs (docs/performance.md, "The decode step compiled").
 
-Why the model's own forward does not compile well: the cache is written at `cache.pos`, a Python int
-that grows by one every step, and read back up to `pos + 1` columns, a shape that grows by one every
-step. torch.compile specialises on both, so a static graph is recompiled at every step (until its
-recompile limit, then it falls back to eager), and a dynamic one (dynamic=True) computes symbolic sizes.
-The step here has one shape per call instead:
-  - the column to write is a 0-d tensor, not an int: an input value, not part of the graph;
-  - the cache is written with index_copy_ at that column and read in full (all its columns); a mask
-    hides the columns not written yet (and each row's left padding), so the softmax gives them weight
-    exactly 0 and the result is the eager step's up to float rounding (tests/test_compiled.py);
+Why the model's own forward compiles badly (measured there): the cache is written at `cache.pos`, a Python
+int that grows by one every step, and read back up to `pos + 1` columns, a shape that grows by one every
+step. A static graph is recompiled at every step (guard `cache.pos == 12`, `== 13`, ...) until the recompile
+limit, after which the steps run eager; a dynamic one is 8x slower than eager. And a write into the cache
+inside the graph copies the whole cache (functionalization of the in-place update), at any shape.
+The step here has one shape per call and writes nothing:
+  - the new token's column is a 0-d tensor, not an int: an input value, not a constant of the graph;
+  - it attends over ALL the cache's columns, a mask hiding the ones not written yet and each row's left
+    padding (the softmax gives them weight exactly 0), plus the new column's own key and value beside
+    them; it returns the new keys and values and the caller writes that one column, eagerly;
   - the cache's length is rounded up to a multiple of COLUMNS, so prompts of other lengths reuse one
-    graph: a run compiles once per (rows, columns) bucket, not once per step.
-The prefill (the prompt, many columns at once, once per call) stays eager: it is one of 64 forwards.
+    graph: a run compiles once per (rows, columns bucket, dtype), not once per step.
+The result is the eager step's up to float rounding (tests/test_compiled.py). The prefill (the prompt, once
+per call) stays eager.
 
 Where it plugs in: train_grpo.main calls wrap_generate(cfg) once at setup; with compile=True it rebinds
 grpo.generate (pass 1, scale/distributed.py's wrapper included) so that during each call the model's
-new_cache and forward are this file's (installed on the model object, removed after the call). Nothing in
+new_cache and forward are this file's (set on the model object, removed after the call). Nothing in
 sample.py, model.py or grpo.py knows of it; evaluation (train_base.evaluate) samples eagerly.
 """
 import functools
@@ -29,7 +31,7 @@ import torch
 
 import grpo
 from configurator import UserError
-from model import KVCache, apply_rope, rope_cos_sin
+from model import apply_rope, rope_cos_sin
 
 COLUMNS = 16  # the cache length is a multiple of this: one compiled graph serves the prompt lengths of one bucket
 
@@ -121,7 +123,10 @@ def compiled_decoding(model, mode=None):
         if cache is None or idx.size(1) != 1 or targets is not None or model.training or torch.is_grad_enabled():
             return eager_forward(idx, targets, pad_left, cache, keep_last)
         col = torch.tensor(cache.pos, device=idx.device)  # a value, not a shape: the graph does not depend on it
-        logits, cache.k[:, :, :, cache.pos], cache.v[:, :, :, cache.pos] = step(idx, cache.k, cache.v, col, cache.pad_left)
+        if mode == "reduce-overhead":  # CUDA graphs: the last step's outputs (logits) are used up, may be overwritten
+            torch.compiler.cudagraph_mark_step_begin()
+        logits, k, v = step(idx, cache.k, cache.v, col, cache.pad_left)  # (N, 1, V), (n_layer, N, Hkv, hd) x 2
+        cache.k[:, :, :, cache.pos], cache.v[:, :, :, cache.pos] = k, v   # eager writes: one column, no cache copy
         cache.pos += 1
         return logits, None
 

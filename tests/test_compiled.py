@@ -5,7 +5,8 @@
 #   greedy tokens: exactly the eager tokens (gpt2 and llama layouts; prompts of different lengths, so
 #       padding; a stop token some rows reach; LoRA folded in);
 #   sampled tokens with the same uniforms u: the same tokens; the logits of every step within 1e-4 of the
-#       eager ones (the compiled kernels sum in another order: the difference is float rounding);
+#       eager ones (the compiled kernels sum in another order: the difference is float rounding); under bf16
+#       autocast within bf16 rounding, not bit for bit;
 #   one graph per (rows, cache-length bucket): other prompts, other uniforms and other LoRA weights reuse it
 #       (a recompile is an error in those tests);
 #   the wiring: train_grpo.py with compile=True samples what compile=False samples; bad input is one line.
@@ -116,21 +117,22 @@ def test_sampled_tokens_are_the_eager_tokens_for_the_same_uniforms(fresh):
     assert not torch.equal(eager[0], greedy[0])  # sampling, not a greedy run in disguise
 
 
+def decode_steps(model, with_compile):
+    """Prefill PROMPTS, then feed NEW - 1 given tokens one column at a time: every step's logits (B, NEW, V)."""
+    idx, pad_left = sample.pad_prompts(PROMPTS, 0, "cpu")
+    feed = torch.randint(1, 50, (len(PROMPTS), NEW), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad(), folded_for_sampling(model), \
+            compiled.compiled_decoding(model) if with_compile else torch.no_grad():
+        cache = model.new_cache(len(PROMPTS), idx.size(1) + NEW, pad_left)
+        out = [model(idx, cache=cache)[0][:, -1]]
+        out += [model(feed[:, t, None], cache=cache)[0][:, -1] for t in range(NEW - 1)]
+    return torch.stack(out, 1).float()
+
+
 def test_each_step_gives_the_eager_logits_up_to_rounding(fresh):
     """The bound behind the token tests: every decode step's logits, eager against compiled, differ by float
     rounding only (a sampled token differs only where u falls that close to a step of the cumulative distribution)."""
-    idx, pad_left = sample.pad_prompts(PROMPTS, 0, "cpu")
-    feed = torch.randint(1, 50, (len(PROMPTS), NEW), generator=torch.Generator().manual_seed(2))
-
-    def steps():
-        cache = fresh.new_cache(len(PROMPTS), idx.size(1) + NEW, pad_left)
-        out = [fresh(idx, cache=cache)[0][:, -1]]
-        out += [fresh(feed[:, t, None], cache=cache)[0][:, -1] for t in range(NEW - 1)]
-        return torch.stack(out, 1)                                            # (B, NEW, V)
-    with torch.no_grad(), folded_for_sampling(fresh):
-        eager = steps()
-        with compiled.compiled_decoding(fresh):
-            comp = steps()
+    eager, comp = decode_steps(fresh, False), decode_steps(fresh, True)
     torch.testing.assert_close(comp, eager, rtol=1e-4, atol=1e-4)
     assert eager.abs().max() > 1.0 and len(fresh.decode_steps) == NEW - 1  # real logits, from the compiled step
     assert "forward" not in fresh.__dict__ and "new_cache" not in fresh.__dict__  # the model is its own again
@@ -146,13 +148,13 @@ def test_one_graph_serves_other_prompt_lengths_in_the_bucket(fresh):
 
 
 def test_bf16_autocast_keeps_to_the_eager_logits(fresh):
-    """Under bf16 autocast (train_grpo's dtype='bfloat16') the compiled step rounds where the eager one does."""
-    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16), folded_for_sampling(fresh):
-        eager = generate(fresh, PROMPTS, NEW, eot_id=(), num_samples=2, temperature=0)
-        with compiled.compiled_decoding(fresh):
-            comp = generate(fresh, PROMPTS, NEW, eot_id=(), num_samples=2, temperature=0)
-    same = (eager[0] == comp[0]).all(1).float().mean()
-    assert same >= 0.5  # bf16: a near-tie may flip a greedy token (and the rest of its row); most rows agree
+    """Under bf16 autocast (train_grpo's dtype='bfloat16') the compiled step's logits are the eager ones within
+    bf16 rounding (measured: up to 0.033 on logits up to 1.5: the same roundings in another order of operations),
+    not bit for bit: sampled tokens may then differ where u falls that close to a step (docs/performance.md)."""
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        eager, comp = decode_steps(fresh, False), decode_steps(fresh, True)
+    torch.testing.assert_close(comp, eager, rtol=2e-2, atol=5e-2)
+    assert len(fresh.decode_steps) == NEW - 1  # every step after the prefill ran compiled
 
 
 def test_bad_setups_are_one_line_errors(monkeypatch):
