@@ -71,17 +71,12 @@ def fresh(model):
     model._compiled_steps[None] = step
 
 
-def both(model, fold=True, **kw):
+def both(model, **kw):
     """(eager, compiled) outputs of generate(model, PROMPTS, NEW, ...), LoRA folded in as GRPO samples."""
-    out = []
-    for ctx in (None, compiled.compiled_decoding(model)):
-        with folded_for_sampling(model) if fold else torch.no_grad():
-            if ctx is None:
-                out.append(generate(model, PROMPTS, NEW, num_samples=2, **kw))
-            else:
-                with ctx:
-                    out.append(generate(model, PROMPTS, NEW, num_samples=2, **kw))
-    return out
+    with folded_for_sampling(model):
+        eager = generate(model, PROMPTS, NEW, num_samples=2, **kw)
+        with compiled.compiled_decoding(model):
+            return eager, generate(model, PROMPTS, NEW, num_samples=2, **kw)
 
 
 def test_greedy_tokens_are_the_eager_tokens(fresh):
@@ -118,12 +113,13 @@ def test_sampled_tokens_are_the_eager_tokens_for_the_same_uniforms(fresh):
 
 
 def decode_steps(model, with_compile):
-    """Prefill PROMPTS, then feed NEW - 1 given tokens one column at a time: every step's logits (B, NEW, V)."""
-    idx, pad_left = sample.pad_prompts(PROMPTS, 0, "cpu")
-    feed = torch.randint(1, 50, (len(PROMPTS), NEW), generator=torch.Generator().manual_seed(2))
+    """Prefill PROMPTS (each twice: generate's rows, so its graph serves), then feed NEW - 1 given tokens one
+    column at a time: every step's logits (ROWS, NEW, V)."""
+    idx, pad_left = sample.pad_prompts([p for p in PROMPTS for _ in range(2)], 0, "cpu")
+    feed = torch.randint(1, 50, (ROWS, NEW), generator=torch.Generator().manual_seed(2))
     with torch.no_grad(), folded_for_sampling(model), \
             compiled.compiled_decoding(model) if with_compile else torch.no_grad():
-        cache = model.new_cache(len(PROMPTS), idx.size(1) + NEW, pad_left)
+        cache = model.new_cache(ROWS, idx.size(1) + NEW, pad_left)
         out = [model(idx, cache=cache)[0][:, -1]]
         out += [model(feed[:, t, None], cache=cache)[0][:, -1] for t in range(NEW - 1)]
     return torch.stack(out, 1).float()
@@ -186,5 +182,5 @@ def test_train_grpo_with_compile_samples_what_it_samples_without(tiny_setup, tmp
         assert hasattr(grpo.generate, "_compiled") == flag
     assert runs[True] == runs[False] and len(runs[True]) == 2
     assert len(calls) == 2  # each iteration's sampling ran through the compiled step; evaluation did not
-    with pytest.raises(UserError, match="compile=True runs on 'cpu' or 'cuda'"):
-        compiled.wrap_generate({"compile": True, "device": "mps"})
+    with pytest.raises(UserError, match="compile=True runs on 'cpu' or 'cuda', not 'mps': set compile=False"):
+        train_grpo.main([f"--base_ckpt={tiny_setup}", f"--out_dir={tmp_path / 'mps'}", "--compile=True", "--device=mps"])
