@@ -6,7 +6,7 @@ the KV cache, the step sample.generate repeats max_new_tokens times. Off by defa
 Why the model's own forward compiles badly (measured there): the cache is written at `cache.pos`, a Python
 int that grows by one every step, and read back up to `pos + 1` columns, a shape that grows by one every
 step. A static graph is recompiled at every step (guard `cache.pos == 12`, `== 13`, ...) until the recompile
-limit, after which the steps run eager; a dynamic one is 8x slower than eager. And a write into the cache
+limit, after which the steps run eager; a dynamic one is 6-9x slower than eager. And a write into the cache
 inside the graph copies the whole cache (functionalization of the in-place update), at any shape.
 The step here has one shape per call and writes nothing:
   - the new token's column is a 0-d tensor, not an int: an input value, not a constant of the graph;
