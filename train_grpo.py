@@ -30,7 +30,7 @@ from contextlib import nullcontext
 import torch
 
 from data.curriculum import from_config
-from scale import distributed
+from scale import compiled, distributed
 from grpo import TIMES, grpo_updates, make_rollouts, rollouts_rewards_in_background, update
 from runs.metrics import NoSignal, print_step, rollout_record, step_log
 from lora import apply_lora, lora_parameters, lora_state_dict, load_lora_state_dict
@@ -93,6 +93,7 @@ lora_alpha = 16
 lora_dropout = 0.0          # dropout stays off in RL: it would make logp and ref noisy (trl#3500)
 lora_targets = ("c_attn", "c_proj", "c_fc")
 grad_checkpoint = False
+compile = False             # torch.compile sampling's decode step (scale/compiled.py): pays back only in long runs
 # optimisation: AdamW over LoRA parameters, warmup then cosine
 max_iters = 100
 learning_rate = 3e-3
@@ -201,6 +202,7 @@ def main(argv):
     validate(cfg)
     with distributed.process_group(cfg["device"]) as cfg["device"]:  # under torchrun: cuda:LOCAL_RANK
         distributed.wrap_step(sys.modules[__name__])  # under torchrun: each rank samples and trains on its share
+        compiled.wrap_generate(cfg)  # compile=True: pass 1's decode step compiled (after wrap_step: it wraps it)
         cfg["dtype"], amp = check_device(cfg["device"], cfg["dtype"])  # 'auto' resolved; bf16 autocast or none
         # a second run in this out_dir is refused from here on (rank 0 holds the lock for the whole job)
         with run_lock(cfg["out_dir"]) if distributed.is_main() else nullcontext():
@@ -219,8 +221,7 @@ class Run:
         if resume is None and distributed.is_main():  # (the others would see rank 0's first files)
             refuse_existing_run(self.out)  # any run file: resume it, or use another out_dir
         self.model, self.base, self.data_dir, self.enc, splits = prepare_base(cfg, self.out, resume)
-        self.train_split, self.val_split = splits["train"], splits["val"]
-        self.test = splits["test"][:cfg["eval_n"]]
+        self.train_split, self.val_split, self.test = splits["train"], splits["val"], splits["test"][:cfg["eval_n"]]
         # planted defect: whole problems (a problem written several times, countdown_variants, is in every row)
         problems = list(dict.fromkeys(e["question"] for e in self.train_split))
         bad = set(random.Random(cfg["seed"] + 7).sample(problems, int(cfg["defect_frac"] * len(problems))))

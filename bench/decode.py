@@ -14,24 +14,40 @@ Two rows of bench/run.py about generation, the largest phase of every GRPO step:
                 transformers' generate, on the same random GPT-2 weights (a directory written here, read by
                 GPT.from_pretrained), at the tiny shape (4 x 128), 6 x 384 and GPT-2 small, float32 and bf16;
                 the ratio, and how many rows' tokens are identical. A note instead when transformers is missing.
+                With --compile=MODE (a torch.compile mode; 'default' = inductor's), the project's generate with
+                the decode step compiled too (scale/compiled.py): the three interleaved, once per round; the
+                first compiled call's seconds beyond a compiled call (the compile), the saving per call, and
+                the call (a GRPO step samples once) at which the compile has paid for itself.
+  compiled      pass 1 of compile_steps GRPO steps as grpo.sample_rollouts runs it (LoRA folded in, sampled at
+                temperature 1, the same uniforms for both), eager and with the decode step compiled
+                (scale/compiled.py, mode --compile or inductor's default), one after the other each step;
+                prompts of a random length up to thr_prompt_len every step, so the cache's length changes
+                as in a run. Graphs compiled, compile seconds, the median saving per step, the step at which
+                the compile has paid for itself (target: within config/tiny_grpo.py's 150 steps), and the
+                rows whose tokens differ from the eager ones.
 """
+import math
 import statistics
 import tempfile
 import time
+from contextlib import nullcontext
 
 import torch
 import torch.nn.functional as F
 
 from bench.half import halved
 from bench.memory import lora_gpt, project_grpo_step, step_inputs
-from bench.step import timed
+from lora import folded_for_sampling
 from lora import lora_parameters
 from model import GPT
 from sample import generate
+from configurator import UserError
+from scale.compiled import check_compile, compiled_decoding
 
 LIMIT_SHAPES = ((6, 6, 384, 96), (12, 12, 768, 50304))                    # (layers, heads, width, vocabulary)
 GENERATE_SHAPES = ((4, 4, 128, 395), (6, 6, 384, 96), (12, 12, 768, 50257))
 TARGET_LIMIT, TARGET_GENERATE = 2.0, 2.0  # generation within 2x of its limit; sampling >= 2x transformers'
+DEMO_STEPS = 150  # config/tiny_grpo.py's max_iters: a compile that pays back later is off by default
 
 
 def matmul_rate(width, vocab, rows, dtype, device, repeats=3):
@@ -94,6 +110,19 @@ def bench_limits(cfg):
     return rows
 
 
+def interleaved_calls(variants, device, repeats):
+    """({name: median seconds, 'first': the first call of the last variant}, {name: last output}): every
+    variant once per round, a warm-up round first, so that a slow spell of a shared machine hits all alike."""
+    sync = torch.cuda.synchronize if "cuda" in device else (lambda: None)
+    times, out = {k: [] for k in variants}, {}
+    for r in range(repeats + 1):
+        for k, fn in variants.items():
+            sync(); t0 = time.perf_counter()
+            out[k] = fn()
+            sync(); times[k].append(time.perf_counter() - t0)
+    return {"first": times[k][0], **{k: statistics.median(v[1:]) for k, v in times.items()}}, out
+
+
 def hf_pair(n_layer, n_head, width, vocab, block, dtype, seed, tmp):
     """(transformers GPT2LMHeadModel, the project's GPT.from_pretrained of the same directory), in dtype."""
     from transformers import GPT2Config, GPT2LMHeadModel
@@ -131,13 +160,72 @@ def bench_vs_generate(cfg):
             def project():
                 with amp:
                     return generate(ours, prompts.tolist(), T, eot_id=(), temperature=0)[0][:, P:]
-            t_hf, a = timed(theirs, dev, cfg["repeats"])
-            t_us, b = timed(project, dev, cfg["repeats"])
-            same = int((a.cpu() == b.cpu()).all(1).sum())
-            ratio = t_hf / t_us
+
+            def compiled():
+                with amp, compiled_decoding(ours, None if cfg["compile"] == "default" else cfg["compile"]):
+                    return generate(ours, prompts.tolist(), T, eot_id=(), temperature=0)[0][:, P:]
+            variants = dict(theirs=theirs, project=project, **({"compiled": compiled} if cfg["compile"] else {}))
+            t, out = interleaved_calls(variants, dev, cfg["repeats"])
+            same = int((out["theirs"].cpu() == out["project"].cpu()).all(1).sum())
+            ratio = t["theirs"] / t["project"]
             detail = (f"{n_layer} x {width}, vocab {vocab}, {n} prompts of {P} + {T} greedy tokens, {name}: "
-                      f"transformers {t_hf:.3f} s, project {t_us:.3f} s; identical tokens in {same} of {n} rows")
+                      f"transformers {t['theirs']:.3f} s, project {t['project']:.3f} s; identical tokens in {same} of {n} rows")
+            if cfg["compile"]:
+                saving, compile_s = t["project"] - t["compiled"], t["first"] - t["compiled"]
+                payback = f"pays back at call {math.ceil(compile_s / saving)}" if saving > 0 else "never pays back"
+                detail += (f"; compiled ({cfg['compile']}) {t['compiled']:.3f} s ({t['theirs'] / t['compiled']:.2f}x "
+                           f"transformers'), compile {compile_s:.1f} s, {payback}; compiled tokens = eager in "
+                           f"{int((out['compiled'].cpu() == out['project'].cpu()).all(1).sum())} of {n} rows")
             rows.append((f"sampling vs transformers generate, {n_layer} x {width} {name}", detail, f"{ratio:.2f}x",
                          f">= {TARGET_GENERATE:.0f}x", "met" if ratio >= TARGET_GENERATE else "MISSED"))
     return rows
 
+
+
+def bench_compiled(cfg):
+    dev, rows, mode = cfg["device"], [], cfg["compile"] or "default"
+    try:
+        check_compile(dev)
+    except UserError as e:
+        return [("compiled decode step", str(e), "n/a", f"pays back within {DEMO_STEPS} steps", "n/a")]
+    B, G, P, T, steps = cfg["thr_prompts"], cfg["thr_group"], cfg["thr_prompt_len"], cfg["thr_new_tokens"], \
+        cfg["compile_steps"]
+    sync = torch.cuda.synchronize if "cuda" in dev else (lambda: None)
+    for n_layer, n_head, width, vocab in cfg["compile_shapes"]:
+        for name, dtype in (("float32", torch.float32), ("bf16", torch.bfloat16)):
+            model = lora_gpt(n_layer, n_head, width, vocab, P + T, cfg["seed"], dev).eval()
+            amp = torch.autocast(torch.device(dev).type, dtype=torch.bfloat16, enabled=dtype != torch.float32)
+            g = torch.Generator().manual_seed(cfg["seed"])
+            t = {"eager": [], "compiled": []}
+            graphs0, compiling, differ = torch._dynamo.utils.counters["stats"]["unique_graphs"], [], 0
+            for s in range(steps):
+                lengths = torch.randint(max(1, P // 2), P + 1, (B,), generator=g).tolist()
+                prompts = [torch.randint(0, vocab, (n,), generator=g).tolist() for n in lengths]
+                u = torch.rand(T, B * G, generator=g).to(dev)
+                out = {}
+                for variant in t:
+                    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+                    with amp, folded_for_sampling(model), compiled_decoding(model, None if mode == "default" else mode) \
+                            if variant == "compiled" else nullcontext():
+                        sync(); t0 = time.perf_counter()
+                        out[variant] = generate(model, prompts, T, eot_id=(), num_samples=G, temperature=1.0, u=u)[0]
+                        sync(); t[variant].append(time.perf_counter() - t0)
+                    if torch._dynamo.utils.counters["stats"]["unique_graphs"] > graphs:
+                        compiling.append(s)  # this step compiled a graph: its time is compile + step
+                differ += int((out["eager"] != out["compiled"]).any(1).sum())  # rows whose tokens differ
+            warm = [s for s in range(1, steps) if s not in compiling]  # step 0 also warms the eager path up
+            eager = statistics.median(t["eager"][s] for s in warm)
+            comp = statistics.median(t["compiled"][s] for s in warm)
+            compile_s = sum(t["compiled"][s] - comp for s in compiling)
+            saving = eager - comp
+            payback = math.ceil(compile_s / saving) if saving > 0 else None
+            graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"] - graphs0
+            detail = (f"{n_layer} x {width}, vocab {vocab}, {B} prompts of {max(1, P // 2)}-{P} tokens x {G} samples "
+                      f"+ {T} tokens, {name}, {steps} steps: eager {eager:.3f} s, compiled ({mode}) {comp:.3f} s per "
+                      f"step; {graphs} graph(s) compiled (steps {compiling}), {compile_s:.1f} s; "
+                      + (f"pays back at step {payback}" if payback else "never pays back")
+                      + f"; tokens differ from eager in {differ} of {steps * B * G} rows")
+            rows.append((f"compiled decode step, {n_layer} x {width} {name}", detail, f"{eager / comp:.2f}x",
+                         f"pays back within {DEMO_STEPS} steps",
+                         "met" if payback is not None and payback <= DEMO_STEPS else "MISSED"))
+    return rows

@@ -36,7 +36,10 @@ Rows:
              FLOPs at the matmul rate measured in the same run on its shapes), 6 x 384 and GPT-2 small,
              float32 and bf16.
   vs generate (bench/decode.py) greedy sampling vs transformers' generate on the same weights, same prompts
-             and tokens, at 4 x 128, 6 x 384 and GPT-2 small, float32 and bf16; identical tokens counted.
+             and tokens, at 4 x 128, 6 x 384 and GPT-2 small, float32 and bf16; identical tokens counted;
+             with --compile=default, the decode step compiled as well: compile seconds and payback call.
+  compiled   (bench/decode.py) pass 1 of GRPO steps, eager vs the decode step compiled (scale/compiled.py):
+             graphs compiled, compile seconds, saving per step, the step at which it pays back.
   half precision (bench/half.py) the same step in float32 vs with the frozen base in bf16 under bf16
              autocast (dtype='bfloat16'), per phase, at 4 x 128, 6 x 384 and GPT-2 small (12 x 768,
              vocabulary 50,304); loss and LoRA gradient of both on the same rollouts.
@@ -57,7 +60,7 @@ if __package__ in (None, ""):  # run as a file (python bench/run.py): the projec
 import torch
 from torch.func import functional_call, grad, vmap
 
-from bench.decode import bench_limits, bench_vs_generate
+from bench.decode import bench_compiled, bench_limits, bench_vs_generate
 from bench.half import bench_half
 from bench.memory import bench_memory, bench_throughput
 from bench.posthoc import bench_posthoc
@@ -66,6 +69,7 @@ from configurator import UserError, check, cli_main, configure
 from ghost import compute_ghost_inner_product_matrix, install_ghost_hooks
 from grpo import completion_logprobs, grpo_loss, selective_log_softmax
 from lora import apply_lora
+from scale.compiled import check_compile
 from scale.device import check_device
 from sample import generate
 from model import load_checkpoint, model_from_checkpoint
@@ -115,8 +119,12 @@ defaults = dict(
     limit_repeats=1,      # throughput batch; timed steps after a warm-up
     generate_shapes=((4, 4, 128, 395), (6, 6, 384, 96), (12, 12, 768, 50257)),  # vs generate: shapes, and
     gen_rows=64,          # prompts (thr_prompt_len + thr_new_tokens tokens each)
+    compile="",           # vs generate: also the compiled decode step (scale/compiled.py) in this torch.compile
+                          #   mode ('default': inductor's; 'max-autotune-no-cudagraphs', ...); '' = not
+    compile_shapes=((4, 4, 128, 395), (6, 6, 384, 96)),  # compiled: (layers, heads, width, vocabulary) at the
+    compile_steps=20,     # throughput batch, and pass 1 of this many steps (mode: compile, '' = 'default')
     rows="",              # comma-separated row names (sampling, step_cost, rewards, influence, posthoc, memory,
-    seed=0,               #   throughput, half, limits, vs_generate); '' = every row
+    seed=0,               #   throughput, half, limits, vs_generate, compiled); '' = every row
 )
 
 
@@ -129,7 +137,8 @@ QUICK = dict(n_seq=4, new_tokens=16, n_train=4, n_val=2, seq_lens=(8,), repeats=
              mem_n_layer=1, mem_n_head=2, mem_n_embd=32, mem_vocab=512, mem_prompts=2, mem_group=2,
              mem_prompt_len=8, mem_new_tokens=8, thr_n_layer=1, thr_n_head=2, thr_n_embd=32, thr_prompts=2,
              thr_group=2, thr_prompt_len=8, thr_new_tokens=8, half_shapes=((1, 2, 32, 64),), half_repeats=1,
-             limit_shapes=((1, 2, 32, 64),), limit_repeats=1, generate_shapes=((1, 2, 32, 64),), gen_rows=4)
+             limit_shapes=((1, 2, 32, 64),), limit_repeats=1, generate_shapes=((1, 2, 32, 64),), gen_rows=4,
+             compile_shapes=((1, 2, 32, 64),), compile_steps=3)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -258,7 +267,7 @@ def bench_influence(cfg):
 
 ROWS = {fn.__name__[len("bench_"):]: fn for fn in (bench_sampling, bench_step_cost, bench_rewards, bench_influence,
                                                    bench_posthoc, bench_memory, bench_throughput, bench_half,
-                                                   bench_limits, bench_vs_generate)}
+                                                   bench_limits, bench_vs_generate, bench_compiled)}
 
 
 # The longest context a bench model is built with: the sampling row's full recompute costs new_tokens^2
@@ -281,7 +290,7 @@ def check_knobs(cfg):
     check(cfg, "seq_lens", len(cfg["seq_lens"]) > 0 and all(type(t) is int and t > 0 for t in cfg["seq_lens"]),
           "one or more positive completion lengths, e.g. (64, 256)")
     wide = cfg["posthoc_wide"]
-    for key in ("half_shapes", "limit_shapes", "generate_shapes"):
+    for key in ("half_shapes", "limit_shapes", "generate_shapes", "compile_shapes"):
         shapes = cfg[key]
         check(cfg, key, len(shapes) > 0 and all(is_shape(s, 4) and s[2] % s[1] == 0 for s in shapes),
               "a tuple of one or more (layers, heads, width, vocabulary), positive, width a multiple of heads, "
@@ -344,6 +353,10 @@ def main(argv):
             cfg = configure({**defaults, **QUICK}, argv)
     check_knobs(cfg)
     check_device(cfg["device"])  # float32
+    modes = ("", "default", *torch._inductor.list_mode_options())
+    check(cfg, "compile", cfg["compile"] in modes, f"one of {', '.join(map(repr, modes))} ('' = not compiled)")
+    if cfg["compile"]:  # torch.compile there, and a C++ compiler for inductor on CPU
+        check_compile(cfg["device"])
     chosen = chosen_rows(cfg) or list(ROWS)
     writes = not cfg["quick"] and len(set(chosen)) == len(ROWS)
     try:  # the table is written after every row: a directory that takes no file is refused now

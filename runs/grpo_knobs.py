@@ -15,7 +15,7 @@ from data.tasks import TASKS, task_rewards
 from grpo import LOSS_TYPES
 from model import load_checkpoint
 from rewards import REWARD_FUNCS
-from scale import distributed
+from scale import compiled, distributed
 
 
 def validate(cfg):
@@ -76,6 +76,8 @@ def validate(cfg):
           isinstance(w, (int, float)) and not isinstance(w, bool) and math.isfinite(w) for w in weights),
           f"one finite number per reward function ({len(funcs)}: {', '.join(funcs)})")
     check(cfg, "lora_targets", len(cfg["lora_targets"]) > 0, "name at least one layer, e.g. ('c_attn',)")
+    if cfg["compile"]:  # torch.compile and a C++ compiler where it runs on CPU (scale/compiled.py)
+        compiled.check_compile(cfg["device"])
     if cfg["tracin"] and (cfg["grad_checkpoint"] or cfg["lora_dropout"] > 0):
         raise UserError("tracin=True needs grad_checkpoint=False and lora_dropout=0: the hooks must see "
                         "each activation once, exactly as the gradient used it")

@@ -36,7 +36,11 @@ def test_quick_bench_rows(capsys, tmp_path):
                                     "half precision 1x32", "matmul limit, 1 x 32 float32", "matmul limit, 1 x 32 bf16",
                                     *(["sampling vs transformers generate, 1 x 32 float32",
                                        "sampling vs transformers generate, 1 x 32 bf16"] if hf else
-                                      ["sampling vs transformers generate"])]
+                                      ["sampling vs transformers generate"]),
+                                    "compiled decode step, 1 x 32 float32", "compiled decode step, 1 x 32 bf16"]
+    c32, c16 = rows.pop(-2), rows.pop()  # the compiled decode step: the eager tokens, one graph per dtype
+    assert "tokens differ from eager in 0 of 12 rows" in c32[1] and "1 graph(s) compiled (steps [0])" in c32[1]
+    assert "1 graph(s) compiled (steps [0])" in c16[1] and c16[4] in ("met", "MISSED")
     if hf:  # the same greedy tokens as transformers' generate on the same weights in float32, and a ratio
         gen32, gen16 = rows.pop(-2), rows.pop()
         assert "identical tokens in 4 of 4 rows" in gen32[1] and float(gen32[2].rstrip("x")) > 0

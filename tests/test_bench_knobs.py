@@ -65,3 +65,15 @@ def test_step_new_tokens_beyond_the_context_names_the_benchs_key(no_rows, rows):
         bench.main(["--quick", f"--rows={rows}", f"--step_new_tokens={room + 1}"])
     bench.main(["--quick", f"--rows={rows}", f"--step_new_tokens={room}"])  # the bound itself is taken
     assert [name for name, _ in no_rows] == rows.split(",")
+
+
+@pytest.mark.parametrize("value", ["fast", "Default", "reduce_overhead"])
+def test_an_unknown_compile_mode_is_one_line(no_rows, capsys, value):  # noqa: F811
+    """--compile takes '' or a torch.compile mode; anything else is refused before any row (and any compile)."""
+    with pytest.raises(SystemExit) as e:
+        cli_main(bench.main, ["--quick", "--rows=vs_generate", f"--compile={value}"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.startswith("error: config key 'compile' = ") and "'default'" in err, err
+    assert err.count("\n") == 1 and no_rows == []
+    bench.main(["--quick", "--rows=vs_generate", "--compile=max-autotune-no-cudagraphs"])  # a mode torch has
+    assert no_rows[0][1]["compile"] == "max-autotune-no-cudagraphs"

@@ -1,0 +1,157 @@
+"""
+nanoGPT's `compile` knob, for the decode step of sampling (pass 1): one new token for every row against
+the KV cache, the step sample.generate repeats max_new_tokens times. Off by default (train_grpo.py's
+`compile`): on a CPU it pays back only in long runs (docs/performance.md, "The decode step compiled").
+
+Why the model's own forward compiles badly (measured there): the cache is written at `cache.pos`, a Python
+int that grows by one every step, and read back up to `pos + 1` columns, a shape that grows by one every
+step. A static graph is recompiled at every step (guard `cache.pos == 12`, `== 13`, ...) until the recompile
+limit, after which the steps run eager; a dynamic one is 6-9x slower than eager. And a write into the cache
+inside the graph copies the whole cache (functionalization of the in-place update), at any shape.
+The step here has one shape per call and writes nothing:
+  - the new token's column is a 0-d tensor, not an int: an input value, not a constant of the graph;
+  - it attends over ALL the cache's columns, a mask hiding the ones not written yet and each row's left
+    padding (the softmax gives them weight exactly 0), plus the new column's own key and value beside
+    them; it returns the new keys and values and the caller writes that one column, eagerly;
+  - the cache's length is rounded up to a multiple of COLUMNS, so prompts of other lengths reuse one
+    graph: a run compiles once per (rows, columns bucket, dtype), not once per step.
+The result is the eager step's up to float rounding (tests/test_compiled.py). The prefill (the prompt, once
+per call) stays eager.
+
+Where it plugs in: train_grpo.main calls wrap_generate(cfg) once at setup; with compile=True it rebinds
+grpo.generate (pass 1, scale/distributed.py's wrapper included) so that during each call the model's
+new_cache and forward are this file's (set on the model object, removed after the call). Nothing in
+sample.py, model.py or grpo.py knows of it; evaluation (train_base.evaluate) samples eagerly.
+"""
+import functools
+import shutil
+from contextlib import contextmanager
+
+import torch
+
+import grpo
+from configurator import UserError
+from model import apply_rope, rope_cos_sin
+
+COLUMNS = 16  # the cache length is a multiple of this: one compiled graph serves the prompt lengths of one bucket
+
+
+def check_compile(device):
+    """A one-line error where torch.compile cannot run the decode step; the mode it runs in otherwise:
+    inductor's default on CPU, CUDA graphs on a GPU ('reduce-overhead': untested, no GPU has run it)."""
+    if not hasattr(torch, "compile"):
+        raise UserError(f"compile=True needs torch >= 2.0 (torch.compile); this is torch {torch.__version__}: "
+                        "upgrade torch or set compile=False")
+    if device.startswith("cuda"):
+        return "reduce-overhead"
+    if device != "cpu":
+        raise UserError(f"compile=True runs on 'cpu' or 'cuda', not {device!r}: set compile=False")
+    if not any(shutil.which(c) for c in ("g++", "c++", "clang++")):
+        raise UserError("compile=True on CPU needs a C++ compiler (inductor builds its kernels with one): "
+                        "install g++ or set compile=False")
+    return None
+
+
+def decode_step(model, tok, k, v, col, pad_left):
+    """One new column for every row over the WHOLE cache: tok (N, 1) ids, k, v (n_layer, N, Hkv, L, hd) the
+    cache (read, never written here), col a 0-d long tensor: the column the new token takes, pad_left (N,).
+    Returns logits (N, 1, V) and the new column's keys and values, (n_layer, N, Hkv, hd) each, for the caller
+    to write (a write inside the graph copies the whole cache: functionalization of an in-place update).
+    The same arithmetic as GPT.forward with a KVCache and CausalSelfAttention's one-query branch."""
+    c, L = model.config, k.size(3)
+    cols = torch.arange(L, device=tok.device)                               # (L,)
+    pos = (col - pad_left).clamp(min=0)[:, None]                            # (N, 1): position of the new token
+    # the cached columns this row's query sees: filled (< col) and not padding (model.attention_mask)
+    seen = ((cols < col) & (cols >= pad_left[:, None]))[:, None, None]     # (N, 1, 1, L)
+    x, rope, new_k, new_v = model.transformer.wte(tok), None, [], []
+    if "wpe" in model.transformer:
+        x = x + model.transformer.wpe(pos)
+    else:
+        rope = rope_cos_sin(pos, c.n_embd // c.n_head, c.rope_theta)
+    for i, block in enumerate(model.transformer.h):
+        y, ki, vi = attend(block.attn, block.ln_1(x), k[i], v[i], seen, rope)
+        x = x + y
+        x = x + block.mlp(block.ln_2(x))
+        new_k.append(ki), new_v.append(vi)
+    return model.lm_head(model.transformer.ln_f(x)), torch.stack(new_k), torch.stack(new_v)
+
+
+def attend(attn, h, k_cache, v_cache, seen, rope):
+    """CausalSelfAttention.forward for one query (eval mode): the cached columns `seen` plus the new one.
+    Returns (output (N, 1, C), the new key and value (N, Hkv, hd))."""
+    N, _, C = h.size()
+    if hasattr(attn, "c_attn"):
+        q, k, v = attn.c_attn(h).split(attn.split, dim=2)
+    else:
+        q, k, v = attn.q_proj(h), attn.k_proj(h), attn.v_proj(h)
+    q = q.view(N, 1, attn.n_head, attn.hd).transpose(1, 2)                  # (N, H, 1, hd)
+    k, v = (t.view(N, 1, attn.n_kv_head, attn.hd).transpose(1, 2) for t in (k, v))  # (N, Hkv, 1, hd)
+    if rope is not None:
+        q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+    dtype, k, v = q.dtype, k.to(k_cache.dtype), v.to(v_cache.dtype)     # the new column as the cache holds it
+    keys, values, kn, vn = k_cache, v_cache, k, v                          # (N, Hkv, L | 1, hd): read, not copied
+    if attn.n_kv_head < attn.n_head:  # grouped-query: each key/value head serves n_head / n_kv_head queries
+        keys, values, kn, vn = (t.repeat_interleave(attn.n_head // attn.n_kv_head, dim=1) for t in (keys, values, k, v))
+    q, scale = q.float(), attn.hd ** -0.5                                   # float32 scores, as the eager step
+    att = torch.cat(((q @ keys.float().transpose(-2, -1) * scale).masked_fill(~seen, float("-inf")),  # (N, H, 1, L)
+                     (q * kn.float()).sum(-1, keepdim=True) * scale), -1).softmax(-1)   # + the new column's score
+    y = (att[..., :-1] @ values.float() + att[..., -1:] * vn.float()).to(dtype)         # (N, H, 1, hd)
+    y = y.transpose(1, 2).contiguous().view(N, 1, C)
+    return (attn.c_proj(y) if hasattr(attn, "c_proj") else attn.o_proj(y)), k[:, :, 0], v[:, :, 0]
+
+
+def compiled_step(model, mode=None):
+    """The model's compiled decode step, made once per model and mode (the graphs live as long as it does).
+    fullgraph=True: a graph break is an error, not a silent fall-back to eager Python between graphs;
+    dynamic=False: a new (rows, columns) bucket compiles a new static graph instead of a symbolic one."""
+    steps = model.__dict__.setdefault("_compiled_steps", {})
+    if mode not in steps:
+        steps[mode] = torch.compile(functools.partial(decode_step, model), mode=mode, fullgraph=True, dynamic=False)
+    return steps[mode]
+
+
+@contextmanager
+def compiled_decoding(model, mode=None):
+    """While open, the model's cache is COLUMNS-rounded and each one-column eval forward with a cache (the
+    decode step) runs compiled; every other forward (the prefill, training, no cache) is the model's own."""
+    step, eager_new_cache, eager_forward = compiled_step(model, mode), model.new_cache, model.forward
+
+    def new_cache(B, max_len, pad_left=None):
+        return eager_new_cache(B, min(-(-max_len // COLUMNS) * COLUMNS, model.config.block_size), pad_left)
+
+    def forward(idx, targets=None, pad_left=None, cache=None, keep_last=None):
+        if cache is None or idx.size(1) != 1 or targets is not None or model.training or torch.is_grad_enabled():
+            return eager_forward(idx, targets, pad_left, cache, keep_last)
+        col = torch.tensor(cache.pos, device=idx.device)  # a value, not a shape: the graph does not depend on it
+        if mode == "reduce-overhead":  # CUDA graphs: the last step's outputs (logits) are used up, may be overwritten
+            torch.compiler.cudagraph_mark_step_begin()
+        logits, k, v = step(idx, cache.k, cache.v, col, cache.pad_left)  # (N, 1, V), (n_layer, N, Hkv, hd) x 2
+        cache.k[:, :, :, cache.pos], cache.v[:, :, :, cache.pos] = k, v   # eager writes: one column, no cache copy
+        cache.pos += 1
+        return logits, None
+
+    model.new_cache, model.forward = new_cache, forward  # on the object: the class is untouched
+    try:
+        yield model
+    finally:
+        del model.new_cache, model.forward
+
+
+def compiled_generate(generate, mode=None):
+    """generate with the decode step compiled (compiled_decoding) for the duration of each call."""
+    def generating(model, *args, **kw):
+        with compiled_decoding(model, mode):
+            return generate(model, *args, **kw)
+    return generating
+
+
+def wrap_generate(cfg):
+    """Once at setup: with cfg['compile'], rebind grpo.generate (GRPO's pass 1) to compiled_generate.
+    After scale/distributed.wrap_step, whose wrapper it wraps (each rank compiles its own share's shape)."""
+    if not cfg["compile"]:
+        return
+    mode = check_compile(cfg["device"])
+    if hasattr(grpo.generate, "_compiled"):  # wrapped already (a second run in this process)
+        return
+    grpo.generate = functools.wraps(grpo.generate)(compiled_generate(grpo.generate, mode))
+    grpo.generate._compiled = True
