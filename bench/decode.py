@@ -110,6 +110,39 @@ def bench_limits(cfg):
     return rows
 
 
+MATMULS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")
+
+
+def bench_decode_profile(cfg):
+    """Where generation's time goes besides its matmuls: pass 1 (LoRA folded in, 8 x 8 rows, eager) under
+    torch.profiler, its self CPU time summed by operator: the matmuls' share, the other operators that take
+    the most, and the operator calls per decode step (each costs a dispatch whatever its size)."""
+    from torch.profiler import ProfilerActivity, profile
+    dev, rows = cfg["device"], []
+    B, G, P, T = cfg["thr_prompts"], cfg["thr_group"], cfg["thr_prompt_len"], cfg["thr_new_tokens"]
+    for n_layer, n_head, width, vocab in cfg["limit_shapes"]:
+        m32 = lora_gpt(n_layer, n_head, width, vocab, P + T, cfg["seed"], dev).eval()
+        prompts = step_inputs(B, G, P, vocab, cfg["seed"])[0].tolist()
+        for name, dtype in (("float32", torch.float32), ("bf16", torch.bfloat16)):
+            model = m32 if dtype == torch.float32 else halved(m32)
+            amp = torch.autocast(torch.device(dev).type, dtype=torch.bfloat16, enabled=dtype != torch.float32)
+            with amp, folded_for_sampling(model):
+                generate(model, prompts, T, eot_id=(), num_samples=G, seed=0)          # warm-up
+                with profile(activities=[ProfilerActivity.CPU]) as prof:
+                    generate(model, prompts, T, eot_id=(), num_samples=G, seed=0)
+            ops = {e.key: (e.self_cpu_time_total, e.count) for e in prof.key_averages()}
+            total = sum(t for t, _ in ops.values())
+            mm = sum(ops[k][0] for k in MATMULS if k in ops)
+            rest = sorted(((t, k) for k, (t, _) in ops.items() if k not in MATMULS), reverse=True)[:6]
+            calls = sum(c for _, c in ops.values()) / T
+            detail = (f"{n_layer} x {width}, vocab {vocab}, {B * G} rows x {P} + {T} tokens, {name}: "
+                      f"{total / 1e6:.3f} s of operator self time, matmuls {mm / total:.0%}; then "
+                      + ", ".join(f"{k} {t / total:.0%}" for t, k in rest) + f"; {calls:.0f} operator calls per token")
+            rows.append((f"generation profile, {n_layer} x {width} {name}", detail, f"matmuls {mm / total:.0%}",
+                         "(explains the limits row)", "n/a"))
+    return rows
+
+
 def interleaved_calls(variants, device, repeats):
     """({name: median seconds, 'first': the first call of the last variant}, {name: last output}): every
     variant once per round, a warm-up round first, so that a slow spell of a shared machine hits all alike."""

@@ -35,6 +35,8 @@ Rows:
   limits     (bench/decode.py) each phase of one standard GRPO step against its matmul limit (its matmul
              FLOPs at the matmul rate measured in the same run on its shapes), 6 x 384 and GPT-2 small,
              float32 and bf16.
+  decode profile (bench/decode.py) pass 1 at the limits row's shapes under torch.profiler: the matmuls' share
+             of its operator time, the other operators that take the most, operator calls per token.
   vs generate (bench/decode.py) greedy sampling vs transformers' generate on the same weights, same prompts
              and tokens, at 4 x 128, 6 x 384 and GPT-2 small, float32 and bf16; identical tokens counted;
              with --compile=default, the decode step compiled as well: compile seconds and payback call.
@@ -60,7 +62,7 @@ if __package__ in (None, ""):  # run as a file (python bench/run.py): the projec
 import torch
 from torch.func import functional_call, grad, vmap
 
-from bench.decode import bench_compiled, bench_limits, bench_vs_generate
+from bench.decode import bench_compiled, bench_decode_profile, bench_limits, bench_vs_generate
 from bench.half import bench_half
 from bench.memory import bench_memory, bench_throughput
 from bench.posthoc import bench_posthoc
@@ -267,7 +269,7 @@ def bench_influence(cfg):
 
 ROWS = {fn.__name__[len("bench_"):]: fn for fn in (bench_sampling, bench_step_cost, bench_rewards, bench_influence,
                                                    bench_posthoc, bench_memory, bench_throughput, bench_half,
-                                                   bench_limits, bench_vs_generate, bench_compiled)}
+                                                   bench_limits, bench_decode_profile, bench_vs_generate, bench_compiled)}
 
 
 # The longest context a bench model is built with: the sampling row's full recompute costs new_tokens^2
