@@ -34,6 +34,7 @@ def test_quick_bench_rows(capsys, tmp_path):
     assert [r[0] for r in rows] == ["sampling", "step cost, TracIn pg", "step cost, TracIn nll", "rewards, task",
                                     "rewards, slow", "influence T=8", *posthoc, "memory", "throughput",
                                     "half precision 1x32", "matmul limit, 1 x 32 float32", "matmul limit, 1 x 32 bf16",
+                                    "generation profile, 1 x 32 float32", "generation profile, 1 x 32 bf16",
                                     *(["sampling vs transformers generate, 1 x 32 float32",
                                        "sampling vs transformers generate, 1 x 32 bf16"] if hf else
                                       ["sampling vs transformers generate"]),
@@ -47,6 +48,10 @@ def test_quick_bench_rows(capsys, tmp_path):
         assert gen16[4] in ("met", "MISSED") and "transformers" in gen16[1]
     else:
         assert rows.pop()[1].startswith("transformers is not installed")
+    for r in (rows.pop(-2), rows.pop()):  # generation's operator time: the matmuls' share and the rest by name
+        share = int(re.search(r"matmuls (\d+)%;", r[1])[1])
+        assert 0 < share <= 100 and r[2] == f"matmuls {share}%" and "aten::" in r[1]
+        assert float(re.search(r"; (\d+) operator calls per token", r[1])[1]) >= 10   # a block is dozens of operators
     for r in (rows.pop(-2), rows.pop()):  # every phase against its limit, a rate measured here; the target is 6 x 384's
         assert "matmul rate" in r[1] and len(re.findall(r"vs limit [0-9.]+ s \(([0-9.]+)x\)", r[1])) == 3
         assert r[4] == "n/a (target at 6 x 384)"
