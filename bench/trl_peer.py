@@ -5,6 +5,7 @@ benchmark's exact size, timed as that benchmark times TRL's (warm-up steps, then
     python bench/trl_peer.py --timed=5                    # float32
     python bench/trl_peer.py --timed=5 --dtype=autocast   # float32 weights under bf16 autocast (TRL's bf16=True)
     python bench/trl_peer.py --timed=5 --dtype=bfloat16   # the frozen base stored in bf16 (train_grpo's dtype)
+    python bench/trl_peer.py --timed=5 --compile=default  # the decode step compiled (scale/compiled.py, compile=True)
 
 GPT 6 layers / 6 heads / 384 wide, vocab 99, 12-token prompts, 8 prompts x 8 samples x 64 new tokens
 (every completion runs to full length: no end token is drawn), beta 0.04, LoRA r 8 alpha 16 on c_attn
@@ -27,11 +28,13 @@ import torch  # noqa: E402
 
 from bench.half import halved  # noqa: E402
 from bench.memory import project_grpo_step, step_inputs  # noqa: E402
+from scale.compiled import check_compile, compiled_decoding  # noqa: E402
 from scale.device import check_device  # noqa: E402
 from lora import apply_lora, lora_parameters  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 
-defaults = dict(warmup=1, timed=3, device="cpu", dtype="float32")  # dtype: 'float32', 'autocast', 'bfloat16'
+defaults = dict(warmup=1, timed=3, device="cpu", dtype="float32",  # dtype: 'float32', 'autocast', 'bfloat16'
+                compile="")  # '' or a torch.compile mode: sampling's decode step compiled (compiled in the warm-up)
 
 
 def main(argv):
@@ -41,6 +44,10 @@ def main(argv):
     check(cfg, "timed", cfg["timed"] >= 1, "must be >= 1 (steps whose median is reported)")
     check_choice(cfg, "dtype", ("float32", "autocast", "bfloat16"))
     check_device(cfg["device"])
+    check_choice(cfg, "compile", ("", "default", "reduce-overhead", "max-autotune-no-cudagraphs"))
+    check(cfg, "warmup", cfg["warmup"] >= 1 or not cfg["compile"], "must be >= 1 with compile (the first step compiles)")
+    if cfg["compile"]:
+        check_compile(cfg["device"])
     run(cfg)
 
 
@@ -59,14 +66,16 @@ def run(a):
     steps = []
     for r in range(a["warmup"] + a["timed"]):
         sync(); t0 = time.perf_counter()
-        _, idx, mask, times = project_grpo_step(model, opt, prompts, 8, 64, adv.to(a["device"]), amp, r, beta=0.04,
-                                                micro_batch_size=64)
+        with compiled_decoding(model, None if a["compile"] == "default" else a["compile"]) if a["compile"] \
+                else contextlib.nullcontext():  # only the decode step is compiled: every other forward is eager
+            _, idx, mask, times = project_grpo_step(model, opt, prompts, 8, 64, adv.to(a["device"]), amp, r,
+                                                    beta=0.04, micro_batch_size=64)
         sync(); times["step"] = time.perf_counter() - t0
         assert mask.size(1) == 64 and bool(mask.all())  # every completion ran to 64 tokens, as TRL's
         if r >= a["warmup"]:
             steps.append(times)
     med = {k: round(statistics.median(s[k] for s in steps), 4) for k in steps[0]}
-    print(json.dumps({"impl": "project", "dtype": a["dtype"], "torch": torch.__version__,
+    print(json.dumps({"impl": "project", "dtype": a["dtype"], "compile": a["compile"], "torch": torch.__version__,
                       "threads": torch.get_num_threads(),
                       "lora_params": sum(p.numel() for p in lora_parameters(model)),
                       "step_s": [round(s["step"], 4) for s in steps], "median": med}))

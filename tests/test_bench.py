@@ -225,7 +225,8 @@ def test_a_full_run_in_a_directory_that_takes_no_file_is_refused_before_any_row(
     ("--timed=0", "config key 'timed' = 0 is not allowed: must be >= 1"),
     ("--warmup=-1", "config key 'warmup' = -1 is not allowed: must be >= 0"),
     ("--dtype=fp16", "config key 'dtype' = 'fp16' is not allowed: must be one of 'float32', 'autocast', 'bfloat16'"),
-    ("--device=tpu", "unknown device 'tpu'"), ("--timed", "overrides are written --key=value")])
+    ("--device=tpu", "unknown device 'tpu'"), ("--timed", "overrides are written --key=value"),
+    ("--compile=fast", "config key 'compile' = 'fast' is not allowed: must be one of '', 'default'")])
 def test_trl_peer_bad_arguments_are_one_line_before_any_work(monkeypatch, capsys, arg, message):
     from bench import trl_peer
     from configurator import cli_main
