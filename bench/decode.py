@@ -9,7 +9,8 @@ Two rows of bench/run.py about generation, the largest phase of every GRPO step:
                 token of the batch for the two passes). A forward costs 2 x tokens x (the linear layers'
                 weights, the head's where logits are taken) plus attention's 4 x context x width per token and
                 layer; the policy pass counts twice that (the frozen base's backward forms input gradients
-                only; the LoRA factors' few extra FLOPs are left out).
+                only; the LoRA factors' few extra FLOPs are left out). With --compile, sampling's decode step is
+                compiled (scale/compiled.py; the first, untimed step compiles).
   vs_generate   greedy sampling of the same prompts and number of new tokens with sample.generate and with
                 transformers' generate, on the same random GPT-2 weights (a directory written here, read by
                 GPT.from_pretrained), at the tiny shape (4 x 128), 6 x 384 and GPT-2 small, float32 and bf16;
@@ -87,12 +88,15 @@ def bench_limits(cfg):
         gen_flops = forward_flops(n_layer, width, vocab, B, P, 0, 1) + \
             sum(forward_flops(n_layer, width, vocab, N, 1, P + t, 1) for t in range(T - 1))
         pass_flops = forward_flops(n_layer, width, vocab, N, P + T - 1, 0, T)  # reference; policy: twice
+        m16 = halved(m32)  # copied before anything is compiled (a deep copy would take m32's compiled step along)
         for name, dtype in (("float32", torch.float32), ("bf16", torch.bfloat16)):
-            model = m32 if dtype == torch.float32 else halved(m32)
+            model = m32 if dtype == torch.float32 else m16
             opt = torch.optim.AdamW(lora_parameters(model), lr=1e-5)
             amp = torch.autocast(torch.device(dev).type, dtype=torch.bfloat16, enabled=dtype != torch.float32)
-            runs = [project_grpo_step(model, opt, prompts, G, T, adv.to(dev), amp, cfg["seed"] + r, beta=0.04,
-                                      micro_batch_size=N)[3] for r in range(cfg["limit_repeats"] + 1)][1:]
+            mode = None if cfg["compile"] in ("", "default") else cfg["compile"]  # with --compile: the decode step
+            with compiled_decoding(model, mode) if cfg["compile"] else nullcontext():  # compiled (in the first run)
+                runs = [project_grpo_step(model, opt, prompts, G, T, adv.to(dev), amp, cfg["seed"] + r, beta=0.04,
+                                          micro_batch_size=N)[3] for r in range(cfg["limit_repeats"] + 1)][1:]
             t = {k: statistics.median(r[k] for r in runs) for k in ("generation", "reference", "policy")}
             decode_rate = matmul_rate(width, vocab, N, dtype, dev)
             pass_rate = matmul_rate(width, vocab, N * (P + T - 1), dtype, dev)
@@ -105,7 +109,7 @@ def bench_limits(cfg):
             goal = f"generation <= {TARGET_LIMIT:.0f}x its limit"
             verdict = ("met" if dist["generation"] <= TARGET_LIMIT else "MISSED") if (n_layer, width) == (6, 384) \
                 else "n/a (target at 6 x 384)"
-            rows.append((f"matmul limit, {n_layer} x {width} {name}", detail, f"generation {dist['generation']:.2f}x",
+            rows.append((f"matmul limit, {n_layer} x {width} {name}" + (", decode compiled" if cfg["compile"] else ""), detail, f"generation {dist['generation']:.2f}x",
                          goal, verdict))
     return rows
 

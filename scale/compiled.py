@@ -105,9 +105,10 @@ def compiled_step(model, mode=None):
     fullgraph=True: a graph break is an error, not a silent fall-back to eager Python between graphs;
     dynamic=False: a new (rows, columns) bucket compiles a new static graph instead of a symbolic one."""
     steps = model.__dict__.setdefault("_compiled_steps", {})
-    if mode not in steps:
-        steps[mode] = torch.compile(functools.partial(decode_step, model), mode=mode, fullgraph=True, dynamic=False)
-    return steps[mode]
+    key = (mode, id(model))  # a deep copy of the model carries this dict along: it compiles its own step
+    if key not in steps:
+        steps[key] = torch.compile(functools.partial(decode_step, model), mode=mode, fullgraph=True, dynamic=False)
+    return steps[key]
 
 
 @contextmanager

@@ -10,6 +10,7 @@
 #   one graph per (rows, cache-length bucket): other prompts, other uniforms and other LoRA weights reuse it
 #       (a recompile is an error in those tests);
 #   the wiring: train_grpo.py with compile=True samples what compile=False samples; bad input is one line.
+import copy
 import shutil
 
 import pytest
@@ -66,9 +67,9 @@ def fresh(model):
     """The model with its initial weights, its compiled step counting its calls (model.decode_steps)."""
     model.load_state_dict(model.initial)
     step, model.decode_steps = compiled.compiled_step(model), []
-    model._compiled_steps[None] = lambda *a: model.decode_steps.append(1) or step(*a)
+    model._compiled_steps[None, id(model)] = lambda *a: model.decode_steps.append(1) or step(*a)
     yield model
-    model._compiled_steps[None] = step
+    model._compiled_steps[None, id(model)] = step
 
 
 def both(model, **kw):
@@ -151,6 +152,19 @@ def test_bf16_autocast_keeps_to_the_eager_logits(fresh):
         eager, comp = decode_steps(fresh, False), decode_steps(fresh, True)
     torch.testing.assert_close(comp, eager, rtol=2e-2, atol=5e-2)
     assert len(fresh.decode_steps) == NEW - 1  # every step after the prefill ran compiled
+
+
+def test_a_copy_made_after_compiling_compiles_its_own_step(fresh):
+    """A deep copy carries the model's dict of compiled steps along; the copy (its weights changed here) must
+    decode with its own weights, as its eager forward does, not with the original's graph."""
+    both(fresh, eot_id=(), temperature=0)                         # the original's step compiled
+    twin = copy.deepcopy(fresh)
+    with torch.no_grad():
+        for p in twin.parameters():
+            p.mul_(-1.0)
+    eager, compiled_ = both(twin, eot_id=(), temperature=0)
+    assert not torch.equal(eager[0], both(fresh, eot_id=(), temperature=0)[0][0])   # the copy decodes otherwise
+    assert torch.equal(eager[0], compiled_[0]) and compiled.compiled_step(twin) is not compiled.compiled_step(fresh)
 
 
 def test_bad_setups_are_one_line_errors(monkeypatch):
