@@ -5,6 +5,7 @@ Each prepare.py writes TASK_FILE (.task: the task's name) into its directory bef
 directory records its task from its first file on:
     check_out(out, task)         prepare's output: new, empty or this task's own; anything else refused
     mark(out, task)              then: the directory is this task's (before the splits are written)
+    write_task_dir(out, task, splits, meta, files)   the whole write: mark, splits, files, meta.json last
     check_task_data(d, task)     a run's data must be its task's: one line naming both otherwise
 
 Every file that tells is heard, so data prepared before .task existed still reads (meta.json's 'task', or
@@ -97,3 +98,22 @@ def mark(out, task):
     if not os.path.exists(path):
         with open(path, "w") as f:
             f.write(task + "\n")
+
+
+def write_atomic(path, text):
+    """Write via a temporary file and a rename: an interrupted write never leaves a half file under path."""
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def write_task_dir(out, task, splits, meta, files=None):
+    """Write a task's data directory: its mark, each split as <split>.jsonl (one JSON row a line), the other
+    files ({name: text}, e.g. tokenizer.json), then meta.json LAST: a directory holding it is complete."""
+    mark(out, task)
+    for split, rows in splits.items():
+        write_atomic(os.path.join(out, f"{split}.jsonl"), "".join(json.dumps(r) + "\n" for r in rows))
+    for name, text in (files or {}).items():
+        write_atomic(os.path.join(out, name), text)
+    write_atomic(os.path.join(out, "meta.json"), json.dumps(meta, indent=1))

@@ -24,7 +24,6 @@ test is the first n_test distinct problems drawn, val the next n_val, train the 
 leaves test and val as they were. Running it twice gives byte-identical files (random.Random(seed),
 no timestamps); an existing directory is checked first and a damaged one is built again.
 """
-import json
 import os
 import random
 import re
@@ -38,8 +37,8 @@ REPO = os.path.dirname(os.path.dirname(ROOT))
 if REPO not in sys.path:  # run as a script: configurator.py is at the repository root
     sys.path.append(REPO)
 from configurator import UserError, cli_main, configure  # noqa: E402
-from data.datadir import check_out, mark  # noqa: E402
-from data.gsm_synth.prepare import check_task_dir, read_json, write_atomic  # noqa: E402
+from data.datadir import check_out, write_task_dir  # noqa: E402
+from data.gsm_synth.prepare import check_task_dir, read_json  # noqa: E402
 
 DEFAULTS = dict(n_train=20000, n_val=500, n_test=500, min_numbers=3, max_numbers=4, max_number=99, seed=1337,
                 out=None)  # out None: data_dir_for(knobs)
@@ -230,11 +229,8 @@ def prepare(n_train=20000, n_val=500, n_test=500, min_numbers=3, max_numbers=4, 
                         f"min_numbers={min_numbers}, max_numbers={max_numbers}, max_number={max_number}, "
                         f"not n_train + n_val + n_test = {n_total}; lower them or raise max_number")
     splits = {"train": rows[n_test + n_val:], "val": rows[n_test:n_test + n_val], "test": rows[:n_test]}
-    mark(out, "countdown")
-    for split, split_rows in splits.items():
-        write_atomic(os.path.join(out, f"{split}.jsonl"), "".join(json.dumps(r) + "\n" for r in split_rows))
-    write_atomic(meta_path, json.dumps({"task": "countdown", **knobs, "template": TEMPLATE}, indent=1))
-    if verbose:  # meta.json above is written last: it marks completion
+    write_task_dir(out, "countdown", splits, {"task": "countdown", **knobs, "template": TEMPLATE})
+    if verbose:
         print(f"  {sizes} problems")
     return out
 

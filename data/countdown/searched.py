@@ -12,7 +12,6 @@ read by data/gsm_synth's load_split / load_tokenizer. train_base.py (task='count
 itself. Deterministic: random.Random(seed), no timestamps; a damaged directory is built again.
 No two problems share a multiset of numbers and a target; test is drawn first, then val, then train.
 """
-import json
 import os
 import random
 import sys
@@ -23,10 +22,10 @@ if REPO not in sys.path:  # run as a script: configurator.py is at the repositor
     sys.path.append(REPO)
 from configurator import UserError, cli_main, configure  # noqa: E402
 from data.countdown.prepare import MAX_TARGET, TEMPLATE, draw_distinct  # noqa: E402
-from data.datadir import check_out, mark  # noqa: E402
+from data.datadir import check_out, write_task_dir  # noqa: E402
 from data.countdown.solutions import searched_solution  # noqa: E402
-from data.gsm_synth.prepare import (PAT_STR, build_encoding, check_data_dir, prompt_text, train_bpe,  # noqa: E402
-                                    write_atomic)
+from data.gsm_synth.prepare import (build_encoding, check_data_dir, prompt_text, tokenizer_json,  # noqa: E402
+                                    train_bpe)
 
 DEFAULTS = dict(n_numbers=3, max_number=12, max_target=100, max_misses=3, n_train=20000, n_val=500, n_test=500,
                 num_merges=300, seed=1337, variants=1)
@@ -102,15 +101,10 @@ def prepare(n_numbers=3, max_number=12, max_target=100, max_misses=3, n_train=20
               "train": rows(problems[n_test + n_val:], range(seed, seed + variants))}
     merges = train_bpe([prompt_text(r["question"]) + r["solution"] for r in splits["train"][:5000]], num_merges)
     enc = build_encoding(merges, "countdown")
-    mark(out, "countdown")  # this task's directory, before any split is written
-    for split, split_rows in splits.items():
-        write_atomic(os.path.join(out, f"{split}.jsonl"), "".join(json.dumps(r) + "\n" for r in split_rows))
-    write_atomic(os.path.join(out, "tokenizer.json"),
-                 json.dumps({"name": "countdown", "pat_str": PAT_STR, "merges": [m.hex() for m in merges]}))
     meta = {"task": "countdown", "n_numbers": n_numbers, "max_number": max_number, "max_target": max_target,
             "max_misses": max_misses, "num_merges": num_merges, "seed": seed, "variants": variants, "vocab_size": enc.n_vocab,
             "eot_token": enc.eot_token, "sizes": {k: len(v) for k, v in splits.items()}}
-    write_atomic(meta_path, json.dumps(meta, indent=1))  # written last: marks completion
+    write_task_dir(out, "countdown", splits, meta, {"tokenizer.json": tokenizer_json("countdown", merges)})
     if verbose:
         print(f"  {meta['sizes']} problems, vocab {enc.n_vocab} tokens")
     return out

@@ -40,8 +40,8 @@ REPO = os.path.dirname(os.path.dirname(ROOT))
 if REPO not in sys.path:  # run as a script: configurator.py is at the repository root
     sys.path.append(REPO)
 from configurator import UserError, cli_main, configure  # noqa: E402
-from data.datadir import check_out, mark  # noqa: E402
-from data.gsm_synth.prepare import check_task_dir, read_json, write_atomic  # noqa: E402
+from data.datadir import check_out, write_task_dir  # noqa: E402
+from data.gsm_synth.prepare import check_task_dir, read_json  # noqa: E402
 
 DEFAULTS = dict(train_file=os.path.join(ROOT, "train.jsonl"), test_file=os.path.join(ROOT, "test.jsonl"),
                 n_val=500, seed=1337, out=None)  # out None: ROOT/prepared (a suffix per non-default knob)
@@ -212,10 +212,6 @@ def prepare(train_file=DEFAULTS["train_file"], test_file=DEFAULTS["test_file"], 
     for rows in splits.values():
         for r in rows:
             r["question"] = f"{r['question']}\n{INSTRUCTION}"
-    mark(out, "gsm8k")
-    for split, rows in splits.items():
-        write_atomic(os.path.join(out, f"{split}.jsonl"), "".join(
-            json.dumps({k: r[k] for k in ("question", "solution", "answer")}) + "\n" for r in rows))
     meta = {"task": "gsm8k", "sizes": {k: len(v) for k, v in splits.items()}, **knobs,
             "dropped": {"train_duplicates": len(train_rows) - len(train),
                         "test_duplicates_or_in_train": len(test_rows) - len(test),
@@ -223,7 +219,8 @@ def prepare(train_file=DEFAULTS["train_file"], test_file=DEFAULTS["test_file"], 
                         **{f"{k}_empty_question": len(v) for k, v in (("train", train_empty), ("test", test_empty))
                            if v}},  # (only where there were: the official files have none)
             "instruction": INSTRUCTION}
-    write_atomic(meta_path, json.dumps(meta, indent=1))  # written last: marks completion
+    write_task_dir(out, "gsm8k", {k: [{f: r[f] for f in ("question", "solution", "answer")} for r in rows]
+                                  for k, rows in splits.items()}, meta)
     if verbose:
         print(f"  {meta['sizes']} problems; dropped {meta['dropped']}")
     return out

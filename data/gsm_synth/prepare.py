@@ -35,7 +35,7 @@ REPO = os.path.dirname(os.path.dirname(ROOT))
 if REPO not in sys.path:  # run as a script: configurator.py is at the repository root
     sys.path.append(REPO)
 from configurator import UserError, cli_main, configure  # noqa: E402
-from data.datadir import check_out, mark  # noqa: E402
+from data.datadir import check_out, write_task_dir  # noqa: E402
 
 DEFAULTS = dict(steps=2, max_operand=20, ops="+-", noise=0.0, n_train=20000, n_val=500, n_test=500,
                 num_merges=150, seed=1337, min_steps=0, root=ROOT)
@@ -146,6 +146,11 @@ def train_bpe(texts, num_merges):
             new_words[tuple(out)] = new_words.get(tuple(out), 0) + c
         words = new_words
     return merges
+
+
+def tokenizer_json(name, merges):
+    """tokenizer.json as load_tokenizer reads it: the split pattern and the merges (hex bytes)."""
+    return json.dumps({"name": name, "pat_str": PAT_STR, "merges": [m.hex() for m in merges]})
 
 
 def build_encoding(merges, name="gsm_synth"):
@@ -313,14 +318,6 @@ def check_task_dir(data_dir, task, knobs):
     return None
 
 
-def write_atomic(path, text):
-    """Write via a temporary file and a rename: an interrupted write never leaves a half file under path."""
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
-
-
 # knobs that change the data but are not in the directory name at their defaults (letter in the name)
 EXTRA_KNOBS = (("n_train", "t"), ("n_val", "v"), ("n_test", "e"), ("num_merges", "b"), ("seed", "r"),
                ("min_steps", "l"))
@@ -389,17 +386,12 @@ def prepare(steps=2, max_operand=20, ops="+-", noise=0.0, n_train=20000, n_val=5
     merges = train_bpe([prompt_text(e["question"]) + e["solution"] for e in splits["train"][:5000]],
                        num_merges)
     enc = build_encoding(merges)
-    mark(data_dir, "arith")
-    for split, rows in splits.items():
-        write_atomic(os.path.join(data_dir, f"{split}.jsonl"), "".join(json.dumps(r) + "\n" for r in rows))
-    write_atomic(os.path.join(data_dir, "tokenizer.json"),
-                 json.dumps({"name": "gsm_synth", "pat_str": PAT_STR, "merges": [m.hex() for m in merges]}))
     meta = {"steps": steps, "max_operand": max_operand, "ops": ops, "noise": noise, "seed": seed,
             **({"min_steps": min_steps} if min_steps else {}),  # (both only when not the default: default
             **({"num_merges": num_merges} if num_merges != DEFAULTS["num_merges"] else {}),  # dirs unchanged)
             "vocab_size": enc.n_vocab, "eot_token": enc.eot_token,
             "sizes": {k: len(v) for k, v in splits.items()}}
-    write_atomic(meta_path, json.dumps(meta, indent=1))  # written last: marks completion
+    write_task_dir(data_dir, "arith", splits, meta, {"tokenizer.json": tokenizer_json("gsm_synth", merges)})
     if verbose:
         print(f"  {meta['sizes']} problems, vocab {enc.n_vocab} tokens")
     return data_dir
