@@ -13,7 +13,7 @@ import textwrap
 
 import torch
 
-from analysis.plot import SMOOTH, has_matplotlib, kind, load_log, moving_average
+from analysis.plot import SMOOTH, has_matplotlib, kind, load_log, moving_average, split_args
 from configurator import UserError, cli_main
 from data.tasks import TASKS, load_task_split
 from lora import disable_lora
@@ -108,16 +108,8 @@ def make_figure(run_dirs, n_problems):
 
 
 def main(argv):
-    opts, run_dirs = {"out": "countdown.png", "problems": "3"}, []
-    for arg in argv:
-        key, _, value = arg[2:].partition("=")
-        if arg.startswith("--") and key in opts and value:
-            opts[key] = value
-        elif arg.startswith("--"):
-            raise UserError(f"bad argument {arg!r}: analysis.countdown_demo takes run directories, "
-                            f"--out=FILE.png and --problems=N")
-        else:
-            run_dirs.append(arg)
+    run_dirs, opts = split_args(argv, {"out": "countdown.png", "problems": "3"},
+                                "analysis.countdown_demo takes run directories, --out=FILE.png and --problems=N")
     if not run_dirs:
         raise UserError("no run directory given; usage: python -m analysis.countdown_demo RUN_DIR [RUN_DIR ...] "
                         "[--out=countdown.png] [--problems=3]")

@@ -198,18 +198,24 @@ def plot_runs(run_dirs, out_path="plot.png", labels=None):
     return out_path
 
 
-def main(argv):
-    opts = {"out": "plot.png", "labels": None}
-    run_dirs = []
+def split_args(argv, opts, takes):
+    """(paths, opts): the arguments without '--', and opts updated from '--key=value' for its keys; any
+    other '--' argument is a one-line error ending in `takes` (what the script accepts)."""
+    paths = []
     for arg in argv:
         key, _, value = arg[2:].partition("=")
         if arg.startswith("--") and key in opts and value:
             opts[key] = value
         elif arg.startswith("--"):
-            raise UserError(f"bad argument {arg!r}: analysis.plot takes run directories, --out=FILE.png and "
-                            "--labels=a,b")
+            raise UserError(f"bad argument {arg!r}: {takes}")
         else:
-            run_dirs.append(arg)
+            paths.append(arg)
+    return paths, opts
+
+
+def main(argv):
+    run_dirs, opts = split_args(argv, {"out": "plot.png", "labels": None},
+                                "analysis.plot takes run directories, --out=FILE.png and --labels=a,b")
     if not run_dirs:
         raise UserError("no run directory given; usage: python -m analysis.plot RUN_DIR [RUN_DIR ...] "
                         "[--out=plot.png] [--labels=a,b], or python -m analysis.plot TRACIN.json [...] --out=influence.png")
