@@ -230,6 +230,8 @@ def memory_variant(variant, s):
     cuda = "cuda" in dev
     model = lora_gpt(s["n_layer"], s["n_head"], s["n_embd"], s["vocab"], s["prompt_len"] + s["new_tokens"],
                      s["seed"], dev)
+    model.config.grad_checkpoint = s.get("grad_checkpoint", False)  # (bench/predict.py's check; the project step)
+    micro = {"micro_batch_size": s["micro"]} if s.get("micro") else {}
     opt = torch.optim.AdamW(lora_parameters(model), lr=1e-3)
     prompts, adv = step_inputs(s["n_prompts"], s["group"], s["prompt_len"], s["vocab"], s["seed"])
     amp = torch.autocast("cuda", dtype=torch.bfloat16, enabled=cuda)
@@ -242,7 +244,7 @@ def memory_variant(variant, s):
         reset = _reset_peak_rss()
         before = _proc_status_bytes("VmRSS")
     t0 = time.perf_counter()
-    loss, idx, mask = fn(model, opt, prompts, s["group"], s["new_tokens"], adv, amp, s["seed"])[:3]
+    loss, idx, mask = fn(model, opt, prompts, s["group"], s["new_tokens"], adv, amp, s["seed"], **micro)[:3]
     if cuda:
         torch.cuda.synchronize()
         peak = torch.cuda.max_memory_allocated()

@@ -16,10 +16,14 @@ Parameters are counted on the meta device (no memory is allocated). The terms:
             insides live again while its backward runs.
 prompt_len is the longest prompt in tokens (chat template, instruction and question): an assumption to state.
 """
+import os
+import subprocess
+import sys
+
 import torch
 
 from configurator import UserError, check, check_positive, cli_main, configure
-from bench.memory import predicted_memory
+from bench.memory import memory_variant, predicted_memory
 from lora import apply_lora, lora_parameters
 from model import GPT, GPTConfig
 from pretrained.hfconfig import hf_config_args, read_json
@@ -39,7 +43,6 @@ COMMON = dict(model_type="qwen2", max_position_embeddings=32768, rope_theta=1000
 
 def model_shape(base):
     """GPTConfig arguments of the base: its directory's config.json, else a published shape by its name."""
-    import os
     file = os.path.join(base, "config.json")
     if os.path.isfile(file):
         return hf_config_args(read_json(file), base), file
@@ -82,17 +85,8 @@ CHECK = dict(n_layer=8, n_head=4, n_embd=256, vocab=512, n_prompts=4, group=8, p
 
 def check_child(micro, grad_checkpoint):
     """In a fresh process: one project step at CHECK's size, measured (peak RSS above the setup) and predicted."""
-    from bench import memory
-    lora_gpt, step = memory.lora_gpt, memory.project_grpo_step
-
-    def model_with(*a, **k):
-        model = lora_gpt(*a, **k)
-        model.config.grad_checkpoint = grad_checkpoint
-        return model
-
-    memory.lora_gpt = model_with  # the warm-up step (one prompt) runs whole; the measured one in micro-batches
-    memory.project_grpo_step = lambda *a, **k: step(*a, **k, micro_batch_size=micro if len(a[2]) > 1 else 0)
-    r, s = memory.memory_variant("project", CHECK), CHECK
+    s = {**CHECK, "micro": micro, "grad_checkpoint": grad_checkpoint}  # the warm-up step runs whole
+    r = memory_variant("project", s)
     pred = predicted_memory(r["n_params"], s["n_prompts"] * s["group"], s["prompt_len"], s["new_tokens"], s["vocab"],
                             s["n_layer"], s["n_embd"], 4, False, group=s["group"], micro=micro,
                             grad_checkpoint=grad_checkpoint)
@@ -103,9 +97,6 @@ def check_child(micro, grad_checkpoint):
 def check_terms():
     """The micro-batch and checkpointing terms against a measurement on this CPU (peak RSS of a fresh process,
     glibc mapping every block from 64 KiB so that freed tensors leave RSS; float32, 4 x 8 rows)."""
-    import os
-    import subprocess
-    import sys
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(1 << 16)}
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     print(f"{CHECK['n_layer']} layers x {CHECK['n_embd']}, vocabulary {CHECK['vocab']}, {CHECK['n_prompts']} x "
