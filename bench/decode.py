@@ -93,8 +93,8 @@ def bench_limits(cfg):
             model = m32 if dtype == torch.float32 else m16
             opt = torch.optim.AdamW(lora_parameters(model), lr=1e-5)
             amp = torch.autocast(torch.device(dev).type, dtype=torch.bfloat16, enabled=dtype != torch.float32)
-            mode = None if cfg["compile"] in ("", "default") else cfg["compile"]  # with --compile: the decode step
-            with compiled_decoding(model, mode) if cfg["compile"] else nullcontext():  # compiled (in the first run)
+            # with --compile, the decode step compiled (in the first, untimed run)
+            with compiled_decoding(model, cfg["compile"]) if cfg["compile"] else nullcontext():
                 runs = [project_grpo_step(model, opt, prompts, G, T, adv.to(dev), amp, cfg["seed"] + r, beta=0.04,
                                           micro_batch_size=N)[3] for r in range(cfg["limit_repeats"] + 1)][1:]
             t = {k: statistics.median(r[k] for r in runs) for k in ("generation", "reference", "policy")}
@@ -199,7 +199,7 @@ def bench_vs_generate(cfg):
                     return generate(ours, prompts.tolist(), T, eot_id=(), temperature=0)[0][:, P:]
 
             def compiled():
-                with amp, compiled_decoding(ours, None if cfg["compile"] == "default" else cfg["compile"]):
+                with amp, compiled_decoding(ours, cfg["compile"]):
                     return generate(ours, prompts.tolist(), T, eot_id=(), temperature=0)[0][:, P:]
             variants = dict(theirs=theirs, project=project, **({"compiled": compiled} if cfg["compile"] else {}))
             t, out = interleaved_calls(variants, dev, cfg["repeats"])
@@ -242,7 +242,7 @@ def bench_compiled(cfg):
                 out = {}
                 for variant in t:
                     graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
-                    with amp, folded_for_sampling(model), compiled_decoding(model, None if mode == "default" else mode) \
+                    with amp, folded_for_sampling(model), compiled_decoding(model, mode) \
                             if variant == "compiled" else nullcontext():
                         sync(); t0 = time.perf_counter()
                         out[variant] = generate(model, prompts, T, eot_id=(), num_samples=G, temperature=1.0, u=u)[0]

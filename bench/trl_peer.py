@@ -66,7 +66,7 @@ def run(a):
     steps = []
     for r in range(a["warmup"] + a["timed"]):
         sync(); t0 = time.perf_counter()
-        with compiled_decoding(model, None if a["compile"] == "default" else a["compile"]) if a["compile"] \
+        with compiled_decoding(model, a["compile"]) if a["compile"] \
                 else contextlib.nullcontext():  # only the decode step is compiled: every other forward is eager
             _, idx, mask, times = project_grpo_step(model, opt, prompts, 8, 64, adv.to(a["device"]), amp, r,
                                                     beta=0.04, micro_batch_size=64)

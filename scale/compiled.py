@@ -104,6 +104,7 @@ def compiled_step(model, mode=None):
     """The model's compiled decode step, made once per model and mode (the graphs live as long as it does).
     fullgraph=True: a graph break is an error, not a silent fall-back to eager Python between graphs;
     dynamic=False: a new (rows, columns) bucket compiles a new static graph instead of a symbolic one."""
+    mode = None if mode == "default" else mode  # torch.compile's default mode, by its name or by None
     steps = model.__dict__.setdefault("_compiled_steps", {})
     key = (mode, id(model))  # a deep copy of the model carries this dict along: it compiles its own step
     if key not in steps:
