@@ -2,17 +2,20 @@
 The parts of one GRPO step, which train_grpo.grpo_step puts in order and TracIn (tracin.py) reuses:
   make_rollouts     PASS 1 sampling (no grad, no logits kept), rewards, group-relative advantages
   policy_backward   PASS 3 reference and PASS 2 policy per micro-batch, the GRPO loss, backward
-  update            clip, AdamW on the LoRA parameters; skipped if anything is NaN/Inf
+  update            the ranks' sums, clip, AdamW on the LoRA parameters; skipped if anything is NaN/Inf
 and the math under them: compute_group_advantages, selective_log_softmax (no (N, T, V) log-prob
-tensor), completion_logprobs, grpo_loss; rollout_batch lays out recorded rollouts as sampling does.
+tensor), completion_logprobs, grpo_loss. A step's rollouts are one record, Rollouts (every field and
+its shape); rollout_batch lays out recorded rollouts as sampling does.
 Imports flow one way: model, lora -> sample, rewards -> grpo.py -> tracin.py (with ghost.py) -> train_grpo.py.
-Under torchrun, scale/distributed.py wraps generate, grpo_updates and update once at setup (each rank samples
-and back-propagates its share, the ranks' gradients are summed before the clip): nothing here knows of ranks.
+Under torchrun each rank samples and back-propagates its share, in sight: `distributed.split` and
+`gather_sampled` in sample_rollouts, `rank_part` in grpo_updates, `sum_grads` / `sum_stats` in update
+(scale/distributed.py; each a no-op in one process).
 """
 import math
 import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
 
 import torch
 from torch.autograd.function import once_differentiable
@@ -22,6 +25,7 @@ from configurator import UserError
 from lora import disable_lora, folded_for_sampling, lora_parameters
 from rewards import compute_rewards
 from sample import decode_completions, encode_prompt, generate, pad_prompts, stop_tokens
+from scale import compiled, distributed
 
 
 TIMES = {}  # seconds per phase of the step running now: grpo_step empties it, its log line reports it
@@ -127,7 +131,9 @@ def completion_logprobs(model, idx, pad_left, T, temperature, with_entropy=False
         with torch.no_grad():  # a diagnostic: no graph kept for it
             entropy = torch.stack([-(r.softmax(-1) * r.log_softmax(-1)).sum(-1)
                                    for r in (row.float() / temperature for row in logits)])  # (N, T)
-    del logits  # (N, T, V): the largest activation of the pass; logp is all we keep
+    # (N, T, V), the pass's largest activation: without grad (passes 1 and 3) this frees it; on the
+    # policy pass autograd still holds it (SelectiveLogSoftmax saved it) until loss.backward() has run
+    del logits
     return logp, entropy
 
 
@@ -188,88 +194,147 @@ def grpo_loss(logp, old_logp, ref_logp, advantages, mask, beta=0.04, epsilon_low
     return loss, stats
 
 
-def logprobs_no_grad(model, batch, cfg, name, disabled=False):
-    """(N, T) completion log-probs without graph, micro-batch by micro-batch: of the policy as it is
-    now (the 'old' policy of num_iterations > 1), or with disabled=True of the reference (LoRA off)."""
-    idx, pad_left, T, mb = batch["idx"], batch["pad_left"], batch["mask"].size(1), cfg["micro_batch_size"]
-    out = []
-    with phase(name), torch.no_grad(), disable_lora(model) if disabled else nullcontext(), model.amp:
-        for s in range(0, idx.size(0), mb):
-            out.append(completion_logprobs(model, idx[s:s + mb], pad_left[s:s + mb], T, cfg["temperature"])[0])
-    return torch.cat(out)
+@dataclass
+class Rollouts:
+    """One step's rollouts: n = prompts x group_size rows, the rows of one prompt adjacent (GRPO-Zero's
+    Episode, batched). make_rollouts fills the first nine fields; the others are filled where named."""
+    idx: torch.Tensor                # (n, P + T) long: the prompt, left-padded to P, then T completion ids
+    pad_left: torch.Tensor           # (n,) long: padding columns in front of each prompt
+    mask: torch.Tensor               # (n, T) long: 1 on the completion tokens the loss counts
+    advantages: torch.Tensor         # (n,) float32: A_i, exactly 0 in a group whose rewards are all equal
+    rewards: torch.Tensor = None     # (n,) float32: the weighted reward, NaN where no function scored
+    per_fn: dict = None              # reward function -> n scores (None where it could not score)
+    errors: dict = None              # reward function -> completions it raised on
+    n_zero_std: int = 0              # groups whose rewards were all equal (no learning signal)
+    truncated: torch.Tensor = None   # (n,) bool: no stop token (the completion ran into max_new_tokens)
+    ref_logp: torch.Tensor = None    # (n, T) reference log-probs taken ahead (background_rewards, mu > 1)
+    old_logp: torch.Tensor = None    # (n, T) sampling policy's log-probs (num_iterations > 1: grpo_updates)
+    influence: torch.Tensor = None   # (n,) TracIn: <g_i, G> (train_grpo.grpo_step, tracin_backward)
+    selected: torch.Tensor = None    # (n,) bool TracIn: the rows trained on
+    counts: dict = None              # grpo_loss's divisors when these rows are part of a batch (part)
+
+    def __len__(self):
+        return self.idx.size(0)
+
+    def part(self, rows, **counts):
+        """Rows `rows` (a slice or a bool mask) for passes 3 and 2, dividing the loss by the WHOLE batch's
+        counts (batch_counts; `counts` overrides), so that the parts' gradients add up to the batch's."""
+        take = lambda t: None if t is None else t[rows]  # noqa: E731
+        return Rollouts(self.idx[rows], self.pad_left[rows], self.mask[rows], self.advantages[rows],
+                        ref_logp=take(self.ref_logp), old_logp=take(self.old_logp),
+                        counts={**batch_counts(self.mask), **counts})
 
 
 def batch_counts(mask):
     """The counts grpo_loss divides by, of a batch whose completion mask is `mask` (n, T): sequences and
-    completion tokens. A part of a batch (a rank's share, the rows left after a filter) passes its
-    whole batch's counts as batch['global_counts'], so the parts' gradients add up to the batch's."""
+    completion tokens."""
     return dict(num_seqs=mask.size(0), num_tokens=mask.sum().clamp(min=1).item())
 
 
+def rank_part(rollouts, micro_batch_size):
+    """This rank's contiguous rows of the batch for passes 3 and 2 (the whole batch in one process).
+    A share is whole prompts, so the advantages are those of one process; the loss divides by the whole
+    batch's counts, and bnpo by every rank's micro-batches (equal to one process's when micro-batches
+    do not straddle ranks)."""
+    rows = distributed.shard(len(rollouts))
+    own_micro_batches = -(-(rows.stop - rows.start) // micro_batch_size)
+    return rollouts.part(rows, num_micro_batches=distributed.world_size() * own_micro_batches)
+
+
+def logprobs_no_grad(model, batch, cfg, name, disabled=False):
+    """(N, T) completion log-probs without graph, micro-batch by micro-batch: of the policy as it is
+    now (the 'old' policy of num_iterations > 1), or with disabled=True of the reference (LoRA off)."""
+    idx, pad_left, T, mb = batch.idx, batch.pad_left, batch.mask.size(1), cfg["micro_batch_size"]
+    out = []
+    with phase(name), torch.no_grad(), disable_lora(model) if disabled else nullcontext(), model.amp:
+        for s in range(0, idx.size(0), mb):
+            rows = slice(s, s + mb)
+            out.append(completion_logprobs(model, idx[rows], pad_left[rows], T, cfg["temperature"])[0])
+    return torch.cat(out)
+
+
 def policy_backward(model, batch, cfg, beta):
-    """Passes 3 and 2 and the backward of the GRPO loss, per micro-batch. batch: idx, pad_left, mask,
-    advantages (a make_rollouts result), and old_logp / ref_logp when num_iterations > 1 took them
-    already. Gradients add up in .grad; under TracIn's capture (ghost.GhostHooks) no .grad forms: the
+    """Passes 3 and 2 and the backward of the GRPO loss, per micro-batch. batch: a Rollouts (idx,
+    pad_left, mask, advantages; ref_logp / old_logp when taken already; counts when it is part of a
+    batch). Gradients add up in .grad; under TracIn's capture (ghost.GhostHooks) no .grad forms: the
     hooks keep each sample's factors instead, and the LoRA weights need no grad meanwhile.
 
     The reference pass (3) runs BEFORE the policy pass (2): its activations are freed before the
     policy builds its graph, so the peak is the larger of the two passes, not their sum."""
-    idx, pad_left, T = batch["idx"], batch["pad_left"], batch["mask"].size(1)
+    idx, pad_left, T = batch.idx, batch.pad_left, batch.mask.size(1)
     N, mb, device = idx.size(0), cfg["micro_batch_size"], cfg["device"]
-    norm = dict(**batch_counts(batch["mask"]), max_len=cfg["max_new_tokens"],
-                num_micro_batches=-(-N // mb), importance_sampling_level=cfg["importance_sampling_level"],
+    norm = dict(**batch_counts(batch.mask), max_len=cfg["max_new_tokens"], num_micro_batches=-(-N // mb),
+                importance_sampling_level=cfg["importance_sampling_level"],
                 use_bias_correction_kl=cfg["use_bias_correction_kl"])
-    norm.update(batch.get("global_counts", {}))  # one rank's share of a batch: divide by the whole batch's counts
-    adv, mask = batch["advantages"].to(device), batch["mask"].to(device)
+    norm.update(batch.counts or {})  # part of a batch: divide by the whole batch's counts
+    adv, mask = batch.advantages.to(device), batch.mask.to(device)
+    # sums over this batch's tokens; grpo.update sums them over the ranks, runs/metrics.py divides
     stats = {"losses": [], "kl_sum": 0.0, "clipped": 0.0, "clipped_low": 0.0, "clipped_high": 0.0,
-             "ent_sum": 0.0, "num_tokens": norm["num_tokens"]}
+             "ent_sum": 0.0, "num_tokens": mask.sum().item()}
     model.train()  # dropout is 0: train() only enables gradient checkpointing if configured
     for s in range(0, N, mb):
         sl = slice(s, s + mb)
-        ref_logp = None if beta == 0 or batch.get("ref_logp") is None else batch["ref_logp"][sl]
-        if beta != 0 and ref_logp is None:  # PASS 3, reference: base weights through the same modules, no graph
+        ref_logp = None if beta == 0 or batch.ref_logp is None else batch.ref_logp[sl]
+        if beta != 0 and ref_logp is None:  # PASS 3, reference: base weights, the same modules, no graph
             with phase("reference"), torch.no_grad(), disable_lora(model), model.amp:
                 ref_logp, _ = completion_logprobs(model, idx[sl], pad_left[sl], T, cfg["temperature"])
         with phase("policy"), model.amp:  # PASS 2, policy, with grad
             logp, entropy = completion_logprobs(model, idx[sl], pad_left[sl], T, cfg["temperature"],
                                                 with_entropy=True)
-            # one update per generation: old = logp.detach(), so the ratio is exactly 1 and the epsilon clip
-            # never acts (clip_ratio 0), as TRL and nanochat note. With num_iterations > 1 the old log-probs
-            # were taken before the first update (logprobs_no_grad) and clipping acts.
-            old_logp = logp.detach() if batch.get("old_logp") is None else batch["old_logp"][sl]
+            # one update per generation: old = logp.detach(), so the ratio is exactly 1 and the
+            # epsilon clip never acts (clip_ratio 0), as TRL and nanochat note. With num_iterations > 1
+            # the old log-probs were taken before the first update (logprobs_no_grad): clipping acts.
+            old_logp = logp.detach() if batch.old_logp is None else batch.old_logp[sl]
             loss, loss_stats = grpo_loss(logp, old_logp, ref_logp, adv[sl], mask[sl], beta,
                                          cfg["epsilon_low"], cfg["epsilon_high"], cfg["loss_type"], **norm)
             loss.backward()
             stats["losses"].append(loss.item())
             stats["kl_sum"] += loss_stats["kl_sum"]
-            for k in ("clipped", "clipped_low", "clipped_high"):
-                stats[k] += loss_stats["clipped_tokens" if k == "clipped" else k]
+            stats["clipped"] += loss_stats["clipped_tokens"]
+            for k in ("clipped_low", "clipped_high"):
+                stats[k] += loss_stats[k]
             stats["ent_sum"] += (entropy * mask[sl]).sum().item()
-            del logp, ref_logp, entropy, loss  # this micro-batch's graph and log-probs, before the next one
+            # this micro-batch's graph: the logits saved for the backward, the activations. The backward
+            # has run, so nothing else holds them; logp and entropy are (n, T)
+            del logp, ref_logp, entropy, loss
     return stats
 
 
 def make_rollouts(model, enc, batches, cfg, generator, cache=None):
     """PASS 1 (sampling, no grad, no logits kept), rewards and group-relative advantages.
 
-    batches: a list of (prompts as token ids, answers); all are sampled in ONE generate call (TracIn's train and
-    validation prompts share the per-token cost) and scored separately: one rollout dict per batch."""
+    batches: a list of (prompts as token ids, answers); all are sampled in ONE generate call (TracIn's
+    train and validation prompts share the per-token cost) and scored separately: one Rollouts each."""
     return score_rollouts(enc, sample_rollouts(model, enc, batches, cfg, generator), batches, cfg, cache)
 
 
 def sample_rollouts(model, enc, batches, cfg, generator):
-    """PASS 1: (idx, pad_left, mask) of group_size completions for every prompt of every batch."""
+    """PASS 1: (idx, pad_left, mask) of group_size completions for every prompt of every batch.
+    Under torchrun this rank samples its share of the prompts and every rank gets all the rows."""
     prompts = [p for batch_prompts, _ in batches for p in batch_prompts]
-    with phase("generation"), model.amp, folded_for_sampling(model):  # LoRA folded in: W + s B A, one matmul
-        return generate(model, prompts, cfg["max_new_tokens"], stop_tokens(enc), num_samples=cfg["group_size"],
-                        temperature=cfg["temperature"], top_k=cfg["top_k"] or None, top_p=cfg["top_p"],
-                        generator=generator, vocab_size=enc.n_vocab)
+    S, G, device = cfg["max_new_tokens"], cfg["group_size"], next(model.parameters()).device
+    mine = distributed.split(len(prompts))  # this rank's prompts, whole groups (all in one process)
+    u = None
+    if cfg["temperature"] > 0:  # one uniform per row and token, drawn for ALL rows as one process does:
+        u = torch.rand(S, len(prompts) * G, generator=generator, device=device)  # (S, n * G)
+        u = u[:, mine.start * G:mine.stop * G]  # so a row's tokens do not depend on the process count
+    # compile=True: sampling's decode step compiled (scale/compiled.py); None: the model's forward
+    decode = compiled.CompiledDecode(model, device) if cfg.get("compile") else None
+    with phase("generation"), model.amp, folded_for_sampling(model):  # LoRA folded in: W + s B A
+        sampled = generate(model, prompts[mine], S, stop_tokens(enc), num_samples=G,
+                           temperature=cfg["temperature"], top_k=cfg["top_k"] or None, top_p=cfg["top_p"],
+                           vocab_size=enc.n_vocab, u=u, decode=decode)
+    n, world = len(prompts), distributed.world_size()
+    counts = [G * (r.stop - r.start) for r in (distributed.split(n, k) for k in range(world))]
+    pad_id = stop_tokens(enc)[0] if stop_tokens(enc) else 0  # generate's padding id
+    return distributed.gather_sampled(*sampled, pad_id, counts)  # every rank's rows (no-op in one process)
 
 
 def score_rollouts(enc, sampled, batches, cfg, cache=None):
-    """Rewards (cache: see rewards.compute_rewards) and advantages: one rollout dict per batch."""
+    """Rewards (cache: see rewards.compute_rewards) and advantages: one Rollouts per batch."""
     (idx, pad_left, mask), group = sampled, cfg["group_size"]
     T = mask.size(1)  # generation stops once every row has ended: T <= max_new_tokens
+    stops = torch.tensor(stop_tokens(enc), device=idx.device)
     out, start = [], 0
     with phase("reward"):
         for prompts, answers in batches:
@@ -277,41 +342,51 @@ def score_rollouts(enc, sampled, batches, cfg, cache=None):
             start = rows.stop
             texts = decode_completions(enc, idx[rows], mask[rows])
             rewards, per_fn, errors = compute_rewards(texts, [a for a in answers for _ in range(group)],
-                                                      list(cfg["reward_funcs"]), list(cfg["reward_weights"]), cache)
+                                                      list(cfg["reward_funcs"]), list(cfg["reward_weights"]),
+                                                      cache)
             rewards = torch.tensor(rewards)  # NaN where no reward function could score the completion
             advantages, n_zero_std = compute_group_advantages(rewards, group, cfg["scale_rewards"],
                                                               cfg["advantage_epsilon"])
-            # truncated: no stop id anywhere in the completion (it ran into max_new_tokens)
-            truncated = ~torch.isin(idx[rows, -T:], torch.tensor(stop_tokens(enc), device=idx.device)).any(1)
-            m = mask[rows] * (~truncated).long()[:, None] if cfg["mask_truncated_completions"] else mask[rows]
-            out.append(dict(idx=idx[rows], pad_left=pad_left[rows], mask=m, rewards=rewards, advantages=advantages,
-                            per_fn=per_fn, errors=errors, n_zero_std=n_zero_std, truncated=truncated))
+            truncated = ~torch.isin(idx[rows, -T:], stops).any(1)  # no stop id: ran into max_new_tokens
+            m = mask[rows]
+            if cfg["mask_truncated_completions"]:
+                m = m * (~truncated).long()[:, None]
+            out.append(Rollouts(idx[rows], pad_left[rows], m, advantages, rewards, per_fn, errors,
+                                n_zero_std, truncated))
     return out
 
 
 def rollouts_rewards_in_background(model, enc, batches, cfg, generator, cache=None):
     """make_rollouts with the rewards off the critical path: a worker thread scores the completions while
-    this thread runs the reference pass (3), whose (N, T) log-probs are kept for the loss. Torch releases the
-    GIL in its kernels, so a slow reward costs little extra. Without a reference pass (beta 0) or with
+    this thread runs the reference pass (3), whose (N, T) log-probs are kept for the loss. Torch releases
+    the GIL in its kernels, so a slow reward costs little extra. Without a reference pass (beta 0) or with
     num_iterations > 1 (which takes its own), the scoring simply runs first."""
     sampled = sample_rollouts(model, enc, batches, cfg, generator)
     with ThreadPoolExecutor(max_workers=1) as pool:
         scoring = pool.submit(score_rollouts, enc, sampled, batches, cfg, cache)
         ref = None
         if cfg["beta"] != 0 and cfg["num_iterations"] == 1:
-            ref = logprobs_no_grad(model, dict(idx=sampled[0], pad_left=sampled[1], mask=sampled[2]), cfg, "reference",
-                                   disabled=True)
+            ref = logprobs_no_grad(model, Rollouts(*sampled, advantages=None), cfg, "reference", disabled=True)
         rollouts = scoring.result()
-    rollouts[0]["ref_logp"] = ref
+    rollouts[0].ref_logp = ref
     return rollouts
 
 
 def update(model, optimizer, cfg, stats, nothing_kept):
-    """7: clip, AdamW on the LoRA parameters (under torchrun the ranks' gradients are summed first); skipped
-    (weights untouched) when a loss or the gradient is not finite, nothing to do when TracIn kept no rollout.
-    Returns (grad norm, skip reason)."""
+    """7: clip, AdamW on the LoRA parameters; skipped (weights untouched) when a loss or the gradient is
+    not finite, nothing to do when TracIn kept no rollout. Returns (grad norm, skip reason).
+    Under torchrun the ranks' gradients and `stats` are summed first (in place), so every rank clips,
+    skips or steps alike; in one process the two sums do nothing.
+
+    NaN/Inf, the one place a step decides to skip: a non-finite loss (policy_backward's losses; TracIn
+    appends NaN when an influence is not finite) or gradient norm leaves the weights and the AdamW state
+    untouched and the step is logged as skipped (skip_reason); grpo_updates stops the generation's
+    remaining updates; train_grpo.Run.train stops the run after max_skipped_steps in a row. Sampling
+    that meets NaN/Inf logits raises sample.NonFiniteLogits instead: grpo_step skips before any pass."""
     skip_reason = None
     with phase("optimizer"):
+        distributed.sum_grads(lora_parameters(model))  # every rank's LoRA gradients, before the clip
+        distributed.sum_stats(stats)                   # and every statistic the step returned
         grad_norm = torch.tensor(0.0) if nothing_kept else \
             torch.nn.utils.clip_grad_norm_(lora_parameters(model), cfg["grad_clip"])
         if not (math.isfinite(grad_norm.item()) and all(math.isfinite(v) for v in stats["losses"])):
@@ -325,22 +400,25 @@ def update(model, optimizer, cfg, stats, nothing_kept):
     return grad_norm.item(), skip_reason
 
 
-def grpo_updates(model, optimizer, batch, cfg):
+def grpo_updates(model, optimizer, rollouts, cfg):
     """Steps 4-7 num_iterations (mu) times on one generation, as DeepSeekMath's algorithm and TRL's
     num_iterations: with mu > 1 the old (sampling) and reference log-probs are taken once, before the
-    first update, so later updates see ratios != 1 and the clip acts. Returns (stats summed over the
-    updates, the last gradient norm, the first skip reason or None). batch: the scored rollouts."""
-    if cfg["num_iterations"] > 1:  # the sampling policy's and the reference's log-probs, once, for every update
-        batch["old_logp"] = logprobs_no_grad(model, batch, cfg, "old_logp")
+    first update, so later updates see ratios != 1 and the clip acts. An update that is skipped
+    (NaN/Inf) ends the generation: the updates after it would start from the weights it refused.
+    Returns (stats summed over the updates run, the last gradient norm, the skip reason or None)."""
+    batch = rank_part(rollouts, cfg["micro_batch_size"])  # this rank's rows (all in one process)
+    if cfg["num_iterations"] > 1:  # the sampling policy's and the reference's log-probs, once
+        batch.old_logp = logprobs_no_grad(model, batch, cfg, "old_logp")
         if cfg["beta"] != 0:
-            batch["ref_logp"] = logprobs_no_grad(model, batch, cfg, "reference", disabled=True)
-    total, first_skip = None, None
+            batch.ref_logp = logprobs_no_grad(model, batch, cfg, "reference", disabled=True)
+    total = None
     for _ in range(cfg["num_iterations"]):
         stats = policy_backward(model, batch, cfg, cfg["beta"])
         grad_norm, skip_reason = update(model, optimizer, cfg, stats, False)
-        first_skip = first_skip or skip_reason
         total = stats if total is None else {k: total[k] + stats[k] for k in total}  # lists concatenate
-    return total, grad_norm, first_skip
+        if skip_reason:
+            break
+    return total, grad_norm, skip_reason
 
 
 def rollout_batch(enc, samples, device):

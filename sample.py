@@ -89,7 +89,8 @@ def sample_next(logits, temperature, top_k, top_p, generator, u=None):
 
 @torch.no_grad()  # pass 1 needs no graph: no activations are stored for backward
 def generate(model, prompts, max_new_tokens, eot_id, num_samples=1, temperature=1.0,
-             top_k=None, top_p=None, seed=None, generator=None, check_every=None, vocab_size=None, u=None):
+             top_k=None, top_p=None, seed=None, generator=None, check_every=None, vocab_size=None, u=None,
+             decode=None):
     """prompts: list of token-id lists (any lengths). Each prompt gets `num_samples` completions.
     eot_id: the end-of-sequence id, or a tuple of them (an instruct model may end a turn with one of
     several); the first pads. vocab_size: ids from here on are never drawn (the embedding rows a
@@ -102,7 +103,10 @@ def generate(model, prompts, max_new_tokens, eot_id, num_samples=1, temperature=
           and including end-of-text.
     Only the last position's logits (N, V) exist at any step; none are returned.
     Random numbers: u (max_new_tokens, N), one uniform per row and step (sample_next), drawn from the
-    generator before the first step unless given; a row's tokens depend on its own column only."""
+    generator before the first step unless given; a row's tokens depend on its own column only.
+    decode: the one-new-column step of the loop, decode(tok (N, 1), cache) -> logits (N, 1, V), with a
+    cache_len(n) for the cache's size: scale/compiled.CompiledDecode with compile=True; None: the
+    model's own forward with the cache."""
     device = next(model.parameters()).device
     stops = torch.tensor(eot_id if isinstance(eot_id, (tuple, list)) else [eot_id], device=device, dtype=torch.long)
     eot_id = int(stops[0]) if len(stops) else 0  # the padding id; () = nothing stops a row
@@ -122,7 +126,8 @@ def generate(model, prompts, max_new_tokens, eot_id, num_samples=1, temperature=
         raise ValueError(f"u must be (max_new_tokens, rows) = ({max_new_tokens}, {N}), got {tuple(u.shape)}")
     was_training = model.training
     model.eval()
-    cache = model.new_cache(B, P + max_new_tokens, pad_left)
+    cache_len = decode.cache_len(P + max_new_tokens) if decode else P + max_new_tokens  # compiled: bucketed
+    cache = model.new_cache(B, cache_len, pad_left)
     logits, _ = model(idx, cache=cache)                   # prefill once per prompt: (B, 1, V)
     cache.repeat_interleave(num_samples)                  # share the prefill among the samples
     logits = logits[:, -1].repeat_interleave(num_samples, dim=0)   # (N, V)
@@ -140,7 +145,8 @@ def generate(model, prompts, max_new_tokens, eot_id, num_samples=1, temperature=
         # queue once per token, so there we ask every 8 steps (at most 7 wasted steps once all rows are done)
         if t + 1 == max_new_tokens or (t % check_every == check_every - 1 and bool(done.all())):
             break
-        logits, _ = model(nxt[:, None], cache=cache)      # one new column for every row
+        # one new column for every row: the model's forward, or the compiled step (same arithmetic)
+        logits = decode(nxt[:, None], cache) if decode else model(nxt[:, None], cache=cache)[0]
         logits = logits[:, -1]
     model.train(was_training)
     if bool(nonfinite.any()):

@@ -2,10 +2,11 @@
 TracIn (Pruthi et al. 2020) on the LoRA parameters, from the per-sample gradients of ghost.py: online,
 inside a GRPO step, and post-hoc, over a finished run's checkpoints.
 
-Online (train_grpo.py with tracin=True; tracin_backward replaces grpo.policy_backward): the influence of
-rollout i on a validation batch is <g_i, sum_j g_val_j>, a first-order estimate of how much one step on i
-lowers the validation loss; only rollouts with positive influence (or the top fraction) are trained on,
-and their update is summed from the same per-sample gradients (no extra forward or backward).
+Online (train_grpo.grpo_step with tracin=True calls tracin_backward where standard GRPO calls
+grpo.grpo_updates): the influence of rollout i on a validation batch is <g_i, G>, G the gradient of the
+(mean) validation loss: a first-order estimate of how much one step on i lowers it. Only rollouts with
+positive influence (or the top fraction) are trained on, and their update is summed from the same
+per-sample gradients (no extra forward or backward).
 
 Post-hoc (find_critical_samples; its command line: python -m analysis.attribute, or python tracin.py):
 every recorded rollout scored by its influence on a test answer, summed over the checkpoints (TracInCP).
@@ -17,9 +18,10 @@ import torch
 from ghost import (compute_ghost_inner_product_matrix, ghost_mode, install_ghost_hooks, per_sample_grads,
                    subset_gradients, summed_gradient, summed_inner_products)
 from sample import encode_text
-from grpo import batch_counts, completion_logprobs, phase, policy_backward, rollout_batch
+from grpo import Rollouts, completion_logprobs, phase, policy_backward, rank_part, rollout_batch
 from lora import LoRALinear, load_lora_state_dict, lora_state_dict
 from model import load_checkpoint
+from scale import distributed
 
 
 def select_rollouts(influence, rule="positive", topk_frac=0.5):
@@ -50,44 +52,53 @@ def reference_solutions(enc, examples, device):
     the solutions' negative log-likelihood, so no sampling is needed."""
     rows = [nll_row(enc, e["question"], encode_text(enc, e["solution"])) for e in examples]
     idx, pad_left, mask, adv = rollout_batch(enc, rows, device)
-    return dict(idx=idx, pad_left=pad_left, mask=mask, advantages=adv)
+    return Rollouts(idx, pad_left, mask, adv)
 
 
 def tracin_backward(model, optimizer, rollouts, val_batch, cfg):
-    """TracIn-GRPO's backward, in place of grpo.policy_backward: every rollout's LoRA gradient from the
-    hooks, influence_i = <g_i, sum_j g_val_j>, the selection, and the selected rollouts' summed gradient
-    written into .grad from the hooks' buffers (no 4th pass). cfg['tracin_influence']:
-      'summed'  G = sum_j g_val_j from ONE ordinary backward of the validation loss (nothing kept per row),
-                then <g_i, G> per layer from the train buffers: O(T d r) per rollout
+    """TracIn-GRPO's backward, in place of grpo.policy_backward: every rollout's LoRA gradient g_i from
+    the hooks, influence_i = <g_i, G>, the selection, and the selected rollouts' summed gradient written
+    into .grad from the hooks' buffers (no 4th pass). G is the gradient of the validation loss: the mean
+    of the validation rows' losses, as grpo_loss normalises it, so G = (1/n_val) sum_j g_val_j for 'grpo'
+    (each g_i likewise carries the 1/n of its batch): selection is the same, the logged influence is
+    scaled by those constants. cfg['tracin_influence']:
+      'summed'  G from ONE ordinary backward of the validation loss (nothing kept per row), then <g_i, G>
+                per layer from the train buffers: O(T d r) per rollout
       'matrix'  every validation row's gradient captured too; the row sums of the [N, N_val] matrix
-    Both give the same influence up to float rounding. A non-finite influence (overflowed gradients) makes
-    the loss NaN: update() skips the step and the run counts it, as it does a standard step's.
-    Returns (loss stats, influence (N,), keep (N,) bool). (Under torchrun, scale/distributed.py hands each
-    rank its share of the rollouts, selects over every rank's influence and gathers both.)"""
+    Both give the same influence up to float rounding. A non-finite influence (overflowed gradients)
+    makes the loss NaN: update() skips the step and the run counts it, as it does a standard step's.
+    Under torchrun each rank captures its rows (grpo.rank_part), the selection sees every rank's
+    influence, and each rank sums its own kept rows' gradients (grpo.update sums the ranks').
+    Returns (loss stats, influence (N,), keep (N,) bool), both of the whole batch."""
     matrix = cfg["tracin_influence"] == "matrix"
-    # The capture: a forward hook on every lora_A / lora_B keeps each sample's input x and h = A x, a tensor
-    # hook its output gradient gA = dL/dh, gB = dL/d(B h) (ghost.GhostHooks). While the split is 'train' the
-    # LoRA weights do not require grad: the backward forms no .grad (the batch's summed gradient, which
-    # nobody reads), only what flows through the hooks. ghost_mode makes optimizer.step() raise meanwhile.
-    with install_ghost_hooks(model) as hooks, ghost_mode(optimizer):  # no weight can change in here
-        with phase("grad_capture_train"):  # passes 3 and 2 and the backward: per-sample factors, no .grad
-            stats = policy_backward(model, rollouts, cfg, cfg["beta"])
-        hooks.split = "val" if matrix else None  # 'summed': the hooks keep nothing, the weights need grad again
-        with phase("grad_capture_val"):  # the validation loss has no KL term; 'summed': G adds up in .grad
+    batch = rank_part(rollouts, cfg["micro_batch_size"])  # this rank's rows (all in one process)
+    # The capture: a forward hook on every lora_A keeps each sample's input x and h = A x, and registers
+    # tensor hooks that keep the output gradients gA = dL/dh and gB = dL/d(B h) (ghost.GhostHooks).
+    # While the split is 'train' the LoRA weights do not require grad: the backward forms no .grad (the
+    # batch's summed gradient, which nobody reads), only what flows through the hooks.
+    # ghost_mode makes optimizer.step() raise meanwhile: no weight can change in here.
+    with install_ghost_hooks(model) as hooks, ghost_mode(optimizer):
+        with phase("grad_capture_train"):  # passes 3 and 2 and the backward: per-sample factors
+            stats = policy_backward(model, batch, cfg, cfg["beta"])
+        hooks.split = "val" if matrix else None  # 'summed': hooks keep nothing, weights need grad again
+        with phase("grad_capture_val"):  # no KL term in the validation loss; 'summed': G adds up in .grad
             policy_backward(model, val_batch if matrix else informative_rows(val_batch, cfg), cfg, beta=0.0)
         train_grads = hooks.collect("train")
-        val_grads = hooks.collect("val") if matrix else summed_gradient(model)  # per row, or G {layer: (G_A, G_B)}
+        # per validation row, or G {layer: (G_A, G_B)}
+        val_grads = hooks.collect("val") if matrix else summed_gradient(model)
     with phase("influence"):
         if matrix:  # row sums of the [N, N_val] matrix: validation GRADIENTS are summed, not activations
             influence = compute_ghost_inner_product_matrix(train_grads, val_grads).sum(1)
-        train_grads = per_sample_grads(train_grads)  # each rollout's (r, d) per factor; the buffers are freed
+        train_grads = per_sample_grads(train_grads)  # each rollout's (r, d) per factor; buffers freed
         if not matrix:
-            influence = summed_inner_products(train_grads, val_grads)  # <g_i, G>: (N,), O(T d r) per rollout
-        if not torch.isfinite(influence).all():
-            stats["losses"].append(float("nan"))  # the step is skipped (update), not the run
-        keep = select_rollouts(influence, cfg["tracin_selection"], cfg["tracin_topk_frac"])
-        subset_gradients(model, train_grads, keep)  # sum of the kept rollouts' gradients -> .grad
-        del train_grads, val_grads  # every LoRA layer's per-sample gradients (and G, or the validation buffers)
+            influence = summed_inner_products(train_grads, val_grads)  # <g_i, G>: O(T d r) per rollout
+        influence = distributed.all_gather_cat(influence)  # every rank's, in batch order: (N,)
+        if not torch.isfinite(influence).all():  # one NaN/Inf is enough: the step is skipped (update)
+            stats["losses"].append(float("nan"))
+        keep = select_rollouts(influence, cfg["tracin_selection"], cfg["tracin_topk_frac"])  # (N,)
+        mine = distributed.shard(len(keep))  # this rank's rows of the whole batch's selection
+        subset_gradients(model, train_grads, keep[mine])  # sum of the kept rollouts' gradients -> .grad
+        del train_grads, val_grads  # every LoRA layer's per-sample gradients (and G, or the val buffers)
     return stats, influence, keep
 
 
@@ -96,12 +107,11 @@ def informative_rows(batch, cfg):
     is 0 (with 'pg': every sample of a group that scored alike) has exactly zero gradient: its forward
     and backward are skipped. The batch's own counts stay the normalisers, so G is unchanged ('bnpo',
     which divides per micro-batch, keeps every row; one row is kept so that every LoRA .grad exists)."""
-    keep = batch["advantages"] != 0
+    keep = batch.advantages != 0
     if cfg["loss_type"] == "bnpo" or bool(keep.all()):
         return batch
     keep[0] |= not keep.any()
-    return {**{k: batch[k][keep.to(batch[k].device)] for k in ("idx", "pad_left", "mask", "advantages")},
-            "global_counts": batch_counts(batch["mask"])}
+    return batch.part(keep.to(batch.idx.device))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -23,7 +23,6 @@ from configurator import Interrupted, UserError, check, cli_main, configure
 import json
 import os
 import random
-import sys
 import time
 from contextlib import nullcontext
 
@@ -152,9 +151,9 @@ def grpo_step(model, optimizer, enc, prompts, answers, cfg, generator, val=None,
     else:  # 4-6 with per-sample gradients, against the validation loss
         val_batch = val_rollouts[0] if val_pg else val
         stats, influence, keep = tracin_backward(model, optimizer, rollouts, val_batch, cfg)
-        rollouts.update(influence=influence, selected=keep)
+        rollouts.influence, rollouts.selected = influence, keep
         if val_pg:
-            extra["val/reward"] = val_batch["rewards"].nanmean().item()
+            extra["val/reward"] = val_batch.rewards.nanmean().item()
         grad_norm, skip_reason = update(model, optimizer, cfg, stats, not keep.any())  # 7
     return rollouts, dict(stats=stats, grad_norm=grad_norm, skip_reason=skip_reason, extra=extra, times=dict(TIMES))
 
@@ -201,9 +200,9 @@ def main(argv):
         cfg = configure(defaults, argv, saved=saved)  # (a --base_ckpt given now must hold the same weights)
     validate(cfg)
     with distributed.process_group(cfg["device"]) as cfg["device"]:  # under torchrun: cuda:LOCAL_RANK
-        distributed.wrap_step(sys.modules[__name__])  # under torchrun: each rank samples and trains on its share
-        compiled.wrap_generate(cfg)  # compile=True: pass 1's decode step compiled (after wrap_step: it wraps it)
         cfg["dtype"], amp = check_device(cfg["device"], cfg["dtype"])  # 'auto' resolved; bf16 autocast or none
+        if cfg["compile"]:  # a one-line error now if torch.compile cannot build the decode step here
+            compiled.check_compile(cfg["device"])
         # a second run in this out_dir is refused from here on (rank 0 holds the lock for the whole job)
         with run_lock(cfg["out_dir"]) if distributed.is_main() else nullcontext():
             run = Run(cfg, amp, resume)

@@ -34,7 +34,7 @@ def same_rollouts(m32, m16, prompts, group, new_tokens, adv, dev, seed):
     with torch.no_grad():
         idx, pad_left, mask = generate(m32, prompts.tolist(), new_tokens, eot_id=-1, num_samples=group,
                                        generator=torch.Generator(device=dev).manual_seed(seed))
-    batch = dict(idx=idx, pad_left=pad_left, mask=mask, advantages=adv.to(dev))
+    batch = grpo.Rollouts(idx=idx, pad_left=pad_left, mask=mask, advantages=adv.to(dev))
     c = {**train_grpo.defaults, "device": dev, "beta": 0.04, "micro_batch_size": idx.size(0)}
     out = []
     for m, amp in ((m32, torch.autocast(torch.device(dev).type, enabled=False)),

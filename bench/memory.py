@@ -75,7 +75,7 @@ def project_grpo_step(model, optimizer, prompts, group, new_tokens, advantages, 
                                        generator=torch.Generator(device=dev).manual_seed(seed))
     sync(); times["generation"] = time.perf_counter() - t0
     model.amp = amp  # the precision grpo's passes compute in
-    st = grpo.policy_backward(model, dict(idx=idx, pad_left=pad_left, mask=mask, advantages=advantages), c, beta)
+    st = grpo.policy_backward(model, grpo.Rollouts(idx, pad_left, mask, advantages), c, beta)
     times.update(reference=grpo.TIMES["reference"], policy=grpo.TIMES["policy"])
     t0 = time.perf_counter()
     torch.nn.utils.clip_grad_norm_(lora_parameters(model), c["grad_clip"])

@@ -15,15 +15,15 @@ def step_log(rollouts, result, cfg, cache=None):
     if rollouts is None:
         return {"skipped": True, "skip_reason": result["skip_reason"], **times}
     stats, grad_norm, extra = result["stats"], result["grad_norm"], result["extra"]
-    if "influence" in rollouts:  # a TracIn step: what it kept, and the influences it chose by
-        infl, keep = rollouts["influence"], rollouts["selected"]
+    if rollouts.influence is not None:  # a TracIn step: what it kept, and the influences it chose by
+        infl, keep = rollouts.influence, rollouts.selected
         extra = {"selection_rate": keep.float().mean().item(), "n_selected": int(keep.sum()),
                  "influence/mean": infl.mean().item(), "influence/std": infl.std().item(),
                  "influence/min": infl.min().item(), "influence/max": infl.max().item(), **extra}
     if result["skip_reason"]:
         extra = {**extra, "skip_reason": result["skip_reason"]}
-    n, ntok, rewards, per_fn, mask = rollouts["idx"].size(0), stats["num_tokens"], rollouts["rewards"], \
-        rollouts["per_fn"], rollouts["mask"]
+    n, rewards, per_fn, mask = len(rollouts), rollouts.rewards, rollouts.per_fn, rollouts.mask
+    ntok = max(stats["num_tokens"], 1)  # completion tokens the loss counted (every rank's, every update)
     nanmean = lambda v: torch.tensor(v, dtype=torch.float64).nanmean().item()  # None scores are NaN
     scored = rewards[~rewards.isnan()]
     return {"loss": sum(stats["losses"]), "reward": scored.mean().item(), "reward_std": scored.std().item(),
@@ -32,23 +32,23 @@ def step_log(rollouts, result, cfg, cache=None):
             **({"rewards/cache_hit_rate": cache.get("hits", 0) / cache["lookups"]} if cache and cache.get("lookups") else {}),
             "accuracy": nanmean(per_fn[correct]) if (correct := TASKS[cfg.get("task", "arith")]["correct"]) in per_fn
             else float("nan"),
-            "frac_reward_zero_std": rollouts["n_zero_std"] / (n // cfg["group_size"]),
+            "frac_reward_zero_std": rollouts.n_zero_std / (n // cfg["group_size"]),
             "kl": stats["kl_sum"] / ntok, "entropy": stats["ent_sum"] / ntok,
             "completions/mean_length": mask.sum(1).float().mean().item(),
-            "completions/clipped_ratio": rollouts["truncated"].float().mean().item(),
+            "completions/clipped_ratio": rollouts.truncated.float().mean().item(),
             "clip_ratio": stats["clipped"] / ntok, "clip_ratio/low": stats["clipped_low"] / ntok,
             "clip_ratio/high": stats["clipped_high"] / ntok, "grad_norm": grad_norm,
-            "skipped": result["skip_reason"] is not None, "reward_errors": sum(rollouts["errors"].values()), **extra,
+            "skipped": result["skip_reason"] is not None, "reward_errors": sum(rollouts.errors.values()), **extra,
             **times}
 
 
 def rollout_record(questions, answers, rollouts, cfg):
     """One rollouts.jsonl line: what post-hoc TracIn (tracin.py) attributes to."""
-    T = rollouts["mask"].size(1)
-    return {"prompts": questions, "answers": answers, "completion_tokens": rollouts["idx"][:, -T:].tolist(),
-            "completion_mask": rollouts["mask"].tolist(), "rewards": rollouts["rewards"].tolist(),
-            "advantages": rollouts["advantages"].tolist(),
-            **({"influence": rollouts["influence"].tolist(), "selected": rollouts["selected"].tolist()}
+    T = rollouts.mask.size(1)
+    return {"prompts": questions, "answers": answers, "completion_tokens": rollouts.idx[:, -T:].tolist(),
+            "completion_mask": rollouts.mask.tolist(), "rewards": rollouts.rewards.tolist(),
+            "advantages": rollouts.advantages.tolist(),
+            **({"influence": rollouts.influence.tolist(), "selected": rollouts.selected.tolist()}
                if cfg["tracin"] else {})}
 
 

@@ -15,21 +15,18 @@ The step here has one shape per call and writes nothing:
     them; it returns the new keys and values and the caller writes that one column, eagerly;
   - the cache's length is rounded up to a multiple of COLUMNS, so prompts of other lengths reuse one
     graph: a run compiles once per (rows, columns bucket, dtype), not once per step.
-The result is the eager step's up to float rounding (tests/test_compiled.py). The prefill (the prompt, once
-per call) stays eager.
+The result is the eager step's up to float rounding (tests/test_compiled.py). The prefill (the prompt,
+once per call) stays eager.
 
-Where it plugs in: train_grpo.main calls wrap_generate(cfg) once at setup; with compile=True it rebinds
-grpo.generate (pass 1, scale/distributed.py's wrapper included) so that during each call the model's
-new_cache and forward are this file's (set on the model object, removed after the call). Nothing in
-sample.py, model.py or grpo.py knows of it; evaluation (train_base.evaluate) samples eagerly.
+Where it plugs in, in sight: grpo.sample_rollouts (pass 1) hands sample.generate a CompiledDecode when
+compile=True (`decode=`), and generate calls it for each new column instead of the model's forward. The
+model object is never changed; evaluation (train_base.evaluate) samples eagerly.
 """
 import functools
 import shutil
-from contextlib import contextmanager
 
 import torch
 
-import grpo
 from configurator import UserError
 from model import apply_rope, rope_cos_sin
 
@@ -112,48 +109,27 @@ def compiled_step(model, mode=None):
     return steps[key]
 
 
-@contextmanager
-def compiled_decoding(model, mode=None):
-    """While open, the model's cache is COLUMNS-rounded and each one-column eval forward with a cache (the
-    decode step) runs compiled; every other forward (the prefill, training, no cache) is the model's own."""
-    step, eager_new_cache, eager_forward = compiled_step(model, mode), model.new_cache, model.forward
+class CompiledDecode:
+    """The decode step that sample.generate calls once per new token, compiled:
+        generate(model, prompts, ..., decode=CompiledDecode(model, device))     (grpo.sample_rollouts)
+    The cache generate makes is COLUMNS-rounded (cache_len); each call runs one new column for every row
+    through the compiled graph and writes its keys and values into the cache, eagerly. The prefill (the
+    prompt, once per call) and every other forward are the model's own."""
 
-    def new_cache(B, max_len, pad_left=None):
-        return eager_new_cache(B, min(-(-max_len // COLUMNS) * COLUMNS, model.config.block_size), pad_left)
+    def __init__(self, model, device):
+        self.model, self.mode = model, "reduce-overhead" if str(device).startswith("cuda") else None
+        self.step = compiled_step(model, self.mode)
 
-    def forward(idx, targets=None, pad_left=None, cache=None, keep_last=None):
-        if cache is None or idx.size(1) != 1 or targets is not None or model.training or torch.is_grad_enabled():
-            return eager_forward(idx, targets, pad_left, cache, keep_last)
-        col = torch.tensor(cache.pos, device=idx.device)  # a value, not a shape: the graph does not depend on it
-        if mode == "reduce-overhead":  # CUDA graphs: the last step's outputs (logits) are used up, may be overwritten
+    def cache_len(self, n):
+        """The cache's columns for n tokens: rounded up to a bucket, so one graph serves many prompt lengths."""
+        return min(-(-n // COLUMNS) * COLUMNS, self.model.config.block_size)
+
+    def __call__(self, tok, cache):
+        """tok (N, 1) ids -> logits (N, 1, V), as model(tok, cache=cache)[0]; the cache advances one column."""
+        col = torch.tensor(cache.pos, device=tok.device)  # a value, not a shape: the graph does not depend on it
+        if self.mode == "reduce-overhead":  # CUDA graphs: the last step's logits are used up, may be overwritten
             torch.compiler.cudagraph_mark_step_begin()
-        logits, k, v = step(idx, cache.k, cache.v, col, cache.pad_left)  # (N, 1, V), (n_layer, N, Hkv, hd) x 2
-        cache.k[:, :, :, cache.pos], cache.v[:, :, :, cache.pos] = k, v   # eager writes: one column, no cache copy
+        logits, k, v = self.step(tok, cache.k, cache.v, col, cache.pad_left)  # (N, 1, V), (n_layer, N, Hkv, hd)
+        cache.k[:, :, :, cache.pos], cache.v[:, :, :, cache.pos] = k, v        # eager: one column, no cache copy
         cache.pos += 1
-        return logits, None
-
-    model.new_cache, model.forward = new_cache, forward  # on the object: the class is untouched
-    try:
-        yield model
-    finally:
-        del model.new_cache, model.forward
-
-
-def compiled_generate(generate, mode=None):
-    """generate with the decode step compiled (compiled_decoding) for the duration of each call."""
-    def generating(model, *args, **kw):
-        with compiled_decoding(model, mode):
-            return generate(model, *args, **kw)
-    return generating
-
-
-def wrap_generate(cfg):
-    """Once at setup: with cfg['compile'], rebind grpo.generate (GRPO's pass 1) to compiled_generate.
-    After scale/distributed.wrap_step, whose wrapper it wraps (each rank compiles its own share's shape)."""
-    if not cfg["compile"]:
-        return
-    mode = check_compile(cfg["device"])
-    if hasattr(grpo.generate, "_compiled"):  # wrapped already (a second run in this process)
-        return
-    grpo.generate = functools.wraps(grpo.generate)(compiled_generate(grpo.generate, mode))
-    grpo.generate._compiled = True
+        return logits

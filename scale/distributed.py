@@ -8,34 +8,23 @@ torchrun sets RANK, WORLD_SIZE and LOCAL_RANK in each process's environment. Wit
 (`python train_grpo.py ...`) setup() initialises nothing and every helper here is a no-op, so a
 single process runs exactly the code it ran before.
 
-How a GRPO step is split over the ranks: the lecture's step (train_grpo.grpo_step and grpo.py) knows
-nothing of ranks; under torchrun, wrap_step() rebinds the few names the step calls, once at setup:
-  - sampling (grpo.generate -> sample_share): every rank draws the same prompts (same seeded stream)
-    and the same uniforms for the whole batch (sample.generate's u, one per row and step), then
-    samples ITS contiguous share of the prompts with its columns of u; so a completion's tokens depend
-    only on (seed, step, global row), and 1 and N processes draw the same tokens. The generator and
-    Python RNG states stay identical on every rank, so a checkpoint is the same whichever rank writes
-    it. The shares are gathered on every rank in the single-process layout, and every rank scores the
-    whole batch (rewards are cheap; rank 0 logs them all).
-  - the gradient (grpo_updates, tracin_backward -> on_rank_share): rank r keeps its contiguous
-    batch_size / world_size prompts (whole groups, so the advantages are those of one process) for
-    passes 3 and 2 and the backward; the loss divides by the whole batch's counts (rank_share), and the
-    LoRA gradients and loss statistics are summed over the ranks before the clip (update ->
-    summed_first), so the update is the single-process update of the same batch.
-  - TracIn: each rank captures the per-rollout gradients of its share and computes the whole validation
-    gradient itself (the validation batch is the same on every rank, so G is the single-process G);
-    the selection sees every rank's influence (tracin.select_rollouts -> select_globally: a 'topk'
-    threshold is global) and each rank sums its kept rollouts' gradients, summed over ranks as above.
-  - evaluation is shared: each rank scores a contiguous run of whole chunks of the test problems and
-    the counts are summed (train_base.evaluate); whole chunks keep each chunk's pass@k seed and draws.
-  - rank 0 alone takes the out_dir lock, logs and writes checkpoints.
+This file holds primitives only; the step calls them in sight, where they act (grep for `distributed.`):
+  - sampling (grpo.sample_rollouts): every rank draws the same prompts and the same uniforms for the
+    whole batch, samples its contiguous share of the prompts (`split`) with its columns of the
+    uniforms, and the shares are gathered on every rank in the single-process layout
+    (`gather_sampled`); so 1 and N processes draw the same tokens, and every rank scores the batch.
+  - the gradient (grpo.grpo_updates, tracin.tracin_backward): rank r keeps its contiguous rows
+    (grpo.rank_part: whole groups; the loss divides by the whole batch's counts); grpo.update sums the
+    LoRA gradients and the step's statistics over the ranks right before the clip (`sum_grads`,
+    `sum_stats`), so every rank takes the single-process update.
+  - TracIn: each rank captures the per-rollout gradients of its rows and computes the (replicated)
+    validation gradient itself; the selection sees every rank's influence (`all_gather_cat`).
+  - evaluation: each rank scores a contiguous run of whole chunks of the test problems and the counts
+    are summed (train_base.evaluate).
+  - rank 0 alone takes the out_dir lock, logs and writes checkpoints (`is_main`, `print0`).
 train_base.py does the same with its batch of training rows (train_base.rank_rows); with dropout > 0
 each rank draws its own masks, so the run is equivalent but no longer equal to one process's.
-
-Not split: scoring and TracIn's validation pass (replicated, above); the reference log-probs with
-background_rewards.
 """
-import functools
 import os
 import sys
 from contextlib import contextmanager
@@ -44,11 +33,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-import grpo
-import tracin
 from configurator import UserError
-from grpo import batch_counts
-from lora import lora_parameters
 
 # A rank that waits longer than this in a collective (its peer died, or is stuck) fails instead of
 # waiting forever. It must exceed the longest stretch one rank works alone: rank 0's checkpoint and log
@@ -104,6 +89,34 @@ def all_reduce_sum(tensors):
         for t in tensors:
             dist.all_reduce(t, op=dist.ReduceOp.SUM)
     return tensors
+
+
+def print0(*args, **kw):
+    """print on rank 0 only (every rank computes the same numbers; one of them says them)."""
+    if is_main():
+        print(*args, **kw)
+
+
+def sum_grads(params):
+    """The LoRA gradients summed over the ranks, in place (a no-op in one process). A parameter without a
+    gradient on this rank gets zeros: every rank must all-reduce the same list of tensors. An explicit
+    all-reduce rather than DDP: the LoRA tensors are few and small, and no DDP wrapper sits around a model
+    that also runs with LoRA disabled (the reference pass) or without grad (sampling)."""
+    if world_size() > 1:
+        for p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        all_reduce_sum([p.grad for p in params])
+
+
+def sum_stats(stats):
+    """Every statistic of a step's dictionary summed over the ranks, in place (a list becomes a list of
+    its one sum); a no-op in one process. Every rank's dictionary has the same keys."""
+    if world_size() > 1:
+        keys = sorted(stats)
+        total = sum_floats([sum(stats[k]) if isinstance(stats[k], list) else stats[k] for k in keys])
+        stats.update({k: [t] if isinstance(stats[k], list) else t for k, t in zip(keys, total)})
+    return stats
 
 
 def sum_floats(values):
@@ -188,92 +201,6 @@ def finish():
     active exception', SIGABRT) although every file is written and closed. A no-op without torchrun."""
     if launched():
         _exit_now(0)
-
-
-# -----------------------------------------------------------------------------
-# the seam: wrappers around the lecture's sampling and gradient, installed once by wrap_step
-
-def wrap_step(step_module):
-    """Under torchrun, once at setup: rebind the names the GRPO step calls (step_module: the module that
-    holds grpo_step, train_grpo or __main__) so that each rank samples and back-propagates its share
-    (the module docstring says how). A no-op in a single process, and when the names are wrapped already."""
-    if world_size() == 1 or hasattr(grpo.generate, "__wrapped__"):
-        return
-    grpo.generate = functools.wraps(grpo.generate)(sample_share(grpo.generate))
-    for name in ("grpo_updates", "tracin_backward"):
-        f = getattr(step_module, name)
-        setattr(step_module, name, functools.wraps(f)(on_rank_share(f, gather=name == "tracin_backward")))
-    tracin.select_rollouts = functools.wraps(tracin.select_rollouts)(select_globally(tracin.select_rollouts))
-    for module in (grpo, step_module):  # the step calls update for TracIn, grpo_updates for standard GRPO
-        module.update = functools.wraps(module.update)(summed_first(module.update))
-
-
-def sample_share(generate):
-    """generate over this rank's contiguous share of the prompts with its columns of the whole batch's
-    uniforms, the rows of every rank gathered in the single-process layout (gather_sampled)."""
-    def sampled(model, prompts, max_new_tokens, eot_id, num_samples=1, temperature=1.0, generator=None, **kw):
-        n, device = len(prompts), next(model.parameters()).device
-        shares = [split(n, r) for r in range(world_size())]  # whole prompts: a group never spans two ranks
-        mine, u = shares[rank()], None
-        if temperature > 0:  # the uniforms of ALL rows, as one process would draw them: (S, n * num_samples)
-            u = torch.rand(max_new_tokens, n * num_samples, generator=generator, device=device)
-            u = u[:, mine.start * num_samples:mine.stop * num_samples]
-        out = generate(model, prompts[mine], max_new_tokens, eot_id, num_samples, temperature, u=u, **kw)
-        pad_id = (eot_id[0] if eot_id else 0) if isinstance(eot_id, (tuple, list)) else eot_id
-        return gather_sampled(*out, pad_id, [num_samples * (s.stop - s.start) for s in shares])
-    return sampled
-
-
-def rank_share(rollouts, micro_batch_size):
-    """This process's contiguous rows of the global batch, with the global counts the loss divides by
-    (grpo.policy_backward reads them), so the ranks' gradients add up to the single-process one. A rank's
-    share is whole prompts, so the group-relative advantages are those of the single process. bnpo
-    divides by each micro-batch's tokens: equal to the single process when micro-batches do not
-    straddle ranks."""
-    rows = shard(rollouts["idx"].size(0))
-    share = {k: rollouts[k][rows] for k in ("idx", "pad_left", "mask", "advantages", "old_logp", "ref_logp")
-             if rollouts.get(k) is not None}
-    share["global_counts"] = dict(**batch_counts(rollouts["mask"]),
-                                  num_micro_batches=world_size() * -(-(rows.stop - rows.start) // micro_batch_size))
-    return share
-
-
-def on_rank_share(backward, gather=False):
-    """grpo_updates / tracin_backward on this rank's share of the scored rollouts; with gather (TracIn) the
-    per-rollout influence and selection are gathered, so the step has them for the whole batch."""
-    def on_share(model, optimizer, rollouts, *args):
-        out = backward(model, optimizer, rank_share(rollouts, args[-1]["micro_batch_size"]), *args)
-        if not gather:
-            return out
-        stats, influence, keep = out  # of this rank's share -> of the whole batch, in global order
-        return stats, all_gather_cat(influence), all_gather_cat(keep.to(torch.uint8)).bool()
-    return on_share
-
-
-def select_globally(select):
-    """tracin.select_rollouts over every rank's influence (a 'topk' threshold is global); this rank's rows."""
-    def selected(influence, *args, **kw):
-        keep = select(all_gather_cat(influence), *args, **kw)
-        return keep[shard(keep.numel())]
-    return selected
-
-
-def summed_first(update):
-    """grpo.update after the LoRA gradients and the loss statistics are summed over the ranks (in place),
-    before the clip, so every rank clips, skips or steps identically. An explicit all_reduce rather than
-    DDP: the LoRA tensors are few and small (one call each is cheap), the three passes and the TracIn
-    hooks stay plain module calls, and no DDP wrapper sits around a model that also runs with LoRA
-    disabled (the reference pass) or without grad (sampling)."""
-    def summed(model, optimizer, cfg, stats, nothing_kept):
-        for p in lora_parameters(model):
-            if p.grad is None:  # every rank must all-reduce the same list of tensors
-                p.grad = torch.zeros_like(p)
-        all_reduce_sum([p.grad for p in lora_parameters(model)])
-        keys = ("kl_sum", "clipped", "clipped_low", "clipped_high", "ent_sum")
-        total = sum_floats([sum(stats["losses"])] + [stats[k] for k in keys])
-        stats.update(losses=[total[0]], **dict(zip(keys, total[1:])))
-        return update(model, optimizer, cfg, stats, nothing_kept)
-    return summed
 
 
 def gather_sampled(idx, pad_left, mask, pad_id, counts):

@@ -76,8 +76,8 @@ def both(model, **kw):
     """(eager, compiled) outputs of generate(model, PROMPTS, NEW, ...), LoRA folded in as GRPO samples."""
     with folded_for_sampling(model):
         eager = generate(model, PROMPTS, NEW, num_samples=2, **kw)
-        with compiled.compiled_decoding(model):
-            return eager, generate(model, PROMPTS, NEW, num_samples=2, **kw)
+        return eager, generate(model, PROMPTS, NEW, num_samples=2, decode=compiled.CompiledDecode(model, "cpu"),
+                               **kw)
 
 
 def test_greedy_tokens_are_the_eager_tokens(fresh):
@@ -118,11 +118,12 @@ def decode_steps(model, with_compile):
     column at a time: every step's logits (ROWS, NEW, V)."""
     idx, pad_left = sample.pad_prompts([p for p in PROMPTS for _ in range(2)], 0, "cpu")
     feed = torch.randint(1, 50, (ROWS, NEW), generator=torch.Generator().manual_seed(2))
-    with torch.no_grad(), folded_for_sampling(model), \
-            compiled.compiled_decoding(model) if with_compile else torch.no_grad():
-        cache = model.new_cache(ROWS, idx.size(1) + NEW, pad_left)
+    decode = compiled.CompiledDecode(model, "cpu") if with_compile else None
+    with torch.no_grad(), folded_for_sampling(model):
+        cache = model.new_cache(ROWS, decode.cache_len(idx.size(1) + NEW) if decode else idx.size(1) + NEW, pad_left)
         out = [model(idx, cache=cache)[0][:, -1]]
-        out += [model(feed[:, t, None], cache=cache)[0][:, -1] for t in range(NEW - 1)]
+        step = decode or (lambda tok, c: model(tok, cache=c)[0])
+        out += [step(feed[:, t, None], cache)[:, -1] for t in range(NEW - 1)]
     return torch.stack(out, 1).float()
 
 
@@ -132,16 +133,18 @@ def test_each_step_gives_the_eager_logits_up_to_rounding(fresh):
     eager, comp = decode_steps(fresh, False), decode_steps(fresh, True)
     torch.testing.assert_close(comp, eager, rtol=1e-4, atol=1e-4)
     assert eager.abs().max() > 1.0 and len(fresh.decode_steps) == NEW - 1  # real logits, from the compiled step
-    assert "forward" not in fresh.__dict__ and "new_cache" not in fresh.__dict__  # the model is its own again
+    assert "forward" not in fresh.__dict__ and "new_cache" not in fresh.__dict__  # the model is never changed
 
 
 def test_one_graph_serves_other_prompt_lengths_in_the_bucket(fresh):
-    with folded_for_sampling(fresh), compiled.compiled_decoding(fresh):
-        generate(fresh, PROMPTS, NEW, eot_id=(), num_samples=2, temperature=0)  # compiled at most here
+    decode = compiled.CompiledDecode(fresh, "cpu")
+    with folded_for_sampling(fresh):
+        generate(fresh, PROMPTS, NEW, eot_id=(), num_samples=2, temperature=0, decode=decode)  # compiled here
         with torch._dynamo.config.patch(error_on_recompile=True):
-            generate(fresh, [[1, 2, 3, 4], [5], [6, 7, 8]], NEW + 4, eot_id=(), num_samples=2, temperature=0)
-            generate(fresh, [list(range(1, 10)), [5], [6, 7]], NEW, eot_id=(), num_samples=2, temperature=0)
-            # (4 + 16 and 9 + 12 columns: the 32-column bucket of 5 + 12, as the model's new_cache rounds them)
+            for prompts, new in (([[1, 2, 3, 4], [5], [6, 7, 8]], NEW + 4), ([list(range(1, 10)), [5], [6, 7]], NEW)):
+                generate(fresh, prompts, new, eot_id=(), num_samples=2, temperature=0, decode=decode)
+            # (4 + 16 and 9 + 12 columns: the 32-column bucket of 5 + 12, as cache_len rounds them)
+    assert len(fresh.decode_steps) == 3 * (NEW - 1) + 4
 
 
 def test_bf16_autocast_keeps_to_the_eager_logits(fresh):
@@ -180,12 +183,11 @@ def test_bad_setups_are_one_line_errors(monkeypatch):
 
 def test_train_grpo_with_compile_samples_what_it_samples_without(tiny_setup, tmp_path, monkeypatch):
     """The knob end to end: two iterations of train_grpo.py, compile=True and False, write the same rollouts
-    (the same tokens: the same rewards, advantages and LoRA updates). grpo.generate is restored afterwards."""
+    (the same tokens: the same rewards, advantages and LoRA updates), the one through the compiled step."""
     import json
     import train_grpo
-    monkeypatch.setattr(grpo, "generate", grpo.generate)  # wrap_generate rebinds it for the process
-    calls, decoding = [], compiled.compiled_decoding
-    monkeypatch.setattr(compiled, "compiled_decoding", lambda m, mode=None: calls.append(1) or decoding(m, mode))
+    calls, real = [], compiled.CompiledDecode.__call__
+    monkeypatch.setattr(compiled.CompiledDecode, "__call__", lambda self, *a: calls.append(1) or real(self, *a))
     runs = {}
     for flag in (False, True):
         out = tmp_path / f"compile_{flag}"
@@ -193,8 +195,9 @@ def test_train_grpo_with_compile_samples_what_it_samples_without(tiny_setup, tmp
                          "--micro_batch_size=8", "--max_new_tokens=8", "--eval_n=2", "--eval_k=1", "--max_iters=2",
                          "--eval_interval=100", f"--compile={flag}"])
         runs[flag] = [json.loads(line)["completion_tokens"] for line in open(out / "rollouts.jsonl")]
-        assert hasattr(grpo.generate, "_compiled") == flag
+        assert (len(calls) > 0) == flag  # compile=False never calls the compiled step
     assert runs[True] == runs[False] and len(runs[True]) == 2
-    assert len(calls) == 2  # each iteration's sampling ran through the compiled step; evaluation did not
+    # every decode step of both iterations' sampling ran compiled (evaluation samples eagerly)
+    assert len(calls) == sum(len(r[0]) - 1 for r in runs[True])
     with pytest.raises(UserError, match="compile=True runs on 'cpu' or 'cuda', not 'mps': set compile=False"):
         train_grpo.main([f"--base_ckpt={tiny_setup}", f"--out_dir={tmp_path / 'mps'}", "--compile=True", "--device=mps"])

@@ -35,26 +35,51 @@ def free_port():
         return s.getsockname()[1]
 
 
-def worker(rank, world, port, argv):
-    """One rank, as torchrun would start it: its environment, then train_grpo.main."""
+def worker(rank, world, port, argv, spy):
+    """One rank, as torchrun would start it: its environment, then train_grpo.main. spy: a path where this
+    rank saves the rows each of its passes 2 and 3 saw and the sizes of the all-reduces it joined."""
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
     torch.set_num_threads(1)
+    import grpo
     import rewards
+    import tracin
     rewards.REWARD_FUNCS["chars"] = chars
+    seen = {"rows": [], "all_reduce": []}
+    backward, all_reduce = grpo.policy_backward, torch.distributed.all_reduce
+    def counted(model, batch, *a, **kw):  # noqa: E306
+        seen["rows"].append((len(batch), kw.get("beta", a[-1] if a else None)))
+        return backward(model, batch, *a, **kw)
+    grpo.policy_backward = tracin.policy_backward = counted
+    torch.distributed.all_reduce = lambda t, *a, **kw: seen["all_reduce"].append((t.numel(), str(t.dtype))) \
+        or all_reduce(t, *a, **kw)
     tg.main(argv)
+    if spy:
+        torch.save(seen, f"{spy}.{rank}")
     finish()
 
 
 def run_ranks(world, base, out, *extra):
-    """test_train_grpo.run's arguments, in `world` processes."""
+    """test_train_grpo.run's arguments, in `world` processes. Returns what each rank's passes saw (worker)."""
     argv = []
     real_main, tg.main = tg.main, argv.extend  # run() builds the argument list; capture it instead
     try:
         run(base, out, *extra)
     finally:
         tg.main = real_main
-    mp.spawn(worker, args=(world, free_port(), argv), nprocs=world)
+    spy = str(out) + ".seen"
+    mp.spawn(worker, args=(world, free_port(), argv, spy), nprocs=world)
+    return [torch.load(f"{spy}.{r}") for r in range(world)]
+
+
+def assert_each_rank_took_its_share(seen, rows, updates):
+    """Every rank's training passes (2 and 3, beta != 0.0 or TracIn's train capture) saw `rows` of the
+    batch, not the whole batch, and every rank joined the same all-reduces of float32 LoRA gradients
+    (the evaluation's counts and the statistics are float64)."""
+    for s in seen:
+        assert s["rows"] and {n for n, _ in s["rows"]} == {rows}, s["rows"]
+        grads = [n for n, dtype in s["all_reduce"] if dtype == "torch.float32"]
+        assert len(grads) >= 2 * updates and s["all_reduce"] == seen[0]["all_reduce"]
 
 
 def lines(path):
@@ -86,8 +111,9 @@ def assert_same_run(a, b, iters):
 def test_two_processes_make_the_single_process_update(tiny_setup, tmp_path, chars_reward):
     one, two = tmp_path / "one", tmp_path / "two"
     run(tiny_setup, one, "--max_iters=3")
-    run_ranks(2, tiny_setup, two, "--max_iters=3")
+    seen = run_ranks(2, tiny_setup, two, "--max_iters=3")
     assert_same_run(one, two, [1, 2, 3])
+    assert_each_rank_took_its_share(seen, 2 * 4 // 2, 3)  # 2 prompts x 4 samples, half each
     l0 = load_checkpoint(str(one / "ckpt_000000.pt"))["lora"]  # the steps did move the adapter
     assert not all(torch.equal(l0[k], load_checkpoint(str(one / "ckpt.pt"))["lora"][k]) for k in l0)
     assert sorted(os.listdir(two)) == sorted(os.listdir(one))  # no lock or stray file left by rank 1
@@ -104,8 +130,20 @@ def test_token_level_loss_and_two_updates_per_generation(tiny_setup, tmp_path, c
     one, two = tmp_path / "one", tmp_path / "two"
     extra = ("--max_iters=2", "--loss_type=dapo", "--num_iterations=2", "--epsilon_low=0.01", "--epsilon_high=0.01")
     run(tiny_setup, one, *extra)
-    run_ranks(2, tiny_setup, two, *extra)
+    seen = run_ranks(2, tiny_setup, two, *extra)
     assert_same_run(one, two, [1, 2])
+    assert_each_rank_took_its_share(seen, 4, 4)
+
+
+def test_bnpo_counts_every_ranks_micro_batches(tiny_setup, tmp_path, chars_reward):
+    """bnpo divides each micro-batch's mean by the number of micro-batches: of the whole batch, every
+    rank's (4 rows per rank, micro-batches of 2: 2 per rank, 4 in all, as one process's 8 rows)."""
+    one, two = tmp_path / "one", tmp_path / "two"
+    extra = ("--max_iters=2", "--loss_type=bnpo", "--micro_batch_size=2")
+    run(tiny_setup, one, *extra)
+    seen = run_ranks(2, tiny_setup, two, *extra)
+    assert_same_run(one, two, [1, 2])
+    assert_each_rank_took_its_share(seen, 4, 2)
 
 
 @pytest.mark.parametrize("extra", [("--tracin_val_loss=nll",), ("--tracin_val_loss=nll", "--tracin_selection=topk"),
@@ -118,8 +156,11 @@ def test_tracin_in_two_processes_keeps_the_single_process_rollouts(tiny_setup, t
     one, two = tmp_path / "one", tmp_path / "two"
     args = ("--max_iters=3", "--tracin=True", "--tracin_val_batch_size=2", *extra)
     run(tiny_setup, one, *args)
-    run_ranks(2, tiny_setup, two, *args)
+    seen = run_ranks(2, tiny_setup, two, *args)
     assert_same_run(one, two, [1, 2, 3])
+    for s in seen:  # each step: the train capture on this rank's 4 of 8 rollouts, then the validation rows
+        assert [n for n, beta in s["rows"][::2]] == [4] * 3, s["rows"]
+        assert sum(dtype == "torch.float32" for _, dtype in s["all_reduce"]) >= 2 * 3
     ra, rb = lines(one / "rollouts.jsonl"), lines(two / "rollouts.jsonl")
     assert [r["selected"] for r in rb] == [r["selected"] for r in ra]
     assert any(0 < sum(r["selected"]) < len(r["selected"]) for r in ra)  # a real choice was made
@@ -189,7 +230,7 @@ def failing_worker(rank, world, port, argv):
         def planted(*args, **kwargs):
             raise UserError("planted failure")
         grpo.grpo_loss = planted
-    cli_main(lambda a: worker(rank, world, port, a), argv)
+    cli_main(lambda a: worker(rank, world, port, a, None), argv)
 
 
 def test_an_error_on_one_rank_ends_every_rank(tiny_setup, tmp_path, capfd):
@@ -310,8 +351,6 @@ def sampling_worker(rank, world, port, out):
     seen, real = [], grpo.generate
     grpo.generate = lambda m, prompts, *a, **k: seen.append(len(prompts)) or real(m, prompts, *a, **k)
     with distributed.process_group("cpu"):
-        import train_grpo
-        distributed.wrap_step(train_grpo)  # as train_grpo.main does under torchrun: generate wraps the spy
         g = torch.Generator().manual_seed(11)
         sampled = grpo.sample_rollouts(model, enc, batches, SAMPLE_CFG, g)
         again = grpo.sample_rollouts(model, enc, batches, SAMPLE_CFG, g)

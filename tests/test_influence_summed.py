@@ -23,7 +23,7 @@ import torch
 import ghost
 import tracin
 import train_grpo
-from grpo import policy_backward
+from grpo import Rollouts, policy_backward
 from lora import load_lora_state_dict, lora_parameters
 from model import load_checkpoint
 from test_tracin import (LAYERS, TRAIN_ADV, TRAIN_PROMPTS, VAL_ADV, VAL_PROMPTS, ByteEnc, capture_both, flat,
@@ -49,7 +49,7 @@ def cfg(mb, **kw):
 
 def as_batch(data, adv):
     idx, pl, mask = data
-    return dict(idx=idx, pad_left=pl, mask=mask, advantages=adv)
+    return Rollouts(idx=idx, pad_left=pl, mask=mask, advantages=adv)
 
 
 def summed_and_matrix(m, train, val, mb_train=4, mb_val=3):
@@ -198,13 +198,13 @@ def test_zero_advantage_validation_rows_are_skipped_and_G_is_unchanged(world, mo
     c = cfg(2, loss_type=loss_type)
     Gs, rows = [], []
     for batch in (as_batch(val, adv), tracin.informative_rows(as_batch(val, adv), c)):
-        rows.append(batch["idx"].size(0))
+        rows.append(len(batch))
         policy_backward(m, batch, c, 0.0)
         Gs.append(torch.cat([torch.cat([a.flatten(), b.flatten()]) for a, b in ghost.summed_gradient(m).values()]))
     assert rel(Gs[1], Gs[0]) <= 1e-6
     assert rows == ([len(adv)] * 2 if loss_type == "bnpo" else [len(adv), len(adv) - 2])
     none = tracin.informative_rows(as_batch(val, torch.zeros_like(adv)), c)
     if loss_type != "bnpo":
-        assert none["idx"].size(0) == 1
+        assert len(none) == 1
         policy_backward(m, none, c, 0.0)
         assert all((g == 0).all() for pair in ghost.summed_gradient(m).values() for g in pair)

@@ -12,7 +12,7 @@ import ghost
 import tracin
 import train_grpo
 from data.curriculum import Curriculum
-from grpo import policy_backward
+from grpo import Rollouts, policy_backward
 from lora import lora_parameters
 from test_tracin import TRAIN_ADV, TRAIN_PROMPTS, VAL_ADV, VAL_PROMPTS, make_batch, make_model
 
@@ -33,7 +33,7 @@ def cfg(mb, **kw):
 
 def as_batch(data, adv, rows=slice(None)):
     idx, pl, mask = data
-    return dict(idx=idx[rows], pad_left=pl[rows], mask=mask[rows], advantages=adv[rows])
+    return Rollouts(idx=idx[rows], pad_left=pl[rows], mask=mask[rows], advantages=adv[rows])
 
 
 def grads(m):

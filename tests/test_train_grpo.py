@@ -444,12 +444,12 @@ def test_train_and_val_sampled_in_one_call(tiny_setup):
     gen = lambda: torch.Generator().manual_seed(3)
     R, V = grpo.make_rollouts(m, enc, [a, b], cfg, gen())
     (W,) = grpo.make_rollouts(m, enc, [(a[0] + b[0], a[1] + b[1])], cfg, gen())
-    assert torch.equal(torch.cat([R["idx"], V["idx"]]), W["idx"]) and torch.equal(torch.cat([R["mask"], V["mask"]]), W["mask"])
-    assert torch.equal(torch.cat([R["rewards"], V["rewards"]]), W["rewards"])
+    assert torch.equal(torch.cat([R.idx, V.idx]), W.idx) and torch.equal(torch.cat([R.mask, V.mask]), W.mask)
+    assert torch.equal(torch.cat([R.rewards, V.rewards]), W.rewards)
     for P in (R, V):
-        adv, _ = grpo.compute_group_advantages(P["rewards"], 4, "batch")
-        assert torch.equal(P["advantages"], adv)
-    assert not torch.equal(torch.cat([R["advantages"], V["advantages"]]), W["advantages"])
+        adv, _ = grpo.compute_group_advantages(P.rewards, 4, "batch")
+        assert torch.equal(P.advantages, adv)
+    assert not torch.equal(torch.cat([R.advantages, V.advantages]), W.advantages)
 
 
 @pytest.mark.parametrize("args, match", [
@@ -548,7 +548,7 @@ def test_old_and_reference_logprobs_are_the_sampling_and_base_policies(lora_gpt)
     lora_gpt = lora_gpt[0]
     torch.manual_seed(0)
     idx = torch.randint(1, 50, (5, 9))
-    batch = dict(idx=idx, pad_left=torch.zeros(5, dtype=torch.long), mask=torch.ones(5, 4, dtype=torch.long))
+    batch = grpo.Rollouts(idx, torch.zeros(5, dtype=torch.long), torch.ones(5, 4, dtype=torch.long), None)
     cfg = {**tg.defaults, "micro_batch_size": 2, "beta": 0.1}
     old = grpo.logprobs_no_grad(lora_gpt, batch, cfg, "old_logp")
     ref = grpo.logprobs_no_grad(lora_gpt, batch, cfg, "reference", disabled=True)
