@@ -28,6 +28,7 @@ Found by a second hunt over the same functions (each bug also missed by the rest
  11. scale_rewards='batch' drops advantage_epsilon  ->  (r - group mean) / (batch std + eps) by hand.
  12. completion_logprobs at temperature 0 (greedy runs) divides by zero  ->  plain float64 log_softmax.
 """
+import contextlib
 import math
 
 import pytest
@@ -36,6 +37,7 @@ import torch.nn.functional as F
 
 import grpo
 import tracin
+import train_grpo as tg
 from conftest import build_gpt
 from lora import apply_lora, load_lora_state_dict, lora_parameters
 from model import load_checkpoint
@@ -342,3 +344,37 @@ def test_completion_logprobs_at_temperature_zero_are_plain_logprobs(sharp_rollou
     want = F.log_softmax(logits.double(), -1).gather(-1, idx[:, -T:, None]).squeeze(-1)
     assert torch.allclose(logp.double(), want, atol=1e-5)
     assert torch.isfinite(ent).all()
+
+
+# ---------------------------------------------------------------------------- 3b. a skipped update ends its generation
+@pytest.mark.parametrize("bad_update", [0, 1])
+def test_a_skipped_update_ends_the_generations_updates(tiny_gpt, monkeypatch, bad_update):
+    """num_iterations = 3 on one generation: when update `bad_update` meets a non-finite loss, the weights
+    stay as they were before it and no later update of the same generation runs (they would step from the
+    state the skip refused, while the log calls the step skipped); the skip reason is that first one's."""
+    apply_lora(tiny_gpt, r=2, alpha=4)
+    params = lora_parameters(tiny_gpt)
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in params:
+            p.normal_(0, 0.1, generator=gen)
+    idx = torch.randint(1, 50, (4, 9), generator=gen)
+    batch = grpo.Rollouts(idx, torch.zeros(4, dtype=torch.long), torch.ones(4, 4, dtype=torch.long),
+                          torch.tensor([1.0, -1.0, 0.5, -0.5]))
+    cfg = {**tg.defaults, "micro_batch_size": 4, "num_iterations": 3, "beta": 0.0, "device": "cpu"}
+    real, calls, weights = grpo.policy_backward, [], []
+
+    def backward(model, b, c, beta):
+        weights.append([p.detach().clone() for p in params])  # the weights this update starts from
+        stats = real(model, b, c, beta)
+        calls.append(len(calls))
+        if len(calls) - 1 == bad_update:
+            stats["losses"].append(float("nan"))
+        return stats
+    monkeypatch.setattr(grpo, "policy_backward", backward)
+    opt = torch.optim.AdamW(params, lr=0.1)
+    stats, norm, reason = grpo.grpo_updates(tiny_gpt, opt, batch, cfg)
+    assert reason == "non-finite loss or gradient"
+    assert len(calls) == bad_update + 1  # nothing ran after the skipped update
+    assert all(torch.equal(p, w) for p, w in zip(params, weights[bad_update]))  # it left them untouched
+    assert len(stats["losses"]) == bad_update + 2  # one loss per update that ran, and the NaN
