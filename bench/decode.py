@@ -31,7 +31,6 @@ import math
 import statistics
 import tempfile
 import time
-from contextlib import nullcontext
 
 import torch
 import torch.nn.functional as F
@@ -43,7 +42,7 @@ from lora import lora_parameters
 from model import GPT
 from sample import generate
 from configurator import UserError
-from scale.compiled import check_compile, compiled_decoding
+from scale.compiled import CompiledDecode, check_compile
 
 LIMIT_SHAPES = ((6, 6, 384, 96), (12, 12, 768, 50304))                    # (layers, heads, width, vocabulary)
 GENERATE_SHAPES = ((4, 4, 128, 395), (6, 6, 384, 96), (12, 12, 768, 50257))
@@ -94,9 +93,9 @@ def bench_limits(cfg):
             opt = torch.optim.AdamW(lora_parameters(model), lr=1e-5)
             amp = torch.autocast(torch.device(dev).type, dtype=torch.bfloat16, enabled=dtype != torch.float32)
             # with --compile, the decode step compiled (in the first, untimed run)
-            with compiled_decoding(model, cfg["compile"]) if cfg["compile"] else nullcontext():
-                runs = [project_grpo_step(model, opt, prompts, G, T, adv.to(dev), amp, cfg["seed"] + r, beta=0.04,
-                                          micro_batch_size=N)[3] for r in range(cfg["limit_repeats"] + 1)][1:]
+            runs = [project_grpo_step(model, opt, prompts, G, T, adv.to(dev), amp, cfg["seed"] + r, beta=0.04,
+                                      micro_batch_size=N, compile_mode=cfg["compile"])[3]
+                    for r in range(cfg["limit_repeats"] + 1)][1:]
             t = {k: statistics.median(r[k] for r in runs) for k in ("generation", "reference", "policy")}
             decode_rate = matmul_rate(width, vocab, N, dtype, dev)
             pass_rate = matmul_rate(width, vocab, N * (P + T - 1), dtype, dev)
@@ -199,8 +198,9 @@ def bench_vs_generate(cfg):
                     return generate(ours, prompts.tolist(), T, eot_id=(), temperature=0)[0][:, P:]
 
             def compiled():
-                with amp, compiled_decoding(ours, cfg["compile"]):
-                    return generate(ours, prompts.tolist(), T, eot_id=(), temperature=0)[0][:, P:]
+                with amp:
+                    return generate(ours, prompts.tolist(), T, eot_id=(), temperature=0,
+                                    decode=CompiledDecode(ours, dev, cfg["compile"]))[0][:, P:]
             variants = dict(theirs=theirs, project=project, **({"compiled": compiled} if cfg["compile"] else {}))
             t, out = interleaved_calls(variants, dev, cfg["repeats"])
             same = int((out["theirs"].cpu() == out["project"].cpu()).all(1).sum())
@@ -242,10 +242,11 @@ def bench_compiled(cfg):
                 out = {}
                 for variant in t:
                     graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
-                    with amp, folded_for_sampling(model), compiled_decoding(model, mode) \
-                            if variant == "compiled" else nullcontext():
+                    decode = CompiledDecode(model, dev, mode) if variant == "compiled" else None
+                    with amp, folded_for_sampling(model):
                         sync(); t0 = time.perf_counter()
-                        out[variant] = generate(model, prompts, T, eot_id=(), num_samples=G, temperature=1.0, u=u)[0]
+                        out[variant] = generate(model, prompts, T, eot_id=(), num_samples=G, temperature=1.0, u=u,
+                                                decode=decode)[0]
                         sync(); t[variant].append(time.perf_counter() - t0)
                     if torch._dynamo.utils.counters["stats"]["unique_graphs"] > graphs:
                         compiling.append(s)  # this step compiled a graph: its time is compile + step

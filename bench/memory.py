@@ -24,6 +24,7 @@ import time
 import torch
 
 import grpo
+from scale.compiled import CompiledDecode
 import train_grpo
 from lora import apply_lora, folded_for_sampling, lora_modules, lora_parameters
 from model import GPT, GPTConfig
@@ -56,12 +57,14 @@ def step_inputs(n_prompts, group, prompt_len, vocab, seed):
 
 
 def project_grpo_step(model, optimizer, prompts, group, new_tokens, advantages, amp, seed, beta=0.04,
-                      temperature=1.0, micro_batch_size=0):
+                      temperature=1.0, micro_batch_size=0, compile_mode=None):
     """One standard GRPO step with the project's code, rewards replaced by `advantages`: pass 1 is
     sample.generate as grpo.sample_rollouts calls it (LoRA folded in), passes 2 and 3 and the backward are
     grpo.policy_backward, then clip and AdamW as grpo_step does them.
+    compile_mode: the decode step compiled in that torch.compile mode (scale/compiled.CompiledDecode).
     Returns (loss, idx, mask, seconds per phase: generation, reference, policy, optimizer)."""
     dev = str(next(model.parameters()).device)
+    decode = CompiledDecode(model, dev, compile_mode) if compile_mode else None
     c = {**train_grpo.defaults, "device": dev, "beta": beta, "temperature": temperature,
          "max_new_tokens": new_tokens, "micro_batch_size": micro_batch_size or prompts.size(0) * group}
     sync = torch.cuda.synchronize if "cuda" in dev else (lambda: None)
@@ -71,7 +74,7 @@ def project_grpo_step(model, optimizer, prompts, group, new_tokens, advantages, 
     t0 = time.perf_counter()
     with amp, folded_for_sampling(model):  # as grpo.sample_rollouts: the adapter folded into W for pass 1
         idx, pad_left, mask = generate(model, prompts.tolist(), new_tokens, eot_id=-1, num_samples=group,
-                                       temperature=temperature,
+                                       temperature=temperature, decode=decode,
                                        generator=torch.Generator(device=dev).manual_seed(seed))
     sync(); times["generation"] = time.perf_counter() - t0
     model.amp = amp  # the precision grpo's passes compute in

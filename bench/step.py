@@ -107,7 +107,7 @@ def timed_grpo_step(model, enc, tb, vb, mode, cfg, amp, **overrides):
                                                 [e["answer"] for e in tb], c, gen, val)  # no cache: all scored
     log = step_log(rollouts, result, c)
     log["total"] = time.perf_counter() - t0
-    log["selected"] = None if (rollouts or {}).get("selected") is None else rollouts["selected"].tolist()
+    log["selected"] = None if rollouts is None or rollouts.selected is None else rollouts.selected.tolist()
     return log
 
 

@@ -28,7 +28,7 @@ import torch  # noqa: E402
 
 from bench.half import halved  # noqa: E402
 from bench.memory import project_grpo_step, step_inputs  # noqa: E402
-from scale.compiled import check_compile, compiled_decoding  # noqa: E402
+from scale.compiled import check_compile  # noqa: E402
 from scale.device import check_device  # noqa: E402
 from lora import apply_lora, lora_parameters  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
@@ -66,10 +66,9 @@ def run(a):
     steps = []
     for r in range(a["warmup"] + a["timed"]):
         sync(); t0 = time.perf_counter()
-        with compiled_decoding(model, a["compile"]) if a["compile"] \
-                else contextlib.nullcontext():  # only the decode step is compiled: every other forward is eager
-            _, idx, mask, times = project_grpo_step(model, opt, prompts, 8, 64, adv.to(a["device"]), amp, r,
-                                                    beta=0.04, micro_batch_size=64)
+        # with --compile only the decode step is compiled: every other forward is eager
+        _, idx, mask, times = project_grpo_step(model, opt, prompts, 8, 64, adv.to(a["device"]), amp, r, beta=0.04,
+                                                micro_batch_size=64, compile_mode=a["compile"])
         sync(); times["step"] = time.perf_counter() - t0
         assert mask.size(1) == 64 and bool(mask.all())  # every completion ran to 64 tokens, as TRL's
         if r >= a["warmup"]:

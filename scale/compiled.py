@@ -116,8 +116,10 @@ class CompiledDecode:
     through the compiled graph and writes its keys and values into the cache, eagerly. The prefill (the
     prompt, once per call) and every other forward are the model's own."""
 
-    def __init__(self, model, device):
-        self.model, self.mode = model, "reduce-overhead" if str(device).startswith("cuda") else None
+    def __init__(self, model, device, mode=None):
+        """mode: torch.compile's (None: CUDA graphs on a GPU, inductor's default on a CPU; bench.py sets it)."""
+        mode = mode or ("reduce-overhead" if str(device).startswith("cuda") else None)
+        self.model, self.mode = model, None if mode == "default" else mode
         self.step = compiled_step(model, self.mode)
 
     def cache_len(self, n):
