@@ -15,17 +15,12 @@ the same column P and the cache advances one column per step for all rows):
 """
 # configurator first: a Ctrl-C during the slow imports below (torch) is one line, not a traceback
 from configurator import UserError, check, check_positive, configure, cli_main
-import os
-
 import torch
 
-from data.gsm_synth.prepare import load_split, load_tokenizer
-from lora import apply_lora, load_lora_state_dict, merge_lora
+from data.gsm_synth.prepare import load_split
+from data.tasks import task_data
+from runs.loading import load_policy
 from scale.device import check_device
-from model import GPT, base_fingerprint, load_checkpoint, model_from_checkpoint
-from runs.base import base_identity, check_same_base, resolve_base
-from data.tasks import resolve_data_dir, set_instruction, task_data
-from pretrained.tokenizer import load_hf_tokenizer
 
 
 def encode_text(enc, text):
@@ -192,53 +187,6 @@ defaults = dict(
     device="cpu",
     base_ckpt="",             # a GRPO checkpoint's base where it is now, if it moved ('' = where the run found it)
 )
-
-
-def load_base(path, data_dir="", dtype=torch.float32, ckpt=None, **overrides):
-    """(model, tokenizer, data_dir) of a base model: a train_base.py checkpoint (with its task's
-    tokenizer and data), or a Hugging Face model directory (GPT.from_pretrained, its own tokenizer,
-    and data_dir as given: '' = none yet, see tasks.task_data), in `dtype` (a checkpoint's stays float32:
-    cast it after its fingerprint; ckpt: the checkpoint at path, if already loaded). overrides: GPTConfig fields."""
-    if not os.path.isdir(path):
-        ckpt = ckpt if ckpt is not None else load_checkpoint(path)
-        own = resolve_data_dir(ckpt.get("data_dir", ""))  # recorded relative to the project: this copy's data
-        if data_dir and os.path.abspath(data_dir) != os.path.abspath(own):
-            raise UserError(f"data_dir={data_dir} is for a Hugging Face base directory; the base checkpoint "
-                            f"{path} was trained on its own task data ({own}): leave data_dir ''")
-        model = model_from_checkpoint(ckpt, path, **overrides)
-        return model, load_tokenizer(own), own
-    model, enc = GPT.from_pretrained(path, dtype), load_hf_tokenizer(path)
-    for k, v in overrides.items():  # read by forward (grad_checkpoint); dropout is 0 already
-        setattr(model.config, k, v)
-    if enc.n_vocab > model.config.vocab_size:
-        raise UserError(f"{path}: the tokenizer has {enc.n_vocab} tokens but the model only "
-                        f"{model.config.vocab_size} embedding rows: tokenizer and weights do not belong together")
-    return model, enc, data_dir
-
-
-def load_policy(ckpt_path, device="cpu", merge=False, base_ckpt=""):
-    """(model, tokenizer, data_dir) from a base (checkpoint or Hugging Face directory) or a GRPO
-    checkpoint. merge=True folds the adapter into the base weights (W + s B A): plain nn.Linear
-    layers, so sampling pays no LoRA matmuls. base_ckpt: a GRPO checkpoint's base where it is now
-    ('' = found by runs/base.resolve_base, as every script finds it)."""
-    ckpt = None if os.path.isdir(ckpt_path) else load_checkpoint(ckpt_path)
-    if ckpt is None or "lora" not in ckpt:
-        if base_ckpt:
-            raise UserError(f"base_ckpt={base_ckpt} names the base of a GRPO checkpoint; {ckpt_path} is a base "
-                            f"model itself: leave base_ckpt ''")
-        model, enc, data_dir = load_base(ckpt_path, ckpt=ckpt)
-        return model.to(device).eval(), enc, data_dir
-    cfg = ckpt["config"]  # a GRPO checkpoint: the adapter on top of the base it was trained from
-    base_path = resolve_base(ckpt, ckpt_path, base_ckpt)
-    model, enc, data_dir = load_base(base_path, resolve_data_dir(ckpt.get("data_dir", "")))
-    set_instruction(enc, cfg.get("task", "arith"))  # the run's prompts
-    # the adapter is bound to the base's weights, configuration and tokenizer: any change is refused by name
-    check_same_base(ckpt, ckpt_path, base_identity(base_fingerprint(base_path, model), model, enc), base_path)
-    apply_lora(model, cfg["lora_r"], cfg["lora_alpha"], 0.0, cfg["lora_targets"])
-    load_lora_state_dict(model, ckpt["lora"])
-    if merge:
-        merge_lora(model)
-    return model.to(device).eval(), enc, data_dir
 
 
 def main(argv):

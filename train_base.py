@@ -11,11 +11,10 @@ out_dir/ckpt.pt atomically (a crash mid-write never leaves half a checkpoint).
 """
 # configurator first: a Ctrl-C during the slow imports below (torch) is one line, not a traceback
 from configurator import (Interrupted, UserError, check, check_choice, check_finite, check_nonnegative,
-                          check_positive, cli_main, configure, read_config_file)
+                          check_positive, cli_main, configure)
 import math
 import os
 import random
-import shlex
 import time
 from contextlib import nullcontext
 from types import SimpleNamespace
@@ -26,12 +25,12 @@ from scale import distributed
 from data.countdown import searched
 from data.gsm_synth.prepare import TEMPLATES, load_split, load_tokenizer, prepare
 from scale.device import check_device
-from model import (GPT, GPTConfig, CheckpointWriteError, base_fingerprint, load_checkpoint,
-                   model_from_checkpoint, save_checkpoint)
+from model import (GPT, GPTConfig, CheckpointWriteError, load_checkpoint, model_from_checkpoint,
+                   save_checkpoint)
 from rewards import REWARD_FUNCS
 from runs.rundir import run_lock, stop_note
-from sample import NonFiniteLogits, decode_completions, encode_prompt, encode_text, generate, load_base, stop_tokens
-from data.tasks import TASKS, load_task_split, portable_path, set_instruction, task_data
+from sample import NonFiniteLogits, decode_completions, encode_prompt, encode_text, generate, stop_tokens
+from data.tasks import TASKS, portable_path
 
 # -----------------------------------------------------------------------------
 # default config values (override with a config file and/or --key=value)
@@ -92,46 +91,6 @@ def load_task(cfg, verbose=True):
     data_dir = prepare(cfg["task_steps"], cfg["task_max_operand"], cfg["task_ops"], cfg["task_noise"],
                        n_train=cfg["n_train"], verbose=verbose, min_steps=cfg["task_min_steps"])
     return data_dir, load_tokenizer(data_dir)
-
-
-def ensure_base(base_ckpt, base_config, device, resuming=False):
-    """For train_grpo.py: train the base model with base_config if base_ckpt is missing and is where
-    base_config puts it (a fresh clone). Any other missing base is an error, never a silent long
-    training (a typo'd path), and so is a missing base on resume."""
-    if os.path.exists(base_ckpt):
-        return
-    if not base_ckpt.endswith(".pt"):  # a model directory: downloaded by the user, never at run time
-        raise UserError(f"model directory {base_ckpt} not found: download it once with huggingface-cli download "
-                        f"ORG/MODEL --local-dir {base_ckpt} (README: Use a pretrained model)")
-    where = os.path.join(read_config_file(base_config).get("out_dir", defaults["out_dir"]), "ckpt.pt")
-    out_dir = os.path.dirname(base_ckpt) or "."
-    # train_base.py writes out_dir/ckpt.pt: a base_ckpt of another name is then given as that file
-    train = f"python train_base.py {shlex.quote(base_config)} --out_dir={shlex.quote(out_dir)}" + (
-        "" if os.path.basename(base_ckpt) == "ckpt.pt" else
-        f", then give --base_ckpt={shlex.quote(os.path.join(out_dir, 'ckpt.pt'))}")
-    if resuming or os.path.normpath(where) != os.path.normpath(base_ckpt):
-        raise UserError(f"base_ckpt {base_ckpt} not found" + (
-            " (the base this run was trained on: put it back, or name where it is now with --base_ckpt=PATH)"
-            if resuming else f"; train it with: {train} (only {where}, where base_config puts it, is trained "
-                             f"automatically)"))
-    if distributed.launched():  # every rank would train its own copy into the same file
-        raise UserError(f"base_ckpt {base_ckpt} not found; train it first, in one process: {train}")
-    print(f"base model not found at {base_ckpt}: training it first with {base_config}")
-    main([base_config, f"--out_dir={out_dir}", f"--device={device}"])
-
-
-def load_frozen_base(base_ckpt, grad_checkpoint=False, data_dir="", dtype="float32", task="arith"):
-    """For train_grpo.py: (model, fingerprint of its weights, data_dir, tokenizer, splits). Dropout is
-    off: with it on, GRPO's policy and reference passes would see different random masks. data_dir:
-    the task's data for a Hugging Face base (tasks.task_data). dtype 'bfloat16': the frozen weights are
-    stored in bf16, so no step casts them again (the fingerprint is of the weights as saved)."""
-    model, enc, data_dir = load_base(base_ckpt, data_dir, getattr(torch, dtype), dropout=0.0,
-                                     grad_checkpoint=grad_checkpoint)
-    fingerprint = base_fingerprint(base_ckpt, model)
-    data_dir = task_data(task, data_dir)
-    splits = {s: load_task_split(data_dir, s) for s in ("train", "val", "test")}
-    set_instruction(enc, task)
-    return model.to(getattr(torch, dtype)), fingerprint, data_dir, enc, splits
 
 
 def get_lr(it, max_iters, learning_rate, min_lr, warmup_iters):

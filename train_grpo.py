@@ -42,7 +42,9 @@ from data.tasks import planted_answer, portable_path, resolve_data_dir
 from data.datadir import check_task_data
 from sample import NonFiniteLogits, encode_prompt
 from tracin import reference_solutions, tracin_backward
-from train_base import ensure_base, evaluate, get_lr, load_frozen_base
+import train_base
+from runs.loading import ensure_base, load_frozen_base
+from train_base import evaluate, get_lr
 
 # -----------------------------------------------------------------------------
 # default config values (override with a config file and/or --key=value)
@@ -166,7 +168,8 @@ def prepare_base(cfg, out, resume):
     if resume is not None:  # found as every script finds a run's base; --base_ckpt=PATH where it moved
         given = cfg["base_ckpt"] if cfg["base_ckpt"] != resume["base_ckpt"] else ""
         cfg["base_ckpt"] = resolve_base(resume, os.path.join(out, "ckpt.pt"), given)
-    ensure_base(cfg["base_ckpt"], cfg["base_config"], cfg["device"], resuming=resume is not None)
+    # a fresh clone: the tiny base is trained first, by train_base.py
+    ensure_base(cfg["base_ckpt"], cfg["base_config"], cfg["device"], train_base, resuming=resume is not None)
     model, fingerprint, data_dir, enc, splits = load_frozen_base(cfg["base_ckpt"], cfg["grad_checkpoint"],
                                                                  cfg["data_dir"], cfg["dtype"], cfg["task"])
     identity = base_identity(fingerprint, model, enc)

@@ -27,7 +27,8 @@ from analysis.report import write_report
 from data.tasks import load_task_split
 from model import load_checkpoint
 from runs.rundir import read_jsonl, run_files, run_lock, unused_out_dir, write_json
-from sample import encode_prompt, encode_text, load_policy, stop_tokens
+from sample import encode_prompt, encode_text, stop_tokens
+from runs.loading import load_policy
 from scale.device import check_device
 from tracin import find_critical_samples, nll_row, trapezoid_steps
 

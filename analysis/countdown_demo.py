@@ -19,7 +19,8 @@ from data.tasks import TASKS, load_task_split
 from lora import disable_lora
 from model import load_checkpoint
 from rewards import REWARD_FUNCS
-from sample import decode_completions, encode_prompt, generate, load_policy, stop_tokens
+from sample import decode_completions, encode_prompt, generate, stop_tokens
+from runs.loading import load_policy
 
 PANELS = [("reward", "reward (moving average)"), ("test/accuracy", "greedy test accuracy"),
           ("selection_rate", "rollouts trained on")]

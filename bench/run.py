@@ -75,7 +75,8 @@ from scale.compiled import check_compile
 from scale.device import check_device
 from sample import generate
 from model import load_checkpoint, model_from_checkpoint
-from train_base import ensure_base
+import train_base
+from runs.loading import ensure_base
 
 defaults = dict(
     device="cpu",
@@ -318,7 +319,7 @@ def chosen_rows(cfg):
 
 def check_base(cfg, chosen):
     """The rows that load the trained tiny base (step cost, rewards, posthoc with captum) train it first where it
-    is missing (train_base.ensure_base), from config/tiny_base.py relative to the working directory: checked
+    is missing (runs/loading.ensure_base), from config/tiny_base.py relative to the working directory: checked
     before the first row, so that a wrong --base_ckpt or directory is an error before any work."""
     needs = {"step_cost", "rewards"} | ({"posthoc"} if importlib.util.find_spec("captum") else set())
     if cfg["quick"] or not needs & set(chosen):
@@ -335,7 +336,7 @@ def check_base(cfg, chosen):
         raise UserError(f"base_ckpt {cfg['base_ckpt']} not found from {os.getcwd()}: the row(s) "
                         f"{', '.join(r for r in ROWS if r in needs & set(chosen))} need it, and it is trained only "
                         f"from the project root: cd {PROJECT} (or give --base_ckpt=PATH of a trained base, or --quick)")
-    ensure_base(cfg["base_ckpt"], "config/tiny_base.py", cfg["device"])
+    ensure_base(cfg["base_ckpt"], "config/tiny_base.py", cfg["device"], train_base)
 
 
 def cpu_name():

@@ -23,7 +23,7 @@ from lora import LoRALinear, merge_lora
 from model import load_checkpoint
 from runs.base import resolve_base
 from runs.rundir import run_lock
-from sample import load_policy
+from runs.loading import load_policy
 
 defaults = dict(
     out_dir="",          # the train_grpo.py run; '' = the directory of --ckpt, or else out/grpo

@@ -1,5 +1,5 @@
 """
-A run's base, for every script that puts an adapter on it (sample.load_policy: sampling, attribution,
+A run's base, for every script that puts an adapter on it (runs/loading.load_policy: sampling, attribution,
 export; train_grpo.py's resume): what the adapter is bound to (base_identity: the tensors' fingerprint
 from model.base_fingerprint, the configuration, the tokenizer and its chat format), what changed when it
 is refused (check_same_base), and where the base is now (resolve_base, one message for a moved base).

@@ -21,7 +21,8 @@ import tracin
 from configurator import UserError, cli_main
 from model import load_checkpoint
 from rewards import REWARD_FUNCS
-from sample import decode_completions, encode_prompt, generate, load_policy, stop_tokens
+from sample import decode_completions, encode_prompt, generate, stop_tokens
+from runs.loading import load_policy
 from data.tasks import load_task_split
 from test_report import Page
 from test_tracin_cli import tiny_run

@@ -20,6 +20,7 @@ from configurator import UserError  # noqa: E402
 from hf_dirs import make_dir, write_config  # noqa: E402
 from model import load_checkpoint, save_checkpoint  # noqa: E402
 from pretrained import export  # noqa: E402
+import runs.loading  # noqa: E402
 import sample  # noqa: E402
 
 QUESTION = "Mia has 2 pears. How many?"
@@ -133,7 +134,7 @@ def test_the_unchanged_base_and_changed_weights(trained, monkeypatch):
     import rewards
     monkeypatch.setitem(rewards.REWARD_FUNCS, "chars", lambda completion, answer: len(completion) / 10)
     b, run = trained
-    sample.load_policy(f"{run}/ckpt.pt")
+    runs.loading.load_policy(f"{run}/ckpt.pt")
     sd = load_file(f"{b}/model.safetensors")
     sd["model.norm.weight"][3] += 1e-3
     save_file(sd, f"{b}/model.safetensors", metadata={"format": "pt"})
@@ -155,14 +156,14 @@ def test_a_run_saved_before_base_identity_still_loads_and_resumes(trained, monke
     import rewards
     monkeypatch.setitem(rewards.REWARD_FUNCS, "chars", lambda completion, answer: len(completion) / 10)
     b, run = trained
-    model_new, _, _ = sample.load_policy(f"{run}/ckpt.pt")
+    model_new, _, _ = runs.loading.load_policy(f"{run}/ckpt.pt")
     assert isinstance(load_checkpoint(f"{run}/ckpt.pt")["base_identity"]["tokenizer"], dict)
     old_form(run)
-    model_old, _, _ = sample.load_policy(f"{run}/ckpt.pt")
+    model_old, _, _ = runs.loading.load_policy(f"{run}/ckpt.pt")
     x = torch.randint(0, 300, (1, 7))
     assert torch.equal(model_new(x)[0], model_old(x)[0])
     write_config(b, rms_norm_eps=1e-3)  # not covered by the old form: accepted, as before
-    sample.load_policy(f"{run}/ckpt.pt")
+    runs.loading.load_policy(f"{run}/ckpt.pt")
     write_config(b, rms_norm_eps=1e-6)
     train_grpo.main([f"--out_dir={run}", "--init_from=resume", "--max_iters=2"])
     ck = load_checkpoint(f"{run}/ckpt.pt")
@@ -173,7 +174,7 @@ def test_a_run_saved_before_base_identity_still_loads_and_resumes(trained, monke
     sd["lm_head.weight"][0, 0] += 1.0
     save_file(sd, f"{b}/model.safetensors", metadata={"format": "pt"})
     with pytest.raises(UserError, match="changed: its weights"):  # what the old form covers is still checked
-        sample.load_policy(f"{run}/ckpt.pt")
+        runs.loading.load_policy(f"{run}/ckpt.pt")
 
 
 def test_a_moved_base_gets_one_message_and_its_fix_works(trained, tmp_path, monkeypatch):
@@ -191,7 +192,7 @@ def test_a_moved_base_gets_one_message_and_its_fix_works(trained, tmp_path, monk
         call()  # the fix the message names
     assert os.path.isfile(f"{run}/exported/adapter_config.json")
     with pytest.raises(UserError, match=r"--base_ckpt=\S+nowhere not found"):
-        sample.load_policy(f"{run}/ckpt.pt", base_ckpt=str(tmp_path / "nowhere"))
+        runs.loading.load_policy(f"{run}/ckpt.pt", base_ckpt=str(tmp_path / "nowhere"))
 
 
 def test_a_relative_base_is_found_alike_by_every_script(base, data, tmp_path, monkeypatch):

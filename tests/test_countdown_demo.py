@@ -1,7 +1,7 @@
 # analysis/countdown_demo.py: the demo's figure from train_grpo.py runs (learning curves and greedy
 # completions of the same test problems before and after). Independent references: the "before" column
 # against the base checkpoint loaded alone (no adapter at all), the "after" columns against the adapter
-# merged into the weights (sample.load_policy(merge=True), another code path than LoRA switched off/on).
+# merged into the weights (runs.loading.load_policy(merge=True), another code path than LoRA switched off/on).
 import shutil
 
 import pytest
@@ -9,7 +9,8 @@ import pytest
 from analysis import countdown_demo
 from configurator import UserError
 from data.tasks import load_task_split
-from sample import decode_completions, encode_prompt, generate, load_policy, stop_tokens
+from sample import decode_completions, encode_prompt, generate, stop_tokens
+from runs.loading import load_policy
 from test_train_grpo import run as grpo_run
 
 

@@ -197,7 +197,7 @@ def test_export_during_training_is_refused(hf_run, tmp_path, no_load):
 def test_the_writers_refuse_a_users_directory_themselves(hf_run, tmp_path, writer):
     """Called directly (not through export.main), a writer still never overwrites."""
     base, run = hf_run
-    from sample import load_policy
+    from runs.loading import load_policy
     model, _, _ = load_policy(f"{run}/ckpt.pt")
     os.makedirs(tmp_path / "users")
     open(tmp_path / "users" / "x", "w").close()

@@ -100,7 +100,7 @@ def test_a_missing_data_directory_is_built_again_or_named(two_copies, tmp_path):
     _, b = two_copies
     before = {n: open(f"{b}/{DATA}/{n}", "rb").read() for n in os.listdir(f"{b}/{DATA}")}
     shutil.rmtree(f"{b}/{DATA}")
-    code = "import sample; print(sample.load_policy('out/base/ckpt.pt')[2])"
+    code = "import runs.loading; print(runs.loading.load_policy('out/base/ckpt.pt')[2])"
     r = python(b, "-c", code)
     assert r.returncode == 0 and r.stdout.strip().splitlines()[-1] == f"{b}/{DATA}", r.stderr
     assert {n: open(f"{b}/{DATA}/{n}", "rb").read() for n in os.listdir(f"{b}/{DATA}")} == before

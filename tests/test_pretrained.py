@@ -230,7 +230,7 @@ def test_grpo_run_on_a_directory_uses_its_chat_format_and_records_the_base(run, 
     ckpt = torch.load(f"{run}/ckpt.pt", weights_only=True)
     assert ckpt["base_ckpt"] == path and len(ckpt["base_fingerprint"]) == 16
     assert any(v.abs().sum() > 0 for k, v in ckpt["lora"].items() if "lora_B" in k)  # it trained
-    from sample import load_policy
+    from runs.loading import load_policy
     _, enc, _ = load_policy(f"{run}/ckpt.pt")
     from sample import encode_prompt
     q = "Mia has 2 pears. How many?"
@@ -250,7 +250,7 @@ def test_tracin_cli_attributes_on_a_directory_run(run):
 def test_exported_adapter_gives_the_projects_logits_in_peft(run, dirs):
     peft = pytest.importorskip("peft", reason="peft is the test-only reference for adapters (installed by .ci/run)")
     from pretrained import export
-    from sample import load_policy
+    from runs.loading import load_policy
     from transformers import AutoModelForCausalLM
     export.main([f"--out_dir={run}", "--merged=True"])
     cfg = json.load(open(f"{run}/peft_adapter/adapter_config.json"))
@@ -281,7 +281,7 @@ def test_gpt2_adapter_on_conv1d_layers_loads_in_peft(dirs, tmp_path, chars_rewar
     from pretrained import export
     import train_grpo
     from data.gsm_synth.prepare import prepare
-    from sample import load_policy
+    from runs.loading import load_policy
     from transformers import AutoModelForCausalLM
     data = prepare(steps=1, max_operand=5, ops="+", n_train=100, n_val=10, n_test=10, num_merges=20,
                    verbose=False, root=str(tmp_path))

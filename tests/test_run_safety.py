@@ -8,6 +8,7 @@ import os
 import pytest
 import torch
 
+import runs.loading
 import sample
 import train_base as tb
 import grpo
@@ -109,7 +110,7 @@ def test_resume_refuses_another_base_of_the_same_shape(tiny_setup, tmp_path):
     with pytest.raises(UserError, match=r"another base than .*base/ckpt.pt holds now \(changed: its weights"):
         tg.main([f"--out_dir={tmp_path / 'r'}", "--init_from=resume", "--max_iters=2"])
     with pytest.raises(UserError, match=r"another base than .*base/ckpt.pt holds now \(changed: its weights"):
-        sample.load_policy(str(tmp_path / "r" / "ckpt.pt"))
+        runs.loading.load_policy(str(tmp_path / "r" / "ckpt.pt"))
 
 
 def test_nonfinite_logits_skip_steps_then_stop(tiny_setup, tmp_path, monkeypatch, capsys):

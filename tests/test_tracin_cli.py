@@ -113,7 +113,7 @@ def test_rollouts_record_without_its_keys_is_skipped(run, capsys):
 
 
 def _enc(run):
-    from sample import load_policy
+    from runs.loading import load_policy
     return load_policy(str(run / "ckpt_000000.pt"))[1]
 
 

@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 import grpo
+import runs.loading
 import tracin
 import train_grpo as tg
 from configurator import UserError
@@ -490,7 +491,7 @@ def test_sample_cli_loads_grpo_checkpoint(tiny_setup, tmp_path, capsys):
     import sample
     out = tmp_path / "cli"
     run(tiny_setup, out, "--max_iters=1")
-    model, enc, _ = sample.load_policy(str(out / "ckpt.pt"))
+    model, enc, _ = runs.loading.load_policy(str(out / "ckpt.pt"))
     assert any(".lora_" in n for n, _ in model.named_parameters())  # the adapter is applied
     lora = load_checkpoint(str(out / "ckpt.pt"))["lora"]
     assert all(torch.equal(dict(model.named_parameters())[k], v) for k, v in lora.items())
