@@ -10,8 +10,8 @@ Prints one line per log_interval, evaluates greedy test accuracy every eval_inte
 out_dir/ckpt.pt atomically (a crash mid-write never leaves half a checkpoint).
 """
 # configurator first: a Ctrl-C during the slow imports below (torch) is one line, not a traceback
-from configurator import (Interrupted, UserError, check, check_choice, check_finite, check_nonnegative,
-                          check_positive, cli_main, configure, read_config_file)
+from configurator import (Interrupted, UserError, check, check_adam_lr, check_choice, check_finite,
+                          check_nonnegative, check_positive, cli_main, configure, read_config_file)
 import math
 import os
 import random
@@ -210,6 +210,9 @@ def validate(cfg):
     check(cfg, "n_embd", cfg["n_embd"] % cfg["n_head"] == 0, f"must be a multiple of n_head={cfg['n_head']}")
     for k in ("dropout", "beta1", "beta2"):
         check(cfg, k, 0 <= cfg[k] < 1, "must be in [0, 1)")
+    check_adam_lr(cfg, cfg["beta1"], "learning_rate", "min_lr")
+    check(cfg, "max_new_tokens", cfg["max_new_tokens"] < cfg["block_size"],
+          f"must be < block_size={cfg['block_size']}: a question and its answer share the context")
     check(cfg, "task_ops", cfg["task_ops"] != "" and set(cfg["task_ops"]) <= set(TEMPLATES),
           f"one or more of the operations {''.join(TEMPLATES)!r}, e.g. '+-'")
     check(cfg, "task_noise", 0 <= cfg["task_noise"] <= 1, "must be in [0, 1]")
