@@ -24,14 +24,17 @@ import torch
 
 from scale import distributed
 from data.countdown import searched
+from data.datadir import check_task_data
 from data.gsm_synth.prepare import TEMPLATES, load_split, load_tokenizer, prepare
 from scale.device import check_device
 from model import (GPT, GPTConfig, CheckpointWriteError, base_fingerprint, load_checkpoint,
                    model_from_checkpoint, save_checkpoint)
 from rewards import REWARD_FUNCS
+from runs.base_checks import check_loads, check_resume, check_same_data, data_fingerprint
 from runs.rundir import run_lock, stop_note
 from sample import NonFiniteLogits, decode_completions, encode_prompt, encode_text, generate, load_base, stop_tokens
-from data.tasks import TASKS, load_task_split, portable_path, set_instruction, task_data
+from data.tasks import (TASKS, load_task_split, portable_path, resolve_data_dir, set_instruction,
+                        task_data)
 
 # -----------------------------------------------------------------------------
 # default config values (override with a config file and/or --key=value)
@@ -228,8 +231,13 @@ def main(argv):
     cfg = configure(defaults, argv)
     ckpt = None
     if cfg["init_from"] == "resume":  # the saved run's config; only what argv gives overrides it
-        ckpt = load_checkpoint(os.path.join(cfg["out_dir"], "ckpt.pt"))
+        path = os.path.join(cfg["out_dir"], "ckpt.pt")
+        ckpt = load_checkpoint(path)
+        if "lora" in ckpt or "model_args" not in ckpt or "model" not in ckpt:
+            raise UserError(f"{path} is not a train_base.py checkpoint (a GRPO run's?): give the "
+                            f"out_dir of the base to resume")
         cfg = configure(defaults, argv, saved=ckpt.get("config", {}))
+        check_resume(cfg, ckpt, path)
     validate(cfg)
     with distributed.process_group(cfg["device"]) as cfg["device"]:  # under torchrun: cuda:LOCAL_RANK
         cfg["dtype"], amp = check_device(cfg["device"], cfg["dtype"])  # 'auto' resolved; bf16 autocast or none
@@ -251,16 +259,23 @@ def setup(cfg, ckpt):
     run = SimpleNamespace(ckpt_path=ckpt_path, rng=random.Random(cfg["seed"]), iter_num=0, elapsed_before=0.0,
                           last_ckpt=None, metrics={} if ckpt is None else ckpt.get("metrics", {}))
     with distributed.main_first():  # rank 0 writes the task data if missing, the others then read it
-        run.data_dir, run.enc = load_task(cfg)
-    run.train_pairs = tokenize_examples(run.enc, load_split(run.data_dir, "train"))
-    run.test = load_split(run.data_dir, "test")[:cfg["eval_n"]]
+        run.data_dir, run.enc = task_files(cfg, ckpt)
+    check_task_data(run.data_dir, cfg["task"])  # another task's rows put in its place: refused
+    splits = {s: load_split(run.data_dir, s) for s in ("train", "val", "test")}
+    run.data_fingerprint = data_fingerprint(run.enc, splits)  # checkpoints record it
+    if ckpt is not None:
+        check_same_data(ckpt, ckpt_path, run.data_dir, run.enc, run.data_fingerprint)
+    run.train_pairs = tokenize_examples(run.enc, splits["train"])
+    run.test = splits["test"][:cfg["eval_n"]]
     longest = max(len(p) + len(c) for p, c in run.train_pairs)
     if longest > cfg["block_size"]:
         raise UserError(f"training sequences reach {longest} tokens but block_size={cfg['block_size']}")
     run.model_args = dict(block_size=cfg["block_size"], vocab_size=run.enc.n_vocab, n_layer=cfg["n_layer"],
                           n_head=cfg["n_head"], n_embd=cfg["n_embd"], dropout=cfg["dropout"], bias=cfg["bias"])
+    if ckpt is not None:  # the weights' shapes (check_resume: cfg's too); dropout as configured now
+        run.model_args = {**ckpt["model_args"], "dropout": cfg["dropout"]}
     if ckpt is not None:
-        run.model = model_from_checkpoint(ckpt, ckpt_path)
+        run.model = model_from_checkpoint(ckpt, ckpt_path, dropout=cfg["dropout"])
         run.iter_num = run.last_ckpt = ckpt["iter_num"]
         run.elapsed_before = ckpt.get("train_seconds", 0.0)
         torch.set_rng_state(ckpt["rng"]["torch"])
@@ -281,6 +296,16 @@ def setup(cfg, ckpt):
     return run
 
 
+def task_files(cfg, ckpt):
+    """(data_dir, tokenizer): a resumed run's are those its checkpoint recorded (in this copy of the
+    project); a new run's, or a resumed one's whose directory is gone, load_task's (built again from
+    the saved knobs; check_same_data then compares them with the checkpoint's)."""
+    recorded = resolve_data_dir(ckpt.get("data_dir", "")) if ckpt is not None else ""
+    if recorded and os.path.isdir(recorded):
+        return recorded, load_tokenizer(recorded)
+    return load_task(cfg)
+
+
 def rank_rows(x, y):
     """Under torchrun: this rank's contiguous rows of the whole batch (every rank drew all of it from
     the same seeded stream) and the factor that turns the mean loss over its target tokens into its
@@ -298,12 +323,15 @@ def train(cfg, run):
 
     def checkpoint(metrics):
         if distributed.is_main():  # every rank holds the same weights; rank 0 writes them
-            save_checkpoint({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                             "model_args": run.model_args, "iter_num": run.iter_num, "config": cfg,
-                             "data_dir": portable_path(run.data_dir),  # relative to the project: a copy reads its own
-                             "train_seconds": run.elapsed_before + time.time() - t_start,
-                             "metrics": metrics, "rng": {"torch": torch.get_rng_state(), "python": rng.getstate()}},
-                            run.ckpt_path)
+            state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                     "model_args": run.model_args, "iter_num": run.iter_num, "config": cfg,
+                     "data_dir": portable_path(run.data_dir),  # relative to the project
+                     "data_fingerprint": run.data_fingerprint,  # the data it is bound to
+                     "train_seconds": run.elapsed_before + time.time() - t_start,
+                     "metrics": metrics,
+                     "rng": {"torch": torch.get_rng_state(), "python": rng.getstate()}}
+            check_loads(state, run.ckpt_path)  # ckpt.pt is replaced only by a state that loads
+            save_checkpoint(state, run.ckpt_path)
         run.last_ckpt = run.iter_num
 
     t_start = t_log = time.time()

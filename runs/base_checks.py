@@ -1,0 +1,74 @@
+"""
+The checks of a train_base.py run beyond its knobs (train_base.validate): what a resumed base
+is bound to (its weights' shapes, the data and tokenizer it was trained on), and whether a
+checkpoint loads before it replaces ckpt.pt. Where it plugs in: train_base.main calls
+check_resume once the saved config is merged in; setup, check_same_data; every checkpoint
+passes check_loads.
+"""
+import torch
+
+from configurator import UserError
+from model import GPT, CheckpointWriteError, GPTConfig
+from runs.base import short_hash
+
+# what a resumed run may not change: the weights' shapes, the knobs that pick its data and tokenizer
+MODEL_KNOBS = ("n_layer", "n_head", "n_embd", "block_size", "bias")
+DATA_KNOBS = ("task", "n_train", "task_steps", "task_min_steps", "task_max_operand", "task_ops",
+              "task_noise", "countdown_numbers", "countdown_max_number", "countdown_max_target",
+              "countdown_max_misses", "countdown_variants")
+
+
+def check_resume(cfg, ckpt, path):
+    """A resumed base goes on training ONE model on ONE data set: a knob that shapes the weights
+    (compared with the checkpoint's model_args) or picks the data and tokenizer (with its saved
+    config) keeps its value; an older checkpoint without a key is not compared on it."""
+    shapes = {k: v for k, v in ckpt["model_args"].items() if k in MODEL_KNOBS}
+    saved = {**ckpt.get("config", {}), **shapes}
+    for k in MODEL_KNOBS + DATA_KNOBS:
+        if k in saved and saved[k] != cfg[k]:
+            what = "shapes the weights" if k in MODEL_KNOBS else "picks the task data and tokenizer"
+            raise UserError(f"config key '{k}' = {cfg[k]!r} cannot change on resume: {path} was "
+                            f"trained with {saved[k]!r} and it {what}; leave --{k} out to go on "
+                            f"with that run, or start a new out_dir to train a new base")
+
+
+def data_fingerprint(enc, splits):
+    """What a base is bound to besides its weights: a short hash of its tokenizer (vocabulary,
+    special tokens, split pattern: what its ids mean) and of each split's rows."""
+    tokenizer = (sorted(enc._mergeable_ranks.items()), sorted(enc._special_tokens.items()),
+                 enc._pat_str)
+    return {"tokenizer": short_hash(tokenizer), **{s: short_hash(r) for s, r in splits.items()}}
+
+
+def check_same_data(ckpt, path, data_dir, enc, fingerprint):
+    """A resumed base reads the data and tokenizer it was trained on: a directory rebuilt from other
+    files (another prepare.py, a hand edit) swaps what its token ids mean. A checkpoint made before
+    data_fingerprint was recorded is compared on its vocabulary size only."""
+    saved = ckpt.get("data_fingerprint") or {}
+    changed = [k if k == "tokenizer" else f"{k} split" for k in saved
+               if saved[k] != fingerprint.get(k)]
+    vocab = ckpt["model_args"].get("vocab_size", enc.n_vocab)
+    if vocab != enc.n_vocab and "tokenizer" not in changed:
+        changed.insert(0, f"tokenizer ({enc.n_vocab} tokens, the model's {vocab})")
+    if changed:
+        raise UserError(f"{data_dir} is not the data {path} was trained on (changed: "
+                        f"{', '.join(changed)}): it was rebuilt from other files; put the original "
+                        f"back, or start a new out_dir to train a new base on it")
+
+
+def check_loads(state, path):
+    """A checkpoint is written only if it loads: its model_args build a GPT (on the meta device: no
+    memory) whose tensors have the shapes of its weights, and its config resumes (check_resume)."""
+    try:
+        with torch.device("meta"):
+            want = GPT(GPTConfig(**state["model_args"])).state_dict()
+        check_resume(state["config"], state, path)
+    except (TypeError, AssertionError, UserError) as e:
+        raise CheckpointWriteError(f"not writing {path}, which would not load ({e})") from None
+    have = state["model"]
+    bad = sorted(k for k in want.keys() | have.keys()
+                 if k not in want or k not in have or want[k].shape != have[k].shape)
+    if bad:
+        raise CheckpointWriteError(f"not writing {path}: its weights do not fit its model_args "
+                                   f"{state['model_args']} ({bad[0]}), so it would not load")
+
