@@ -27,10 +27,10 @@ from data.countdown import searched
 from data.datadir import check_task_data
 from data.gsm_synth.prepare import TEMPLATES, load_split, load_tokenizer, prepare
 from scale.device import check_device
-from model import (GPT, GPTConfig, CheckpointWriteError, base_fingerprint, load_checkpoint,
-                   model_from_checkpoint, save_checkpoint)
+from model import CheckpointWriteError, base_fingerprint, load_checkpoint, save_checkpoint
 from rewards import REWARD_FUNCS
-from runs.base_checks import check_loads, check_resume, check_same_data, data_fingerprint
+from runs.base_checks import (build_model, check_eval_cache, check_loads, check_resume,
+                              check_same_data, data_fingerprint)
 from runs.rundir import run_lock, stop_note
 from sample import NonFiniteLogits, decode_completions, encode_prompt, encode_text, generate, load_base, stop_tokens
 from data.tasks import (TASKS, load_task_split, portable_path, resolve_data_dir, set_instruction,
@@ -83,6 +83,7 @@ dtype = "auto"              # 'bfloat16': autocast (weights and AdamW stay float
 # -----------------------------------------------------------------------------
 defaults = {k: v for k, v in dict(globals()).items()
             if not k.startswith("_") and isinstance(v, (int, float, bool, str))}
+EVAL_BATCH = 100            # test problems generated at once by evaluate (its KV cache's rows)
 
 
 def load_task(cfg, verbose=True):
@@ -146,7 +147,8 @@ def get_lr(it, max_iters, learning_rate, min_lr, warmup_iters):
 
 
 @torch.no_grad()
-def evaluate(model, enc, examples, max_new_tokens, k=1, temperature=1.0, batch=100, seed=0, task="arith"):
+def evaluate(model, enc, examples, max_new_tokens, k=1, temperature=1.0, batch=EVAL_BATCH, seed=0,
+             task="arith"):
     """Greedy accuracy on `examples`; with k > 1 also pass@k (any of k samples correct), correct as
     the task's correctness reward says (tasks.TASKS).
     Under torchrun every rank must call it: each scores a contiguous run of whole chunks of `batch`
@@ -245,6 +247,7 @@ def main(argv):
         with run_lock(cfg["out_dir"]) if distributed.is_main() else nullcontext():
             run = setup(cfg, ckpt)
             run.model.amp = amp  # every pass computes in this precision (bf16 autocast, or the weights' own)
+            check_eval_cache(run.model, run.enc, run.test, cfg, EVAL_BATCH)  # before iteration 0
             del ckpt  # the weights and optimizer state now live in the model and optimizer: free the loaded copy
             return train(cfg, run)
 
@@ -270,20 +273,23 @@ def setup(cfg, ckpt):
     longest = max(len(p) + len(c) for p, c in run.train_pairs)
     if longest > cfg["block_size"]:
         raise UserError(f"training sequences reach {longest} tokens but block_size={cfg['block_size']}")
+    longest = max(len(encode_prompt(run.enc, e["question"])) for e in run.test)
+    if longest + cfg["max_new_tokens"] > cfg["block_size"]:  # now, not at the first evaluation
+        raise UserError(f"config key 'max_new_tokens' = {cfg['max_new_tokens']} is not allowed: "
+                        f"the longest test question ({longest} tokens) + max_new_tokens must fit "
+                        f"block_size={cfg['block_size']}: give at most "
+                        f"{cfg['block_size'] - longest}")
     run.model_args = dict(block_size=cfg["block_size"], vocab_size=run.enc.n_vocab, n_layer=cfg["n_layer"],
                           n_head=cfg["n_head"], n_embd=cfg["n_embd"], dropout=cfg["dropout"], bias=cfg["bias"])
     if ckpt is not None:  # the weights' shapes (check_resume: cfg's too); dropout as configured now
         run.model_args = {**ckpt["model_args"], "dropout": cfg["dropout"]}
+    run.model = build_model(run.model_args, cfg["device"], ckpt, ckpt_path)
     if ckpt is not None:
-        run.model = model_from_checkpoint(ckpt, ckpt_path, dropout=cfg["dropout"])
         run.iter_num = run.last_ckpt = ckpt["iter_num"]
         run.elapsed_before = ckpt.get("train_seconds", 0.0)
         torch.set_rng_state(ckpt["rng"]["torch"])
         run.rng.setstate(ckpt["rng"]["python"])
         print(f"resuming from {ckpt_path} at iter {run.iter_num}")
-    else:
-        run.model = GPT(GPTConfig(**run.model_args))
-    run.model.to(cfg["device"])
     if distributed.is_main():
         print(f"GPT with {run.model.num_params() / 1e6:.2f}M parameters, vocab {run.enc.n_vocab}")
     decay = [p for p in run.model.parameters() if p.dim() >= 2]   # no weight decay on gains and biases

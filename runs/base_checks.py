@@ -1,15 +1,17 @@
 """
 The checks of a train_base.py run beyond its knobs (train_base.validate): what a resumed base
-is bound to (its weights' shapes, the data and tokenizer it was trained on), and whether a
-checkpoint loads before it replaces ckpt.pt. Where it plugs in: train_base.main calls
-check_resume once the saved config is merged in; setup, check_same_data; every checkpoint
-passes check_loads.
+is bound to (its weights' shapes, the data and tokenizer it was trained on), whether its model
+and its evaluation's KV cache can be allocated, and whether a checkpoint loads before it
+replaces ckpt.pt. Where it plugs in: train_base.main calls check_resume once the saved config
+is merged in; setup, check_same_data and build_model; check_eval_cache runs before iteration 0;
+every checkpoint passes check_loads.
 """
 import torch
 
 from configurator import UserError
-from model import GPT, CheckpointWriteError, GPTConfig
+from model import GPT, CheckpointWriteError, GPTConfig, model_from_checkpoint
 from runs.base import short_hash
+from sample import encode_prompt
 
 # what a resumed run may not change: the weights' shapes, the knobs that pick its data and tokenizer
 MODEL_KNOBS = ("n_layer", "n_head", "n_embd", "block_size", "bias")
@@ -56,6 +58,38 @@ def check_same_data(ckpt, path, data_dir, enc, fingerprint):
                         f"back, or start a new out_dir to train a new base on it")
 
 
+def build_model(args, device, ckpt, path):
+    """The GPT of model_args (or the checkpoint's, with its weights) on device. Too large to
+    allocate is one line naming the knob to lower: block_size when its position table
+    (block_size x n_embd) is the largest part, else n_layer or n_embd."""
+    try:
+        model = GPT(GPTConfig(**args)) if ckpt is None else \
+            model_from_checkpoint(ckpt, path, dropout=args["dropout"])
+        return model.to(device)
+    except (RuntimeError, MemoryError, TypeError, OverflowError) as e:  # TypeError: beyond 64 bits
+        big = args["block_size"] >= 12 * args["n_layer"] * args["n_embd"]
+        raise UserError(f"cannot allocate the model on {device} (block_size={args['block_size']}, "
+                        f"n_layer={args['n_layer']}, n_embd={args['n_embd']}): {first_line(e)}; "
+                        f"lower {'block_size' if big else 'n_layer or n_embd'}") from None
+
+
+def check_eval_cache(model, enc, test, cfg, batch):
+    """The evaluation's KV cache (batch rows x the longest test prompt + max_new_tokens, every
+    layer) is allocated once before iteration 0: too large is one line then, not a traceback
+    after training."""
+    rows = min(batch, len(test))
+    length = max(len(encode_prompt(enc, e["question"])) for e in test) + cfg["max_new_tokens"]
+    try:
+        with model.amp:
+            cache = model.new_cache(rows, length)
+        del cache  # only whether it fits was in question
+    except (RuntimeError, MemoryError) as e:
+        raise UserError(f"cannot allocate the evaluation's KV cache ({rows} rows x {length} "
+                        f"positions x {model.config.n_layer} layers on {cfg['device']}): "
+                        f"{first_line(e)}; lower max_new_tokens (or eval_n, n_layer, n_embd)"
+                        ) from None
+
+
 def check_loads(state, path):
     """A checkpoint is written only if it loads: its model_args build a GPT (on the meta device: no
     memory) whose tensors have the shapes of its weights, and its config resumes (check_resume)."""
@@ -72,3 +106,6 @@ def check_loads(state, path):
         raise CheckpointWriteError(f"not writing {path}: its weights do not fit its model_args "
                                    f"{state['model_args']} ({bad[0]}), so it would not load")
 
+
+def first_line(e):
+    return (str(e).splitlines() or [type(e).__name__])[0][:160]

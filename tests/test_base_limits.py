@@ -1,14 +1,19 @@
 # Knobs that used to end in a traceback, or were found only after the whole base had trained, are
-# one-line errors before any work: max_new_tokens beyond the context, a seed beyond torch's 64 bits,
-# a learning rate whose AdamW step overflows float32 (train_base.py and train_grpo.py:
-# configurator.check_finite / check_adam_lr).
+# one-line errors before iteration 0: max_new_tokens beyond the context (alone, or with the longest
+# test question), a seed beyond torch's 64 bits, a learning rate whose AdamW step overflows float32
+# (train_base.py and train_grpo.py: configurator.check_finite / check_adam_lr), and a model or an
+# evaluation KV cache too large to allocate (naming the knob to lower).
 # Run: python -m pytest -q tests/test_base_limits.py
+import os
+
 import pytest
 
 import train_base as tb
 import train_grpo as tg
 from configurator import UserError, check_finite
-from data.gsm_synth.prepare import load_tokenizer, prepare
+from data.gsm_synth.prepare import load_split, load_tokenizer, prepare
+from model import GPT
+from sample import encode_prompt
 
 ARGS = ["--n_layer=1", "--n_embd=16", "--n_head=2", "--block_size=96", "--batch_size=4",
         "--eval_n=4", "--eval_interval=2", "--log_interval=2", "--max_new_tokens=6",
@@ -43,6 +48,40 @@ def test_max_new_tokens_beyond_the_block_is_refused_before_any_work(monkeypatch,
     refused(lambda: tb.main([f"--out_dir={tmp_path / 'b'}", *ARGS, f"--max_new_tokens={mnt}"]),
             f"'max_new_tokens' = {mnt} is not allowed: must be < block_size=96")
     assert not (tmp_path / "b").exists()
+
+
+def longest_prompt(task):
+    data_dir, enc = task
+    return max(len(encode_prompt(enc, e["question"])) for e in load_split(data_dir, "test")[:4])
+
+
+@pytest.mark.parametrize("over", [1, 2, 30])
+def test_prompt_and_max_new_tokens_beyond_the_block_before_iteration_0(base, task, tmp_path, over):
+    """The training sequences fit; the longest test question + max_new_tokens does not: refused
+    before any training, naming the most max_new_tokens that fits."""
+    block, fits = 96, 96 - longest_prompt(task)
+    msg = refused(lambda: base(f"--max_new_tokens={min(fits + over, block - 1)}"),
+                  r"'max_new_tokens' = \d+ is not allowed: the longest test question .* must fit "
+                  f"block_size={block}: give at most {fits}")
+    assert "give at most" in msg and not (tmp_path / "b" / "ckpt.pt").exists()
+
+
+def test_max_new_tokens_that_fits_exactly_trains(task, monkeypatch, tmp_path):
+    monkeypatch.setattr(tb, "load_task", lambda cfg, verbose=True: task)
+    fits = 96 - longest_prompt(task)
+    tb.main([f"--out_dir={tmp_path / 'b'}", *ARGS, f"--max_new_tokens={fits}"])
+    assert (tmp_path / "b" / "ckpt.pt").exists()
+
+
+def test_max_new_tokens_too_large_on_resume_keeps_the_checkpoint(task, monkeypatch, tmp_path):
+    monkeypatch.setattr(tb, "load_task", lambda cfg, verbose=True: task)
+    tb.main([f"--out_dir={tmp_path / 'b'}", *ARGS])
+    before = (tmp_path / "b" / "ckpt.pt").read_bytes()
+    monkeypatch.setattr(tb, "train", lambda cfg, run: pytest.fail("training started"))
+    for mnt in (95, 96 - longest_prompt(task) + 1):
+        refused(lambda: tb.main([f"--out_dir={tmp_path / 'b'}", "--init_from=resume",
+                                 "--max_iters=4", f"--max_new_tokens={mnt}"]), "'max_new_tokens'")
+    assert (tmp_path / "b" / "ckpt.pt").read_bytes() == before
 
 
 SEEDS = [2 ** 64, 2 ** 63, 2 ** 64 - 1, -2 ** 63 - 1, 10 ** 30, -10 ** 40]
@@ -92,3 +131,26 @@ def test_grpo_seed_and_learning_rate(tiny_setup, tmp_path, arg):
     refused(lambda: tg.main([f"--base_ckpt={tiny_setup}", f"--out_dir={tmp_path / 'r'}", *GRPO,
                              arg]), f"'{key}' = .* is not allowed")
     assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("block", [2 ** 50, 2 ** 61, 2 ** 64, 10 ** 30])
+def test_a_block_size_the_model_cannot_allocate(base, tmp_path, block):
+    refused(lambda: base(f"--block_size={block}"),
+            f"cannot allocate the model on cpu \\(block_size={block}, .*: .*; lower block_size")
+    assert not (tmp_path / "b" / "ckpt.pt").exists()
+
+
+def test_an_n_embd_the_model_cannot_allocate(base):
+    refused(lambda: base(f"--n_embd={2 ** 40}"),
+            "cannot allocate the model .*; lower n_layer or n_embd")
+
+
+def test_a_kv_cache_that_cannot_be_allocated_is_found_before_iteration_0(base, monkeypatch,
+                                                                         tmp_path):
+    def no_memory(self, B, max_len, pad_left=None):
+        raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 10 TB"
+                           "\nmore")
+    monkeypatch.setattr(GPT, "new_cache", no_memory)
+    refused(lambda: base(), r"cannot allocate the evaluation's KV cache \(4 rows x \d+ positions x "
+                            r"1 layers on cpu\): DefaultCPUAllocator: .*; lower max_new_tokens")
+    assert not os.path.exists(tmp_path / "b" / "ckpt.pt")
