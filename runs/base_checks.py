@@ -6,6 +6,8 @@ replaces ckpt.pt. Where it plugs in: train_base.main calls check_resume once the
 is merged in; setup, check_same_data and build_model; check_eval_cache runs before iteration 0;
 every checkpoint passes check_loads.
 """
+import os
+
 import torch
 
 from configurator import UserError
@@ -61,16 +63,34 @@ def check_same_data(ckpt, path, data_dir, enc, fingerprint):
 def build_model(args, device, ckpt, path):
     """The GPT of model_args (or the checkpoint's, with its weights) on device. Too large to
     allocate is one line naming the knob to lower: block_size when its position table
-    (block_size x n_embd) is the largest part, else n_layer or n_embd."""
+    (block_size x n_embd) is the largest part, else n_layer or n_embd. Weights that alone exceed
+    the memory there are refused before any is allocated (n_layer=10**9 would take minutes to
+    fail, and a machine that overcommits memory may kill the process instead)."""
+    L, n, block = args["n_layer"], args["n_embd"], args["block_size"]
+    need = 4 * (12 * L * n * n + (args.get("vocab_size", 0) + block) * n)  # float32, at least
+    have = memory_of(device)
     try:
+        if have and need > have:
+            raise MemoryError(f"its weights alone take {need / 2 ** 30:.3g} GiB of the "
+                              f"{have / 2 ** 30:.3g} GiB there")
         model = GPT(GPTConfig(**args)) if ckpt is None else \
             model_from_checkpoint(ckpt, path, dropout=args["dropout"])
         return model.to(device)
     except (RuntimeError, MemoryError, TypeError, OverflowError) as e:  # TypeError: beyond 64 bits
-        big = args["block_size"] >= 12 * args["n_layer"] * args["n_embd"]
-        raise UserError(f"cannot allocate the model on {device} (block_size={args['block_size']}, "
-                        f"n_layer={args['n_layer']}, n_embd={args['n_embd']}): {first_line(e)}; "
-                        f"lower {'block_size' if big else 'n_layer or n_embd'}") from None
+        raise UserError(f"cannot allocate the model on {device} (block_size={block}, n_layer={L}, "
+                        f"n_embd={n}): {first_line(e)}; lower "
+                        f"{'block_size' if block >= 12 * L * n else 'n_layer or n_embd'}") from None
+
+
+def memory_of(device):
+    """Bytes of memory where the model is built (this machine's) and put (a GPU's); 0 = unknown."""
+    try:
+        have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):  # not a POSIX system
+        return 0
+    if torch.device(device).type == "cuda" and torch.cuda.is_available():
+        have = min(have, torch.cuda.get_device_properties(torch.device(device)).total_memory)
+    return have
 
 
 def check_eval_cache(model, enc, test, cfg, batch):

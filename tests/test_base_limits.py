@@ -140,9 +140,12 @@ def test_a_block_size_the_model_cannot_allocate(base, tmp_path, block):
     assert not (tmp_path / "b" / "ckpt.pt").exists()
 
 
-def test_an_n_embd_the_model_cannot_allocate(base):
-    refused(lambda: base(f"--n_embd={2 ** 40}"),
-            "cannot allocate the model .*; lower n_layer or n_embd")
+@pytest.mark.parametrize("arg", [f"--n_embd={2 ** 40}", "--n_embd=1000000", f"--n_layer={10 ** 9}",
+                                 f"--n_layer={2 ** 70}"])
+def test_an_n_layer_or_n_embd_the_model_cannot_allocate(base, arg):
+    """Weights beyond the machine's memory are refused at once (10**9 layers, one at a time, would
+    take minutes to fail)."""
+    refused(lambda: base(arg), "cannot allocate the model .*; lower n_layer or n_embd")
 
 
 def test_a_kv_cache_that_cannot_be_allocated_is_found_before_iteration_0(base, monkeypatch,
