@@ -96,11 +96,19 @@ def memory_of(device):
 def check_eval_cache(model, enc, test, cfg, batch):
     """The evaluation's KV cache (batch rows x the longest test prompt + max_new_tokens, every
     layer) is allocated once before iteration 0: too large is one line then, not a traceback
-    after training."""
+    after training. One larger than the memory there is refused without trying (build_model)."""
     rows = min(batch, len(test))
     length = max(len(encode_prompt(enc, e["question"])) for e in test) + cfg["max_new_tokens"]
+    c, p, have = model.config, next(model.parameters()), memory_of(cfg["device"])
+    width = (c.n_kv_head or c.n_head) * (c.n_embd // c.n_head)  # a layer's keys at one position
     try:
         with model.amp:
+            kind = p.device.type  # the dtype model.new_cache will choose
+            dtype = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else p.dtype
+            need = 2 * c.n_layer * rows * length * width * dtype.itemsize  # keys and values
+            if need > have > 0:
+                raise MemoryError(f"it takes {need / 2 ** 30:.3g} GiB of the {have / 2 ** 30:.3g} "
+                                  f"GiB there")
             cache = model.new_cache(rows, length)
         del cache  # only whether it fits was in question
     except (RuntimeError, MemoryError) as e:

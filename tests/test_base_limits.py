@@ -157,3 +157,16 @@ def test_a_kv_cache_that_cannot_be_allocated_is_found_before_iteration_0(base, m
     refused(lambda: base(), r"cannot allocate the evaluation's KV cache \(4 rows x \d+ positions x "
                             r"1 layers on cpu\): DefaultCPUAllocator: .*; lower max_new_tokens")
     assert not os.path.exists(tmp_path / "b" / "ckpt.pt")
+
+
+def test_a_kv_cache_beyond_the_memory_is_refused_without_trying(base, task, monkeypatch):
+    """Weights that fit, a cache that does not (here: memory just above the weights' bytes)."""
+    from runs import base_checks
+    n_vocab, n, fits = task[1].n_vocab, 16, 96 - longest_prompt(task)
+    weights = 4 * (12 * n * n + (n_vocab + 96) * n)
+    monkeypatch.setattr(base_checks, "memory_of", lambda device: weights + 1)
+    monkeypatch.setattr(GPT, "new_cache", lambda *a, **k: pytest.fail("allocation tried"))
+    refused(lambda: base(f"--max_new_tokens={fits}"),
+            r"KV cache \(4 rows x 96 positions x 1 layers on cpu\): it takes .* GiB of the .* GiB")
+    monkeypatch.setattr(base_checks, "memory_of", lambda device: weights - 1)
+    refused(lambda: base(), "cannot allocate the model .* its weights alone take")
