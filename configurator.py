@@ -141,11 +141,30 @@ def check(cfg, key, ok, allowed):
         raise UserError(f"config key '{key}' = {cfg[key]!r} is not allowed: {allowed}")
 
 
+FLOAT32_MAX = 3.4028234663852886e38  # a float knob beyond it is Inf in a float32 tensor
+SEED_MIN, SEED_MAX = -2 ** 63, 2 ** 63 - 1  # torch.manual_seed's 64 bits hold seed + a step too
+
+
 def check_finite(cfg, *allowed_inf):
-    """No float knob may be NaN, nor +-Inf unless listed (grad_clip=inf: no clipping)."""
+    """Every number knob is one the tensors can take: no float NaN, nor beyond float32's range
+    (1e39 is Inf as a float32), nor +-Inf unless listed (grad_clip=inf: no clipping); a seed
+    ('seed', '*_seed') a signed 64-bit integer: torch.manual_seed(seed + step) never overflows."""
     for k, v in cfg.items():
         if isinstance(v, float) and k not in allowed_inf:
             check(cfg, k, math.isfinite(v), "must be a finite number")
+            check(cfg, k, abs(v) <= FLOAT32_MAX, "must fit a float32 (at most 3.4e38 in size)")
+        if (k == "seed" or k.endswith("_seed")) and isinstance(v, int) and not isinstance(v, bool):
+            check(cfg, k, SEED_MIN <= v <= SEED_MAX, "must be a 64-bit integer, -2**63 to "
+                  "2**63 - 1 (what torch.manual_seed takes), e.g. 1337")
+
+
+def check_adam_lr(cfg, beta1, *keys):
+    """AdamW's first step moves a weight by lr / (1 - beta1), converted to a float32: beyond its
+    range that is an overflow error inside the optimizer, not a divergence the loop reports."""
+    for k in keys:
+        check(cfg, k, cfg[k] / (1 - beta1) <= FLOAT32_MAX,
+              f"must be at most {FLOAT32_MAX * (1 - beta1):.3g}: AdamW moves by it / "
+              f"(1 - beta1={beta1:g}), which must fit a float32 (3.4e38)")
 
 
 def check_positive(cfg, *keys):

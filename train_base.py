@@ -10,8 +10,8 @@ Prints one line per log_interval, evaluates greedy test accuracy every eval_inte
 out_dir/ckpt.pt atomically (a crash mid-write never leaves half a checkpoint).
 """
 # configurator first: a Ctrl-C during the slow imports below (torch) is one line, not a traceback
-from configurator import (Interrupted, UserError, check, check_choice, check_finite, check_nonnegative,
-                          check_positive, cli_main, configure)
+from configurator import (Interrupted, UserError, check, check_adam_lr, check_choice, check_finite,
+                          check_nonnegative, check_positive, cli_main, configure)
 import math
 import os
 import random
@@ -23,14 +23,16 @@ import torch
 
 from scale import distributed
 from data.countdown import searched
+from data.datadir import check_task_data
 from data.gsm_synth.prepare import TEMPLATES, load_split, load_tokenizer, prepare
 from scale.device import check_device
-from model import (GPT, GPTConfig, CheckpointWriteError, load_checkpoint, model_from_checkpoint,
-                   save_checkpoint)
+from model import CheckpointWriteError, load_checkpoint, save_checkpoint
 from rewards import REWARD_FUNCS
+from runs.base_checks import (build_model, check_eval_cache, check_loads, check_resume,
+                              check_same_data, data_fingerprint)
 from runs.rundir import run_lock, stop_note
 from sample import NonFiniteLogits, decode_completions, encode_prompt, encode_text, generate, stop_tokens
-from data.tasks import TASKS, portable_path
+from data.tasks import TASKS, portable_path, resolve_data_dir
 
 # -----------------------------------------------------------------------------
 # default config values (override with a config file and/or --key=value)
@@ -79,6 +81,7 @@ dtype = "auto"              # 'bfloat16': autocast (weights and AdamW stay float
 # -----------------------------------------------------------------------------
 defaults = {k: v for k, v in dict(globals()).items()
             if not k.startswith("_") and isinstance(v, (int, float, bool, str))}
+EVAL_BATCH = 100            # test problems generated at once by evaluate (its KV cache's rows)
 
 
 def load_task(cfg, verbose=True):
@@ -102,7 +105,8 @@ def get_lr(it, max_iters, learning_rate, min_lr, warmup_iters):
 
 
 @torch.no_grad()
-def evaluate(model, enc, examples, max_new_tokens, k=1, temperature=1.0, batch=100, seed=0, task="arith"):
+def evaluate(model, enc, examples, max_new_tokens, k=1, temperature=1.0, batch=EVAL_BATCH, seed=0,
+             task="arith"):
     """Greedy accuracy on `examples`; with k > 1 also pass@k (any of k samples correct), correct as
     the task's correctness reward says (tasks.TASKS).
     Under torchrun every rank must call it: each scores a contiguous run of whole chunks of `batch`
@@ -169,6 +173,9 @@ def validate(cfg):
     check(cfg, "n_embd", cfg["n_embd"] % cfg["n_head"] == 0, f"must be a multiple of n_head={cfg['n_head']}")
     for k in ("dropout", "beta1", "beta2"):
         check(cfg, k, 0 <= cfg[k] < 1, "must be in [0, 1)")
+    check_adam_lr(cfg, cfg["beta1"], "learning_rate", "min_lr")
+    check(cfg, "max_new_tokens", cfg["max_new_tokens"] < cfg["block_size"],
+          f"must be < block_size={cfg['block_size']}: a question and its answer share the context")
     check(cfg, "task_ops", cfg["task_ops"] != "" and set(cfg["task_ops"]) <= set(TEMPLATES),
           f"one or more of the operations {''.join(TEMPLATES)!r}, e.g. '+-'")
     check(cfg, "task_noise", 0 <= cfg["task_noise"] <= 1, "must be in [0, 1]")
@@ -184,8 +191,13 @@ def main(argv):
     cfg = configure(defaults, argv)
     ckpt = None
     if cfg["init_from"] == "resume":  # the saved run's config; only what argv gives overrides it
-        ckpt = load_checkpoint(os.path.join(cfg["out_dir"], "ckpt.pt"))
+        path = os.path.join(cfg["out_dir"], "ckpt.pt")
+        ckpt = load_checkpoint(path)
+        if "lora" in ckpt or "model_args" not in ckpt or "model" not in ckpt:
+            raise UserError(f"{path} is not a train_base.py checkpoint (a GRPO run's?): give the "
+                            f"out_dir of the base to resume")
         cfg = configure(defaults, argv, saved=ckpt.get("config", {}))
+        check_resume(cfg, ckpt, path)
     validate(cfg)
     with distributed.process_group(cfg["device"]) as cfg["device"]:  # under torchrun: cuda:LOCAL_RANK
         cfg["dtype"], amp = check_device(cfg["device"], cfg["dtype"])  # 'auto' resolved; bf16 autocast or none
@@ -193,6 +205,7 @@ def main(argv):
         with run_lock(cfg["out_dir"]) if distributed.is_main() else nullcontext():
             run = setup(cfg, ckpt)
             run.model.amp = amp  # every pass computes in this precision (bf16 autocast, or the weights' own)
+            check_eval_cache(run.model, run.enc, run.test, cfg, EVAL_BATCH)  # before iteration 0
             del ckpt  # the weights and optimizer state now live in the model and optimizer: free the loaded copy
             return train(cfg, run)
 
@@ -207,24 +220,34 @@ def setup(cfg, ckpt):
     run = SimpleNamespace(ckpt_path=ckpt_path, rng=random.Random(cfg["seed"]), iter_num=0, elapsed_before=0.0,
                           last_ckpt=None, metrics={} if ckpt is None else ckpt.get("metrics", {}))
     with distributed.main_first():  # rank 0 writes the task data if missing, the others then read it
-        run.data_dir, run.enc = load_task(cfg)
-    run.train_pairs = tokenize_examples(run.enc, load_split(run.data_dir, "train"))
-    run.test = load_split(run.data_dir, "test")[:cfg["eval_n"]]
+        run.data_dir, run.enc = task_files(cfg, ckpt)
+    check_task_data(run.data_dir, cfg["task"])  # another task's rows put in its place: refused
+    splits = {s: load_split(run.data_dir, s) for s in ("train", "val", "test")}
+    run.data_fingerprint = data_fingerprint(run.enc, splits)  # checkpoints record it
+    if ckpt is not None:
+        check_same_data(ckpt, ckpt_path, run.data_dir, run.enc, run.data_fingerprint)
+    run.train_pairs = tokenize_examples(run.enc, splits["train"])
+    run.test = splits["test"][:cfg["eval_n"]]
     longest = max(len(p) + len(c) for p, c in run.train_pairs)
     if longest > cfg["block_size"]:
         raise UserError(f"training sequences reach {longest} tokens but block_size={cfg['block_size']}")
+    longest = max(len(encode_prompt(run.enc, e["question"])) for e in run.test)
+    if longest + cfg["max_new_tokens"] > cfg["block_size"]:  # now, not at the first evaluation
+        raise UserError(f"config key 'max_new_tokens' = {cfg['max_new_tokens']} is not allowed: "
+                        f"the longest test question ({longest} tokens) + max_new_tokens must fit "
+                        f"block_size={cfg['block_size']}: give at most "
+                        f"{cfg['block_size'] - longest}")
     run.model_args = dict(block_size=cfg["block_size"], vocab_size=run.enc.n_vocab, n_layer=cfg["n_layer"],
                           n_head=cfg["n_head"], n_embd=cfg["n_embd"], dropout=cfg["dropout"], bias=cfg["bias"])
+    if ckpt is not None:  # the weights' shapes (check_resume: cfg's too); dropout as configured now
+        run.model_args = {**ckpt["model_args"], "dropout": cfg["dropout"]}
+    run.model = build_model(run.model_args, cfg["device"], ckpt, ckpt_path)
     if ckpt is not None:
-        run.model = model_from_checkpoint(ckpt, ckpt_path)
         run.iter_num = run.last_ckpt = ckpt["iter_num"]
         run.elapsed_before = ckpt.get("train_seconds", 0.0)
         torch.set_rng_state(ckpt["rng"]["torch"])
         run.rng.setstate(ckpt["rng"]["python"])
         print(f"resuming from {ckpt_path} at iter {run.iter_num}")
-    else:
-        run.model = GPT(GPTConfig(**run.model_args))
-    run.model.to(cfg["device"])
     if distributed.is_main():
         print(f"GPT with {run.model.num_params() / 1e6:.2f}M parameters, vocab {run.enc.n_vocab}")
     decay = [p for p in run.model.parameters() if p.dim() >= 2]   # no weight decay on gains and biases
@@ -235,6 +258,16 @@ def setup(cfg, ckpt):
     if ckpt is not None:
         run.optimizer.load_state_dict(ckpt["optimizer"])
     return run
+
+
+def task_files(cfg, ckpt):
+    """(data_dir, tokenizer): a resumed run's are those its checkpoint recorded (in this copy of the
+    project); a new run's, or a resumed one's whose directory is gone, load_task's (built again from
+    the saved knobs; check_same_data then compares them with the checkpoint's)."""
+    recorded = resolve_data_dir(ckpt.get("data_dir", "")) if ckpt is not None else ""
+    if recorded and os.path.isdir(recorded):
+        return recorded, load_tokenizer(recorded)
+    return load_task(cfg)
 
 
 def rank_rows(x, y):
@@ -254,12 +287,15 @@ def train(cfg, run):
 
     def checkpoint(metrics):
         if distributed.is_main():  # every rank holds the same weights; rank 0 writes them
-            save_checkpoint({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                             "model_args": run.model_args, "iter_num": run.iter_num, "config": cfg,
-                             "data_dir": portable_path(run.data_dir),  # relative to the project: a copy reads its own
-                             "train_seconds": run.elapsed_before + time.time() - t_start,
-                             "metrics": metrics, "rng": {"torch": torch.get_rng_state(), "python": rng.getstate()}},
-                            run.ckpt_path)
+            state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                     "model_args": run.model_args, "iter_num": run.iter_num, "config": cfg,
+                     "data_dir": portable_path(run.data_dir),  # relative to the project
+                     "data_fingerprint": run.data_fingerprint,  # the data it is bound to
+                     "train_seconds": run.elapsed_before + time.time() - t_start,
+                     "metrics": metrics,
+                     "rng": {"torch": torch.get_rng_state(), "python": rng.getstate()}}
+            check_loads(state, run.ckpt_path)  # ckpt.pt is replaced only by a state that loads
+            save_checkpoint(state, run.ckpt_path)
         run.last_ckpt = run.iter_num
 
     t_start = t_log = time.time()

@@ -7,8 +7,8 @@ merged in); it also resolves the reward functions the step will call (cfg['rewar
 import math
 import os
 
-from configurator import UserError, check, check_choice, check_finite, check_nonnegative, check_positive, \
-    read_config_file
+from configurator import UserError, check, check_adam_lr, check_choice, check_finite, \
+    check_nonnegative, check_positive, read_config_file
 from data.curriculum import parse_levels
 from data.datadir import check_task_data
 from data.tasks import TASKS, task_rewards
@@ -30,6 +30,7 @@ def validate(cfg):
                    "lora_r", "lora_alpha", "tracin_val_batch_size", "curriculum_window")
     check_nonnegative(cfg, "max_iters", "min_lr", "warmup_iters", "lr_decay_iters", "weight_decay", "beta",
                       "epsilon_high", "advantage_epsilon")
+    check_adam_lr(cfg, 0.9, "learning_rate", "min_lr")  # train_grpo's AdamW: torch's beta1, 0.9
     check(cfg, "group_size", cfg["group_size"] >= 2, "must be >= 2: advantages are relative within a group")
     world = distributed.launched_world_size()  # checked before any process group
     check(cfg, "batch_size", cfg["batch_size"] % world == 0, f"must split evenly over the {world} processes")

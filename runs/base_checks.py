@@ -1,0 +1,139 @@
+"""
+The checks of a train_base.py run beyond its knobs (train_base.validate): what a resumed base
+is bound to (its weights' shapes, the data and tokenizer it was trained on), whether its model
+and its evaluation's KV cache can be allocated, and whether a checkpoint loads before it
+replaces ckpt.pt. Where it plugs in: train_base.main calls check_resume once the saved config
+is merged in; setup, check_same_data and build_model; check_eval_cache runs before iteration 0;
+every checkpoint passes check_loads.
+"""
+import os
+
+import torch
+
+from configurator import UserError
+from model import GPT, CheckpointWriteError, GPTConfig, model_from_checkpoint
+from runs.base import short_hash
+from sample import encode_prompt
+
+# what a resumed run may not change: the weights' shapes, the knobs that pick its data and tokenizer
+MODEL_KNOBS = ("n_layer", "n_head", "n_embd", "block_size", "bias")
+DATA_KNOBS = ("task", "n_train", "task_steps", "task_min_steps", "task_max_operand", "task_ops",
+              "task_noise", "countdown_numbers", "countdown_max_number", "countdown_max_target",
+              "countdown_max_misses", "countdown_variants")
+
+
+def check_resume(cfg, ckpt, path):
+    """A resumed base goes on training ONE model on ONE data set: a knob that shapes the weights
+    (compared with the checkpoint's model_args) or picks the data and tokenizer (with its saved
+    config) keeps its value; an older checkpoint without a key is not compared on it."""
+    shapes = {k: v for k, v in ckpt["model_args"].items() if k in MODEL_KNOBS}
+    saved = {**ckpt.get("config", {}), **shapes}
+    for k in MODEL_KNOBS + DATA_KNOBS:
+        if k in saved and saved[k] != cfg[k]:
+            what = "shapes the weights" if k in MODEL_KNOBS else "picks the task data and tokenizer"
+            raise UserError(f"config key '{k}' = {cfg[k]!r} cannot change on resume: {path} was "
+                            f"trained with {saved[k]!r} and it {what}; leave --{k} out to go on "
+                            f"with that run, or start a new out_dir to train a new base")
+
+
+def data_fingerprint(enc, splits):
+    """What a base is bound to besides its weights: a short hash of its tokenizer (vocabulary,
+    special tokens, split pattern: what its ids mean) and of each split's rows."""
+    tokenizer = (sorted(enc._mergeable_ranks.items()), sorted(enc._special_tokens.items()),
+                 enc._pat_str)
+    return {"tokenizer": short_hash(tokenizer), **{s: short_hash(r) for s, r in splits.items()}}
+
+
+def check_same_data(ckpt, path, data_dir, enc, fingerprint):
+    """A resumed base reads the data and tokenizer it was trained on: a directory rebuilt from other
+    files (another prepare.py, a hand edit) swaps what its token ids mean. A checkpoint made before
+    data_fingerprint was recorded is compared on its vocabulary size only."""
+    saved = ckpt.get("data_fingerprint") or {}
+    changed = [k if k == "tokenizer" else f"{k} split" for k in saved
+               if saved[k] != fingerprint.get(k)]
+    vocab = ckpt["model_args"].get("vocab_size", enc.n_vocab)
+    if vocab != enc.n_vocab and "tokenizer" not in changed:
+        changed.insert(0, f"tokenizer ({enc.n_vocab} tokens, the model's {vocab})")
+    if changed:
+        raise UserError(f"{data_dir} is not the data {path} was trained on (changed: "
+                        f"{', '.join(changed)}): it was rebuilt from other files; put the original "
+                        f"back, or start a new out_dir to train a new base on it")
+
+
+def build_model(args, device, ckpt, path):
+    """The GPT of model_args (or the checkpoint's, with its weights) on device. Too large to
+    allocate is one line naming the knob to lower: block_size when its position table
+    (block_size x n_embd) is the largest part, else n_layer or n_embd. Weights that alone exceed
+    the memory there are refused before any is allocated (n_layer=10**9 would take minutes to
+    fail, and a machine that overcommits memory may kill the process instead)."""
+    L, n, block = args["n_layer"], args["n_embd"], args["block_size"]
+    need = 4 * (12 * L * n * n + (args.get("vocab_size", 0) + block) * n)  # float32, at least
+    have = memory_of(device)
+    try:
+        if have and need > have:
+            raise MemoryError(f"its weights alone take {need / 2 ** 30:.3g} GiB of the "
+                              f"{have / 2 ** 30:.3g} GiB there")
+        model = GPT(GPTConfig(**args)) if ckpt is None else \
+            model_from_checkpoint(ckpt, path, dropout=args["dropout"])
+        return model.to(device)
+    except (RuntimeError, MemoryError, TypeError, OverflowError) as e:  # TypeError: beyond 64 bits
+        raise UserError(f"cannot allocate the model on {device} (block_size={block}, n_layer={L}, "
+                        f"n_embd={n}): {first_line(e)}; lower "
+                        f"{'block_size' if block >= 12 * L * n else 'n_layer or n_embd'}") from None
+
+
+def memory_of(device):
+    """Bytes of memory where the model is built (this machine's) and put (a GPU's); 0 = unknown."""
+    try:
+        have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):  # not a POSIX system
+        return 0
+    if torch.device(device).type == "cuda" and torch.cuda.is_available():
+        have = min(have, torch.cuda.get_device_properties(torch.device(device)).total_memory)
+    return have
+
+
+def check_eval_cache(model, enc, test, cfg, batch):
+    """The evaluation's KV cache (batch rows x the longest test prompt + max_new_tokens, every
+    layer) is allocated once before iteration 0: too large is one line then, not a traceback
+    after training. One larger than the memory there is refused without trying (build_model)."""
+    rows = min(batch, len(test))
+    length = max(len(encode_prompt(enc, e["question"])) for e in test) + cfg["max_new_tokens"]
+    c, p, have = model.config, next(model.parameters()), memory_of(cfg["device"])
+    width = (c.n_kv_head or c.n_head) * (c.n_embd // c.n_head)  # a layer's keys at one position
+    try:
+        with model.amp:
+            kind = p.device.type  # the dtype model.new_cache will choose
+            dtype = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else p.dtype
+            need = 2 * c.n_layer * rows * length * width * dtype.itemsize  # keys and values
+            if need > have > 0:
+                raise MemoryError(f"it takes {need / 2 ** 30:.3g} GiB of the {have / 2 ** 30:.3g} "
+                                  f"GiB there")
+            cache = model.new_cache(rows, length)
+        del cache  # only whether it fits was in question
+    except (RuntimeError, MemoryError) as e:
+        raise UserError(f"cannot allocate the evaluation's KV cache ({rows} rows x {length} "
+                        f"positions x {model.config.n_layer} layers on {cfg['device']}): "
+                        f"{first_line(e)}; lower max_new_tokens (or eval_n, n_layer, n_embd)"
+                        ) from None
+
+
+def check_loads(state, path):
+    """A checkpoint is written only if it loads: its model_args build a GPT (on the meta device: no
+    memory) whose tensors have the shapes of its weights, and its config resumes (check_resume)."""
+    try:
+        with torch.device("meta"):
+            want = GPT(GPTConfig(**state["model_args"])).state_dict()
+        check_resume(state["config"], state, path)
+    except (TypeError, AssertionError, UserError) as e:
+        raise CheckpointWriteError(f"not writing {path}, which would not load ({e})") from None
+    have = state["model"]
+    bad = sorted(k for k in want.keys() | have.keys()
+                 if k not in want or k not in have or want[k].shape != have[k].shape)
+    if bad:
+        raise CheckpointWriteError(f"not writing {path}: its weights do not fit its model_args "
+                                   f"{state['model_args']} ({bad[0]}), so it would not load")
+
+
+def first_line(e):
+    return (str(e).splitlines() or [type(e).__name__])[0][:160]
