@@ -118,9 +118,10 @@ def run_lock(out_dir, busy="wait for it to end, or use another --out_dir"):
                 except FileExistsError:
                     pid = _lock_pid(path)
                     if pid > 0 and pid != os.getpid() and _pid_alive(pid):
-                        raise UserError(f"{out_dir} is in use by another run (PID {pid}); {busy}; if PID {pid}"
-                                        f"{_command(pid)} is not a run, the lock may be stale (its PID reused "
-                                        f"after a crash): remove {path}") from None
+                        hint = (f"if PID {pid}{_command(pid)} is not a run, the lock may be stale "
+                                f"(its PID reused after a crash): remove {path}")
+                        raise UserError(f"{out_dir} is in use by another run (PID {pid}); {busy}; "
+                                        f"{hint}") from None
                     print(f"warning: stale lock {path} (PID {pid} is not running): taking it over")
                     try:
                         os.remove(path)

@@ -1,8 +1,9 @@
-# scale/compiled.check_compile, the start-up check of compile=True on CPU, against what inductor will
-# do: build C++ with the compiler CXX names (else g++). A compiler that exists but cannot build, or a CXX
-# naming no program, is one line naming the compiler and the fix; the build is tried once per process
-# per compiler. A misspelt device is blamed as a device, not on compile. References: fake compilers
-# written here (a script that fails; one that logs its calls), and the real g++ where there is one.
+# scale/compiled.check_compile, the start-up check of compile=True on CPU, against what inductor
+# will do: build C++ with the compiler CXX names (else g++). A compiler that exists but cannot
+# build, or a CXX naming no program, is one line naming the compiler and the fix; the build is tried
+# once per process per compiler. A misspelt device is blamed as a device, not on compile.
+# References: fake compilers written here (a script that fails; one that logs its calls), and the
+# real g++ where there is one.
 # Run: python -m pytest -q tests/test_compile_check.py
 import os
 import shutil
@@ -16,12 +17,12 @@ from scale import compiled
 
 @pytest.fixture(autouse=True)
 def untried(monkeypatch):
-    """Every test starts with no compiler tried (the per-process memory set aside, then restored)."""
+    """Every test starts with no compiler tried (the per-process memory set aside, restored)."""
     monkeypatch.setattr(compiled.check_compile, "tried", {}, raising=False)
 
 
 def fake_compiler(tmp_path, name, exit_code):
-    """An executable that logs each call to tmp_path/calls and exits with exit_code (writing nothing)."""
+    """An executable that logs each call to tmp_path/calls, exits with exit_code, writes nothing."""
     path = tmp_path / name
     path.write_text(f"#!/bin/sh\necho \"$@\" >> {tmp_path / 'calls'}\n"
                     f"echo 'fatal error: no such file: stdio.h' >&2\nexit {exit_code}\n")
@@ -61,14 +62,15 @@ def test_a_working_compiler_passes_and_is_tried_once(monkeypatch):
     import subprocess
     monkeypatch.delenv("CXX", raising=False)
     runs, real_run = [], subprocess.run
-    monkeypatch.setattr(subprocess, "run", lambda *a, **k: runs.append(a[0][0]) or real_run(*a, **k))
+    monkeypatch.setattr(subprocess, "run",
+                        lambda *a, **k: runs.append(a[0][0]) or real_run(*a, **k))
     assert compiled.check_compile("cpu") is None and compiled.check_compile("cpu") is None
     assert runs == ["g++"]  # built once, remembered for the process
 
 
 @pytest.mark.parametrize("device", ["cpu0", "gpu", "cuda0", "CPU"])
 def test_a_misspelt_device_is_blamed_not_compile(device, monkeypatch):
-    monkeypatch.setenv("CXX", "no-such-c++-compiler")  # compile would fail too: the device comes first
+    monkeypatch.setenv("CXX", "no-such-c++-compiler")  # compile would fail too: device first
     with pytest.raises(UserError, match=f"unknown device '{device}'"):
         compiled.check_compile(device)
 

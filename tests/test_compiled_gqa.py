@@ -1,7 +1,8 @@
-# The compiled decode step (scale/compiled.py) on a grouped-query model: 4 query heads share 2 key/value
-# heads, query head h reading key/value head h // 2 (Qwen2, Llama; with one key/value head every pairing
-# is the same, so tests/test_compiled.py's llama layout cannot tell). Reference: the eager model's logits
-# at every decode step, through the same KV cache layout (prompts of other lengths: left padding).
+# The compiled decode step (scale/compiled.py) on a grouped-query model: 4 query heads share 2
+# key/value heads, query head h reading key/value head h // 2 (Qwen2, Llama; with one key/value head
+# every pairing is the same, so tests/test_compiled.py's llama layout cannot tell). Reference: the
+# eager model's logits at every decode step, through the same KV cache layout (prompts of other
+# lengths: left padding).
 # Run: python -m pytest -q tests/test_compiled_gqa.py      (one inductor compile: tens of seconds)
 import shutil
 
@@ -16,13 +17,14 @@ from scale import compiled
 pytestmark = pytest.mark.skipif(not any(shutil.which(c) for c in ("g++", "c++", "clang++")),
                                 reason="inductor needs a C++ compiler on CPU (CI has g++)")
 
-GQA = dict(arch="llama", n_layer=1, n_head=4, n_kv_head=2, n_inner=48, rope_theta=500.0, norm_eps=1e-6)
+GQA = dict(arch="llama", n_layer=1, n_head=4, n_kv_head=2, n_inner=48, rope_theta=500.0,
+           norm_eps=1e-6)
 PROMPTS = [[3, 4, 5, 6, 7], [8, 9], [10, 11, 12]]
 STEPS = 9
 
 
 def decode_logits(model, idx, pad_left):
-    """Prefill idx, then feed STEPS given tokens one column at a time: every step's (B, V) logits."""
+    """Prefill idx, then feed STEPS given tokens one column at a time: each step's (B, V) logits."""
     cache = model.new_cache(idx.size(0), idx.size(1) + STEPS, pad_left)
     out = [model(idx, cache=cache)[0][:, -1]]
     for t in range(STEPS):
@@ -44,7 +46,8 @@ def test_compiled_grouped_query_decode_equals_eager():
     idx, pad_left = pad_prompts(PROMPTS, 0, "cpu")
     with torch.no_grad():
         eager = decode_logits(model, idx, pad_left)
-        with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True), compiled.compiled_decoding(model):
+        with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True), \
+                compiled.compiled_decoding(model):
             fast = decode_logits(model, idx, pad_left)
     assert model._compiled_steps  # the decode steps went through the compiled graph
     torch.testing.assert_close(fast, eager, rtol=1e-4, atol=1e-4)

@@ -12,8 +12,8 @@ from rewards import compute_rewards, countdown_reward
 RIGHT = "<think>2+1=3</think><answer>1+2</answer>"
 MALFORMED = [([1, 2], "3"), (["1", "2"], 3), ([1, "2"], 3), ("12", 3), ("1 2", "3"), "[[1, 2], 3]",
              "abc", ("1", "2"), (b"\x01\x02", 3), (bytearray(b"\x01\x02"), 3), ([1, 2], 3.0),
-             ([1.0, 2], 3), ([True, 2], 3), ([1, 2], True), ({"numbers": [1, 2]}, 3), ([1, 2],), None,
-             3]
+             ([1.0, 2], 3), ([True, 2], 3), ([1, 2], True), ({"numbers": [1, 2]}, 3), ([1, 2],),
+             None, 3]
 
 
 def test_the_well_formed_answer_scores():

@@ -1,10 +1,11 @@
-# The one-query decode attention keeps its scores, probabilities and weighted values in float32 under
-# bf16 autocast, in the eager model (model.CausalSelfAttention's one-query branch) and in the compiled
-# decode step (scale/compiled.attend, called eagerly here). Reference: softmax(q K^T / sqrt(hd)) V
-# written out in float64 from the query and from the keys and values the cache holds, the result
-# rounded once to bf16. The cache is laid out so that bf16 scores or probabilities are far off: every
-# key shares a large component (scores near 100, where bf16 steps by 0.5) and the values are large
-# and of both signs (their weighted sum cancels, so a bf16 probability error shows).
+# The one-query decode attention keeps its scores, probabilities and weighted values in float32
+# under bf16 autocast, in the eager model (model.CausalSelfAttention's one-query branch) and in the
+# compiled decode step (scale/compiled.attend, called eagerly here). Reference: softmax(q K^T /
+# sqrt(hd)) V written out in float64 from the query and from the keys and values the cache holds,
+# the result rounded once to bf16. The cache is laid out so that bf16 scores or probabilities are
+# far off: every key shares a large component (scores near 100, where bf16 steps by 0.5) and the
+# values are large and of both signs (their weighted sum cancels, so a bf16 probability error
+# shows).
 # Run: python -m pytest -q tests/test_decode_precision.py
 import pytest
 import torch
@@ -18,7 +19,7 @@ HD = C // H
 
 
 def setup(arch):
-    """(attention module, cache keys and values (B, Hkv, L, hd) bf16, x (B, 1, C), pad_left, rope)."""
+    """(attention module, cache keys, values (B, Hkv, L, hd) bf16, x (B, 1, C), pad_left, rope)."""
     torch.manual_seed(0)
     cfg = GPTConfig(block_size=64, vocab_size=50, n_layer=1, n_head=H, n_embd=C, **ARCHS[arch])
     attn = CausalSelfAttention(cfg).eval()
@@ -28,7 +29,7 @@ def setup(arch):
     k = (shared + torch.randn(B, Hkv, L, HD, generator=g)).bfloat16()
     v = (torch.randn(B, Hkv, L, HD, generator=g) * 40.0).bfloat16()
     x = torch.randn(B, 1, C, generator=g)
-    with torch.no_grad():  # q along the shared key component: large scores with a spread of a few units
+    with torch.no_grad():  # q along the shared key component: large scores, a spread of a few units
         proj = attn.c_attn if hasattr(attn, "c_attn") else attn.q_proj
         q_dir = shared.repeat_interleave(H // Hkv, 1).reshape(C)
         w = torch.outer(q_dir, x.mean((0, 1))) / x.mean((0, 1)).pow(2).sum() * 0.3
@@ -53,7 +54,7 @@ def captured(attn):
 
 
 def reference(q_proj_out, keys, values, visible, rope):
-    """(B, H, 1, hd) in float64: the query as the module forms it, then the attention written out."""
+    """(B, H, 1, hd) in float64: the query as the module forms it, the attention written out."""
     q = q_proj_out.view(B, 1, H, HD).transpose(1, 2)
     if rope is not None:
         q = apply_rope(q, *rope)
@@ -69,8 +70,9 @@ def check(y, ref):
     ref = ref.transpose(1, 2).reshape(B, 1, C)
     assert y.dtype == torch.bfloat16
     err = (y.double() - ref).abs()
-    # rounding a float32 result to bf16 once: half a step of bf16 (2^-9 relative) and float32's error
-    assert (err <= ref.abs() * 2 ** -8 + 1e-3).all(), f"max error {err.max():.4f}, |ref| max {ref.abs().max():.1f}"
+    # rounding a float32 result to bf16 once: half a step of bf16 (2^-9 relative), float32's error
+    assert (err <= ref.abs() * 2 ** -8 + 1e-3).all(), \
+        f"max error {err.max():.4f}, |ref| max {ref.abs().max():.1f}"
     assert ref.abs().max() > 1.0
 
 
@@ -78,14 +80,15 @@ def check(y, ref):
 def test_model_one_query_attention_is_float32_under_bf16_autocast(arch):
     attn, k, v, x, pad_left, rope = setup(arch)
     cache = type("Cache", (), {})()
-    cache.k, cache.v, cache.pos = k[None].clone(), v[None].clone(), L - 1  # layer 0; the last column is new
+    cache.k, cache.v = k[None].clone(), v[None].clone()  # layer 0
+    cache.pos = L - 1                                     # the last column is the new token's
     mask = attention_mask(pad_left, L - 1, 1, L, x.device)                  # (B, 1, 1, L)
     seen, hooks = captured(attn)
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
         attn(x, mask, cache, 0, rope)
     for h in hooks:
         h.remove()
-    ref = reference(seen["q"], cache.k[0], cache.v[0], mask, rope)  # the cache with the new column written
+    ref = reference(seen["q"], cache.k[0], cache.v[0], mask, rope)  # the new column written in
     check(seen["y"], ref)
 
 
@@ -93,7 +96,7 @@ def test_model_one_query_attention_is_float32_under_bf16_autocast(arch):
 def test_compiled_attend_is_float32_under_bf16_autocast(arch):
     attn, k, v, x, pad_left, rope = setup(arch)
     cols = torch.arange(L)
-    cached = ((cols < L - 1) & (cols >= pad_left[:, None]))[:, None, None]  # (B, 1, 1, L): the last is new
+    cached = ((cols < L - 1) & (cols >= pad_left[:, None]))[:, None, None]  # (B, 1, 1, L); new: L-1
     seen, hooks = captured(attn)
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
         _, new_k, new_v = attend(attn, x, k, v, cached, rope)

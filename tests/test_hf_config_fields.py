@@ -13,8 +13,9 @@ from model import GPT
 from pretrained.hf import hf_dtype
 from pretrained.hfconfig import config_dtype, hf_config_args
 
-QWEN = dict(model_type="qwen2", hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, vocab_size=100, max_position_embeddings=128)
+QWEN = dict(model_type="qwen2", hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, vocab_size=100,
+            max_position_embeddings=128)
 
 
 def write(path, **fields):
@@ -33,12 +34,12 @@ def test_an_odd_head_size_is_refused(tmp_path, family, hidden, heads):
         hf_config_args(fields, "m")
     assert "\n" not in str(e.value) and "even" in str(e.value)
     path = write(tmp_path / "odd", **fields)
-    with pytest.raises(UserError, match="num_attention_heads"):  # refused before any weight is looked for
+    with pytest.raises(UserError, match="num_attention_heads"):  # before any weight is looked for
         GPT.from_pretrained(path)
 
 
 def test_an_even_head_size_is_taken():
-    args = hf_config_args({**QWEN, "hidden_size": 40, "num_attention_heads": 4, "num_key_value_heads": 2}, "m")
+    args = hf_config_args({**QWEN, "hidden_size": 40, "num_attention_heads": 4}, "m")
     assert args["n_embd"] // args["n_head"] == 10
 
 

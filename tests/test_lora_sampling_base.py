@@ -1,6 +1,7 @@
-# Sampling with the adapter switched off (lora.disable_lora) around or inside lora.folded_for_sampling:
-# the completions are the base's own. Reference: generate on an independent copy of the model whose
-# LoRA weights are all zero (B = 0: the adapter adds nothing), with the same uniforms.
+# Sampling with the adapter switched off (lora.disable_lora) around or inside
+# lora.folded_for_sampling: the completions are the base's own. Reference: generate on an
+# independent copy of the model whose LoRA weights are all zero (B = 0: the adapter adds nothing),
+# with the same uniforms.
 # Run: python -m pytest -q tests/test_lora_sampling_base.py
 import copy
 
@@ -23,7 +24,7 @@ def trained_looking(family):
     with torch.no_grad():
         for p in model.parameters():
             if p.dim() == 2:
-                p.mul_(4.0)  # peaked logits: the sampled tokens follow the weights, not the uniforms alone
+                p.mul_(4.0)  # peaked logits: the tokens follow the weights, not the uniforms alone
     apply_lora(model, 4, 8, 0.0, ("c_attn", "c_fc", "q_proj", "v_proj", "up_proj"))
     with torch.no_grad():
         for m in lora_modules(model):
@@ -47,8 +48,8 @@ def test_sampling_inside_disable_lora_is_the_base(family):
     want = sample(base, u)
     with folded_for_sampling(model):
         adapted = sample(model, u)
-    assert not torch.equal(adapted[0], want[0])  # the adapter changes the tokens, so the test can tell
-    with disable_lora(model), folded_for_sampling(model):  # off first, then folded (as a pass 1 would)
+    assert not torch.equal(adapted[0], want[0])  # the adapter changes the tokens: the test can tell
+    with disable_lora(model), folded_for_sampling(model):  # off first, then folded (as pass 1)
         off_then_folded = sample(model, u)
     with folded_for_sampling(model), disable_lora(model):  # folded first, then switched off
         folded_then_off = sample(model, u)

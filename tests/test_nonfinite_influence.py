@@ -1,5 +1,5 @@
-# A non-finite influence skips the step, even one among finite ones (tracin.tracin_backward marks the
-# step, grpo.update skips it: the weights stay as they were); post-hoc attribution
+# A non-finite influence skips the step, even one among finite ones (tracin.tracin_backward marks
+# the step, grpo.update skips it: the weights stay as they were); post-hoc attribution
 # (tracin.find_critical_samples) refuses non-finite inner products in one line, never reporting them
 # as scores. References: the weights compared bit for bit; for post-hoc, a training rollout whose
 # advantage is NaN (its gradient, and only its inner product, is NaN: the others stay finite).
@@ -23,7 +23,8 @@ pytestmark = pytest.mark.filterwarnings("ignore:There is a performance drop")
 @pytest.mark.parametrize("how", ["summed", "matrix"])
 def test_one_nan_influence_among_finite_ones_skips_the_step(world, monkeypatch, how):  # noqa: F811
     m, train, val = world
-    real = {"summed": ghost.summed_inner_products, "matrix": ghost.compute_ghost_inner_product_matrix}[how]
+    real = {"summed": ghost.summed_inner_products,
+            "matrix": ghost.compute_ghost_inner_product_matrix}[how]
 
     def one_nan(*a, **k):  # the influence of rollout 2 overflowed; every other one is finite
         out = real(*a, **k).clone()
@@ -35,7 +36,8 @@ def test_one_nan_influence_among_finite_ones_skips_the_step(world, monkeypatch, 
     opt = torch.optim.AdamW(lora_parameters(m), lr=0.1)
     before = [p.detach().clone() for p in lora_parameters(m)]
     c = cfg(4, tracin_influence=how, tracin_selection="positive", tracin_topk_frac=0.5)
-    stats, infl, keep = tracin.tracin_backward(m, opt, as_batch(train, TRAIN_ADV), as_batch(val, VAL_ADV), c)
+    stats, infl, keep = tracin.tracin_backward(m, opt, as_batch(train, TRAIN_ADV),
+                                               as_batch(val, VAL_ADV), c)
     assert torch.isnan(infl).sum() == 1 and torch.isfinite(infl).sum() == len(infl) - 1
     assert keep.any()  # some rollouts are kept: without the mark the update would go ahead
     assert any(math.isnan(v) for v in stats["losses"])
@@ -56,7 +58,7 @@ def test_update_skips_when_any_loss_is_not_finite(world):  # noqa: F811
         assert all(torch.equal(p, b) for p, b in zip(lora_parameters(m), before))
     for p in lora_parameters(m):
         p.grad = torch.ones_like(p)
-    _, reason = update(m, opt, cfg(4), {"losses": [0.5, 0.2]}, False)  # all finite: the step is taken
+    _, reason = update(m, opt, cfg(4), {"losses": [0.5, 0.2]}, False)  # all finite: step taken
     assert reason is None and any(not torch.equal(p, b) for p, b in zip(lora_parameters(m), before))
 
 

@@ -1,8 +1,9 @@
 # runs/rundir.run_lock and who holds a lock: this very process (its PID in a lock an earlier process
-# left, e.g. PID 1 in a restarted container: stale), another user's live process (os.kill(pid, 0) raises
-# PermissionError: alive, never taken over), a live process that is not a run (refused, with the hint
-# that the lock may be stale: the PID, the process, and the file to remove). References: real processes
-# (a `sleep`), the lock file's content read back, and the stated rule for os.kill's PermissionError.
+# left, e.g. PID 1 in a restarted container: stale), another user's live process (os.kill(pid, 0)
+# raises PermissionError: alive, never taken over), a live process that is not a run (refused, with
+# the hint that the lock may be stale: the PID, the process, and the file to remove). References:
+# real processes (a `sleep`), the lock file's content read back, and the stated rule for os.kill's
+# PermissionError.
 # Run: python -m pytest -q tests/test_run_lock_owners.py
 import os
 import subprocess
@@ -24,7 +25,7 @@ def test_a_left_lock_holding_our_own_pid_is_stale(tmp_path, capsys):
 
 
 def test_a_lock_of_another_users_live_process_is_refused(tmp_path, monkeypatch):
-    pid = 4194000  # above any default pid_max: no such process here, only the PermissionError says alive
+    pid = 4194000  # above any default pid_max: no such process, only the PermissionError says alive
     real_kill = os.kill
 
     def kill(p, sig):
