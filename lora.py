@@ -33,11 +33,11 @@ class LoRALinear(nn.Module):
         self.folded = None                                         # W + s B A while folded_for_sampling()
 
     def forward(self, x):
+        if self.disabled:  # checked first: a fold made before disable_lora holds the adapter
+            return self.base(x)                                    # the base model, exactly
         if self.folded is not None and not torch.is_grad_enabled():  # pass 1: one matmul, not three
             return F.linear(x, self.folded, self.base.bias)
         out = self.base(x)
-        if self.disabled:
-            return out                                             # the base model, exactly
         if not torch.is_autocast_enabled(x.device.type):  # a bf16 base feeds bf16 x: the adapter's matmuls in
             x = x.to(self.lora_A.weight.dtype)               # float32 (under autocast: autocast's dtype)
         u = self.lora_B(self.lora_A(self.lora_dropout(x)))

@@ -158,8 +158,10 @@ class CausalSelfAttention(nn.Module):
         if mask is None:  # no padding, no cache: the fused causal kernel
             y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
         elif T == 1 and not self.training:  # decoding, one query: written out (no SDPA per-call overhead), float32
-            att = (q.float() @ k.float().transpose(-2, -1) * self.hd ** -0.5).masked_fill(~mask, float("-inf"))
-            y = (att.softmax(-1) @ v.float()).to(q.dtype)                          # (B, H, 1, hd)
+            with torch.autocast(x.device.type, enabled=False):  # else both matmuls run in bf16
+                att = q.float() @ k.float().transpose(-2, -1) * self.hd ** -0.5   # (B, H, 1, L)
+                att = att.masked_fill(~mask, float("-inf"))
+                y = (att.softmax(-1) @ v.float()).to(q.dtype)                     # (B, H, 1, hd)
         else:
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
         y = y.transpose(1, 2).contiguous().view(B, T, C)

@@ -283,6 +283,10 @@ def countdown_reward(completion: str, answer) -> float:
     """
     try:  # operator.index: ints, and numpy ints from a parquet file, but not floats
         numbers, target = answer
+        # text is not a list of numbers (bytes would iterate as ints), and true is not 1
+        text = isinstance(numbers, (str, bytes, bytearray))
+        if text or any(type(n) is bool for n in (*numbers, target)):
+            raise TypeError
         numbers, target = [operator.index(n) for n in numbers], operator.index(target)
     except (TypeError, ValueError):
         raise ValueError(f"countdown answer must be [list of ints, int], got {answer!r}") from None

@@ -58,6 +58,11 @@ def pad_prompts(prompts, pad_id, device):
     return idx.to(device), pad_left.to(device)
 
 
+# the smallest temperature > 0 taken: logits / temperature, and the log-probs' gradients that
+# carry 1 / temperature, must stay far inside float32 (3.4e38); below it sampling is greedy anyway
+MIN_TEMPERATURE = 1e-4
+
+
 def sample_next(logits, temperature, top_k, top_p, generator, u=None):
     """logits (N, V) of the last position only -> next token ids (N,). Each row's token is drawn by
     inverse CDF from ONE uniform number u_i (drawn here from `generator` unless given): the first
@@ -193,7 +198,8 @@ def main(argv):
     cfg = configure(defaults, argv)
     check(cfg, "ckpt", cfg["ckpt"] != "", "give a checkpoint, e.g. --ckpt=out/grpo/ckpt.pt")
     check_positive(cfg, "num_questions", "num_samples", "max_new_tokens")
-    check(cfg, "temperature", cfg["temperature"] >= 0, "must be >= 0 (0 = greedy)")
+    check(cfg, "temperature", cfg["temperature"] == 0 or cfg["temperature"] >= MIN_TEMPERATURE,
+          f"must be 0 (greedy) or >= {MIN_TEMPERATURE}: logits / temperature overflows below it")
     check(cfg, "top_k", cfg["top_k"] >= 0, "must be >= 0 (0 = off)")
     check(cfg, "top_p", 0 < cfg["top_p"] <= 1, "must be in (0, 1] (1 = off)")
     check_device(cfg["device"])  # float32

@@ -15,6 +15,7 @@ from data.tasks import TASKS, task_rewards
 from grpo import LOSS_TYPES
 from model import load_checkpoint
 from rewards import REWARD_FUNCS
+from sample import MIN_TEMPERATURE
 from scale import compiled, distributed
 
 
@@ -41,6 +42,9 @@ def validate(cfg):
           f"batch_size*group_size = {n} completions must divide into micro-batches of this size")
     check(cfg, "temperature", cfg["temperature"] > 0, "must be > 0 in GRPO: with greedy sampling (0) every "
           "completion of a group is the same, every advantage is 0 and nothing can be learned")
+    check(cfg, "temperature", cfg["temperature"] >= MIN_TEMPERATURE,
+          f"must be >= {MIN_TEMPERATURE}: below it logits / temperature and the log-probs' "
+          "gradients overflow float32 (NaN steps)")
     check(cfg, "top_k", cfg["top_k"] >= 0, "must be >= 0 (0 = off)")
     check(cfg, "top_p", 0 < cfg["top_p"] <= 1, "must be in (0, 1] (1 = off)")
     check(cfg, "epsilon_low", 0 <= cfg["epsilon_low"] < 1, "must be in [0, 1)")

@@ -36,6 +36,17 @@ def _pid_alive(pid):
         return True
 
 
+def _command(pid):
+    """' (the command line)' of a process where /proc shows it (Linux), else ''."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            words = f.read().decode(errors="replace").split("\0")
+    except OSError:
+        return ""
+    text = " ".join(w for w in words if w)[:80]
+    return f" ({text})" if text else ""
+
+
 def check_writable(out_dir):
     """Create out_dir and prove a file can be written there, before any work that could be lost.
     Returns whether out_dir was created."""
@@ -107,7 +118,10 @@ def run_lock(out_dir, busy="wait for it to end, or use another --out_dir"):
                 except FileExistsError:
                     pid = _lock_pid(path)
                     if pid > 0 and pid != os.getpid() and _pid_alive(pid):
-                        raise UserError(f"{out_dir} is in use by another run (PID {pid}); {busy}") from None
+                        hint = (f"if PID {pid}{_command(pid)} is not a run, the lock may be stale "
+                                f"(its PID reused after a crash): remove {path}")
+                        raise UserError(f"{out_dir} is in use by another run (PID {pid}); {busy}; "
+                                        f"{hint}") from None
                     print(f"warning: stale lock {path} (PID {pid} is not running): taking it over")
                     try:
                         os.remove(path)

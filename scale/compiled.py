@@ -35,7 +35,15 @@ COLUMNS = 16  # the cache length is a multiple of this: one compiled graph serve
 
 def check_compile(device):
     """A one-line error where torch.compile cannot run the decode step; the mode it runs in otherwise:
-    inductor's default on CPU, CUDA graphs on a GPU ('reduce-overhead': untested, no GPU has run it)."""
+    inductor's default on CPU, CUDA graphs on a GPU ('reduce-overhead': untested, no GPU has run it).
+    On CPU the C++ compiler inductor will call (CXX, else g++) builds a tiny shared library once per
+    process first: a compiler that exists but does not work fails here, not inside inductor."""
+    import os
+    import subprocess
+    import sys
+    import tempfile
+    from scale.device import check_device_name
+    check_device_name(device)  # a misspelt device ('cpu0') is blamed as a device, before compile is
     if not hasattr(torch, "compile"):
         raise UserError(f"compile=True needs torch >= 2.0 (torch.compile); this is torch {torch.__version__}: "
                         "upgrade torch or set compile=False")
@@ -43,9 +51,29 @@ def check_compile(device):
         return "reduce-overhead"
     if device != "cpu":
         raise UserError(f"compile=True runs on 'cpu' or 'cuda', not {device!r}: set compile=False")
-    if not any(shutil.which(c) for c in ("g++", "c++", "clang++")):
-        raise UserError("compile=True on CPU needs a C++ compiler (inductor builds its kernels with one): "
-                        "install g++ or set compile=False")
+    cxx = os.environ.get("CXX", "clang++" if sys.platform == "darwin" else "g++")  # as inductor
+    fix = "install g++ (or set CXX to a working C++ compiler) or set compile=False"
+    if not shutil.which(cxx):
+        named = " (from CXX)" if "CXX" in os.environ else ""
+        raise UserError(f"compile=True on CPU needs a C++ compiler (inductor builds its kernels "
+                        f"with one): {cxx!r}{named} is not on PATH; {fix}")
+    tried = check_compile.__dict__.setdefault("tried", {})  # compiler -> its problem or None
+    if cxx not in tried:
+        with tempfile.TemporaryDirectory() as tmp:
+            src, lib = os.path.join(tmp, "probe.cpp"), os.path.join(tmp, "probe.so")
+            with open(src, "w") as f:
+                f.write('extern "C" int probe(int x) { return x + 1; }\n')
+            try:
+                r = subprocess.run([cxx, "-std=c++17", "-shared", "-fPIC", "-O1", src, "-o", lib],
+                                   capture_output=True, text=True, timeout=120)
+                lines = (r.stderr or r.stdout).strip().splitlines()
+                tried[cxx] = None if r.returncode == 0 and os.path.isfile(lib) else \
+                    f"exit status {r.returncode}" + (f": {lines[0][:100]}" if lines else "")
+            except (OSError, subprocess.SubprocessError) as e:
+                tried[cxx] = f"{type(e).__name__}: {str(e)[:100]}"
+    if tried[cxx]:
+        raise UserError(f"compile=True on CPU needs a working C++ compiler: {cxx!r} failed to "
+                        f"build a one-line C++ file ({tried[cxx]}); {fix}")
     return None
 
 

@@ -42,13 +42,18 @@ def resolve_dtype(device, dtype):
     return "bfloat16" if fast else "float32"
 
 
+def check_device_name(device):
+    """A device name this project knows, else one line naming the ones it does."""
+    if not re.fullmatch(r"cpu|cuda(:\d+)?|mps", device):
+        raise UserError(f"unknown device {device!r}: use 'cpu', 'cuda', 'cuda:N' (N = GPU index) or 'mps'")
+
+
 def check_device(device, dtype="float32"):
     """Fail at start-up, with the fix in the message, on a device or dtype that cannot work, and
     make 'cuda:N' the current device: memory_allocated() and synchronize() read the current one.
     Returns (dtype, autocast context): 'auto' resolved (resolve_dtype); bfloat16 autocast on the
     device for 'bfloat16', off for 'float32'."""
-    if not re.fullmatch(r"cpu|cuda(:\d+)?|mps", device):
-        raise UserError(f"unknown device {device!r}: use 'cpu', 'cuda', 'cuda:N' (N = GPU index) or 'mps'")
+    check_device_name(device)
     if device == "mps" and not torch.backends.mps.is_available():
         raise UserError("device='mps' but torch.backends.mps.is_available() is False; use --device=cpu")
     if device.startswith("cuda"):
