@@ -116,6 +116,22 @@ def apply_rope(x, cos, sin):
     return x * cos.to(x.dtype) + torch.cat((-x2, x1), dim=-1) * sin.to(x.dtype)
 
 
+def one_query_attention(q, keys, values, seen, k_new=None, v_new=None):
+    """Attention of ONE query per row (a decode step): softmax(q K^T / sqrt(hd)) V over the columns `seen`
+    of keys / values and, when given, one more column (k_new, v_new) not written into them (the compiled
+    step of scale/compiled.py, which never writes its cache). Scores, probabilities and the weighted sum
+    in float32 whatever autocast says (bf16 would round the softmax). q (B, H, 1, hd); keys, values
+    (B, H, L, hd); seen (B, 1, 1, L) bool; k_new, v_new (B, H, 1, hd). Returns (B, H, 1, hd), q's dtype."""
+    dtype, scale = q.dtype, q.size(-1) ** -0.5
+    with torch.autocast(q.device.type, enabled=False):  # else both matmuls run in bf16 under autocast
+        q = q.float()
+        att = (q @ keys.float().transpose(-2, -1) * scale).masked_fill(~seen, float("-inf"))  # (B, H, 1, L)
+        if k_new is None:
+            return (att.softmax(-1) @ values.float()).to(dtype)
+        att = torch.cat((att, (q * k_new.float()).sum(-1, keepdim=True) * scale), -1).softmax(-1)
+        return (att[..., :-1] @ values.float() + att[..., -1:] * v_new.float()).to(dtype)
+
+
 class CausalSelfAttention(nn.Module):
     def __init__(self, config):
         super().__init__()
@@ -158,10 +174,7 @@ class CausalSelfAttention(nn.Module):
         if mask is None:  # no padding, no cache: the fused causal kernel
             y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
         elif T == 1 and not self.training:  # decoding, one query: written out (no SDPA per-call overhead), float32
-            with torch.autocast(x.device.type, enabled=False):  # else both matmuls run in bf16
-                att = q.float() @ k.float().transpose(-2, -1) * self.hd ** -0.5   # (B, H, 1, L)
-                att = att.masked_fill(~mask, float("-inf"))
-                y = (att.softmax(-1) @ v.float()).to(q.dtype)                     # (B, H, 1, hd)
+            y = one_query_attention(q, k, v, mask)                                 # (B, H, 1, hd)
         else:
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
         y = y.transpose(1, 2).contiguous().view(B, T, C)

@@ -28,7 +28,7 @@ import shutil
 import torch
 
 from configurator import UserError
-from model import apply_rope, rope_cos_sin
+from model import apply_rope, one_query_attention, rope_cos_sin
 
 COLUMNS = 16  # the cache length is a multiple of this: one compiled graph serves the prompt lengths of one bucket
 
@@ -113,14 +113,11 @@ def attend(attn, h, k_cache, v_cache, seen, rope):
     k, v = (t.view(N, 1, attn.n_kv_head, attn.hd).transpose(1, 2) for t in (k, v))  # (N, Hkv, 1, hd)
     if rope is not None:
         q, k = apply_rope(q, *rope), apply_rope(k, *rope)
-    dtype, k, v = q.dtype, k.to(k_cache.dtype), v.to(v_cache.dtype)     # the new column as the cache holds it
+    k, v = k.to(k_cache.dtype), v.to(v_cache.dtype)                        # the new column as the cache holds it
     keys, values, kn, vn = k_cache, v_cache, k, v                          # (N, Hkv, L | 1, hd): read, not copied
     if attn.n_kv_head < attn.n_head:  # grouped-query: each key/value head serves n_head / n_kv_head queries
         keys, values, kn, vn = (t.repeat_interleave(attn.n_head // attn.n_kv_head, dim=1) for t in (keys, values, k, v))
-    q, scale = q.float(), attn.hd ** -0.5                                   # float32 scores, as the eager step
-    att = torch.cat(((q @ keys.float().transpose(-2, -1) * scale).masked_fill(~seen, float("-inf")),  # (N, H, 1, L)
-                     (q * kn.float()).sum(-1, keepdim=True) * scale), -1).softmax(-1)   # + the new column's score
-    y = (att[..., :-1] @ values.float() + att[..., -1:] * vn.float()).to(dtype)         # (N, H, 1, hd)
+    y = one_query_attention(q, keys, values, seen, kn, vn)                  # (N, H, 1, hd), float32 inside
     y = y.transpose(1, 2).contiguous().view(N, 1, C)
     return (attn.c_proj(y) if hasattr(attn, "c_proj") else attn.o_proj(y)), k[:, :, 0], v[:, :, 0]
 

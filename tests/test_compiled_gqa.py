@@ -23,12 +23,15 @@ PROMPTS = [[3, 4, 5, 6, 7], [8, 9], [10, 11, 12]]
 STEPS = 9
 
 
-def decode_logits(model, idx, pad_left):
-    """Prefill idx, then feed STEPS given tokens one column at a time: each step's (B, V) logits."""
-    cache = model.new_cache(idx.size(0), idx.size(1) + STEPS, pad_left)
+def decode_logits(model, idx, pad_left, decode=None):
+    """Prefill idx, then feed STEPS given tokens one column at a time, through the model's forward or
+    `decode` (the compiled step): each step's (B, V) logits."""
+    n = idx.size(1) + STEPS
+    cache = model.new_cache(idx.size(0), decode.cache_len(n) if decode else n, pad_left)
     out = [model(idx, cache=cache)[0][:, -1]]
+    step = decode or (lambda tok, c: model(tok, cache=c)[0])
     for t in range(STEPS):
-        out.append(model(idx[:, t % idx.size(1), None], cache=cache)[0][:, -1])
+        out.append(step(idx[:, t % idx.size(1), None], cache)[:, -1])
     return torch.stack(out, 1)  # (B, 1 + STEPS, V)
 
 
@@ -46,9 +49,8 @@ def test_compiled_grouped_query_decode_equals_eager():
     idx, pad_left = pad_prompts(PROMPTS, 0, "cpu")
     with torch.no_grad():
         eager = decode_logits(model, idx, pad_left)
-        with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True), \
-                compiled.compiled_decoding(model):
-            fast = decode_logits(model, idx, pad_left)
+        with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True):
+            fast = decode_logits(model, idx, pad_left, compiled.CompiledDecode(model, "cpu"))
     assert model._compiled_steps  # the decode steps went through the compiled graph
     torch.testing.assert_close(fast, eager, rtol=1e-4, atol=1e-4)
     assert eager[:, 1:].std() > 0.2  # the logits are not flat
