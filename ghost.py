@@ -34,9 +34,11 @@ from lora import LoRALinear
 
 
 class GhostHooks:
-    """Forward/backward hooks on every lora_A / lora_B. Buffers (dicts: layer name -> list of
-    per-micro-batch tensors, rows = samples):
-        train: _train_xs, _train_hs, _train_gAs, _train_gBs      validation: _xs, _hs, _gAs, _gBs
+    """Forward hooks on every lora_A (keeps x and h = A x; a tensor hook on h keeps gA = dL/dh) and
+    lora_B (a tensor hook on u = B h keeps gB = dL/du). Buffers (dicts: layer name -> list of
+    per-micro-batch tensors, rows = samples), named as in the TracIn-GRPO guide:
+        train rollouts: _train_xs, _train_hs, _train_gAs, _train_gBs
+        validation rows (TracIn's 'matrix' influence only): _xs, _hs, _gAs, _gBs
     Set `.split` to 'train' or 'val' before each capture, or to None for an ordinary backward that keeps
     nothing (its summed gradient is read from .grad); `.remove()` detaches every hook.
 
@@ -162,8 +164,9 @@ def ghost_mode(optimizer):
 # ---------------------------------------------------------------------------------------------
 # inner products
 
-def per_sample_grad(x, g):
-    """Materialised per-sample gradient of a linear map: sum_t g_t x_t^T.  (n, T, d), (n, T, p) -> (n, p, d)"""
+def outer_product_sum(x, g):
+    """One linear map's materialised gradient per sample: sum_t g_t x_t^T. (n, T, d), (n, T, p) -> (n, p, d).
+    (per_sample_grads applies it to every LoRA layer's two factors.)"""
     return torch.einsum("ntp,ntd->npd", g.float(), x.float())
 
 
@@ -184,7 +187,7 @@ def linear_inner_products(x1, g1, x2, g2):
     T, d, p = max(x1.size(1), x2.size(1)), x1.size(2), g1.size(2)
     if 2 * T * T < d * p:
         return ghost_inner_products(x1, g1, x2, g2)
-    return per_sample_grad(x1, g1).flatten(1) @ per_sample_grad(x2, g2).flatten(1).T
+    return outer_product_sum(x1, g1).flatten(1) @ outer_product_sum(x2, g2).flatten(1).T
 
 
 def compute_ghost_inner_product_matrix(train, val, layer_filter=None):
@@ -203,8 +206,10 @@ def compute_ghost_inner_product_matrix(train, val, layer_filter=None):
 
 
 def summed_gradient(model, layer_filter=None):
-    """G = sum_j grad L(val_j) out of .grad after ONE ordinary backward of the summed loss (no hooks): {layer:
-    (G_A (r, d_in), G_B (d_out, r))}, float32; .grad set to None for the next backward. No per-sample buffer."""
+    """G = the gradient of the loss just back-propagated without hooks, out of .grad: {layer: (G_A (r, d_in),
+    G_B (d_out, r))}, float32; .grad set to None for the next backward. No per-sample buffer. For a loss
+    that sums its rows' losses (post-hoc's sample_losses) G = sum_j grad L_j; for GRPO's validation loss,
+    a mean, G = sum_j grad L_j / n_val ('grpo')."""
     out = {}
     for name, m in model.named_modules():
         if isinstance(m, LoRALinear):
@@ -224,7 +229,7 @@ def per_sample_grads(captured, names=None):
     (dB transposed: the r-wide factor leads, the faster layout). n r (d_in + d_out) numbers per layer, fewer
     than the buffers they come from, n T (d_in + d_out + 2 r), whenever T > r: forming them costs O(T d r)
     per sample, as the products with G would, and then serves both the influence and the update."""
-    return {n: (per_sample_grad(x, gA), per_sample_grad(gB, h)) for n, (x, gA, h, gB) in captured.items()
+    return {n: (outer_product_sum(x, gA), outer_product_sum(gB, h)) for n, (x, gA, h, gB) in captured.items()
             if names is None or n in names}
 
 

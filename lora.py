@@ -23,7 +23,8 @@ class LoRALinear(nn.Module):
         if r <= 0:
             raise UserError(f"LoRA rank r must be a positive integer, got r={r}")
         self.base = base
-        # float32 even on a bf16 base (the trained weights and AdamW state), on the base's device
+        # float32 even on a bf16 base (the trained weights and AdamW state; scale/device.py's list),
+        # on the base's device
         self.lora_A = nn.Linear(base.in_features, r, bias=False, device=base.weight.device)  # kaiming-uniform init
         self.lora_B = nn.Linear(r, base.out_features, bias=False, device=base.weight.device)
         nn.init.zeros_(self.lora_B.weight)                         # B = 0: the adapter starts as a no-op

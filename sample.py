@@ -70,7 +70,7 @@ def sample_next(logits, temperature, top_k, top_p, generator, u=None):
     which lets several processes each sample their rows of one batch exactly as one process would."""
     if temperature == 0:
         return logits.argmax(dim=-1)                      # greedy
-    logits = logits.float() / temperature
+    logits = logits.float() / temperature                 # float32 under bf16 (scale/device.py's list)
     if top_k is not None and top_k < logits.size(-1):
         kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))

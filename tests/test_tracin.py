@@ -139,8 +139,8 @@ def func_per_sample_grads(m, data, adv, beta=0.0, ref=None):
 def materialised(captured):
     out = {}
     for layer, (x, gA, h, gB) in captured.items():
-        out[f"{layer}.lora_A.weight"] = ghost.per_sample_grad(x, gA)
-        out[f"{layer}.lora_B.weight"] = ghost.per_sample_grad(h, gB)
+        out[f"{layer}.lora_A.weight"] = ghost.outer_product_sum(x, gA)
+        out[f"{layer}.lora_B.weight"] = ghost.outer_product_sum(h, gB)
     return out
 
 
@@ -216,7 +216,7 @@ def test_val_split_buffers_with_beta(world):
 
 def materialised_products(x1, g1, x2, g2):
     """<G1_i, G2_j> with every per-sample gradient formed first: (n1, n2)."""
-    return ghost.per_sample_grad(x1, g1).flatten(1) @ ghost.per_sample_grad(x2, g2).flatten(1).T
+    return ghost.outer_product_sum(x1, g1).flatten(1) @ ghost.outer_product_sum(x2, g2).flatten(1).T
 
 
 def one_form_matrix(tr, va, form):
