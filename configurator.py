@@ -1,6 +1,6 @@
 """
 A strict take on nanoGPT's "poor man's configurator": `cfg = configure(defaults, sys.argv[1:])`, e.g.
-`python train_base.py config/tiny.py --max_iters=100`. Arguments apply left to right: a bare path is a
+`python train_base.py config/tiny_base.py --max_iters=100`. Arguments apply left to right: a bare path is a
 Python config file whose top-level names are overrides; `--key=value` overrides one key. Unlike nanoGPT,
 a typo'd key or a wrongly typed value is an error (with a suggestion), not a silent no-op or a late crash.
 """

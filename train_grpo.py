@@ -119,11 +119,8 @@ tracin_selection = "positive"  # 'positive': influence > 0; 'topk': the top trac
 tracin_topk_frac = 0.5
 tracin_influence = "summed"  # 'summed': <g_i, sum of val gradients> from one backward;
                              # 'matrix': the row sums of the full [n, n_val] ghost matrix
-# a planted defect, to see whether selection matters: this fraction of training problems carries a
-# wrong reference answer (planted_answer: arith, the result of the FIRST step, i.e. what stopping early
-# gives; countdown, the target plus one), and the correctness reward trusts it. The program knows which prompts (logged as selection precision);
-# the selector does not. Validation and test answers stay clean.
-defect_frac = 0.0
+defect_frac = 0.0           # a planted defect: this fraction of training problems carry a wrong answer
+                            # that the reward trusts (Run.__init__, where it is drawn, says what it is)
 # -----------------------------------------------------------------------------
 defaults = {k: v for k, v in dict(globals()).items()
             if not k.startswith("_") and isinstance(v, (int, float, bool, str, tuple))}
@@ -224,9 +221,16 @@ class Run:
             refuse_existing_run(self.out)  # any run file: resume it, or use another out_dir
         self.model, self.base, self.data_dir, self.enc, splits = prepare_base(cfg, self.out, resume)
         self.train_split, self.val_split, self.test = splits["train"], splits["val"], splits["test"][:cfg["eval_n"]]
-        # planted defect: whole problems (a problem written several times, countdown_variants, is in every row)
+        # The planted defect, to see whether TracIn's selection matters: defect_frac of the training
+        # problems, drawn here once per seed, carry a wrong reference answer that the correctness reward
+        # trusts (data/tasks.planted_answer: arith, the result of the solution's FIRST equation, what
+        # stopping early gives; countdown, the target plus one; Run.step hands it out). Whole problems: a
+        # problem written several times (countdown_variants) is defective in every row. The run knows
+        # which prompts are (Run.step logs the selection's precision), the selector does not; the
+        # validation and test answers stay clean.
         problems = list(dict.fromkeys(e["question"] for e in self.train_split))
-        bad = set(random.Random(cfg["seed"] + 7).sample(problems, int(cfg["defect_frac"] * len(problems))))
+        n_bad = int(cfg["defect_frac"] * len(problems))
+        bad = set(random.Random(cfg["seed"] + 7).sample(problems, n_bad))
         self.defective = {i for i, e in enumerate(self.train_split) if e["question"] in bad}
         torch.manual_seed(cfg["seed"])  # the LoRA initialisation
         apply_lora(self.model, cfg["lora_r"], cfg["lora_alpha"], cfg["lora_dropout"], cfg["lora_targets"])

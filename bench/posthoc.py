@@ -1,4 +1,3 @@
-import tracin
 """
 Post-hoc attribution (tracin.find_critical_samples) next to Captum's TracInCP (pytorch/captum,
 captum/influence/_core/tracincp.py) on the same checkpoints, rollouts and losses, for bench/run.py:
@@ -24,6 +23,7 @@ import warnings
 import torch
 import torch.nn as nn
 
+import tracin
 from bench.memory import lora_gpt
 from bench.step import task_setup, timed
 from grpo import completion_logprobs, rollout_batch

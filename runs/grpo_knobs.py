@@ -72,7 +72,7 @@ def validate(cfg):
     check(cfg, "task", cfg["task"] == "arith" or not levels,
           "must be 'arith' with a curriculum (its levels are arith problems)")
     check(cfg, "task", cfg["task"] in ("arith", "countdown") or not cfg["defect_frac"],
-          "must be 'arith' or 'countdown' with a planted defect (train_grpo.planted_answer)")
+          "must be 'arith' or 'countdown' with a planted defect (data/tasks.planted_answer)")
     check_task_data(cfg["data_dir"], cfg["task"])  # (and a resumed run's: another task's data put in its place)
     cfg["reward_funcs"], cfg["reward_weights"] = funcs, weights = task_rewards(cfg)  # () = the task's
     check(cfg, "reward_funcs", len(funcs) > 0 and all(f in REWARD_FUNCS for f in funcs) and len(set(funcs)) == len(funcs),
