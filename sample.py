@@ -19,7 +19,7 @@ import os
 
 import torch
 
-from data.gsm_synth.prepare import load_split, load_tokenizer
+from data.datadir import load_split, load_tokenizer
 from lora import apply_lora, load_lora_state_dict, merge_lora
 from scale.device import check_device
 from model import GPT, base_fingerprint, load_checkpoint, model_from_checkpoint

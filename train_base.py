@@ -23,15 +23,16 @@ from types import SimpleNamespace
 import torch
 
 from scale import distributed
-from data.countdown import searched
-from data.gsm_synth.prepare import TEMPLATES, load_split, load_tokenizer, prepare
+from data.datadir import load_split, load_tokenizer
+from data.gsm_synth.prepare import TEMPLATES
 from scale.device import check_device
 from model import (GPT, GPTConfig, CheckpointWriteError, base_fingerprint, load_checkpoint,
                    model_from_checkpoint, save_checkpoint)
 from rewards import REWARD_FUNCS
 from runs.rundir import run_lock, stop_note
 from sample import NonFiniteLogits, decode_completions, encode_prompt, encode_text, generate, load_base, stop_tokens
-from data.tasks import TASKS, load_task_split, portable_path, set_instruction, task_data
+from data.tasks import (TASKS, base_data, check_base_knobs, load_task_split, portable_path,
+                        set_instruction, task_data)
 
 # -----------------------------------------------------------------------------
 # default config values (override with a config file and/or --key=value)
@@ -84,13 +85,7 @@ defaults = {k: v for k, v in dict(globals()).items()
 
 def load_task(cfg, verbose=True):
     """Prepare the task data if missing; return (data_dir, tokenizer)."""
-    if cfg["task"] == "countdown":
-        data_dir = searched.prepare(cfg["countdown_numbers"], cfg["countdown_max_number"],
-                                    cfg["countdown_max_target"], cfg["countdown_max_misses"],
-                                    n_train=cfg["n_train"], variants=cfg["countdown_variants"], verbose=verbose)
-        return data_dir, load_tokenizer(data_dir)
-    data_dir = prepare(cfg["task_steps"], cfg["task_max_operand"], cfg["task_ops"], cfg["task_noise"],
-                       n_train=cfg["n_train"], verbose=verbose, min_steps=cfg["task_min_steps"])
+    data_dir = base_data(cfg, verbose)  # (its errors name this script's keys: countdown_variants)
     return data_dir, load_tokenizer(data_dir)
 
 
@@ -202,6 +197,7 @@ def validate(cfg):
     check_finite(cfg, "grad_clip")
     check_choice(cfg, "init_from", ("scratch", "resume"))
     check_choice(cfg, "task", ("arith", "countdown"))
+    check_base_knobs(cfg, defaults)  # the task's data knobs, sizes bounded; others' refused
     check_positive(cfg, "batch_size", "learning_rate", "grad_clip", "log_interval", "eval_interval", "eval_n",
                    "max_new_tokens", "n_layer", "n_head", "n_embd", "block_size", "n_train", "task_steps", "countdown_variants",
                    "task_max_operand")

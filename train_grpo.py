@@ -236,8 +236,9 @@ class Run:
         self.generator = torch.Generator(device=device).manual_seed(cfg["seed"])  # which completions
         self.iter_num, self.elapsed_before, self.last_ckpt, self.t_start = 0, 0.0, None, time.time()
         self.reward_cache = {} if cfg["reward_cache"] else None  # (reward, completion, answer) -> score
-        self.curriculum, test = from_config(cfg, self.data_dir, self.enc, self.model.config.block_size,
-                                            self.train_split)
+        encode = lambda q: encode_prompt(self.enc, q)  # noqa: E731
+        self.curriculum, test = from_config(cfg, self.data_dir, encode,
+                                            self.model.config.block_size, self.train_split)
         self.test = test or self.test  # with a curriculum, its last level's problems
         if resume is not None:
             self.restore(resume)
@@ -253,7 +254,7 @@ class Run:
         self.elapsed_before = resume["train_seconds"]
         self.rng.setstate(resume["rng"]["python"])
         if self.curriculum:  # a curriculum given only now, or with fewer levels, starts at its first level
-            self.curriculum.load_state_dict(resume.get("curriculum"))
+            self.curriculum.load_state_dict(resume.get("curriculum"), verbose=distributed.is_main())
         saved_on, here = resume["rng"].get("device", self.generator.device.type), self.generator.device.type
         if saved_on == here:
             self.generator.set_state(resume["rng"]["generator"])
@@ -323,7 +324,7 @@ class Run:
         rollouts = rollout_record(questions, answers, scored, cfg) if scored is not None else None
         self.iter_num += 1
         if self.curriculum:
-            self.curriculum.after_step(log, self.iter_num)
+            self.curriculum.after_step(log, self.iter_num, verbose=distributed.is_main())
         if cfg["defect_frac"] > 0 and rollouts is not None:  # selection precision: are kept rollouts clean?
             clean = torch.tensor([i not in self.defective for i in picks]).repeat_interleave(cfg["group_size"])
             log["defect/clean_base_rate"] = clean.float().mean().item()
