@@ -13,7 +13,8 @@ directory records its task from its first file on:
 Every file that tells is heard, so data prepared before .task existed still reads (meta.json's 'task', or
 gsm_synth's meta.json for arith), a directory made by hand (no meta.json) is judged by its answers (a
 Countdown answer is [numbers, target], a gsm8k or arith answer a number: either task may use it), and one
-whose files disagree (another task's splits copied over it) is refused.
+whose files disagree (another task's splits copied over it) is refused. A .task that names no known
+task is damaged: never taken as a task, it is named with the way to build the directory again.
 """
 import json
 import os
@@ -76,12 +77,32 @@ def _read(d, name, read):
         return None
 
 
+def _marker(d):
+    """(present, task) of d's .task: task None where it names no known task (damaged)."""
+    path = os.path.join(d, TASK_FILE)
+    if not os.path.lexists(path):
+        return False, None
+    text = _read(d, TASK_FILE, lambda f: f.read(64))
+    return True, (text.strip() if text is not None and text.strip() in TASKS else None)
+
+
+def check_marker(d, fix):
+    """A .task that is there but names no known task (cut, garbled, a directory) is damaged: one
+    line saying so, and `fix`. Nothing is concluded from it."""
+    present, task = _marker(d)
+    if present and task is None:
+        text = _read(d, TASK_FILE, lambda f: f.read(40))
+        said = f"it reads {text.strip()!r}" if text is not None else "it cannot be read"
+        raise UserError(f"{os.path.join(d, TASK_FILE)} is damaged ({said}, not one of "
+                        f"{', '.join(TASKS)}): {fix}")
+
+
 def evidence(d):
-    """[(file, tasks it allows)] for what d's files say: .task its task; meta.json its 'task' (gsm8k,
-    countdown), or arith for gsm_synth's (a vocab_size, no task); the first training row's answer:
-    a list [numbers, target] Countdown, a number gsm8k or arith."""
+    """[(file, tasks it allows)] for what d's files say: .task its task (a known one); meta.json its
+    'task' (gsm8k, countdown), or arith for gsm_synth's (a vocab_size, no task); the first training
+    row's answer: a list [numbers, target] Countdown, a number gsm8k or arith."""
     said = []
-    task = _read(d, TASK_FILE, lambda f: f.read().strip())
+    task = _marker(d)[1]
     if task is not None:
         said.append((TASK_FILE, (task,)))
     meta = _read(d, "meta.json", json.load)
@@ -100,7 +121,7 @@ def marked_task(d):
     """The task a prepare.py recorded in d (.task, or an older meta.json), or None if none did."""
     for name, tasks in evidence(d):
         if name != "train.jsonl":
-            return tasks[0] if tasks[0] in TASKS else None
+            return tasks[0]
     return None
 
 
@@ -109,6 +130,7 @@ def check_task_data(d, task):
     named, with the command that builds it, when its files are read)."""
     if not d or not os.path.isdir(d):
         return
+    check_marker(d, f"remove {d} and build it again with: {rebuild_command(d)}")
     said = evidence(d)
     agreed = sorted(set.intersection(set(TASKS), *(set(tasks) for _, tasks in said)))
     if task in agreed:
@@ -126,6 +148,8 @@ def check_out(out, task, key="out", fix="give another --out"):
     """Before any work: out may be written by task's prepare.py (new, empty, or its own); returns whether it
     is its own already. Another task's directory, a file or a directory someone else filled: refused."""
     from runs.rundir import check_output_dir
+    if os.path.isdir(out):
+        check_marker(out, f"remove {out} and run this again to build it anew, or {fix}")
     other = marked_task(out) if os.path.isdir(out) else None
     if other == task:
         return True  # its own (through a symbolic link too): checked, and rebuilt if stale, by prepare.py
@@ -136,11 +160,17 @@ def check_out(out, task, key="out", fix="give another --out"):
 
 
 def write_atomic(path, text):
-    """Write via a temporary file and a rename: an interrupted write never leaves a half file under path."""
+    """Write via a temporary file and a rename: an interrupted write never leaves a half file under
+    path. A failed write (a full disk) removes the temporary file and names path."""
     tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except OSError as e:
+        if os.path.lexists(tmp):
+            os.remove(tmp)
+        raise OSError(e.errno, f"{e.strerror or e} (writing the task data)", path) from None
 
 
 def mark(out, task):
@@ -149,8 +179,7 @@ def mark(out, task):
     os.makedirs(out, exist_ok=True)
     path = os.path.join(out, TASK_FILE)
     if not os.path.exists(path):
-        with open(path, "w") as f:
-            f.write(task + "\n")
+        write_atomic(path, task + "\n")
 
 
 def write_task_dir(out, task, splits, meta, files=None):
@@ -256,8 +285,7 @@ def directory_task(data_dir, meta):
     """Which prepare.py made data_dir, for the command that builds it again: its .task, meta.json,
     its name as that prepare.py spells it, or its folder (data/gsm_synth, data/gsm8k,
     data/countdown)."""
-    task = _read(data_dir, TASK_FILE, lambda f: f.read().strip())
-    task = task if task in TASKS else None
+    task = _marker(data_dir)[1] if os.path.isdir(data_dir) else None
     if task is None and isinstance(meta, dict):
         said = meta.get("task")
         task = said if said in TASKS else "arith" if "vocab_size" in meta else None

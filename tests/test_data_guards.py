@@ -1,13 +1,19 @@
 # Task data guards: every size knob bounded before any work, errors naming the key that was typed,
-# missing splits named with their own task's command.
+# damaged markers and missing splits named with their own task's command, a full disk named and
+# cleaned up.
 # Run: python -m pytest tests/test_data_guards.py -q
 # References: the directory tree before and after a refused command (nothing written), wall-clock
 # bounds (a refusal takes well under a second where the work would take hours), counts made by brute
-# force over the generators.
+# force over the generators, the OS itself for a full disk (RLIMIT_FSIZE: a write past it fails with
+# EFBIG).
 import os
 import re
+import resource
 import shlex
 import shutil
+import signal
+import subprocess
+import sys
 import time
 
 import pytest
@@ -217,3 +223,80 @@ def test_a_missing_directory_is_named_by_its_name(tmp_path, name, which):
     """Nothing left to read: the name (as its prepare.py spells it) says whose command builds it."""
     command = datadir.rebuild_command(str(tmp_path / "gone" / name))
     assert command.split()[:2] == ["python", SCRIPT[which]]
+
+
+DAMAGED = [b"", b"\n", b"coutndown\n", b"gsm9k", b"\xff\xfe\x00garbage", b"arith countdown\n",
+           b"ARITH\n"]
+
+
+@pytest.mark.parametrize("marker", DAMAGED + ["a directory"])
+@pytest.mark.parametrize("which", ["arith", "countdown", "gsm8k"])
+def test_a_damaged_marker_is_named_and_never_taken_as_a_task(made, tmp_path, which, marker):
+    d = copy(made, which, tmp_path)
+    path = os.path.join(d, datadir.TASK_FILE)
+    os.remove(path)
+    if marker == "a directory":
+        os.mkdir(path)
+    else:
+        open(path, "wb").write(marker)
+    task = "arith" if which == "arith" else which
+    # a run reading it: the marker is damaged, and the command that builds the directory again
+    said = r"\.task is damaged \(.*not one of arith, gsm8k, countdown\): remove"
+    with pytest.raises(UserError, match=said) as e:
+        datadir.check_task_data(d, task)
+    assert "different tasks" not in str(e.value) and f"python {SCRIPT[which]}" in str(e.value)
+    # a prepare.py writing it: the same words, not "files this command did not write"
+    before = sorted(os.listdir(d))
+    with pytest.raises(UserError, match=r"\.task is damaged") as e:
+        datadir.check_out(d, task)
+    assert "did not write" not in str(e.value) and sorted(os.listdir(d)) == before
+    assert datadir.marked_task(d) == task  # meta.json still says it; the marker is no task
+
+
+def test_a_damaged_marker_refused_by_prepare_itself(tmp_path):
+    d = synth.prepare(**SMALL_SYNTH, root=str(tmp_path))
+    open(os.path.join(d, ".task"), "w").write("arithmetic\n")
+    said = r"\.task is damaged \(it reads 'arithmetic'.*remove .* run this again"
+    with pytest.raises(UserError, match=said):
+        synth.prepare(**SMALL_SYNTH, root=str(tmp_path))
+
+
+# --- a full disk during preparation: the path named, no temporary file left ----------------------
+def _limited(limit):
+    def start():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit: EFBIG instead
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+    return start
+
+
+@pytest.mark.parametrize("script, args, first", [
+    ("data/countdown/prepare.py", ["--n_train=3000", "--n_val=5", "--n_test=5"], "train.jsonl"),
+    ("data/gsm_synth/prepare.py", ["--n_train=3000", "--n_val=5", "--n_test=5", "--num_merges=5"],
+     "train.jsonl"),
+    ("data/countdown/prepare.py", ["--n_train=20", "--n_val=2000", "--n_test=5"], "val.jsonl"),
+])
+def test_a_full_disk_names_the_path_and_leaves_no_temporary_file(tmp_path, script, args, first):
+    out = tmp_path / "out"
+    where = [f"--out={out}"] if "countdown" in script else [f"--root={out}"]
+    r = subprocess.run([sys.executable, script, *args, *where], cwd=REPO, capture_output=True,
+                       text=True, preexec_fn=_limited(50_000), timeout=120)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    d = str(out) if "countdown" in script else os.path.join(out, os.listdir(out)[0])
+    assert r.stderr.startswith(f"error: {os.path.join(d, first)}: File too large"), r.stderr
+    assert not [n for n in os.listdir(d) if n.endswith(".tmp")] and "meta.json" not in os.listdir(d)
+
+
+def test_a_write_that_fails_removes_its_temporary_file(tmp_path, monkeypatch):
+    """write_atomic in-process: the move of a complete temporary file fails (ENOSPC): named,
+    removed."""
+    real_replace = os.replace
+
+    def to_full(src, dst):  # the temporary file is complete; the move fails as on a full disk
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(os, "replace", to_full)
+    with pytest.raises(OSError) as e:
+        datadir.write_atomic(str(tmp_path / "train.jsonl"), "x" * 100)
+    monkeypatch.setattr(os, "replace", real_replace)
+    assert e.value.filename == str(tmp_path / "train.jsonl") and e.value.errno == 28
+    assert os.listdir(tmp_path) == []
+
