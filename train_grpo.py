@@ -40,7 +40,7 @@ from runs.base import base_identity, check_same_base, resolve_base
 from runs.grpo_knobs import validate
 from runs.rundir import refuse_existing_run, rewind, run_lock, stop_note
 from data.tasks import planted_answer, portable_path, resolve_data_dir
-from data.datadir import check_task_data
+from data.datadir import bound_data, check_task_data
 from sample import NonFiniteLogits, encode_prompt
 from tracin import reference_solutions, tracin_backward
 from train_base import ensure_base, evaluate, get_lr, load_frozen_base
@@ -236,6 +236,7 @@ class Run:
         self.generator = torch.Generator(device=device).manual_seed(cfg["seed"])  # which completions
         self.iter_num, self.elapsed_before, self.last_ckpt, self.t_start = 0, 0.0, None, time.time()
         self.reward_cache = {} if cfg["reward_cache"] else None  # (reward, completion, answer) -> score
+        self.data_fingerprint = bound_data(self.data_dir, resume)  # resumed: its data, unchanged
         encode = lambda q: encode_prompt(self.enc, q)  # noqa: E731
         self.curriculum, test = from_config(cfg, self.data_dir, encode,
                                             self.model.config.block_size, self.train_split)
@@ -277,6 +278,7 @@ class Run:
                  "base_abspath": os.path.abspath(self.cfg["base_ckpt"]),  # runs/base.resolve_base looks here
                  "config": {**self.cfg, "data_dir": portable_path(self.cfg["data_dir"])},  # another copy of the
                  "data_dir": portable_path(self.data_dir),  # project reads its own data
+                 "data_fingerprint": self.data_fingerprint,  # splits, tokenizer: bound_data
                  "base_fingerprint": self.base["tensors"], "base_identity": self.base,  # what the adapter is bound to
                  "train_seconds": self.elapsed_before + time.time() - self.t_start,
                  **({"curriculum": self.curriculum.state_dict()} if self.curriculum else {}),

@@ -8,7 +8,7 @@
     tasks.py              the task table: each task's data directory and default rewards; train_base's
                           data knobs (checked before any work, named as typed)
     datadir.py            a task's directory: which task it holds (.task), writing it (new, empty or its
-                          own), reading it back (load_split, load_tokenizer)
+                          own), reading it back (load_split, load_tokenizer), what a checkpoint binds
     curriculum.py         arith problems from easy to hard levels, advancing on training accuracy
 
 Where it plugs in: train_base.py and train_grpo.py load a task's splits and tokenizer at start-up and draw

@@ -9,6 +9,7 @@ directory records its task from its first file on:
     check_task_data(d, task)     a run's data must be its task's: one line naming both otherwise
     load_split, load_tokenizer   what every script reads; a damaged file is named with the command
                                  that builds its directory again (rebuild_command: its prepare.py)
+    data_fingerprint, bound_data what a GRPO checkpoint is bound to: its data as it was
 
 Every file that tells is heard, so data prepared before .task existed still reads (meta.json's 'task', or
 gsm_synth's meta.json for arith), a directory made by hand (no meta.json) is judged by its answers (a
@@ -16,6 +17,7 @@ Countdown answer is [numbers, target], a gsm8k or arith answer a number: either 
 whose files disagree (another task's splits copied over it) is refused. A .task that names no known
 task is damaged: never taken as a task, it is named with the way to build the directory again.
 """
+import hashlib
 import json
 import os
 import re
@@ -339,3 +341,32 @@ def load_split(data_dir, split):
     except (OSError, ValueError) as e:
         raise damaged(path, e) from None
 
+
+# --- what a GRPO checkpoint is bound to -----------------------------------------------------------
+def data_fingerprint(data_dir):
+    """sha256 of the splits and the tokenizer.json (where the directory has one), as their bytes are
+    now."""
+    h = hashlib.sha256()
+    for name in [f"{s}.jsonl" for s in SPLITS] + ["tokenizer.json"]:
+        path = os.path.join(data_dir, name)
+        if name == "tokenizer.json" and not os.path.exists(path):
+            continue
+        try:
+            with open(path, "rb") as f:
+                h.update(f"{name}\n".encode() + hashlib.sha256(f.read()).digest())
+        except OSError as e:
+            raise damaged(path, e) from None
+    return h.hexdigest()
+
+
+def bound_data(data_dir, resume=None):
+    """The fingerprint a checkpoint records of the run's data; resuming (resume: the checkpoint),
+    data_dir must hold the same bytes as when that run started (a checkpoint without one is taken as
+    it is)."""
+    now = data_fingerprint(data_dir)
+    saved = (resume or {}).get("data_fingerprint")
+    if saved is not None and saved != now:
+        raise UserError(f"data_dir {data_dir} is not the data this run was trained on (its splits "
+                        f"or tokenizer were built again from other files since): put it back, or "
+                        f"start a new run in another out_dir")
+    return now

@@ -1,11 +1,12 @@
 # Task data guards: every size knob bounded before any work, errors naming the key that was typed,
 # damaged markers and missing splits named with their own task's command, a full disk named and
-# cleaned up.
+# cleaned up, a resumed GRPO run bound to the data it started on.
 # Run: python -m pytest tests/test_data_guards.py -q
 # References: the directory tree before and after a refused command (nothing written), wall-clock
 # bounds (a refusal takes well under a second where the work would take hours), counts made by brute
 # force over the generators, the OS itself for a full disk (RLIMIT_FSIZE: a write past it fails with
 # EFBIG).
+import json
 import os
 import re
 import resource
@@ -27,8 +28,10 @@ from data.countdown.solutions import all_tries, max_solutions, max_tries, search
 from data.curriculum import parse_levels
 from data.gsm8k import prepare as gsm8k
 from data.gsm_synth import prepare as synth
+from model import load_checkpoint, save_checkpoint
 from runs.grpo_knobs import validate as validate_grpo
 from test_task_data import TEST, TRAIN, write_gsm8k
+from test_train_grpo import run
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMALL_SYNTH = dict(steps=1, max_operand=5, ops="+", n_train=60, n_val=10, n_test=10, num_merges=20,
@@ -300,3 +303,44 @@ def test_a_write_that_fails_removes_its_temporary_file(tmp_path, monkeypatch):
     assert e.value.filename == str(tmp_path / "train.jsonl") and e.value.errno == 28
     assert os.listdir(tmp_path) == []
 
+
+# --- 3. a resumed run is bound to the data it started on ----------------------------------------
+def test_the_fingerprint_covers_splits_and_tokenizer(made, tmp_path):
+    for which in ("arith", "countdown"):
+        d = copy(made, which, tmp_path)
+        fp = datadir.data_fingerprint(d)
+        assert fp == datadir.data_fingerprint(made[which])  # bytes, not the path
+        names = ["train.jsonl", "val.jsonl", "test.jsonl"]
+        names += ["tokenizer.json"] if which == "arith" else []
+        for name in names:
+            text = open(os.path.join(d, name)).read()
+            open(os.path.join(d, name), "w").write(text + " ")
+            assert datadir.data_fingerprint(d) != fp, name
+            open(os.path.join(d, name), "w").write(text)
+        assert datadir.bound_data(d, {"data_fingerprint": fp}) == fp
+        assert datadir.bound_data(d, {}) == fp == datadir.bound_data(d, None)  # older checkpoints
+        with pytest.raises(UserError, match=f"data_dir {d} is not the data this run was trained"):
+            datadir.bound_data(d, {"data_fingerprint": "0" * 64})
+
+
+@pytest.mark.usefixtures("chars_reward")
+def test_a_resumed_run_refuses_data_built_again_from_other_files(tiny_setup, tmp_path):
+    out = tmp_path / "r"
+    run(tiny_setup, out, "--max_iters=1")
+    ckpt = load_checkpoint(str(out / "ckpt.pt"))
+    data_dir = load_checkpoint(tiny_setup)["data_dir"]
+    assert ckpt["data_fingerprint"] == datadir.data_fingerprint(data_dir)
+    test = os.path.join(data_dir, "test.jsonl")
+    original = open(test).read()
+    rows = [json.loads(line) for line in original.splitlines()]
+    try:  # the same sizes, other problems: what a rebuild from other sources leaves
+        other = [{**r, "question": r["question"] + " "} for r in rows]
+        open(test, "w").write("".join(json.dumps(r) + "\n" for r in other))
+        with pytest.raises(UserError, match="is not the data this run was trained on"):
+            tg.main([f"--out_dir={out}", "--init_from=resume", "--max_iters=2"])
+        del ckpt["data_fingerprint"]  # a checkpoint written before the binding: resumed as it is
+        save_checkpoint(ckpt, str(out / "ckpt.pt"))
+        tg.main([f"--out_dir={out}", "--init_from=resume", "--max_iters=2"])
+    finally:
+        open(test, "w").write(original)
+    assert load_checkpoint(str(out / "ckpt.pt"))["iter_num"] == 2
