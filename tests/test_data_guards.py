@@ -96,6 +96,12 @@ def test_arith_sizes_are_bounded_before_any_work(tmp_path, knobs, match):
     assert os.listdir(tmp_path) == []
 
 
+def test_gsm8k_n_val_is_bounded_before_the_files_are_read(tmp_path):
+    missing = str(tmp_path / "none.jsonl")  # never read: the knob is refused first
+    refused_fast(lambda: gsm8k.prepare(missing, missing, n_val=10 ** 15, out=str(tmp_path / "g")),
+                 r"n_val=1000000000000000: must be at most 1000000")
+
+
 @pytest.mark.parametrize("n_numbers, max_misses", [(2, 0), (2, 1), (2, 3), (3, 0), (3, 1)])
 def test_the_bound_on_variants_holds_for_real_problems(n_numbers, max_misses):
     """No problem has more distinct searched solutions than max_solutions says (by drawing)."""

@@ -39,7 +39,8 @@ REPO = os.path.dirname(os.path.dirname(ROOT))
 if REPO not in sys.path:  # run as a script: configurator.py is at the repository root
     sys.path.append(REPO)
 from configurator import UserError, cli_main, configure  # noqa: E402
-from data.datadir import check_out, check_task_dir, write_task_dir  # noqa: E402
+from data.datadir import MAX_ROWS, check_out, check_task_dir, knob_error  # noqa: E402
+from data.datadir import write_task_dir  # noqa: E402
 from data.gsm8k.names import DEFAULTS, data_dir_for  # noqa: E402
 
 INSTRUCTION = "Solve it step by step. Then write the final answer on a last line as '#### N' (N a whole number)."
@@ -147,6 +148,9 @@ def prepare(train_file=DEFAULTS["train_file"], test_file=DEFAULTS["test_file"], 
     return its directory (out, or data_dir_for(n_val, seed))."""
     if not isinstance(n_val, int) or isinstance(n_val, bool) or n_val < 1:
         raise UserError(f"bad task knob n_val={n_val!r}: must be an int >= 1")
+    if n_val > MAX_ROWS:  # before the files are read: GSM8K's train file has 7473 problems
+        raise knob_error("n_val", n_val, f"at most {MAX_ROWS}, the rows a data directory may hold "
+                                         f"(and below the problems of the train file)")
     out = str(out) if out else data_dir_for(n_val, seed)
     check_out(out, "gsm8k")  # never a directory someone else made (the official files' own included)
     for source in (train_file, test_file):
