@@ -26,6 +26,7 @@ import random
 import sys
 import time
 from contextlib import nullcontext
+from functools import partial
 
 import torch
 
@@ -237,8 +238,7 @@ class Run:
         self.iter_num, self.elapsed_before, self.last_ckpt, self.t_start = 0, 0.0, None, time.time()
         self.reward_cache = {} if cfg["reward_cache"] else None  # (reward, completion, answer) -> score
         self.data_fingerprint = bound_data(self.data_dir, resume)  # resumed: its data, unchanged
-        encode = lambda q: encode_prompt(self.enc, q)  # noqa: E731
-        self.curriculum, test = from_config(cfg, self.data_dir, encode,
+        self.curriculum, test = from_config(cfg, self.data_dir, partial(encode_prompt, self.enc),
                                             self.model.config.block_size, self.train_split)
         self.test = test or self.test  # with a curriculum, its last level's problems
         if resume is not None:

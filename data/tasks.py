@@ -16,7 +16,8 @@ import re
 from configurator import UserError
 from data.countdown import searched
 from data.datadir import load_split
-from data.gsm_synth.names import ROOT as SYNTH_ROOT, data_dir_for, knobs_from_name
+from data.gsm_synth.names import DEFAULTS as SYNTH_DEFAULTS, ROOT as SYNTH_ROOT, data_dir_for
+from data.gsm_synth.names import knobs_from_name
 from data.gsm_synth.prepare import BASE_KEYS as ARITH_KEYS, check_knobs as check_arith
 from data.gsm_synth.prepare import prepare as prepare_synth
 
@@ -75,7 +76,8 @@ def check_base_knobs(cfg, defaults):
         searched.check_knobs(**knobs, n_val=d["n_val"], n_test=d["n_test"],
                              num_merges=d["num_merges"], keys=BASE_KEYS[task])
     else:
-        check_arith(**knobs, n_val=500, n_test=500, keys=BASE_KEYS[task])
+        d = SYNTH_DEFAULTS
+        check_arith(**knobs, n_val=d["n_val"], n_test=d["n_test"], keys=BASE_KEYS[task])
 
 
 def base_data(cfg, verbose=True):
