@@ -134,6 +134,9 @@ def test_curriculum_sizes_are_bounded(tmp_path):
 @pytest.mark.parametrize("args, match", [
     (["--task=countdown", "--n_train=300", "--countdown_variants=10000000"],
      "config key 'countdown_variants' = 10000000 is not allowed: must be at most 3330: "),
+    (["--task=countdown", "--countdown_variants=10000000"],
+     r"'countdown_variants' = 10000000 .* at most 49: n_train=20000 training problems written "
+     r"countdown_variants times"),
     (["config/countdown_base.py", "--countdown_variants=10000000"],
      r"'countdown_variants' = 10000000 .* at most 555"),
     (["--task=countdown", "--countdown_max_number=500"],

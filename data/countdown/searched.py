@@ -67,16 +67,17 @@ def check_knobs(n_numbers, max_number, max_target, max_misses, n_train, n_val, n
             raise knob_error(name, value, allowed, keys)
     shown = ", ".join(f"{key(k)}={v}" for k, v in (
         ("n_numbers", n_numbers), ("max_number", max_number), ("max_target", max_target)))
-    bound = comb(max_number + n_numbers - 1, n_numbers) * min(max_target, tries)
-    sizes = {"n_train": n_train, "n_val": n_val, "n_test": n_test}
-    check_sizes(sizes, *row_limit(bound, f"with {shown}"), keys)
     distinct, rows = max_solutions(n_numbers, max_misses), (MAX_ROWS - n_val - n_test) // n_train
-    if variants > min(distinct, rows):  # the tighter of the two is the largest allowed
+    # the tighter of the two is the largest allowed; rows < 1: the sizes alone are too large (below)
+    if rows >= 1 and variants > min(distinct, rows):
         why = (f"{key('n_train')}={n_train} training problems written {key('variants')} times each "
                f"must fit the {MAX_ROWS} rows a data directory may hold") if rows < distinct else (
             f"the distinct searched solutions one problem has with {key('n_numbers')}={n_numbers}, "
             f"{key('max_misses')}={max_misses}")
         raise knob_error("variants", variants, f"at most {min(distinct, rows)}: {why}", keys)
+    bound = comb(max_number + n_numbers - 1, n_numbers) * min(max_target, tries)
+    sizes = {"n_train": n_train, "n_val": n_val, "n_test": n_test}
+    check_sizes(sizes, *row_limit(bound, f"with {shown}"), keys)
 
 
 def prepare(n_numbers=3, max_number=12, max_target=100, max_misses=3, n_train=20000, n_val=500, n_test=500,
