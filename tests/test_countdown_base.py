@@ -118,7 +118,7 @@ def cd_dir(tmp_path_factory):
         searched.ROOT = old
 
 
-def test_data_tokenizer_and_prompts(cd_dir):
+def test_data_tokenizer_and_prompts(cd_dir, monkeypatch):
     enc = load_tokenizer(cd_dir)
     rows = {s: load_split(cd_dir, s) for s in ("train", "val", "test")}
     keys = [(tuple(sorted(r["answer"][0])), r["answer"][1]) for s in rows.values() for r in s]
@@ -136,7 +136,10 @@ def test_data_tokenizer_and_prompts(cd_dir):
     assert enc.decode([enc.eot_token]) == "<|endoftext|>"
     # deterministic: a second call finds the directory complete and leaves it as it is
     before = open(os.path.join(cd_dir, "train.jsonl")).read()
-    assert searched.prepare(3, 9, 60, 2, n_train=300, n_val=20, n_test=20, num_merges=60, verbose=False) != ""
+    monkeypatch.setattr(searched, "ROOT", os.path.dirname(cd_dir))  # where the fixture built it
+    again = searched.prepare(3, 9, 60, 2, n_train=300, n_val=20, n_test=20, num_merges=60,
+                             verbose=False)
+    assert again == cd_dir
     assert open(os.path.join(cd_dir, "train.jsonl")).read() == before
     assert json.load(open(os.path.join(cd_dir, "meta.json")))["task"] == "countdown"
 
