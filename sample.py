@@ -17,7 +17,7 @@ the same column P and the cache advances one column per step for all rows):
 from configurator import UserError, check, check_positive, configure, cli_main
 import torch
 
-from data.gsm_synth.prepare import load_split
+from data.datadir import load_split
 from data.tasks import task_data
 from runs.loading import load_policy
 from scale.device import check_device

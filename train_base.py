@@ -22,17 +22,16 @@ from types import SimpleNamespace
 import torch
 
 from scale import distributed
-from data.countdown import searched
-from data.datadir import check_task_data
-from data.gsm_synth.prepare import TEMPLATES, load_split, load_tokenizer, prepare
+from data.datadir import check_task_data, data_fingerprint, load_split, load_tokenizer
+from data.gsm_synth.prepare import TEMPLATES
 from scale.device import check_device
 from model import CheckpointWriteError, load_checkpoint, save_checkpoint
 from rewards import REWARD_FUNCS
 from runs.base_checks import (build_model, check_eval_cache, check_loads, check_resume,
-                              check_same_data, data_fingerprint)
+                              check_same_data)
 from runs.rundir import run_lock, stop_note
 from sample import NonFiniteLogits, decode_completions, encode_prompt, encode_text, generate, stop_tokens
-from data.tasks import TASKS, portable_path, resolve_data_dir
+from data.tasks import TASKS, base_data, check_base_knobs, portable_path, resolve_data_dir
 
 # -----------------------------------------------------------------------------
 # default config values (override with a config file and/or --key=value)
@@ -86,13 +85,7 @@ EVAL_BATCH = 100            # test problems generated at once by evaluate (its K
 
 def load_task(cfg, verbose=True):
     """Prepare the task data if missing; return (data_dir, tokenizer)."""
-    if cfg["task"] == "countdown":
-        data_dir = searched.prepare(cfg["countdown_numbers"], cfg["countdown_max_number"],
-                                    cfg["countdown_max_target"], cfg["countdown_max_misses"],
-                                    n_train=cfg["n_train"], variants=cfg["countdown_variants"], verbose=verbose)
-        return data_dir, load_tokenizer(data_dir)
-    data_dir = prepare(cfg["task_steps"], cfg["task_max_operand"], cfg["task_ops"], cfg["task_noise"],
-                       n_train=cfg["n_train"], verbose=verbose, min_steps=cfg["task_min_steps"])
+    data_dir = base_data(cfg, verbose)  # (its errors name this script's keys: countdown_variants)
     return data_dir, load_tokenizer(data_dir)
 
 
@@ -165,6 +158,7 @@ def validate(cfg):
     check_finite(cfg, "grad_clip")
     check_choice(cfg, "init_from", ("scratch", "resume"))
     check_choice(cfg, "task", ("arith", "countdown"))
+    check_base_knobs(cfg, defaults)  # the task's data knobs, sizes bounded; others' refused
     check_positive(cfg, "batch_size", "learning_rate", "grad_clip", "log_interval", "eval_interval", "eval_n",
                    "max_new_tokens", "n_layer", "n_head", "n_embd", "block_size", "n_train", "task_steps", "countdown_variants",
                    "task_max_operand")
@@ -223,7 +217,7 @@ def setup(cfg, ckpt):
         run.data_dir, run.enc = task_files(cfg, ckpt)
     check_task_data(run.data_dir, cfg["task"])  # another task's rows put in its place: refused
     splits = {s: load_split(run.data_dir, s) for s in ("train", "val", "test")}
-    run.data_fingerprint = data_fingerprint(run.enc, splits)  # checkpoints record it
+    run.data_fingerprint = data_fingerprint(run.data_dir)  # checkpoints record it
     if ckpt is not None:
         check_same_data(ckpt, ckpt_path, run.data_dir, run.enc, run.data_fingerprint)
     run.train_pairs = tokenize_examples(run.enc, splits["train"])

@@ -25,6 +25,7 @@ import os
 import random
 import time
 from contextlib import nullcontext
+from functools import partial
 
 import torch
 
@@ -39,7 +40,7 @@ from runs.base import base_identity, check_same_base, resolve_base
 from runs.grpo_knobs import validate
 from runs.rundir import refuse_existing_run, rewind, run_lock, stop_note
 from data.tasks import planted_answer, portable_path, resolve_data_dir
-from data.datadir import check_task_data
+from data.datadir import bound_data, check_task_data
 from sample import NonFiniteLogits, encode_prompt
 from tracin import reference_solutions, tracin_backward
 import train_base
@@ -242,8 +243,9 @@ class Run:
         self.generator = torch.Generator(device=device).manual_seed(cfg["seed"])  # which completions
         self.iter_num, self.elapsed_before, self.last_ckpt, self.t_start = 0, 0.0, None, time.time()
         self.reward_cache = {} if cfg["reward_cache"] else None  # (reward, completion, answer) -> score
-        self.curriculum, test = from_config(cfg, self.data_dir, self.enc, self.model.config.block_size,
-                                            self.train_split)
+        self.data_fingerprint = bound_data(self.data_dir, resume)  # resumed: its data, unchanged
+        self.curriculum, test = from_config(cfg, self.data_dir, partial(encode_prompt, self.enc),
+                                            self.model.config.block_size, self.train_split)
         self.test = test or self.test  # with a curriculum, its last level's problems
         if resume is not None:
             self.restore(resume)
@@ -259,7 +261,7 @@ class Run:
         self.elapsed_before = resume["train_seconds"]
         self.rng.setstate(resume["rng"]["python"])
         if self.curriculum:  # a curriculum given only now, or with fewer levels, starts at its first level
-            self.curriculum.load_state_dict(resume.get("curriculum"))
+            self.curriculum.load_state_dict(resume.get("curriculum"), verbose=distributed.is_main())
         saved_on, here = resume["rng"].get("device", self.generator.device.type), self.generator.device.type
         if saved_on == here:
             self.generator.set_state(resume["rng"]["generator"])
@@ -282,6 +284,7 @@ class Run:
                  "base_abspath": os.path.abspath(self.cfg["base_ckpt"]),  # runs/base.resolve_base looks here
                  "config": {**self.cfg, "data_dir": portable_path(self.cfg["data_dir"])},  # another copy of the
                  "data_dir": portable_path(self.data_dir),  # project reads its own data
+                 "data_fingerprint": self.data_fingerprint,  # splits, tokenizer: bound_data
                  "base_fingerprint": self.base["tensors"], "base_identity": self.base,  # what the adapter is bound to
                  "train_seconds": self.elapsed_before + time.time() - self.t_start,
                  **({"curriculum": self.curriculum.state_dict()} if self.curriculum else {}),
@@ -329,7 +332,7 @@ class Run:
         rollouts = rollout_record(questions, answers, scored, cfg) if scored is not None else None
         self.iter_num += 1
         if self.curriculum:
-            self.curriculum.after_step(log, self.iter_num)
+            self.curriculum.after_step(log, self.iter_num, verbose=distributed.is_main())
         if cfg["defect_frac"] > 0 and rollouts is not None:  # selection precision: are kept rollouts clean?
             clean = torch.tensor([i not in self.defective for i in picks]).repeat_interleave(cfg["group_size"])
             log["defect/clean_base_rate"] = clean.float().mean().item()

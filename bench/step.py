@@ -25,7 +25,8 @@ import rewards
 import train_grpo
 from configurator import UserError
 from data.tasks import task_rewards
-from data.gsm_synth.prepare import ROOT, load_split, load_tokenizer, prepare
+from data.datadir import load_split, load_tokenizer
+from data.gsm_synth.prepare import ROOT, prepare
 from sample import encode_prompt
 from lora import apply_lora, lora_parameters
 from model import GPT, GPTConfig, load_checkpoint, model_from_checkpoint

@@ -17,10 +17,10 @@ wasted; on easier problems the groups are mixed and the gradient is informative.
 """
 import random
 
-from scale import distributed
 from configurator import UserError
-from data.gsm_synth.prepare import distinct_problems, make_problem, read_meta
-from sample import encode_prompt
+from data.datadir import MAX_ROWS, read_meta
+from data.gsm_synth.prepare import MAX_STEPS, TEMPLATES, count_problems, distinct_problems
+from data.gsm_synth.prepare import make_problem
 
 TEST_SEED = 20240601  # the target level's test problems: one fixed set, whatever the run's seed
 
@@ -33,21 +33,31 @@ def parse_levels(text):
             steps, max_operand = (int(x) for x in part.split(":"))
         except ValueError:
             steps = max_operand = 0
-        if steps < 1 or max_operand < 1:
+        if not 1 <= steps <= MAX_STEPS or max_operand < 1:
             raise UserError(f"config key 'curriculum' = {text!r} is not allowed: levels are steps:max_operand "
-                            f"with both >= 1, easy to hard, e.g. '1:20,2:20,3:20' ('' = off)")
+                            f"with steps in [1, {MAX_STEPS}], max_operand >= 1, easy to hard, e.g. "
+                            f"'1:20,2:20,3:20' ('' = off)")
         levels.append((steps, max_operand))
     return levels
 
 
-def from_config(cfg, data_dir, enc, block_size, train_split):
-    """train_grpo.py's Curriculum and its test set, or (None, None) with cfg['curriculum'] = ''. Every
-    level must fit the context; the test problems are not base training questions."""
+def most_test_problems(levels):
+    """The most test problems the last level can give (eval_n's bound, checked before any work): its
+    distinct problems with every operation, at most MAX_ROWS."""
+    steps, max_operand = levels[-1]
+    return min(count_problems(steps, max_operand, "".join(TEMPLATES)), MAX_ROWS)
+
+
+def from_config(cfg, data_dir, encode, block_size, train_split):
+    """train_grpo.py's Curriculum and its test set, or (None, None) with cfg['curriculum'] = ''.
+    Every level must fit the context; the test problems are not base training questions. encode: a
+    question -> the prompt's token ids, as the run encodes it (sample.encode_prompt with the base's
+    tokenizer)."""
     levels = parse_levels(cfg["curriculum"])
     if not levels:
         return None, None
     c = Curriculum(levels, read_meta(data_dir)["ops"], cfg["curriculum_threshold"], cfg["curriculum_window"])
-    c.check_fits(lambda q: len(encode_prompt(enc, q)), block_size - cfg["max_new_tokens"])
+    c.check_fits(lambda q: len(encode(q)), block_size - cfg["max_new_tokens"])
     return c, c.test_set(cfg["eval_n"], {e["question"] for e in train_split})
 
 
@@ -86,11 +96,12 @@ class Curriculum:
                                 f"reach {longest} tokens, only {room} fit beside max_new_tokens; use fewer steps or "
                                 f"smaller operands in that level, or lower max_new_tokens")
 
-    def after_step(self, log, it):
-        """Log the level step `it` trained at (a one-level run logs none), then perhaps move up."""
+    def after_step(self, log, it, verbose=True):
+        """Log the level step `it` trained at (a one-level run logs none), then perhaps move up
+        (printed where verbose: one process of several)."""
         if len(self.levels) > 1:
             log["curriculum/level"] = self.level + 1
-            if self.observe(log.get("accuracy", float("nan"))) and distributed.is_main():
+            if self.observe(log.get("accuracy", float("nan"))) and verbose:
                 print(f"curriculum: {self.describe()} from iter {it}")
             log["curriculum/moving_accuracy"] = self.moving_accuracy()
 
@@ -115,11 +126,11 @@ class Curriculum:
     def state_dict(self):
         return {"level": self.level, "recent": list(self.recent)}
 
-    def load_state_dict(self, state):
-        """A checkpoint's level and window; None (the run had no curriculum) or a level this curriculum
-        does not have: its first level, said in one line."""
+    def load_state_dict(self, state, verbose=True):
+        """A checkpoint's level and window; None (the run had no curriculum) or a level this
+        curriculum does not have: its first level, said in one line (where verbose)."""
         if state is None or state["level"] >= len(self.levels):
-            if distributed.is_main():
+            if verbose:
                 print(f"curriculum: the checkpoint's level does not exist in this curriculum; {self.describe()}")
             return
         self.level, self.recent = state["level"], list(state["recent"])

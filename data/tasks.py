@@ -14,7 +14,11 @@ import os
 import re
 
 from configurator import UserError
-from data.gsm_synth.prepare import ROOT as SYNTH_ROOT, data_dir_for, knobs_from_name, load_split
+from data.countdown import searched
+from data.datadir import load_split
+from data.gsm_synth.names import DEFAULTS as SYNTH_DEFAULTS, ROOT as SYNTH_ROOT, data_dir_for
+from data.gsm_synth.names import knobs_from_name
+from data.gsm_synth.prepare import BASE_KEYS as ARITH_KEYS, check_knobs as check_arith
 from data.gsm_synth.prepare import prepare as prepare_synth
 
 PROJECT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # this copy of the project
@@ -49,6 +53,38 @@ def task_data(task, data_dir=""):
     else:
         raise UserError(f"unknown task {task!r}: use one of {', '.join(TASKS)}")
     return prepare()
+
+
+# train_base.py's data knobs: {task: {prepare.py's knob: the config key}} (n_train is both tasks')
+BASE_KEYS = {"arith": ARITH_KEYS, "countdown": searched.BASE_KEYS}
+
+
+def check_base_knobs(cfg, defaults):
+    """train_base.py's data knobs, before any work: one set away from its default that the task does
+    not read (countdown_variants with task='arith') is refused, and the task's own are checked as
+    its prepare.py checks them, each error naming the config key."""
+    task = cfg["task"]
+    for other, keys in BASE_KEYS.items():
+        for key in sorted(set(keys.values()) - set(BASE_KEYS[task].values())):
+            if cfg[key] != defaults[key]:
+                raise UserError(f"config key '{key}' = {cfg[key]!r} does nothing with "
+                                f"task={task!r} (only task={other!r} reads it): remove it, or give "
+                                f"--task={other}")
+    knobs = {k: cfg[key] for k, key in BASE_KEYS[task].items()}
+    if task == "countdown":
+        d = searched.DEFAULTS
+        searched.check_knobs(**knobs, n_val=d["n_val"], n_test=d["n_test"],
+                             num_merges=d["num_merges"], keys=BASE_KEYS[task])
+    else:
+        d = SYNTH_DEFAULTS
+        check_arith(**knobs, n_val=d["n_val"], n_test=d["n_test"], keys=BASE_KEYS[task])
+
+
+def base_data(cfg, verbose=True):
+    """train_base.py's task data for its knobs (built if missing); errors name its config keys."""
+    knobs = {k: cfg[key] for k, key in BASE_KEYS[cfg["task"]].items()}
+    prepare = searched.prepare if cfg["task"] == "countdown" else prepare_synth
+    return prepare(**knobs, verbose=verbose, keys=BASE_KEYS[cfg["task"]])
 
 
 def portable_path(data_dir):

@@ -12,7 +12,7 @@ import torch
 
 from configurator import UserError
 from model import GPT, CheckpointWriteError, GPTConfig, model_from_checkpoint
-from runs.base import short_hash
+from data.datadir import changed_data
 from sample import encode_prompt
 
 # what a resumed run may not change: the weights' shapes, the knobs that pick its data and tokenizer
@@ -36,21 +36,12 @@ def check_resume(cfg, ckpt, path):
                             f"with that run, or start a new out_dir to train a new base")
 
 
-def data_fingerprint(enc, splits):
-    """What a base is bound to besides its weights: a short hash of its tokenizer (vocabulary,
-    special tokens, split pattern: what its ids mean) and of each split's rows."""
-    tokenizer = (sorted(enc._mergeable_ranks.items()), sorted(enc._special_tokens.items()),
-                 enc._pat_str)
-    return {"tokenizer": short_hash(tokenizer), **{s: short_hash(r) for s, r in splits.items()}}
-
-
 def check_same_data(ckpt, path, data_dir, enc, fingerprint):
     """A resumed base reads the data and tokenizer it was trained on: a directory rebuilt from other
-    files (another prepare.py, a hand edit) swaps what its token ids mean. A checkpoint made before
-    data_fingerprint was recorded is compared on its vocabulary size only."""
-    saved = ckpt.get("data_fingerprint") or {}
-    changed = [k if k == "tokenizer" else f"{k} split" for k in saved
-               if saved[k] != fingerprint.get(k)]
+    files (another prepare.py, a hand edit) swaps what its token ids mean. fingerprint: the directory's
+    now (data/datadir.data_fingerprint). A checkpoint made before data_fingerprint was recorded is
+    compared on its vocabulary size only."""
+    changed = changed_data(ckpt.get("data_fingerprint"), fingerprint)
     vocab = ckpt["model_args"].get("vocab_size", enc.n_vocab)
     if vocab != enc.n_vocab and "tokenizer" not in changed:
         changed.insert(0, f"tokenizer ({enc.n_vocab} tokens, the model's {vocab})")

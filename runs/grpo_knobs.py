@@ -9,7 +9,7 @@ import os
 
 from configurator import UserError, check, check_adam_lr, check_choice, check_finite, \
     check_nonnegative, check_positive, read_config_file
-from data.curriculum import parse_levels
+from data.curriculum import most_test_problems, parse_levels
 from data.datadir import check_task_data
 from data.tasks import TASKS, task_rewards
 from grpo import LOSS_TYPES
@@ -51,6 +51,10 @@ def validate(cfg):
     check(cfg, "lora_dropout", 0 <= cfg["lora_dropout"] < 1, "must be in [0, 1)")
     check(cfg, "defect_frac", 0 <= cfg["defect_frac"] <= 1, "must be in [0, 1]")
     levels = parse_levels(cfg["curriculum"])  # a bad level list is an error here, before any work
+    most = most_test_problems(levels) if levels else cfg["eval_n"]
+    last = ":".join(map(str, levels[-1])) if levels else ""
+    check(cfg, "eval_n", cfg["eval_n"] <= most, f"at most {most} with this curriculum (the "
+          f"distinct problems its last level {last} can give as a test set)")
     check(cfg, "defect_frac", cfg["defect_frac"] == 0 or not levels,
           "must be 0 with a curriculum: the planted wrong answers belong to the base's train split")
     check(cfg, "curriculum_threshold", 0 < cfg["curriculum_threshold"] <= 1, "must be in (0, 1]")

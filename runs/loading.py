@@ -10,7 +10,7 @@ import shlex
 import torch
 
 from configurator import UserError, read_config_file
-from data.gsm_synth.prepare import load_tokenizer
+from data.datadir import load_tokenizer
 from data.tasks import load_task_split, resolve_data_dir, set_instruction, task_data
 from lora import apply_lora, load_lora_state_dict, merge_lora
 from model import GPT, base_fingerprint, load_checkpoint, model_from_checkpoint

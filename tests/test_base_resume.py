@@ -13,7 +13,8 @@ import torch
 
 import train_base as tb
 from configurator import UserError
-from data.gsm_synth.prepare import load_tokenizer, prepare
+from data.datadir import load_tokenizer
+from data.gsm_synth.prepare import prepare
 from model import CheckpointWriteError, load_checkpoint, model_from_checkpoint, save_checkpoint
 
 ARGS = ["--n_layer=1", "--n_embd=16", "--n_head=2", "--block_size=96", "--batch_size=4",

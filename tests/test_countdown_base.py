@@ -24,7 +24,7 @@ from configurator import UserError
 from data.countdown import searched
 from data.countdown.prepare import draw_distinct
 from data.countdown.solutions import all_tries, searched_solution
-from data.gsm_synth.prepare import load_split, load_tokenizer
+from data.datadir import load_split, load_tokenizer
 from data.tasks import load_task_split, planted_answer
 from model import load_checkpoint
 from rewards import countdown_reward, think_format_reward
@@ -118,7 +118,7 @@ def cd_dir(tmp_path_factory):
         searched.ROOT = old
 
 
-def test_data_tokenizer_and_prompts(cd_dir):
+def test_data_tokenizer_and_prompts(cd_dir, monkeypatch):
     enc = load_tokenizer(cd_dir)
     rows = {s: load_split(cd_dir, s) for s in ("train", "val", "test")}
     keys = [(tuple(sorted(r["answer"][0])), r["answer"][1]) for s in rows.values() for r in s]
@@ -136,7 +136,10 @@ def test_data_tokenizer_and_prompts(cd_dir):
     assert enc.decode([enc.eot_token]) == "<|endoftext|>"
     # deterministic: a second call finds the directory complete and leaves it as it is
     before = open(os.path.join(cd_dir, "train.jsonl")).read()
-    assert searched.prepare(3, 9, 60, 2, n_train=300, n_val=20, n_test=20, num_merges=60, verbose=False) != ""
+    monkeypatch.setattr(searched, "ROOT", os.path.dirname(cd_dir))  # where the fixture built it
+    again = searched.prepare(3, 9, 60, 2, n_train=300, n_val=20, n_test=20, num_merges=60,
+                             verbose=False)
+    assert again == cd_dir
     assert open(os.path.join(cd_dir, "train.jsonl")).read() == before
     assert json.load(open(os.path.join(cd_dir, "meta.json")))["task"] == "countdown"
 
@@ -144,7 +147,7 @@ def test_data_tokenizer_and_prompts(cd_dir):
 def test_knobs_are_checked(tmp_path):
     with pytest.raises(UserError, match="n_numbers=5"):
         searched.prepare(n_numbers=5)
-    with pytest.raises(UserError, match="only .* distinct problems"):
+    with pytest.raises(UserError, match="n_train=500: must be at most 10: .* at most 20 distinct"):
         searched.prepare(3, 2, 5, 1, n_train=500, n_val=5, n_test=5, verbose=False)
 
 
@@ -173,8 +176,9 @@ def test_base_and_grpo_on_countdown(cd_dir, tmp_path, monkeypatch):
 
 def test_training_lowers_the_loss_on_searched_solutions(cd_dir, tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(searched, "prepare", lambda *a, **k: cd_dir)
-    tb.main([f"--out_dir={tmp_path}", "--task=countdown", "--max_iters=40", "--n_layer=1", "--n_embd=32",
-             "--n_head=2", "--block_size=128", "--batch_size=16", "--eval_n=2", "--eval_interval=40",
+    tb.main([f"--out_dir={tmp_path}", "--task=countdown", "--n_train=300", "--max_iters=40",
+             "--n_layer=1", "--n_embd=32", "--n_head=2", "--block_size=128", "--batch_size=16",
+             "--eval_n=2", "--eval_interval=40",
              "--log_interval=10", "--max_new_tokens=8", "--warmup_iters=2", "--learning_rate=1e-2"])
     losses = [float(x) for x in re.findall(r"loss (\d+\.\d+)", capsys.readouterr().out)]
     assert losses[-1] < 0.7 * losses[0]
@@ -250,8 +254,10 @@ def test_planted_defect_shifts_the_target_of_whole_problems(tmp_path, monkeypatc
 def test_a_missing_searched_directory_names_the_command_that_rebuilds_it(tmp_path, monkeypatch):
     """Reading a removed search_* directory fails in one line naming searched.py's command (not prepare.py's);
     run, that command writes the same files byte for byte."""
-    from data.gsm_synth.prepare import damaged
-    monkeypatch.setattr(searched, "ROOT", str(tmp_path / "countdown"))  # a countdown folder, as data/countdown
+    from data.datadir import damaged
+    from data.countdown import names
+    for module in (searched, names):  # a countdown folder, as data/countdown
+        monkeypatch.setattr(module, "ROOT", str(tmp_path / "countdown"))
     d = searched.prepare(3, 9, 60, 2, n_train=40, n_val=5, n_test=5, num_merges=10, variants=4, seed=7, verbose=False)
     before = {n: open(os.path.join(d, n), "rb").read() for n in sorted(os.listdir(d))}
     shutil.rmtree(d)

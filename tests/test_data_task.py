@@ -93,7 +93,7 @@ def test_resume_refuses_data_replaced_by_another_tasks(made, tmp_path, chars_rew
     from model import GPT, GPTConfig, save_checkpoint
     data = str(tmp_path / "data")
     shutil.copytree(made["arith"], data)
-    enc = synth.load_tokenizer(data)
+    enc = datadir.load_tokenizer(data)
     torch.manual_seed(0)
     args = dict(block_size=128, vocab_size=enc.n_vocab, n_layer=1, n_head=2, n_embd=16, dropout=0.0, bias=False)
     base = str(tmp_path / "base.pt")

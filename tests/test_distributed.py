@@ -192,7 +192,7 @@ def eval_worker(rank, world, port, base, out):
 def evaluate_in_chunks(base):
     """train_base.evaluate over the 20 test problems in chunks of 3 (7 chunks: 4 on rank 0, 3 on rank 1)."""
     import train_base as tb
-    from data.gsm_synth.prepare import load_split, load_tokenizer
+    from data.datadir import load_split, load_tokenizer
     from model import model_from_checkpoint
     ck = load_checkpoint(base)
     model, enc = model_from_checkpoint(ck).eval(), load_tokenizer(ck["data_dir"])
@@ -259,7 +259,7 @@ def base_worker(rank, world, port, argv, data_dir):
                       MASTER_PORT=str(port))
     torch.set_num_threads(1)
     import train_base as tb
-    from data.gsm_synth.prepare import load_tokenizer
+    from data.datadir import load_tokenizer
     tb.load_task = lambda cfg, verbose=True: (data_dir, load_tokenizer(data_dir))
     tb.main(argv)
     finish()
@@ -267,7 +267,8 @@ def base_worker(rank, world, port, argv, data_dir):
 
 @pytest.fixture(scope="module")
 def tiny_task(tmp_path_factory):  # test_train_base's task
-    from data.gsm_synth.prepare import load_tokenizer, prepare
+    from data.datadir import load_tokenizer
+    from data.gsm_synth.prepare import prepare
     d = prepare(steps=1, max_operand=5, ops="+", n_train=300, n_val=20, n_test=20, num_merges=20,
                 verbose=False, root=str(tmp_path_factory.mktemp("d")))
     return d, load_tokenizer(d)

@@ -23,7 +23,9 @@ import pytest
 
 import data.gsm_synth.prepare as prep
 from configurator import UserError, cli_main
-from data.gsm_synth.prepare import build_encoding, load_split, load_tokenizer, prepare
+from data.datadir import load_split, load_tokenizer, rebuild_command
+from data.gsm_synth.prepare import prepare
+from data.tokenizer import build_encoding
 
 EOT = "<|endoftext|>"
 KNOBS = dict(steps=2, max_operand=20, ops="+-*/", n_train=300, n_val=20, n_test=20, num_merges=40,
@@ -340,7 +342,7 @@ def test_min_steps_mixes_lengths_and_keeps_the_default_directory(tmp_path):
     assert prepare(**knobs, min_steps=3, root=root) == plain and "_l" not in os.path.basename(plain)
     with pytest.raises(UserError, match=r"min_steps=4: must be in \[0, steps=3\]"):
         prepare(**knobs, min_steps=4, root=root)
-    assert "--min_steps=1" in prep.rebuild_command(d)
+    assert "--min_steps=1" in rebuild_command(d)
 
 
 # A small training split learns fewer merges than asked (130 of 150 here): the rebuild command must ask
@@ -381,9 +383,9 @@ def test_rebuild_command_of_an_older_or_unreadable_meta(tmp_path):
     assert json.load(open(os.path.join(d, "meta.json")))["num_merges"] == 300
     assert "num_merges" not in json.load(open(prepare(**FEW, root=str(tmp_path)) + "/meta.json"))  # default: as before
     damage(d, "meta.json", lambda text: json.dumps({k: v for k, v in json.loads(text).items() if k != "num_merges"}))
-    assert "--num_merges=300" in prep.rebuild_command(d).split()
+    assert "--num_merges=300" in rebuild_command(d).split()
     damage(d, "meta.json", lambda text: "{")
-    assert prep.rebuild_command(d) == (f"python data/gsm_synth/prepare.py --steps=1 --max_operand=5 --ops=+ "
+    assert rebuild_command(d) == (f"python data/gsm_synth/prepare.py --steps=1 --max_operand=5 --ops=+ "
                                        f"--noise=0.0 --n_train=300 --n_val=20 --n_test=20 --num_merges=300 "
                                        f"--root={tmp_path}")
 
@@ -406,4 +408,4 @@ def test_rebuild_commands_of_the_other_tasks(tmp_path):
     gsm8k = tmp_path / "gsm8k" / "prepared_v200"
     gsm8k.mkdir(parents=True)
     # no meta.json: the folder says gsm8k, the name n_val; not where data/gsm8k/prepare.py puts it: --out
-    assert prep.rebuild_command(str(gsm8k)) == f"python data/gsm8k/prepare.py --n_val=200 --out={gsm8k}"
+    assert rebuild_command(str(gsm8k)) == f"python data/gsm8k/prepare.py --n_val=200 --out={gsm8k}"

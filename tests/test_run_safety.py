@@ -210,7 +210,7 @@ def test_selective_log_softmax_refuses_double_backward():
 # ---------------------------------------------------------------------------- train_base.py
 @pytest.fixture
 def base_args(tiny_setup, monkeypatch, tmp_path):
-    from data.gsm_synth.prepare import load_tokenizer
+    from data.datadir import load_tokenizer
     data_dir = load_checkpoint(tiny_setup)["data_dir"]
     monkeypatch.setattr(tb, "load_task", lambda cfg, verbose=True: (data_dir, load_tokenizer(data_dir)))
     return [f"--out_dir={tmp_path / 'b'}", "--n_layer=1", "--n_embd=16", "--n_head=2", "--batch_size=4",

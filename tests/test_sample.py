@@ -274,7 +274,8 @@ def test_pad_prompts_layout():
 
 @pytest.fixture(scope="module")
 def enc(tmp_path_factory):
-    from data.gsm_synth.prepare import load_tokenizer, prepare
+    from data.datadir import load_tokenizer
+    from data.gsm_synth.prepare import prepare
     data_dir = prepare(steps=1, max_operand=5, ops="+", n_train=300, n_val=20, n_test=20, num_merges=20,
                        verbose=False, root=str(tmp_path_factory.mktemp("d")))
     return load_tokenizer(data_dir)

@@ -25,7 +25,7 @@ import rewards
 from configurator import UserError
 from data.countdown import prepare as countdown
 from data.gsm8k import prepare as gsm8k
-from data.gsm_synth.prepare import load_split
+from data.datadir import load_split
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SPLITS = ("train", "val", "test")

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 import train_base as tb
-from data.gsm_synth.prepare import prepare, load_tokenizer
+from data.datadir import load_tokenizer
+from data.gsm_synth.prepare import prepare
 from model import load_checkpoint, model_from_checkpoint
 
 
@@ -59,7 +60,7 @@ def test_train_resume_is_exact(tiny_task, tmp_path, monkeypatch):
 def test_training_lowers_loss(tiny_task, tmp_path, monkeypatch):
     monkeypatch.setattr(tb, "load_task", lambda cfg, verbose=True: tiny_task)
     data_dir, enc = tiny_task
-    from data.gsm_synth.prepare import load_split
+    from data.datadir import load_split
     pairs = tb.tokenize_examples(enc, load_split(data_dir, "val"))
     x, y = tb.get_batch(pairs, 16, random.Random(1), "cpu")
     tb.main([f"--out_dir={tmp_path / 'c'}", "--max_iters=1", "--learning_rate=1e-12", *ARGS])
@@ -71,7 +72,7 @@ def test_training_lowers_loss(tiny_task, tmp_path, monkeypatch):
 
 def test_evaluate_scores_answers(tiny_task):
     data_dir, enc = tiny_task
-    from data.gsm_synth.prepare import load_split
+    from data.datadir import load_split
     from model import GPT, GPTConfig
     torch.manual_seed(0)
     m = GPT(GPTConfig(block_size=96, vocab_size=enc.n_vocab, n_layer=1, n_head=2, n_embd=32))

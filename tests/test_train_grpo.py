@@ -16,7 +16,8 @@ import runs.loading
 import tracin
 import train_grpo as tg
 from configurator import UserError
-from data.gsm_synth.prepare import load_tokenizer, load_split, prompt_text
+from data.datadir import load_split, load_tokenizer
+from data.gsm_synth.prepare import prompt_text
 from lora import apply_lora, disable_lora, lora_parameters
 from model import GPT, GPTConfig, save_checkpoint, load_checkpoint
 from runs.metrics import step_log

@@ -6,8 +6,8 @@ and deterministically.
     python data/countdown/prepare.py --min_numbers=4 --max_number=50 --n_train=5000
 
 writes data/countdown/n{min_numbers}-{max_numbers}_m{max_number}[...]/{train,val,test}.jsonl and
-meta.json (written last: it marks a complete directory), in data/gsm_synth's layout (its load_split
-reads them). A row:
+meta.json (written last: it marks a complete directory), read by data/datadir.py's load_split.
+A row:
     question: TEMPLATE filled in ("Using the numbers [44, 19, 35], create an equation that equals 98. ...")
     solution: "<think>44 + 19 = 63. 63 + 35 = 98.</think>\\n<answer>44 + 19 + 35</answer>"
     answer:   [[44, 19, 35], 98], the numbers in the order the question shows them, then the target
@@ -27,7 +27,6 @@ no timestamps); an existing directory is checked first and a damaged one is buil
 import os
 import random
 import re
-import shlex
 import sys
 from fractions import Fraction
 from math import comb
@@ -37,17 +36,15 @@ REPO = os.path.dirname(os.path.dirname(ROOT))
 if REPO not in sys.path:  # run as a script: configurator.py is at the repository root
     sys.path.append(REPO)
 from configurator import UserError, cli_main, configure  # noqa: E402
-from data.datadir import check_out, write_task_dir  # noqa: E402
-from data.gsm_synth.prepare import check_task_dir, read_json  # noqa: E402
+from data.countdown.names import DEFAULTS, data_dir_for  # noqa: E402
+from data.countdown.solutions import PREC, join, max_tries  # noqa: E402
+from data.datadir import check_out, check_sizes, check_task_dir, knob_error, row_limit  # noqa: E402
+from data.datadir import write_task_dir  # noqa: E402
 
-DEFAULTS = dict(n_train=20000, n_val=500, n_test=500, min_numbers=3, max_numbers=4, max_number=99, seed=1337,
-                out=None)  # out None: data_dir_for(knobs)
-SPLITS = ("train", "val", "test")
 MAX_TARGET = 999
 TEMPLATE = ("Using the numbers {numbers}, create an equation that equals {target}. You can use basic arithmetic "
             "operations (+, -, *, /) and each number exactly once. Show your work in <think> </think> tags and "
             "return the final equation in <answer> </answer> tags, for example <answer>(1 + 2) / 3</answer>.")
-PREC = {"+": 1, "-": 1, "*": 2, "/": 2}  # a bare number binds tightest: 3
 TREE_TRIES = 10  # random expressions tried on one set of numbers before drawing new numbers
 
 
@@ -61,10 +58,7 @@ def combine(rng, a, b):
     if op in "+*" and rng.random() < 0.5:
         a, b = b, a  # either order for + and *, so the larger number does not always come first
     value = {"+": a[0] + b[0], "-": a[0] - b[0], "*": a[0] * b[0], "/": a[0] // b[0]}[op]
-    left = a[1] if a[2] >= PREC[op] else f"({a[1]})"
-    # right of - or /, an equal-precedence operand needs parentheses: 9 - (5 - 2), 8 / (4 / 2)
-    right = b[1] if b[2] > PREC[op] or (b[2] == PREC[op] and op in "+*") else f"({b[1]})"
-    return value, f"{left} {op} {right}", PREC[op], f"{a[0]} {op} {b[0]} = {value}"
+    return value, join(a, op, b, " "), PREC[op], f"{a[0]} {op} {b[0]} = {value}"
 
 
 def make_problem(rng, min_numbers, max_numbers, max_number):
@@ -149,59 +143,33 @@ def row(numbers, target, expr, steps):
             "answer": [numbers, target]}
 
 
-def max_problems(min_numbers, max_numbers, max_number):
-    """An upper bound on the distinct problems: multisets of numbers times targets."""
-    multisets = sum(comb(max_number + k - 1, k) for k in range(min_numbers, max_numbers + 1))
-    return multisets * MAX_TARGET
+def max_problems(min_numbers, max_numbers, max_number, max_target=MAX_TARGET):
+    """An upper bound on the distinct problems: per count of numbers, its multisets times the
+    targets its tries can reach (at most max_target)."""
+    return sum(comb(max_number + k - 1, k) * min(max_target, max_tries(k))
+               for k in range(min_numbers, max_numbers + 1))
 
 
-def check_knobs(n_train, n_val, n_test, min_numbers, max_numbers, max_number):
-    """Raise a one-line UserError naming the first knob out of range, its value and what is allowed."""
+def check_knobs(n_train, n_val, n_test, min_numbers, max_numbers, max_number, keys=None):
+    """Before any work: a one-line UserError naming the first knob out of range (as the user typed
+    it: keys maps a knob to its config key), its value and what is allowed; the split sizes at most
+    the distinct problems the knobs allow."""
+    key = (keys or {}).get
     rules = [("n_train", n_train, n_train >= 1, ">= 1"), ("n_val", n_val, n_val >= 1, ">= 1"),
              ("n_test", n_test, n_test >= 1, ">= 1"),
              ("min_numbers", min_numbers, min_numbers >= 2, ">= 2 (one number is no puzzle)"),
-             ("max_numbers", max_numbers, max_numbers >= min_numbers, f">= min_numbers={min_numbers}"),
+             ("max_numbers", max_numbers, max_numbers >= min_numbers,
+              f">= {key('min_numbers', 'min_numbers')}={min_numbers}"),
              ("max_numbers", max_numbers, max_numbers <= 6,
               f"<= 6 (as in the TV game; with more, the result is rarely <= {MAX_TARGET})"),
              ("max_number", max_number, 1 <= max_number <= MAX_TARGET, f"in [1, {MAX_TARGET}]")]
     for name, value, ok, allowed in rules:
         if not ok:
-            raise UserError(f"bad task knob {name}={value!r}: must be {allowed}")
-    n_total, bound = n_train + n_val + n_test, max_problems(min_numbers, max_numbers, max_number)
-    if n_total > bound:
-        raise UserError(f"bad task knob n_train={n_train}: n_train + n_val + n_test = {n_total} is more than the "
-                        f"at most {bound} distinct problems with max_number={max_number}; lower them or raise it")
-
-
-def data_dir_for(n_train=20000, n_val=500, n_test=500, min_numbers=3, max_numbers=4, max_number=99, seed=1337):
-    """One directory per set of knobs: n{min_numbers}-{max_numbers}_m{max_number}, plus _t{n_train},
-    _v{n_val}, _e{n_test}, _r{seed} when not the default."""
-    extra = [f"_{letter}{v}" for letter, k, v in (("t", "n_train", n_train), ("v", "n_val", n_val),
-                                                  ("e", "n_test", n_test), ("r", "seed", seed)) if v != DEFAULTS[k]]
-    return os.path.join(ROOT, f"n{min_numbers}-{max_numbers}_m{max_number}" + "".join(extra))
-
-
-def rebuild_command(data_dir):
-    """The command that builds data_dir again: its knobs from meta.json or its name, --out where they would
-    not put it. A searched-solution directory (search_*) is searched.py's."""
-    if os.path.basename(os.path.normpath(data_dir)).startswith("search_"):
-        from data.countdown.searched import rebuild_command as searched_command  # (searched imports this file)
-        return searched_command(data_dir)
-    knobs = {k: v for k, v in DEFAULTS.items() if k != "out"}
-    try:
-        meta = read_json(os.path.join(data_dir, "meta.json"))
-        knobs.update({f"n_{k}": meta["sizes"][k] for k in SPLITS},
-                     **{k: meta[k] for k in ("min_numbers", "max_numbers", "max_number", "seed")})
-    except (OSError, ValueError, KeyError, TypeError):
-        m = re.fullmatch(r"n(\d+)-(\d+)_m(\d+)((?:_[tver]\d+)*)", os.path.basename(os.path.normpath(data_dir)))
-        if m:
-            letters = {"t": "n_train", "v": "n_val", "e": "n_test", "r": "seed"}
-            knobs.update(min_numbers=int(m[1]), max_numbers=int(m[2]), max_number=int(m[3]),
-                         **{letters[x[0]]: int(x[1:]) for x in m[4].split("_")[1:]})
-    args = [f"--{k}={v}" for k, v in knobs.items() if v != DEFAULTS[k]]
-    if os.path.abspath(data_dir) != data_dir_for(**knobs):
-        args.append(f"--out={data_dir}")
-    return " ".join(["python data/countdown/prepare.py"] + [shlex.quote(a) for a in args])
+            raise knob_error(name, value, allowed, keys)
+    shown = ", ".join(f"{key(k, k)}={v}" for k, v in (
+        ("min_numbers", min_numbers), ("max_numbers", max_numbers), ("max_number", max_number)))
+    limit, what = row_limit(max_problems(min_numbers, max_numbers, max_number), f"with {shown}")
+    check_sizes({"n_train": n_train, "n_val": n_val, "n_test": n_test}, limit, what, keys)
 
 
 def prepare(n_train=20000, n_val=500, n_test=500, min_numbers=3, max_numbers=4, max_number=99, seed=1337,

@@ -8,72 +8,86 @@ arith's: bytes, a small BPE trained on the training split, digits one token each
 
 writes data/countdown/search_n{n_numbers}_m{max_number}_x{max_target}_s{max_misses}[...]/ with
 {train,val,test}.jsonl, tokenizer.json and meta.json (written last: it marks a complete directory),
-read by data/gsm_synth's load_split / load_tokenizer. train_base.py (task='countdown') calls prepare()
-itself. Deterministic: random.Random(seed), no timestamps; a damaged directory is built again.
+read by data/datadir.py's load_split / load_tokenizer. train_base.py (task='countdown') calls
+prepare() itself. Deterministic: random.Random(seed), no timestamps; a damaged directory is built
+again.
 No two problems share a multiset of numbers and a target; test is drawn first, then val, then train.
 """
 import os
 import random
 import sys
+from math import comb
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(ROOT))
 if REPO not in sys.path:  # run as a script: configurator.py is at the repository root
     sys.path.append(REPO)
-from configurator import UserError, cli_main, configure  # noqa: E402
+from configurator import cli_main, configure  # noqa: E402
+from data.countdown.names import SEARCHED_DEFAULTS as DEFAULTS, searched_dir_for  # noqa: E402
 from data.countdown.prepare import MAX_TARGET, TEMPLATE, draw_distinct  # noqa: E402
-from data.datadir import check_out, write_task_dir  # noqa: E402
-from data.countdown.solutions import searched_solution  # noqa: E402
-from data.gsm_synth.prepare import (build_encoding, check_data_dir, prompt_text, tokenizer_json,  # noqa: E402
-                                    train_bpe)
+from data.countdown.solutions import max_solutions, max_tries, searched_solution  # noqa: E402
+from data.datadir import MAX_ROWS, check_data_dir, check_out, check_sizes, knob_error  # noqa: E402
+from data.datadir import row_limit, write_task_dir  # noqa: E402
+from data.gsm_synth.prepare import prompt_text  # noqa: E402
+from data.tokenizer import build_encoding, tokenizer_json, train_bpe  # noqa: E402
 
-DEFAULTS = dict(n_numbers=3, max_number=12, max_target=100, max_misses=3, n_train=20000, n_val=500, n_test=500,
-                num_merges=300, seed=1337, variants=1)
 # the question's first sentence: the rest of TEMPLATE is the same for every problem, an instruction that
 # a model trained from scratch learns from the examples instead (and 60 tokens less per sequence)
 QUESTION = TEMPLATE.split(" You can")[0]
-NAME_KNOBS = (("n_train", "t"), ("n_val", "v"), ("n_test", "e"), ("num_merges", "b"), ("seed", "r"), ("variants", "k"))
+# the config keys train_base.py reads these knobs from (its errors name them)
+BASE_KEYS = {"n_numbers": "countdown_numbers", "max_number": "countdown_max_number",
+             "max_target": "countdown_max_target", "max_misses": "countdown_max_misses",
+             "variants": "countdown_variants", "n_train": "n_train"}
 
 
 def data_dir_for(n_numbers=3, max_number=12, max_target=100, max_misses=3, **extra):
-    """One directory per set of knobs; the split sizes, merges and seed are in the name when not the default."""
-    name = f"search_n{n_numbers}_m{max_number}_x{max_target}_s{max_misses}"
-    name += "".join(f"_{letter}{extra[k]}" for k, letter in NAME_KNOBS if extra.get(k, DEFAULTS[k]) != DEFAULTS[k])
-    return os.path.join(ROOT, name)
+    """One directory per set of knobs (names.searched_dir_for), under ROOT."""
+    return searched_dir_for(n_numbers, max_number, max_target, max_misses, root=ROOT, **extra)
 
 
-def rebuild_command(data_dir):
-    """The command that builds data_dir again, from the knobs its name records (data_dir_for's inverse)."""
-    import re
-    import shlex
-    m = re.fullmatch(r"search_n(\d+)_m(\d+)_x(\d+)_s(\d+)((?:_[tvebrk]\d+)*)", os.path.basename(os.path.normpath(data_dir)))
-    if not m:
-        return "python data/countdown/searched.py with the knobs of the base that was trained on it"
-    knobs = dict(zip(("n_numbers", "max_number", "max_target", "max_misses"), map(int, m.groups()[:4])))
-    knobs.update({dict((b, a) for a, b in NAME_KNOBS)[x[0]]: int(x[1:]) for x in m[5].split("_")[1:]})
-    where = "" if os.path.abspath(data_dir) == data_dir_for(**knobs) else f" (it writes {data_dir_for(**knobs)}: move it to {data_dir})"
-    return " ".join(["python data/countdown/searched.py"] + [shlex.quote(f"--{k}={v}") for k, v in knobs.items()]) + where
-
-
-def check_knobs(n_numbers, max_number, max_target, max_misses, n_train, n_val, n_test, num_merges, variants=1):
-    """A one-line UserError naming the first knob out of range, its value and what is allowed."""
-    rules = [("n_numbers", n_numbers, 2 <= n_numbers <= 4, "in [2, 4] (a try lists every step: more is too long)"),
+def check_knobs(n_numbers, max_number, max_target, max_misses, n_train, n_val, n_test, num_merges,
+                variants=1, keys=None):
+    """Before any work: a one-line UserError naming the first knob out of range (as the user typed
+    it: keys maps a knob to its config key), its value and what is allowed; every size at most what
+    the knobs can produce (distinct problems, distinct searched solutions), MAX_ROWS rows in all."""
+    key = lambda k: (keys or {}).get(k, k)  # noqa: E731
+    tries = max_tries(n_numbers) if 2 <= n_numbers <= 4 else 0
+    rules = [("n_numbers", n_numbers, 2 <= n_numbers <= 4,
+              "in [2, 4] (a try lists every step: more is too long)"),
              ("max_number", max_number, 1 <= max_number <= 99, "in [1, 99]"),
              ("max_target", max_target, 1 <= max_target <= MAX_TARGET, f"in [1, {MAX_TARGET}]"),
-             ("max_misses", max_misses, max_misses >= 0, ">= 0"), ("n_train", n_train, n_train >= 1, ">= 1"),
-             ("n_val", n_val, n_val >= 1, ">= 1"), ("n_test", n_test, n_test >= 1, ">= 1"),
-             ("num_merges", num_merges, num_merges >= 0, ">= 0"), ("variants", variants, variants >= 1, ">= 1")]
+             ("max_misses", max_misses, 0 <= max_misses < tries,
+              f"in [0, {tries - 1}] (the tries of {n_numbers} numbers, but one)"),
+             ("n_train", n_train, n_train >= 1, ">= 1"), ("n_val", n_val, n_val >= 1, ">= 1"),
+             ("n_test", n_test, n_test >= 1, ">= 1"),
+             ("num_merges", num_merges, num_merges >= 0, ">= 0"),
+             ("variants", variants, variants >= 1, ">= 1")]
     for name, value, ok, allowed in rules:
         if not ok:
-            raise UserError(f"bad task knob {name}={value!r}: must be {allowed}")
+            raise knob_error(name, value, allowed, keys)
+    shown = ", ".join(f"{key(k)}={v}" for k, v in (
+        ("n_numbers", n_numbers), ("max_number", max_number), ("max_target", max_target)))
+    distinct, rows = max_solutions(n_numbers, max_misses), (MAX_ROWS - n_val - n_test) // n_train
+    # the tighter of the two is the largest allowed; rows < 1: the sizes alone are too large (below)
+    if rows >= 1 and variants > min(distinct, rows):
+        why = (f"{key('n_train')}={n_train} training problems written {key('variants')} times each "
+               f"must fit the {MAX_ROWS} rows a data directory may hold") if rows < distinct else (
+            f"the distinct searched solutions one problem has with {key('n_numbers')}={n_numbers}, "
+            f"{key('max_misses')}={max_misses}")
+        raise knob_error("variants", variants, f"at most {min(distinct, rows)}: {why}", keys)
+    bound = comb(max_number + n_numbers - 1, n_numbers) * min(max_target, tries)
+    sizes = {"n_train": n_train, "n_val": n_val, "n_test": n_test}
+    check_sizes(sizes, *row_limit(bound, f"with {shown}"), keys)
 
 
 def prepare(n_numbers=3, max_number=12, max_target=100, max_misses=3, n_train=20000, n_val=500, n_test=500,
-            num_merges=300, seed=1337, variants=1, verbose=True):
+            num_merges=300, seed=1337, variants=1, verbose=True, keys=None):
     """Build the data and tokenizer for these knobs if missing or damaged; return the directory.
     variants: each training problem is written this many times, each with its own searched solution
-    (other misses, possibly another hit): a base learns to search and compute rather than recall one trace."""
-    check_knobs(n_numbers, max_number, max_target, max_misses, n_train, n_val, n_test, num_merges, variants)
+    (other misses, possibly another hit): a base learns to search and compute rather than recall one
+    trace. keys: {knob: config key} for errors (train_base.py passes BASE_KEYS)."""
+    check_knobs(n_numbers, max_number, max_target, max_misses, n_train, n_val, n_test, num_merges,
+                variants, keys)
     out = data_dir_for(n_numbers, max_number, max_target, max_misses, n_train=n_train, n_val=n_val, n_test=n_test,
                        num_merges=num_merges, seed=seed, variants=variants)
     check_out(out, "countdown", "data directory", "remove it or change a knob")  # never someone else's directory
@@ -90,9 +104,11 @@ def prepare(n_numbers=3, max_number=12, max_target=100, max_misses=3, n_train=20
     problems = [(numbers, target) for numbers, target, _, _ in
                 draw_distinct(random.Random(seed), n_total, n_numbers, n_numbers, max_number, max_target)]
     if len(problems) < n_total:
-        raise UserError(f"bad task knob n_train={n_train}: only {len(problems)} distinct problems with "
-                        f"n_numbers={n_numbers}, max_number={max_number}, max_target={max_target}, not "
-                        f"n_train + n_val + n_test = {n_total}; lower them or raise max_number or max_target")
+        key = lambda k: (keys or {}).get(k, k)  # noqa: E731
+        raise knob_error("n_train", n_train, f"lower: only {len(problems)} distinct problems with "
+                         f"{key('n_numbers')}={n_numbers}, {key('max_number')}={max_number}, "
+                         f"{key('max_target')}={max_target}, not {n_total} with n_val and n_test; "
+                         f"or raise {key('max_number')} or {key('max_target')}", keys)
     def rows(part, seeds):
         return [{"question": QUESTION.format(numbers=numbers, target=target),
                  "solution": searched_solution(numbers, target, max_misses, s)[0],

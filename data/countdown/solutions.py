@@ -14,17 +14,20 @@ how many (0..max_misses), is drawn by a generator seeded by the problem itself, 
 solution never depends on which split or which other problems it sits with.
 """
 import random
+from math import perm
 
 PREC = {"+": 1, "-": 1, "*": 2, "/": 2}
 ATOM = 3  # a bare number binds tightest
 
 
-def join(a, op, b):
-    """The expression a op b with only the parentheses it needs; a, b are (value, text, precedence).
-    Right of - or /, an operand of equal precedence needs them: 9-(5-2), 8/(4/2)."""
+def join(a, op, b, sep=""):
+    """The expression a op b with only the parentheses it needs; a, b are (value, text, precedence);
+    sep around op (prepare.py writes "44 + 19", a searched solution "44+19"). Right of - or /, an
+    operand of equal precedence needs them: 9-(5-2), 8/(4/2). Every Countdown expression is built
+    here."""
     left = a[1] if a[2] >= PREC[op] else f"({a[1]})"
     right = b[1] if b[2] > PREC[op] or (b[2] == PREC[op] and op in "+*") else f"({b[1]})"
-    return f"{left}{op}{right}"
+    return f"{left}{sep}{op}{sep}{right}"
 
 
 def steps_of(a, b):
@@ -54,6 +57,19 @@ def all_tries(numbers):
 
     walk([(n, str(n), ATOM) for n in numbers], [])
     return out
+
+
+def max_tries(n_numbers):
+    """The most tries all_tries can list for n_numbers numbers: a pair and one of 4 operations per
+    step."""
+    return 1 if n_numbers <= 1 else n_numbers * (n_numbers - 1) // 2 * 4 * max_tries(n_numbers - 1)
+
+
+def max_solutions(n_numbers, max_misses):
+    """The most distinct solutions searched_solution can write for one problem: up to max_misses
+    tries that miss, in order, then a hit."""
+    tries = max_tries(n_numbers)
+    return sum(perm(tries, k) for k in range(min(max_misses, tries - 1) + 1)) * tries
 
 
 def problem_rng(numbers, target, seed):

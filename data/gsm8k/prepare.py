@@ -7,7 +7,7 @@ GSM8K (grade-school math word problems) as task data, from the official files yo
     python data/gsm8k/prepare.py --n_val=200 --seed=1
 
 Nothing is downloaded here. An official line is {"question": ..., "answer": "...reasoning...\\n#### 72"};
-this writes <out>/{train,val,test}.jsonl (the data/gsm_synth layout, read by its load_split) and
+this writes <out>/{train,val,test}.jsonl (read by data/datadir.py's load_split) and
 meta.json, written last to mark a complete directory. A row of ours:
     question: the problem, a newline, INSTRUCTION (the whole user message the model sees)
     solution: the official reasoning without the calculator annotations ("48/2 = <<48/2=24>>24"
@@ -32,7 +32,6 @@ import json
 import os
 import random
 import re
-import shlex
 import sys
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
@@ -40,12 +39,10 @@ REPO = os.path.dirname(os.path.dirname(ROOT))
 if REPO not in sys.path:  # run as a script: configurator.py is at the repository root
     sys.path.append(REPO)
 from configurator import UserError, cli_main, configure  # noqa: E402
-from data.datadir import check_out, write_task_dir  # noqa: E402
-from data.gsm_synth.prepare import check_task_dir, read_json  # noqa: E402
+from data.datadir import MAX_ROWS, check_out, check_task_dir, knob_error  # noqa: E402
+from data.datadir import write_task_dir  # noqa: E402
+from data.gsm8k.names import DEFAULTS, data_dir_for  # noqa: E402
 
-DEFAULTS = dict(train_file=os.path.join(ROOT, "train.jsonl"), test_file=os.path.join(ROOT, "test.jsonl"),
-                n_val=500, seed=1337, out=None)  # out None: ROOT/prepared (a suffix per non-default knob)
-SPLITS = ("train", "val", "test")
 INSTRUCTION = "Solve it step by step. Then write the final answer on a last line as '#### N' (N a whole number)."
 URL = "https://raw.githubusercontent.com/openai/grade-school-math/master/grade_school_math/data/{}.jsonl"
 ANNOTATION = re.compile(r"<<[^<>]*>>")  # GSM8K's calculator calls, "<<48/2=24>>"
@@ -145,33 +142,15 @@ def sha256(path):
         return hashlib.sha256(f.read()).hexdigest()
 
 
-def data_dir_for(n_val=500, seed=1337):
-    """ROOT/prepared, with _v{n_val} / _r{seed} when not the default, so two sets of knobs never share it."""
-    extra = [f"_{k}{v}" for k, v, default in (("v", n_val, 500), ("r", seed, 1337)) if v != default]
-    return os.path.join(ROOT, "prepared" + "".join(extra))
-
-
-def rebuild_command(data_dir):
-    """The command that builds data_dir again from the official files (data/gsm8k/*.jsonl): n_val and seed
-    from its meta.json or its name, --out where they would not put it."""
-    try:
-        meta = read_json(os.path.join(data_dir, "meta.json"))
-        knobs = {"n_val": meta["n_val"], "seed": meta["seed"]}
-    except (OSError, ValueError, KeyError, TypeError):
-        m = re.fullmatch(r"prepared(?:_v(\d+))?(?:_r(\d+))?", os.path.basename(os.path.normpath(data_dir)))
-        knobs = {"n_val": int(m[1] or 500), "seed": int(m[2] or 1337)} if m else {"n_val": 500, "seed": 1337}
-    args = [f"--{k}={v}" for k, v in knobs.items() if v != DEFAULTS[k]]
-    if os.path.abspath(data_dir) != data_dir_for(**knobs):
-        args.append(f"--out={data_dir}")
-    return " ".join(["python data/gsm8k/prepare.py"] + [shlex.quote(a) for a in args])
-
-
 def prepare(train_file=DEFAULTS["train_file"], test_file=DEFAULTS["test_file"], n_val=500, seed=1337,
             out=None, verbose=True):
     """Build GSM8K task data from the official train and test files if it is missing, damaged or stale;
     return its directory (out, or data_dir_for(n_val, seed))."""
     if not isinstance(n_val, int) or isinstance(n_val, bool) or n_val < 1:
         raise UserError(f"bad task knob n_val={n_val!r}: must be an int >= 1")
+    if n_val > MAX_ROWS:  # before the files are read: GSM8K's train file has 7473 problems
+        raise knob_error("n_val", n_val, f"at most {MAX_ROWS}, the rows a data directory may hold "
+                                         f"(and below the problems of the train file)")
     out = str(out) if out else data_dir_for(n_val, seed)
     check_out(out, "gsm8k")  # never a directory someone else made (the official files' own included)
     for source in (train_file, test_file):
