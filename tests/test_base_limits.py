@@ -11,7 +11,8 @@ import pytest
 import train_base as tb
 import train_grpo as tg
 from configurator import UserError, check_finite
-from data.gsm_synth.prepare import load_split, load_tokenizer, prepare
+from data.datadir import load_split, load_tokenizer
+from data.gsm_synth.prepare import prepare
 from model import GPT
 from sample import encode_prompt
 

@@ -172,7 +172,7 @@ def test_the_data_must_hold_the_task_rows(data, tmp_path, monkeypatch):
     """A fresh run, too: another task's data is refused before any training."""
     monkeypatch.setattr(tb, "train", lambda cfg, run: pytest.fail("training started"))
     with pytest.raises(UserError, match="holds arith data, not countdown's"):
-        tb.main([f"--out_dir={tmp_path / 'c'}", "--task=countdown", *ARGS])
+        tb.main([f"--out_dir={tmp_path / 'c'}", "--task=countdown", *ARGS, "--n_train=100"])
     edit_rows(os.path.join(data, "train.jsonl"), lambda rows: rows[0].update(answer=[[1, 2, 3], 6]))
     with pytest.raises(UserError, match="holds files of different tasks"):
         tb.main([f"--out_dir={tmp_path / 'a'}", *ARGS])
