@@ -8,13 +8,14 @@ training (the base: LoRA off) and after it (each run's last adapter), greedy, wi
 
 The runs must share one base (the "before" column is that base). Needs matplotlib (pip install matplotlib).
 """
+# configurator first: a Ctrl-C during the slow imports below (torch) is one line, not a traceback
+from configurator import UserError, cli_main
 import os
 import textwrap
 
 import torch
 
 from analysis.plot import SMOOTH, has_matplotlib, kind, load_log, moving_average, split_args
-from configurator import UserError, cli_main
 from data.tasks import TASKS, load_task_split
 from lora import disable_lora
 from model import load_checkpoint

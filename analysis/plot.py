@@ -15,10 +15,11 @@ writes it (--figure); from the JSON files tracin.py wrote (an attribution or an 
 again, their scores summed.
 Needs matplotlib, which requirements.txt leaves optional: pip install matplotlib.
 """
+# configurator first: a Ctrl-C during the imports below is one line, not a traceback
+from configurator import UserError, cli_main
 import json
 import os
 
-from configurator import UserError, cli_main
 from runs.rundir import read_jsonl
 
 SMOOTH = 10  # reward, selection rate and step time are noisy step to step: also draw their moving average

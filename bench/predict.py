@@ -16,13 +16,14 @@ Parameters are counted on the meta device (no memory is allocated). The terms:
             insides live again while its backward runs.
 prompt_len is the longest prompt in tokens (chat template, instruction and question): an assumption to state.
 """
+# configurator first: a Ctrl-C during the slow imports below (torch) is one line, not a traceback
+from configurator import UserError, check, check_positive, cli_main, configure
 import os
 import subprocess
 import sys
 
 import torch
 
-from configurator import UserError, check, check_positive, cli_main, configure
 from bench.memory import memory_variant, predicted_memory
 from lora import apply_lora, lora_parameters
 from model import GPT, GPTConfig
