@@ -239,5 +239,6 @@ def find_critical_samples(model, checkpoints, train_samples, test_samples, enc, 
 
 
 if __name__ == "__main__":  # the post-hoc command line lives with the other tools that read runs:
-    import runpy            # run as `python -m analysis.attribute` (by name: no import back into tracin)
+    # run as `python -m analysis.attribute` (by name: no import back into tracin)
+    import runpy
     runpy.run_module("analysis.attribute", run_name="__main__", alter_sys=True)

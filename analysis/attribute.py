@@ -159,7 +159,8 @@ def check_output_path(cfg, key, suffix, named=True):
     path = cfg[key]
     check(cfg, key, not path or path.endswith(suffix), f"must end in {suffix} (it is written, so never a run's "
           "own file)")
-    if path:  # a default path (not named) is this run's own: replaced, as tracin.py replaces what it wrote
+    # a default path (not named) is this run's own: replaced, as tracin.py replaces what it wrote
+    if path:
         check_new_file(path, key, written_here if named else lambda p: True, "tracin.py")
 
 
@@ -298,7 +299,8 @@ def main(argv):
             title = (f"summed influence on the final model's {len(audited['wrong'])} wrong test answers" if audited
                      else f"influence on {questions[0][1]!r}" if len(questions) == 1 else
                      f"influence summed over {len(questions)} questions")
-            ours = written_here if cfg["figure"] is not None else lambda p: True  # the default: the run's own
+            # the default: the run's own
+            ours = written_here if cfg["figure"] is not None else lambda p: True
             print(f"influence figure: {plot_influence(results, fig_path, title, ours=ours)}"
                   + (" (replacing the earlier one)" if again[fig_path] else ""))
 

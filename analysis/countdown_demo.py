@@ -4,11 +4,12 @@ selection rate, each against steps) and what the model writes for the same test 
 training (the base: LoRA off) and after it (each run's last adapter), greedy, with the reward's verdict.
 
     bash experiments/countdown.sh       # the whole demo: base (if missing), both runs, this figure
-    python -m analysis.countdown_demo RUN_DIR [RUN_DIR ...] [--out=countdown.png] [--problems=3] [--base_ckpt=PATH]
+    python -m analysis.countdown_demo RUN_DIR [RUN_DIR ...] [--out=countdown.png] [--problems=3]
+        [--base_ckpt=PATH]
 
-The runs must share one base and one task (the "before" column is that base; the title names the task);
---base_ckpt: that base where it is now, if it moved. --out is never a file this script did not write.
-Needs matplotlib (pip install matplotlib).
+The runs must share one base and one task (the "before" column is that base; the title names
+the task); --base_ckpt: that base where it is now, if it moved. --out is never a file this script
+did not write. Needs matplotlib (pip install matplotlib).
 """
 # configurator first: a Ctrl-C during the slow imports below (torch) is one line, not a traceback
 from configurator import UserError, cli_main
@@ -28,10 +29,13 @@ from sample import decode_completions, encode_prompt, generate, load_policy, sto
 PANELS = [("reward", "reward (moving average)"), ("test/accuracy", "greedy test accuracy"),
           ("selection_rate", "rollouts trained on")]
 WRAP = 62  # characters per line of a completion in the text panel
-TITLES = {"arith": "Arithmetic word problems", "gsm8k": "GSM8K", "countdown": "Countdown"}  # by the runs' task
+# by the runs' task
+TITLES = {"arith": "Arithmetic word problems", "gsm8k": "GSM8K", "countdown": "Countdown"}
 KIND_NAMES = {"standard": "GRPO", "TracIn": "TracIn-GRPO", "curriculum": "curriculum GRPO"}
-MARK = "GRPO demo figure by analysis.countdown_demo"  # in the figure's metadata: the only file --out replaces
-USAGE = "analysis.countdown_demo takes run directories, --out=FILE.png, --problems=N and --base_ckpt=PATH"
+# in the figure's metadata: the only file --out replaces
+MARK = "GRPO demo figure by analysis.countdown_demo"
+USAGE = ("analysis.countdown_demo takes run directories, --out=FILE.png, --problems=N and "
+         "--base_ckpt=PATH")
 
 
 def written_here(path):
@@ -46,9 +50,9 @@ def final_ckpt(run_dir):
 
 
 def greedy_answers(run_dirs, n_problems, base_ckpt=""):
-    """(problems, {column name: [completion per problem]}, reward, task): the first n_problems test problems
-    of the runs' task, answered greedily by the base (every adapter off) and by each run's last adapter.
-    base_ckpt: the runs' base where it is now, if it moved."""
+    """(problems, {column name: [completion per problem]}, reward, task): the first n_problems test
+    problems of the runs' task, answered greedily by the base (every adapter off) and by each run's
+    last adapter. base_ckpt: the runs' base where it is now, if it moved."""
     columns, problems, base_of, tasks = {}, None, None, []
     for d in run_dirs:
         ckpt = load_checkpoint(final_ckpt(d))
@@ -58,8 +62,8 @@ def greedy_answers(run_dirs, n_problems, base_ckpt=""):
         task, max_new = ckpt["config"].get("task", "arith"), ckpt["config"]["max_new_tokens"]
         tasks.append(task)
         if task != tasks[0]:
-            raise UserError(f"{d} is a {task} run and {run_dirs[0]} a {tasks[0]} run: the figure shows one task; "
-                            f"give runs of one task")
+            raise UserError(f"{d} is a {task} run and {run_dirs[0]} a {tasks[0]} run: the figure "
+                            f"shows one task; give runs of one task")
         model, enc, data_dir = load_policy(final_ckpt(d), base_ckpt=base_ckpt)
         if problems is None:
             problems = load_task_split(data_dir, "test")[:n_problems]
@@ -124,14 +128,15 @@ def make_figure(run_dirs, n_problems, base_ckpt=""):
 
 
 def figure_title(task, logs, n_problems):
-    """The figure's title: the runs' task and their kinds (GRPO, TracIn-GRPO, curriculum), as they are."""
+    """The figure's title: the runs' task and their kinds (GRPO, TracIn-GRPO, curriculum)."""
     methods = " and ".join(dict.fromkeys(KIND_NAMES[kind(log)] for log in logs))
-    return (f"{TITLES.get(task, task)}: {methods} from one base ({SMOOTH}-step moving averages); greedy "
-            f"completions of {n_problems} test problems before and after")
+    return (f"{TITLES.get(task, task)}: {methods} from one base ({SMOOTH}-step moving averages); "
+            f"greedy completions of {n_problems} test problems before and after")
 
 
 def main(argv):
-    run_dirs, opts = split_args(argv, {"out": "countdown.png", "problems": "3", "base_ckpt": ""}, USAGE)
+    opts = {"out": "countdown.png", "problems": "3", "base_ckpt": ""}
+    run_dirs, opts = split_args(argv, opts, USAGE)
     if not run_dirs:
         raise UserError("no run directory given; usage: python -m analysis.countdown_demo RUN_DIR [RUN_DIR ...] "
                         "[--out=countdown.png] [--problems=3] [--base_ckpt=PATH]")

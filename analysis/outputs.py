@@ -1,25 +1,26 @@
 """
-The files a user names for the analysis scripts to write (tracin.py's --html / --figure, plot.py's and
-countdown_demo.py's --out): never a file someone else made.
+The files a user names for the analysis scripts to write (tracin.py's --html / --figure, plot.py's
+and countdown_demo.py's --out): never a file someone else made.
 
-    check_new_file(path, key, ours)   # before any work: a new file, or one ours(path) says the script wrote
-    save_figure(fig, path, mark, ours, writer)  # written beside, then put there: never over another's file
+    check_new_file(path, key, ours, writer)    # before any work: new, or one ours(path) recognises
+    save_figure(fig, path, mark, ours, writer)  # written beside, then moved: never over another's
 
-A figure carries `mark` in its metadata (PNG, PDF, SVG, PostScript; no parentheses: PDF escapes them), so that
-the script that wrote it may write it again; a format without metadata (JPEG, TIFF, WebP) is written only where no file is.
+A figure carries `mark` in its metadata (PNG, PDF, SVG, PostScript; no parentheses: PDF escapes
+them), so that the script that wrote it may write it again; a format without metadata (JPEG, TIFF,
+WebP) is written only where no file is.
 """
 import os
 import tempfile
 
 from configurator import UserError
 
-# the formats matplotlib's own backends write (no LaTeX run, no extra package): its canvas's file types
+# the formats matplotlib's own backends write (no LaTeX run, no extra package)
 FIGURE_FORMATS = ("png", "pdf", "svg", "svgz", "eps", "ps", "jpg", "jpeg", "tif", "tiff", "webp")
 
 
 def has_mark(path, marks):
-    """Whether the file at path holds one of `marks` (bytes) in its first or last 4 KiB (a PDF's metadata
-    lies at its end)."""
+    """Whether the file at path holds one of `marks` (bytes) in its first or last 4 KiB (a PDF's
+    metadata lies at its end)."""
     try:
         with open(path, "rb") as f:
             head = f.read(4096)
@@ -34,41 +35,44 @@ def figure_format(path, key):
     """The format an image path asks for (its extension), refused unless matplotlib writes it."""
     ext = os.path.splitext(path)[1].lower().lstrip(".")
     if ext not in FIGURE_FORMATS:
-        raise UserError(f"--{key}={path}: matplotlib cannot write {'.' + ext if ext else 'a file without an '}"
-                        f"{'' if ext else 'extension'}; give a name ending in .{', .'.join(FIGURE_FORMATS)}")
+        what = f".{ext} files" if ext else "a file without an extension"
+        raise UserError(f"--{key}={path}: matplotlib cannot write {what}; give a name ending in "
+                        f".{', .'.join(FIGURE_FORMATS)}")
     return ext
 
 
 def check_new_file(path, key, ours, writer):
-    """Refuse, before any work, an output path that is a directory, lies in a directory that does not exist
-    or takes no new file, or holds a file that ours(path) does not recognise (writer: who may replace it)."""
+    """Refuse, before any work, an output path that is a directory, lies in a directory that does
+    not exist or takes no new file, or holds a file that ours(path) does not recognise (writer: who
+    may replace it)."""
     folder = os.path.dirname(os.path.abspath(path))
     if not path or os.path.isdir(path) or not os.path.isdir(folder):
-        raise UserError(f"cannot write {key} {path}: it is a directory, or its directory does not exist; give a "
-                        f"file path in an existing directory")
+        raise UserError(f"cannot write {key} {path}: it is a directory, or its directory does not "
+                        "exist; give a file path in an existing directory")
     try:  # a read-only or special directory (/proc) is refused now, not after the work
         tempfile.TemporaryFile(dir=folder).close()
     except OSError as e:
-        raise UserError(f"cannot write {key} {path}: its directory takes no new file ({e.strerror}); give a "
-                        "path in a writable directory") from None
+        raise UserError(f"cannot write {key} {path}: its directory takes no new file "
+                        f"({e.strerror}); give a path in a writable directory") from None
     if (os.path.lexists(path) and not os.path.isfile(path)) or os.path.islink(path):
-        raise UserError(f"{key} {path} is a link or a special file: it is never replaced; give another path")
+        raise UserError(f"{key} {path} is a link or a special file: it is never replaced; "
+                        "give another path")
     if os.path.exists(path) and not ours(path):
-        raise UserError(f"{key} {path} exists and was not written by {writer}: it is never overwritten; remove "
-                        "it, or give another path")
+        raise UserError(f"{key} {path} exists and was not written by {writer}: it is never "
+                        "overwritten; remove it, or give another path")
 
 
 def mark_metadata(fmt, mark):
-    """savefig's metadata that carries `mark` in a file of format fmt ({} where the format keeps none)."""
+    """savefig's metadata that carries `mark` in a file of format fmt ({}: it keeps none)."""
     if fmt in ("png", "pdf", "svg", "svgz"):
         return {"Title": mark}
     return {"Creator": mark} if fmt in ("eps", "ps") else {}
 
 
 def save_figure(fig, path, mark, ours, writer, key="out"):
-    """fig into path, in the format its extension names, carrying `mark`: written to a new file beside it,
-    which then replaces a file ours(path) recognises or takes a free name (a hard link: never over a file
-    made meanwhile). Returns path."""
+    """fig into path, in the format its extension names, carrying `mark`: written to a new file
+    beside it, which then replaces a file ours(path) recognises or takes a free name (a hard link:
+    never over a file made meanwhile). Returns path."""
     fmt = figure_format(path, key)
     fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=f".{fmt}",
                                dir=os.path.dirname(os.path.abspath(path)))
@@ -84,8 +88,8 @@ def save_figure(fig, path, mark, ours, writer, key="out"):
             try:
                 os.link(tmp, path)
             except FileExistsError:
-                raise UserError(f"{path} appeared while the figure was drawn and was not written by {writer}: "
-                                "it is left as it is; give another path") from None
+                raise UserError(f"{path} appeared while the figure was drawn and was not written "
+                                f"by {writer}: it is left as it is; give another path") from None
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)

@@ -29,11 +29,13 @@ ROWS = [("reward", "reward"), ("test/accuracy", "test accuracy"),
 KINDS = {"standard": ("Blues", "-"), "TracIn": ("Oranges", "--"), "curriculum": ("Greens", "-.")}
 
 
-RUNS_MARK, INFLUENCE_MARK = "GRPO runs figure by analysis.plot", "TracIn influence figure"  # in each file's metadata
+# in each file's metadata
+RUNS_MARK, INFLUENCE_MARK = "GRPO runs figure by analysis.plot", "TracIn influence figure"
 
 
 def written_by_plot(path):
-    """Whether the file at path is a figure analysis/plot.py (or tracin.py) drew: the only kind --out replaces."""
+    """Whether the file at path is a figure analysis/plot.py (or tracin.py) drew: the only kind
+    --out replaces."""
     return has_mark(path, (RUNS_MARK.encode(), INFLUENCE_MARK.encode()))
 
 
@@ -188,15 +190,15 @@ def influence_figure(entries, title, top_k=3):
 
 
 def plot_influence(results, out_path, title, top_k=3, ours=written_by_plot):
-    """Write influence_figure of the summed scores of `results` to out_path; returns out_path. A file there is
-    replaced only where ours(out_path) says a script of this project wrote it."""
+    """Write influence_figure of the summed scores of `results` to out_path; returns out_path. A
+    file there is replaced only where ours(out_path) says a script of this project wrote it."""
     fig = influence_figure(summed_scores(results), title, top_k)
     return save_figure(fig, out_path, INFLUENCE_MARK, ours, "analysis.plot or tracin.py")
 
 
 def plot_runs(run_dirs, out_path="plot.png", labels=None):
-    """Draw the runs in run_dirs into out_path (its extension names the format); returns out_path. A file
-    there is replaced only if analysis/plot.py drew it."""
+    """Draw the runs in run_dirs into out_path (its extension names the format); returns out_path.
+    A file there is replaced only if analysis/plot.py drew it."""
     if labels is None:  # the directory names, or the paths as given where two runs share a name
         labels = [os.path.basename(os.path.normpath(d)) for d in run_dirs]
         if len(set(labels)) < len(labels):

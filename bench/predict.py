@@ -7,11 +7,11 @@ bench/memory.predicted_memory's analytic model, not a measurement.
 
 The model's shape: the config.json in the config's base_ckpt directory where it is there, else the published
 config.json fields of the Qwen2.5 instruct models below (read by the same parser, pretrained/hfconfig.py).
-Parameters are counted on the meta device (no memory is allocated). The config's knobs are checked as
-train_grpo.py checks them (runs/grpo_knobs.validate, the prompt and max_new_tokens within the context), so that
-a run train_grpo.py refuses gets no prediction. The terms:
-  weights   every frozen base parameter in the run's dtype (bfloat16: 2 bytes, float32: 4; 'auto' resolved as
-            train_grpo.py resolves it on the config's device: scale/device.bf16_is_fast)
+Parameters are counted on the meta device (no memory is allocated). The config's knobs are checked
+as train_grpo.py checks them (runs/grpo_knobs.validate; the prompt and max_new_tokens within the
+context), so that a run train_grpo.py refuses gets no prediction. The terms:
+  weights   every frozen base parameter in the run's dtype (bfloat16: 2 bytes, float32: 4; 'auto'
+            as train_grpo.py resolves it on the config's device: scale/device.bf16_is_fast)
   lora      the LoRA factors in float32 with their gradients and AdamW's two moments: 16 bytes each
   step      the largest of the step's passes (predicted_memory): sampling (the KV cache of every row, GQA's
             fewer key/value heads counted), the reference pass and the policy pass with its backward, the two
@@ -52,9 +52,10 @@ def model_shape(base):
     """GPTConfig arguments of the base: its directory's config.json, else a published shape by its name."""
     file = os.path.join(base, "config.json")
     if os.path.isfile(base):
-        raise UserError(f"base_ckpt={base} is {what_file(base)}, not a Hugging Face model directory: bench.predict "
-                        f"reads a model's config.json; give base_ckpt=DIR of a downloaded model (or a name of "
-                        f"{', '.join(PUBLISHED)}), or measure this project's own models with python -m bench")
+        raise UserError(f"base_ckpt={base} is {what_file(base)}, not a Hugging Face model "
+                        f"directory: bench.predict reads a model's config.json; give base_ckpt=DIR "
+                        f"of a downloaded model (or a name of {', '.join(PUBLISHED)}), or measure "
+                        f"this project's own models with python -m bench")
     if os.path.isfile(file):
         return hf_config_args(read_json(file), base), file
     name = os.path.basename(os.path.normpath(base)).lower()
@@ -65,7 +66,8 @@ def model_shape(base):
 
 
 def what_file(path):
-    """What a file given as base_ckpt is, in words (this project's checkpoints say what wrote them)."""
+    """What a file given as base_ckpt is, in words (this project's checkpoints say what wrote
+    them)."""
     try:
         ckpt = load_checkpoint(path)
     except (UserError, Exception):  # noqa: BLE001 (anything unreadable is "not a checkpoint")
@@ -76,30 +78,33 @@ def what_file(path):
 
 
 def predicted_dtype(cfg):
-    """(dtype, why): the dtype train_grpo.py would run in on cfg's device; 'auto' as scale/device resolves it, a
-    CUDA device this machine lacks assumed to have bfloat16 (said in the output)."""
+    """(dtype, why): the dtype train_grpo.py would run in on cfg's device; 'auto' as scale/device
+    resolves it, a CUDA device this machine lacks assumed to have bfloat16 (said in the output)."""
     if not re.fullmatch(r"cpu|cuda(:\d+)?|mps", cfg["device"]):
-        raise UserError(f"unknown device {cfg['device']!r}: use 'cpu', 'cuda', 'cuda:N' (N = GPU index) or 'mps'")
-    if cfg["dtype"] not in ("auto", "bfloat16", "float32"):  # as scale/device.resolve_dtype refuses it
+        raise UserError(f"unknown device {cfg['device']!r}: use 'cpu', 'cuda', 'cuda:N' "
+                        "(N = GPU index) or 'mps'")
+    # as scale/device.resolve_dtype refuses it
+    if cfg["dtype"] not in ("auto", "bfloat16", "float32"):
         raise UserError(f"dtype must be 'auto', 'bfloat16' or 'float32', got {cfg['dtype']!r}")
     if cfg["dtype"] != "auto":
         return cfg["dtype"], "as configured"
     if cfg["device"].startswith("cuda") and not torch.cuda.is_available():
-        return "bfloat16", "auto: a CUDA GPU with bfloat16 (Ampere or later) assumed; --dtype=float32 otherwise"
+        return "bfloat16", ("auto: a CUDA GPU with bfloat16 (Ampere or later) assumed; "
+                            "--dtype=float32 otherwise")
     fast, why = bf16_is_fast(cfg["device"])
     return ("bfloat16" if fast else "float32"), f"auto: {why}"
 
 
 def check_context(cfg, args, prompt_len):
-    """A prompt of prompt_len tokens and max_new_tokens after it must fit the base's context, as train_grpo.py's
-    prepare_base requires of the longest question."""
+    """A prompt of prompt_len tokens and max_new_tokens after it must fit the base's context, as
+    train_grpo.py's prepare_base requires of the longest question."""
     block = args["block_size"]
     if prompt_len >= block:
-        raise UserError(f"--prompt_len={prompt_len} is the base's whole context {block} or more: no token could "
-                        f"be generated; give the longest prompt (< {block})")
-    check(cfg, "max_new_tokens", prompt_len + cfg["max_new_tokens"] <= block, f"the longest prompt, {prompt_len} "
-          f"tokens (--prompt_len), + max_new_tokens must fit the base's context of {block}: give at most "
-          f"{block - prompt_len}")
+        raise UserError(f"--prompt_len={prompt_len} is the base's whole context {block} or more: "
+                        f"no token could be generated; give the longest prompt (< {block})")
+    check(cfg, "max_new_tokens", prompt_len + cfg["max_new_tokens"] <= block,
+          f"the longest prompt, {prompt_len} tokens (--prompt_len), + max_new_tokens must fit the "
+          f"base's context of {block}: give at most {block - prompt_len}")
 
 
 def activation_units(C, inner):
@@ -122,13 +127,16 @@ def predict(cfg, prompt_len):
     n_base = sum(p.numel() for p in model.parameters()) - n_lora
     b = 2 if dtype == "bfloat16" else 4
     N, C = cfg["batch_size"] * cfg["group_size"], args["n_embd"]
-    kv_dim = C // args["n_head"] * (args.get("n_kv_head") or args["n_head"])  # GQA: fewer key/value heads
+    kv_dim = C // args["n_head"] * (args.get("n_kv_head") or args["n_head"])  # GQA: fewer heads
     swiglu = args.get("arch", "gpt2") != "gpt2"  # GPT-2's GELU block: predicted_memory's own count
+    act_c = activation_units(C, args["n_inner"]) if swiglu else None
     step = predicted_memory(n_base, N, prompt_len, cfg["max_new_tokens"], args["vocab_size"], args["n_layer"], C, b,
-                            False, group=cfg["group_size"], act_c=activation_units(C, args["n_inner"]) if swiglu else None,
-                            kv_dim=kv_dim, micro=cfg["micro_batch_size"] or N, grad_checkpoint=cfg["grad_checkpoint"])
+                            False, group=cfg["group_size"], act_c=act_c, kv_dim=kv_dim,
+                            micro=cfg["micro_batch_size"] or N,
+                            grad_checkpoint=cfg["grad_checkpoint"])
     terms = dict(weights=n_base * b, lora=n_lora * 16, step=step["step"])
-    return dict(terms, total=sum(terms.values()), dtype=dtype, dtype_why=why, passes={k: step[k] for k in ("sampling", "reference", "policy_backward")},
+    passes = {k: step[k] for k in ("sampling", "reference", "policy_backward")}
+    return dict(terms, total=sum(terms.values()), dtype=dtype, dtype_why=why, passes=passes,
                 n_base=n_base, n_lora=n_lora), args, source
 
 
@@ -175,15 +183,18 @@ def main(argv):
         else:
             rest.append(a)
     cfg = configure(train_grpo.defaults, rest)
-    model_shape(cfg["base_ckpt"])  # a base this file cannot read is named first (not as the wrong task's)
+    # a base this file cannot read is named first (not as the wrong task's)
+    model_shape(cfg["base_ckpt"])
     validate(cfg)  # what train_grpo.py refuses gets no prediction
     r, args, source = predict(cfg, prompt_len)
     print(f"PREDICTION (bench/memory.predicted_memory, not a measurement) for {rest[0]}: shape from {source}")
     print(f"  {args['n_layer']} layers x {args['n_embd']}, MLP {args['n_inner']}, {args['n_head']} heads "
-          f"({args.get('n_kv_head') or args['n_head']} key/value), vocabulary {args['vocab_size']}; {r['n_base'] / 1e9:.2f} B base parameters, "
+          f"({args.get('n_kv_head') or args['n_head']} key/value), vocabulary "
+          f"{args['vocab_size']}; {r['n_base'] / 1e9:.2f} B base parameters, "
           f"{r['n_lora'] / 1e6:.1f} M LoRA")
     print(f"  {cfg['batch_size']} x {cfg['group_size']} rows, prompt <= {prompt_len} + {cfg['max_new_tokens']} new tokens, "
-          f"micro-batch {cfg['micro_batch_size'] or 'all'}, grad_checkpoint {cfg['grad_checkpoint']}, dtype {r['dtype']} ({r['dtype_why']})")
+          f"micro-batch {cfg['micro_batch_size'] or 'all'}, grad_checkpoint "
+          f"{cfg['grad_checkpoint']}, dtype {r['dtype']} ({r['dtype_why']})")
     print("  " + ", ".join(f"{k} {v / GB:.2f} GB" for k, v in r["passes"].items()) + " (the step is the largest)")
     print(f"  weights {r['weights'] / GB:.2f} GB + LoRA and AdamW {r['lora'] / GB:.2f} GB + step {r['step'] / GB:.2f} GB"
           f" = peak {r['total'] / GB:.2f} GB")

@@ -154,7 +154,9 @@ def is_export(path):
     put there since (a file of someone else's in it would be lost with it)."""
     try:
         with open(os.path.join(path, EXPORT_MARK)) as f:
-            return json.load(f).get("written_by") == "pretrained.export" and set(os.listdir(path)) <= EXPORT_FILES
+            mark = json.load(f)
+        ours = mark.get("written_by") == "pretrained.export"
+        return ours and set(os.listdir(path)) <= EXPORT_FILES
     except (OSError, ValueError, AttributeError):
         return False
 
@@ -167,29 +169,34 @@ def check_out(out, key="out"):
 
 def remove_stale_partials(out):
     """Remove what an export into `out` killed outright (SIGKILL, a power cut) left beside it: its
-    .<name>.<PID>.*.partial directory, model-sized; an earlier export it had moved aside (.partial.old) goes
-    back to `out` if nothing is there. Only a dead process's: a live one may still be writing."""
+    .<name>.<PID>.*.partial directory, model-sized; an earlier export it had moved aside
+    (.partial.old) goes back to `out` if nothing is there. Only a dead process's: a live one may
+    still be writing."""
     from runs.rundir import _pid_alive
     parent, name = os.path.split(os.path.abspath(out))
     pattern = re.compile(rf"\.{re.escape(name)}\.(\d+)\.[^.]+\.partial(\.old)?")
-    for entry in sorted(os.listdir(parent) if os.path.isdir(parent) else [], key=lambda e: e.endswith(".old")):
+    entries = os.listdir(parent) if os.path.isdir(parent) else []
+    for entry in sorted(entries, key=lambda e: e.endswith(".old")):
         m = pattern.fullmatch(entry)
         if not m or int(m.group(1)) == os.getpid() or _pid_alive(int(m.group(1))):
             continue
         stale = os.path.join(parent, entry)
         if m.group(2) and not os.path.lexists(out):
             os.rename(stale, out)
-            print(f"put back {out}: the earlier export that process {m.group(1)} (not running) had moved aside")
+            print(f"put back {out}: the earlier export that process {m.group(1)} (not running) had "
+                  "moved aside")
         else:
             shutil.rmtree(stale, ignore_errors=True)
-            print(f"removed {stale}: a partial export left by process {m.group(1)}, which is not running")
+            print(f"removed {stale}: a partial export left by process {m.group(1)}, which is not "
+                  "running")
 
 
 def new_directory(out):
     """A temporary directory of a fresh name beside `out` (never a path someone else may use, such as
-    out + '.tmp'), named with this process's PID; finish_directory moves it to `out` once complete, so an
-    interrupted export leaves no half directory, and one killed outright leaves one that the next export
-    removes (remove_stale_partials). Nothing but an earlier export (or an empty directory) is replaced."""
+    out + '.tmp'), named with this process's PID; finish_directory moves it to `out` once complete,
+    so an interrupted export leaves no half directory, and one killed outright leaves one that the
+    next export removes (remove_stale_partials). Nothing but an earlier export (or an empty
+    directory) is replaced."""
     import tempfile
     remove_stale_partials(out)
     check_out(out)

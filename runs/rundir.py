@@ -133,8 +133,8 @@ def check_output_dir(path, key, ours, own_names=()):
     """Whether a command may write the directory `path` (key: its name for messages), decided before any
     work: False where it is new (or an empty directory: nothing to lose), True where it exists and
     ours(path) says this command wrote it (it may be replaced). Anything else is refused in one line: a
-    file, a symbolic link, a directory someone else filled (named: the files not in own_names, the names
-    this command writes, first), a place that takes no new file."""
+    file, a symbolic link, a directory someone else filled (named: first the files not in own_names,
+    the names this command writes), a place that takes no new file."""
     if not path:
         raise UserError(f"{key} is empty: give a directory")
     if os.path.islink(path):

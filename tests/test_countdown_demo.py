@@ -77,8 +77,10 @@ def test_the_title_names_the_runs_task_and_kinds(runs):
     from analysis.plot import load_log
     logs = [load_log(d) for d in runs]
     title = countdown_demo.figure_title("arith", logs, 2)
-    assert title.startswith("Arithmetic word problems: GRPO and TracIn-GRPO from one base") and "Countdown" not in title
-    assert countdown_demo.figure_title("countdown", logs[:1], 2).startswith("Countdown: GRPO from one base")
+    assert title.startswith("Arithmetic word problems: GRPO and TracIn-GRPO from one base")
+    assert "Countdown" not in title
+    title = countdown_demo.figure_title("countdown", logs[:1], 2)
+    assert title.startswith("Countdown: GRPO from one base")
 
 
 @pytest.mark.parametrize("name", ["fig.png", "fig.pdf", "fig.svg", "fig.jpg", "FIG.PNG"])
@@ -86,7 +88,8 @@ def test_an_existing_file_is_never_overwritten(tmp_path, name):
     out = tmp_path / name
     out.write_bytes(b"someone else's file")
     with pytest.raises(UserError, match="exists and was not written by analysis.countdown_demo"):
-        countdown_demo.main([str(tmp_path / "no_run"), f"--out={out}"])  # refused before any run is read
+        # refused before any run is read
+        countdown_demo.main([str(tmp_path / "no_run"), f"--out={out}"])
     assert out.read_bytes() == b"someone else's file"
 
 
@@ -102,7 +105,8 @@ def test_base_ckpt_is_taken_and_passed_on(runs, tiny_setup, tmp_path):
     shutil.copy(tiny_setup, moved)
     problems, columns, _, _ = countdown_demo.greedy_answers(runs[:1], 1, base_ckpt=str(moved))
     assert len(columns) == 2
-    with pytest.raises(UserError, match="matplotlib cannot write"):  # the option parses (then --out is refused)
+    # the option parses (then --out is refused)
+    with pytest.raises(UserError, match="matplotlib cannot write"):
         countdown_demo.main([*runs, f"--base_ckpt={moved}", f"--out={tmp_path / 'x.bad'}"])
 
 

@@ -1,6 +1,9 @@
-# Every `python -m ...` entry point and top-level script: Ctrl-C while it is still importing is one line and exit
-# status 130, not a traceback; tracin.py's command line runs analysis.attribute without importing it back.
-# A sitecustomize shim makes one import sleep and says so; SIGINT is sent then (no model is built, nothing
+# Every `python -m ...` entry point and top-level script: Ctrl-C while it is still importing is one
+# line and exit
+# status 130, not a traceback; tracin.py's command line runs analysis.attribute without importing it
+# back.
+# A sitecustomize shim makes one import sleep and says so; SIGINT is sent then (no model is built,
+# nothing
 # is timed). Run: python -m pytest -q tests/test_entry_points.py
 import ast
 import os
@@ -52,19 +55,23 @@ def interrupt_during_import(tmp_path, argv, slow):
 ])
 def test_ctrl_c_while_importing_is_one_line(tmp_path, argv, slow):
     rc, err = interrupt_during_import(tmp_path, argv, slow)
-    assert rc == 130 and err.splitlines() == ["interrupted (Ctrl-C) while starting up: nothing was done"], err
+    assert rc == 130 and err.splitlines() == ["interrupted (Ctrl-C) while starting up: nothing was "
+                                              "done"], err
 
 
 def test_a_tool_installed_inside_the_project_keeps_its_own_ctrl_c():
     import configurator
     here = os.path.join(ROOT, "analysis", "plot.py")
-    assert configurator._started_here(here) and configurator._started_here(os.path.join(ROOT, "train_grpo.py"))
-    for tool in (".venv/lib/python3/site-packages/pytest/__main__.py", "venv/bin/pytest", "../elsewhere.py"):
+    assert configurator._started_here(here)
+    assert configurator._started_here(os.path.join(ROOT, "train_grpo.py"))
+    for tool in (".venv/lib/python3/site-packages/pytest/__main__.py", "venv/bin/pytest",
+                 "../elsewhere.py"):
         assert not configurator._started_here(os.path.join(ROOT, tool)), tool
 
 
 def test_tracin_imports_nothing_from_the_tools_that_import_it():
-    """tracin.py is imported by analysis.attribute and analysis.audit: it must not import them back (a cycle)."""
+    """tracin.py is imported by analysis.attribute and analysis.audit: it must not import them back
+    (a cycle)."""
     tree = ast.parse(open(os.path.join(ROOT, "tracin.py")).read())
     names = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
     names += [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module]
@@ -72,6 +79,8 @@ def test_tracin_imports_nothing_from_the_tools_that_import_it():
 
 
 def test_tracin_py_still_runs_the_attribution_command_line(tmp_path):
-    r = subprocess.run([sys.executable, "tracin.py", f"--out_dir={tmp_path / 'none'}", "--question=x"], cwd=ROOT,
-                       capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=300)
-    assert r.returncode == 2 and r.stderr.strip().endswith("give the --out_dir of a train_grpo.py run"), r.stderr
+    argv = [sys.executable, "tracin.py", f"--out_dir={tmp_path / 'none'}", "--question=x"]
+    r = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 2 and r.stderr.strip().endswith("give the --out_dir of a train_grpo.py "
+                                                           "run"), r.stderr

@@ -225,7 +225,8 @@ def test_bad_tracin_json_is_one_line(tmp_path, content, message):
 
 
 class FakeFigure:
-    """savefig as matplotlib's: the format and the metadata written into the file (no matplotlib needed)."""
+    """savefig as matplotlib's: the format and the metadata written into the file (no matplotlib
+    needed)."""
     def savefig(self, path, format=None, metadata=None):
         with open(path, "w") as f:
             f.write(f"{format} {metadata}")
@@ -261,7 +262,8 @@ def test_save_figure_never_replaces_a_file_that_appears_meanwhile(tmp_path):
     out = tmp_path / "fig.png"
     save_figure(FakeFigure(), str(out), plot.RUNS_MARK, plot.written_by_plot, "analysis.plot")
     assert plot.RUNS_MARK in out.read_text() and plot.written_by_plot(str(out))
-    save_figure(FakeFigure(), str(out), plot.RUNS_MARK, plot.written_by_plot, "analysis.plot")  # its own: again
+    # its own: again
+    save_figure(FakeFigure(), str(out), plot.RUNS_MARK, plot.written_by_plot, "analysis.plot")
     out.write_text("someone else's, written after the check")
     with pytest.raises(UserError, match="appeared while the figure was drawn"):
         save_figure(FakeFigure(), str(out), plot.RUNS_MARK, plot.written_by_plot, "analysis.plot")
