@@ -144,6 +144,8 @@ def main(argv):
         raise UserError(f"--problems={opts['problems']}: give a whole number from 1 to 8")
     figure_format(opts["out"], "out")  # checked before any model runs
     check_new_file(opts["out"], "--out", written_here, "analysis.countdown_demo")
+    for d in run_dirs:  # every run directory read before anything is drawn
+        load_log(d), final_ckpt(d)
     if not has_matplotlib():
         raise UserError("analysis/countdown_demo.py needs matplotlib: pip install matplotlib")
     fig = make_figure(run_dirs, int(opts["problems"]), opts["base_ckpt"])
