@@ -59,6 +59,11 @@ def model_shape(base):
     if os.path.isfile(file):
         return hf_config_args(read_json(file), base), file
     name = os.path.basename(os.path.normpath(base)).lower()
+    if base.endswith(".pt"):  # a train_base.py checkpoint (train_grpo.py trains it if missing)
+        raise UserError(f"base_ckpt={base} names a train_base.py checkpoint of this project (none "
+                        f"is there yet), not a Hugging Face model directory: bench.predict reads a "
+                        f"model's config.json; give base_ckpt=DIR of a downloaded model (or a "
+                        f"name of {', '.join(PUBLISHED)})")
     if name not in PUBLISHED:
         raise UserError(f"no {file}, and {name!r} is not one of the shapes known here ({', '.join(PUBLISHED)}): "
                         f"download the model first, or give base_ckpt of a known one")

@@ -16,7 +16,7 @@ RUNS=${RUNS:-out/cmpC}
 OUT=${OUT:-out/audit}
 SEEDS=${SEEDS:-"1 2 3 4 5"}
 VARIANT_RUN=${VARIANT_RUN:-grpo_s3}
-check_int THREADS "$THREADS"
+check_int THREADS "$THREADS" 1
 check_ints SEEDS "$SEEDS"
 check_name RUNS "$RUNS"
 read -ra seeds <<< "$SEEDS"

@@ -12,18 +12,26 @@ fail() {  # one line on stderr, exit status 2 (as the Python scripts' refusals)
   exit 2
 }
 
-check_int() {  # check_int NAME VALUE: a whole number (a seed, a thread count)
-  [[ "$2" =~ ^[0-9]+$ ]] || fail "$1=\"$2\" is not allowed: give one whole number, e.g. $1=1"
+is_int() {  # is_int VALUE [MIN]: a whole number from MIN (0) to 999999999, as Python reads it
+  [[ "$1" =~ ^(0|[1-9][0-9]{0,8})$ ]] && [ "$1" -ge "${2:-0}" ]
+}
+
+check_int() {  # check_int NAME VALUE [MIN]: a whole number (a seed; a thread count, MIN 1)
+  is_int "$2" "${3:-0}" || fail "$1=\"$2\" is not allowed: give one whole number from ${3:-0} to" \
+    "999999999 (no leading zeros), e.g. $1=1"
 }
 
 check_ints() {  # check_ints NAME VALUE: whole numbers separated by spaces (the seeds), at least one
-  local words w
+  local words w seen=" "
   read -ra words <<< "$2"  # split on spaces only: no file name pattern is expanded
   [ "${#words[@]}" -gt 0 ] \
     || fail "$1 is empty: give whole numbers separated by spaces, e.g. $1=\"1 2 3\""
   for w in "${words[@]}"; do
-    [[ "$w" =~ ^[0-9]+$ ]] || fail "$1=\"$2\" is not allowed: \"$w\" is not a whole number;" \
-      "give whole numbers separated by spaces, e.g. $1=\"1 2 3\""
+    is_int "$w" || fail "$1=\"$2\" is not allowed: \"$w\" is not a whole number from 0 to" \
+      "999999999; give whole numbers separated by spaces, e.g. $1=\"1 2 3\""
+    [[ "$seen" != *" $w "* ]] || fail "$1=\"$2\" is not allowed: $w is given twice (its runs" \
+      "would share a directory); give each seed once"
+    seen+="$w "
   done
 }
 

@@ -17,7 +17,7 @@ source experiments/common.sh
 THREADS=${THREADS:-1}
 OUT=${OUT:-out/cd_defect}
 SEEDS=${SEEDS:-"1 2 3"}
-check_int THREADS "$THREADS"
+check_int THREADS "$THREADS" 1
 check_ints SEEDS "$SEEDS"
 read -ra seeds <<< "$SEEDS"
 own_out

@@ -17,7 +17,7 @@ source experiments/common.sh
 THREADS=${THREADS:-2}
 OUT=${OUT:-out/cmpC}
 SEEDS=${SEEDS:-"1 2 3 4 5"}
-check_int THREADS "$THREADS"
+check_int THREADS "$THREADS" 1
 check_ints SEEDS "$SEEDS"
 read -ra seeds <<< "$SEEDS"
 own_out

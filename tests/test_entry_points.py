@@ -47,6 +47,7 @@ def interrupt_during_import(tmp_path, argv, slow):
     (["-m", "pretrained.export", "--out_dir=x"], "torch"),
     (["-m", "analysis.countdown_demo", "x"], "torch"),
     (["-m", "bench.predict", "config/gsm8k_qwen15b.py"], "torch"),
+    (["-m", "bench"], "torch"),
     (["-m", "analysis.plot", "x"], "runs.rundir"),
     (["-m", "analysis.summarize", "x"], "runs.rundir"),
     (["-m", "analysis.attribute", "--out_dir=x"], "torch"),

@@ -99,6 +99,8 @@ def test_an_out_with_a_space_stays_one_argument(fake, tmp_path):
     ("SEEDS", "1,2", '"1,2"'), ("SEEDS", "-1", '"-1"'), ("SEEDS", "1;ls", '"1;ls"'),
     ("SEED", "1 2 3", 'SEED="1 2 3" is not allowed'), ("SEED", "", 'SEED="" is not allowed'),
     ("SEED", "1.5", "give one whole number"), ("THREADS", "two", 'THREADS="two" is not allowed'),
+    ("SEED", "007", "no leading zeros"), ("SEED", "12345678901", "to 999999999"),
+    ("THREADS", "0", "from 1 to"), ("SEEDS", "1 2 1", "1 is given twice"), ("SEEDS", "08", '"08"'),
     ("THREADS", "", 'THREADS="" is not allowed'), ("OUT", "-x", "starts with '-'")])
 def test_bad_arguments_are_refused_before_any_work(fake, tmp_path, script, key, value, said):
     uses = {"countdown.sh": ("SEED", "OUT"), "countdown_defect.sh": ("SEEDS", "THREADS", "OUT"),

@@ -135,6 +135,9 @@ def test_a_project_checkpoint_as_base_is_named_not_sent_to_download(tiny_setup, 
                                         "directory") as e:
         predict.main(["config/gsm8k_qwen15b.py", f"--base_ckpt={tiny_setup}"])
     assert "download the model" not in str(e.value) and "base_ckpt=DIR" in str(e.value)
+    with pytest.raises(UserError, match="train_base.py checkpoint of this project") as e:
+        predict.main(["config/tiny_grpo.py"])  # its base_ckpt, out/base/ckpt.pt, not trained here
+    assert "download the model" not in str(e.value)
     (tmp_path / "notes.txt").write_text("x")
     with pytest.raises(UserError, match="is a file that is not a checkpoint"):
         predict.main(["config/gsm8k_qwen15b.py", f"--base_ckpt={tmp_path / 'notes.txt'}"])
