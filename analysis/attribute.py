@@ -291,7 +291,8 @@ def main(argv):
         if html_path:
             write_report(html_path, sections, {"run": run, "mode": cfg["mode"], "n_probe": cfg["n_probe"],
                                                "layer_filter": cfg["layer_filter"], "top_k": cfg["top_k"],
-                                               "checkpoints": [os.path.basename(c) for c in ckpts]}, audited)
+                                               "checkpoints": [os.path.basename(c) for c in ckpts]},
+                         audited, ours=written_here if cfg["html"] is not None else lambda p: True)
             print(f"HTML report{' of the audit and' if audited else ' of'} {len(sections)} question(s): {html_path}"
                   + (" (replacing the earlier one)" if again[html_path] else ""))
         if fig_path:

@@ -4,6 +4,7 @@ and countdown_demo.py's --out): never a file someone else made.
 
     check_new_file(path, key, ours, writer)    # before any work: new, or one ours(path) recognises
     save_figure(fig, path, mark, ours, writer)  # written beside, then moved: never over another's
+    put_in_place(tmp, path, ours, writer)       # the same for any file written whole to tmp first
 
 A figure carries `mark` in its metadata (PNG, PDF, SVG, PostScript; no parentheses: PDF escapes
 them), so that the script that wrote it may write it again; a format without metadata (JPEG, TIFF,
@@ -69,28 +70,45 @@ def mark_metadata(fmt, mark):
     return {"Creator": mark} if fmt in ("eps", "ps") else {}
 
 
-def save_figure(fig, path, mark, ours, writer, key="out"):
-    """fig into path, in the format its extension names, carrying `mark`: written to a new file
-    beside it, which then replaces a file ours(path) recognises or takes a free name (a hard link:
-    never over a file made meanwhile). Returns path."""
-    fmt = figure_format(path, key)
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=f".{fmt}",
+def file_beside(path, suffix=""):
+    """A new empty file of a fresh name beside `path` (never a name someone else may use), with the
+    permissions open() would give it, to be written whole and then put_in_place."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=suffix,
                                dir=os.path.dirname(os.path.abspath(path)))
     os.close(fd)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)  # mkstemp's file is private
+    return tmp
+
+
+def put_in_place(tmp, path, ours, writer):
+    """The complete file tmp at path: it replaces a file ours(path) recognises, or takes a free name
+    by a hard link, which fails on a file made meanwhile (refused, left as it is). tmp is gone
+    after."""
     try:
-        fig.savefig(tmp, format=fmt, metadata=mark_metadata(fmt, mark))
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # as open() would make it (mkstemp's file is private)
         if os.path.exists(path) and not os.path.islink(path) and ours(path):
             os.replace(tmp, path)
         else:
             try:
                 os.link(tmp, path)
             except FileExistsError:
-                raise UserError(f"{path} appeared while the figure was drawn and was not written "
-                                f"by {writer}: it is left as it is; give another path") from None
+                raise UserError(f"{path} appeared while it was written and was not written by "
+                                f"{writer}: it is left as it is; give another path") from None
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
     return path
+
+
+def save_figure(fig, path, mark, ours, writer, key="out"):
+    """fig into path, in the format its extension names, carrying `mark`: written to a new file
+    beside it, then put_in_place. Returns path."""
+    fmt = figure_format(path, key)
+    tmp = file_beside(path, f".{fmt}")
+    try:
+        fig.savefig(tmp, format=fmt, metadata=mark_metadata(fmt, mark))
+    except BaseException:
+        os.remove(tmp)
+        raise
+    return put_in_place(tmp, path, ours, writer)

@@ -265,7 +265,7 @@ def test_save_figure_never_replaces_a_file_that_appears_meanwhile(tmp_path):
     # its own: again
     save_figure(FakeFigure(), str(out), plot.RUNS_MARK, plot.written_by_plot, "analysis.plot")
     out.write_text("someone else's, written after the check")
-    with pytest.raises(UserError, match="appeared while the figure was drawn"):
+    with pytest.raises(UserError, match="appeared while it was written"):
         save_figure(FakeFigure(), str(out), plot.RUNS_MARK, plot.written_by_plot, "analysis.plot")
     assert out.read_text() == "someone else's, written after the check"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["fig.png"]  # no temporary file left
