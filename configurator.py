@@ -20,11 +20,28 @@ def _interrupted_while_starting(signum, frame):
     os._exit(130)
 
 
-# A script of this folder imports configurator first, so that a Ctrl-C during its slow imports (torch)
-# is one line instead of a traceback; cli_main hands Ctrl-C back to Python (KeyboardInterrupt).
+def _started_here(script):
+    """Whether `script` (sys.argv[0]) is one of this project's: `python X.py`, `python
+    data/x/prepare.py`, or `python -m analysis.plot` (argv[0] is then the module's file); not a tool
+    installed inside it (a venv)."""
+    root = os.path.dirname(os.path.abspath(__file__))
+    argv = getattr(sys, "orig_argv", [])
+    # `python -m bench.x` still importing its package (bench/__init__)
+    if script == "-m" and "-m" in argv[:-1]:
+        path = os.path.join(root, *argv[argv.index("-m") + 1].split("."))
+        return os.path.isfile(path + ".py") or os.path.isfile(os.path.join(path, "__init__.py"))
+    rel = os.path.relpath(os.path.abspath(script or "."), root)
+    parts = rel.split(os.sep)
+    tool = [p for p in parts[:-1] if p.startswith(".") or p.endswith("-packages")
+            or p in ("bin", "Scripts")]
+    return parts[0] != ".." and not tool
+
+
+# A script of this project imports configurator first, so that a Ctrl-C during its slow imports
+# (torch) is one line instead of a traceback; cli_main hands Ctrl-C back to Python
+# (KeyboardInterrupt).
 # (Not where Ctrl-C is ignored, e.g. under nohup.)
-if os.path.dirname(os.path.abspath(sys.argv[0] or ".")) == os.path.dirname(os.path.abspath(__file__)) \
-        and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+if _started_here(sys.argv[0]) and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
     signal.signal(signal.SIGINT, _interrupted_while_starting)
 
 

@@ -248,6 +248,7 @@ def find_critical_samples(model, checkpoints, train_samples, test_samples, enc, 
     return attribution_result(train_samples, contrib, cosine, selfinf, mode, weights, top_k)
 
 
-if __name__ == "__main__":  # the post-hoc command line, which lives with the other tools that read runs
-    from analysis.attribute import main
-    cli_main(main)
+if __name__ == "__main__":  # the post-hoc command line lives with the other tools that read runs:
+    # run as `python -m analysis.attribute` (by name: no import back into tracin)
+    import runpy
+    runpy.run_module("analysis.attribute", run_name="__main__", alter_sys=True)

@@ -5,6 +5,8 @@
     report.py     the HTML page of an attribution or audit
     plot.py       python -m analysis.plot RUN...: reward, accuracy, selection rate, step time; the influence figure
     summarize.py  python -m analysis.summarize RUN...: a Markdown table comparing runs
+    countdown_demo.py  the demo figure: curves and greedy answers before and after training
+    outputs.py    the files they write where a user names them: never a file they did not write
 
 Where it plugs in: these read a run directory (checkpoints, log.jsonl, rollouts.jsonl) and call the
 lecture's tracin.find_critical_samples and sample.generate; nothing here runs during training.

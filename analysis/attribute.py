@@ -19,8 +19,8 @@ import json
 import os
 import re
 import shlex
-import tempfile
 
+from analysis.outputs import check_new_file, has_mark
 from analysis.audit import LOSSES, audit, greedy_answers, summary_lines
 from analysis.plot import has_matplotlib, plot_influence
 from analysis.report import write_report
@@ -145,11 +145,10 @@ MARKS = (b"<title>TracIn attribution report", b"TracIn influence figure")  # rep
 def written_here(path):
     """Whether the file at path is one tracin.py wrote (a report, a figure, an attribution or audit JSON)."""
     try:
+        if has_mark(path, MARKS):
+            return True
         with open(path, "rb") as f:
-            head = f.read(4096)
-            if any(m in head for m in MARKS):
-                return True
-            saved = json.loads(f.seek(0) or f.read())
+            saved = json.loads(f.read())
         return isinstance(saved, dict) and ("scores" in saved or "result" in saved)
     except (OSError, ValueError):
         return False
@@ -161,19 +160,9 @@ def check_output_path(cfg, key, suffix, named=True):
     path = cfg[key]
     check(cfg, key, not path or path.endswith(suffix), f"must end in {suffix} (it is written, so never a run's "
           "own file)")
-    if not path:
-        return
-    folder = os.path.dirname(os.path.abspath(path))
-    if os.path.isdir(path) or not os.path.isdir(folder):
-        raise UserError(f"cannot write {key} {path}: it is a directory, or its directory does not exist")
-    try:  # a read-only or special directory (/proc) is refused now, not after the attribution
-        tempfile.TemporaryFile(dir=folder).close()
-    except OSError as e:
-        raise UserError(f"cannot write {key} {path}: its directory takes no new file ({e.strerror}); give a "
-                        "path in a writable directory") from None
-    if named and os.path.exists(path) and not written_here(path):
-        raise UserError(f"{key} {path} exists and was not written by tracin.py: it is never overwritten; remove "
-                        "it, or give another path")
+    # a default path (not named) is this run's own: replaced, as tracin.py replaces what it wrote
+    if path:
+        check_new_file(path, key, written_here if named else lambda p: True, "tracin.py")
 
 
 def check_fits(cfg, model, enc, questions):
@@ -303,7 +292,8 @@ def main(argv):
         if html_path:
             write_report(html_path, sections, {"run": run, "mode": cfg["mode"], "n_probe": cfg["n_probe"],
                                                "layer_filter": cfg["layer_filter"], "top_k": cfg["top_k"],
-                                               "checkpoints": [os.path.basename(c) for c in ckpts]}, audited)
+                                               "checkpoints": [os.path.basename(c) for c in ckpts]},
+                         audited, ours=written_here if cfg["html"] is not None else lambda p: True)
             print(f"HTML report{' of the audit and' if audited else ' of'} {len(sections)} question(s): {html_path}"
                   + (" (replacing the earlier one)" if again[html_path] else ""))
         if fig_path:
@@ -311,7 +301,9 @@ def main(argv):
             title = (f"summed influence on the final model's {len(audited['wrong'])} wrong test answers" if audited
                      else f"influence on {questions[0][1]!r}" if len(questions) == 1 else
                      f"influence summed over {len(questions)} questions")
-            print(f"influence figure: {plot_influence(results, fig_path, title)}"
+            # the default: the run's own
+            ours = written_here if cfg["figure"] is not None else lambda p: True
+            print(f"influence figure: {plot_influence(results, fig_path, title, ours=ours)}"
                   + (" (replacing the earlier one)" if again[fig_path] else ""))
 
 

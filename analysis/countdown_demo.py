@@ -5,16 +5,21 @@ training (the base: LoRA off) and after it (each run's last adapter), greedy, wi
 
     bash experiments/countdown.sh       # the whole demo: base (if missing), both runs, this figure
     python -m analysis.countdown_demo RUN_DIR [RUN_DIR ...] [--out=countdown.png] [--problems=3]
+        [--base_ckpt=PATH]
 
-The runs must share one base (the "before" column is that base). Needs matplotlib (pip install matplotlib).
+The runs must share one base and one task (the "before" column is that base; the title names
+the task); --base_ckpt: that base where it is now, if it moved. --out is never a file this script
+did not write. Needs matplotlib (pip install matplotlib).
 """
+# configurator first: a Ctrl-C during the slow imports below (torch) is one line, not a traceback
+from configurator import UserError, cli_main
 import os
 import textwrap
 
 import torch
 
+from analysis.outputs import check_new_file, figure_format, has_mark, save_figure
 from analysis.plot import SMOOTH, has_matplotlib, kind, load_log, moving_average, split_args
-from configurator import UserError, cli_main
 from data.tasks import TASKS, load_task_split
 from lora import disable_lora
 from model import load_checkpoint
@@ -25,6 +30,17 @@ from runs.loading import load_policy
 PANELS = [("reward", "reward (moving average)"), ("test/accuracy", "greedy test accuracy"),
           ("selection_rate", "rollouts trained on")]
 WRAP = 62  # characters per line of a completion in the text panel
+# by the runs' task
+TITLES = {"arith": "Arithmetic word problems", "gsm8k": "GSM8K", "countdown": "Countdown"}
+KIND_NAMES = {"standard": "GRPO", "TracIn": "TracIn-GRPO", "curriculum": "curriculum GRPO"}
+# in the figure's metadata: the only file --out replaces
+MARK = "GRPO demo figure by analysis.countdown_demo"
+USAGE = ("analysis.countdown_demo takes run directories, --out=FILE.png, --problems=N and "
+         "--base_ckpt=PATH")
+
+
+def written_here(path):
+    return has_mark(path, (MARK.encode(),))
 
 
 def final_ckpt(run_dir):
@@ -34,17 +50,22 @@ def final_ckpt(run_dir):
     return path
 
 
-def greedy_answers(run_dirs, n_problems):
-    """(problems, {column name: [completion per problem]}): the first n_problems test problems of the runs'
-    task, answered greedily by the base (every adapter off) and by each run's last adapter."""
-    columns, problems, base_of = {}, None, None
+def greedy_answers(run_dirs, n_problems, base_ckpt=""):
+    """(problems, {column name: [completion per problem]}, reward, task): the first n_problems test
+    problems of the runs' task, answered greedily by the base (every adapter off) and by each run's
+    last adapter. base_ckpt: the runs' base where it is now, if it moved."""
+    columns, problems, base_of, tasks = {}, None, None, []
     for d in run_dirs:
         ckpt = load_checkpoint(final_ckpt(d))
         if base_of is not None and ckpt.get("base_identity", {}).get("tensors") != base_of:
             raise UserError(f"{d} was trained on another base than {run_dirs[0]}: the figure shows one base")
         base_of = ckpt.get("base_identity", {}).get("tensors")
-        model, enc, data_dir = load_policy(final_ckpt(d))
         task, max_new = ckpt["config"].get("task", "arith"), ckpt["config"]["max_new_tokens"]
+        tasks.append(task)
+        if task != tasks[0]:
+            raise UserError(f"{d} is a {task} run and {run_dirs[0]} a {tasks[0]} run: the figure "
+                            f"shows one task; give runs of one task")
+        model, enc, data_dir = load_policy(final_ckpt(d), base_ckpt=base_ckpt)
         if problems is None:
             problems = load_task_split(data_dir, "test")[:n_problems]
             if not problems:
@@ -61,14 +82,14 @@ def greedy_answers(run_dirs, n_problems):
             with disable_lora(model):  # the base as every run started from it (B = 0 at step 0)
                 columns["base (step 0)"] = answer()
         columns[f"{os.path.basename(os.path.normpath(d))} (step {ckpt['iter_num']})"] = answer()
-    return problems, columns, REWARD_FUNCS[TASKS[task]["correct"]]
+    return problems, columns, REWARD_FUNCS[TASKS[task]["correct"]], task
 
 
-def make_figure(run_dirs, n_problems):
+def make_figure(run_dirs, n_problems, base_ckpt=""):
     from matplotlib import colormaps
     from matplotlib.figure import Figure
     logs = [(os.path.basename(os.path.normpath(d)), load_log(d)) for d in run_dirs]
-    problems, columns, correct = greedy_answers(run_dirs, n_problems)
+    problems, columns, correct, task = greedy_answers(run_dirs, n_problems, base_ckpt)
     fig = Figure(figsize=(16, 4.5 + 1.3 * len(problems)), dpi=100, layout="constrained")
     top, bottom = fig.subfigures(2, 1, height_ratios=[4, 1.3 * len(problems)])
     axes = top.subplots(1, len(PANELS))
@@ -103,25 +124,33 @@ def make_figure(run_dirs, n_problems):
                     transform=ax.transAxes)
             if c == 0:
                 ax.set_title(e["question"], loc="left", fontsize=10)
-    fig.suptitle(f"Countdown: GRPO and TracIn-GRPO from one base ({SMOOTH}-step moving averages); greedy "
-                 f"completions of {len(problems)} test problems before and after")
+    fig.suptitle(figure_title(task, [log for _, log in logs], len(problems)))
     return fig
 
 
+def figure_title(task, logs, n_problems):
+    """The figure's title: the runs' task and their kinds (GRPO, TracIn-GRPO, curriculum)."""
+    methods = " and ".join(dict.fromkeys(KIND_NAMES[kind(log)] for log in logs))
+    return (f"{TITLES.get(task, task)}: {methods} from one base ({SMOOTH}-step moving averages); "
+            f"greedy completions of {n_problems} test problems before and after")
+
+
 def main(argv):
-    run_dirs, opts = split_args(argv, {"out": "countdown.png", "problems": "3"},
-                                "analysis.countdown_demo takes run directories, --out=FILE.png and --problems=N")
+    opts = {"out": "countdown.png", "problems": "3", "base_ckpt": ""}
+    run_dirs, opts = split_args(argv, opts, USAGE)
     if not run_dirs:
         raise UserError("no run directory given; usage: python -m analysis.countdown_demo RUN_DIR [RUN_DIR ...] "
-                        "[--out=countdown.png] [--problems=3]")
+                        "[--out=countdown.png] [--problems=3] [--base_ckpt=PATH]")
     if not opts["problems"].isdigit() or not 1 <= int(opts["problems"]) <= 8:
         raise UserError(f"--problems={opts['problems']}: give a whole number from 1 to 8")
-    if os.path.isdir(opts["out"]) or not os.path.isdir(os.path.dirname(os.path.abspath(opts["out"]))):
-        raise UserError(f"--out={opts['out']}: give an image path (e.g. countdown.png) in an existing directory")
+    figure_format(opts["out"], "out")  # checked before any model runs
+    check_new_file(opts["out"], "--out", written_here, "analysis.countdown_demo")
+    for d in run_dirs:  # every run directory read before anything is drawn
+        load_log(d), final_ckpt(d)
     if not has_matplotlib():
         raise UserError("analysis/countdown_demo.py needs matplotlib: pip install matplotlib")
-    make_figure(run_dirs, int(opts["problems"])).savefig(opts["out"])
-    print(f"wrote {opts['out']}")
+    fig = make_figure(run_dirs, int(opts["problems"]), opts["base_ckpt"])
+    print(f"wrote {save_figure(fig, opts['out'], MARK, written_here, 'analysis.countdown_demo')}")
 
 
 if __name__ == "__main__":

@@ -15,16 +15,28 @@ writes it (--figure); from the JSON files tracin.py wrote (an attribution or an 
 again, their scores summed.
 Needs matplotlib, which requirements.txt leaves optional: pip install matplotlib.
 """
+# configurator first: a Ctrl-C during the imports below is one line, not a traceback
+from configurator import UserError, cli_main
 import json
 import os
 
-from configurator import UserError, cli_main
+from analysis.outputs import check_new_file, figure_format, has_mark, save_figure
 from runs.rundir import read_jsonl
 
 SMOOTH = 10  # reward, selection rate and step time are noisy step to step: also draw their moving average
 ROWS = [("reward", "reward"), ("test/accuracy", "test accuracy"),
         ("selection_rate", "selection rate"), ("step_seconds", "step time (s)")]
 KINDS = {"standard": ("Blues", "-"), "TracIn": ("Oranges", "--"), "curriculum": ("Greens", "-.")}
+
+
+# in each file's metadata
+RUNS_MARK, INFLUENCE_MARK = "GRPO runs figure by analysis.plot", "TracIn influence figure"
+
+
+def written_by_plot(path):
+    """Whether the file at path is a figure analysis/plot.py (or tracin.py) drew: the only kind
+    --out replaces."""
+    return has_mark(path, (RUNS_MARK.encode(), INFLUENCE_MARK.encode()))
 
 
 def kind(log):
@@ -177,15 +189,16 @@ def influence_figure(entries, title, top_k=3):
     return fig
 
 
-def plot_influence(results, out_path, title, top_k=3):
-    """Write influence_figure of the summed scores of `results` to out_path (PNG); returns out_path."""
+def plot_influence(results, out_path, title, top_k=3, ours=written_by_plot):
+    """Write influence_figure of the summed scores of `results` to out_path; returns out_path. A
+    file there is replaced only where ours(out_path) says a script of this project wrote it."""
     fig = influence_figure(summed_scores(results), title, top_k)
-    fig.savefig(out_path, metadata={"Title": "TracIn influence figure"})  # tracin.py may replace what it wrote
-    return out_path
+    return save_figure(fig, out_path, INFLUENCE_MARK, ours, "analysis.plot or tracin.py")
 
 
 def plot_runs(run_dirs, out_path="plot.png", labels=None):
-    """Draw the runs in run_dirs into out_path (PNG); returns out_path."""
+    """Draw the runs in run_dirs into out_path (its extension names the format); returns out_path.
+    A file there is replaced only if analysis/plot.py drew it."""
     if labels is None:  # the directory names, or the paths as given where two runs share a name
         labels = [os.path.basename(os.path.normpath(d)) for d in run_dirs]
         if len(set(labels)) < len(labels):
@@ -194,8 +207,7 @@ def plot_runs(run_dirs, out_path="plot.png", labels=None):
         raise UserError(f"--labels has {len(labels)} names for {len(run_dirs)} run directories: give one per run")
     fig = make_figure([(label, load_log(d)) for label, d in zip(labels, run_dirs)])
     os.makedirs(os.path.dirname(out_path) or ".", exist_ok=True)
-    fig.savefig(out_path)
-    return out_path
+    return save_figure(fig, out_path, RUNS_MARK, written_by_plot, "analysis.plot")
 
 
 def split_args(argv, opts, takes):
@@ -219,9 +231,8 @@ def main(argv):
     if not run_dirs:
         raise UserError("no run directory given; usage: python -m analysis.plot RUN_DIR [RUN_DIR ...] "
                         "[--out=plot.png] [--labels=a,b], or python -m analysis.plot TRACIN.json [...] --out=influence.png")
-    out_parent = os.path.dirname(os.path.abspath(opts["out"]))
-    if os.path.isdir(opts["out"]) or not os.path.isdir(out_parent):
-        raise UserError(f"--out={opts['out']}: give an image path (e.g. plot.png) in an existing directory")
+    figure_format(opts["out"], "out")  # all three checked before any log is read
+    check_new_file(opts["out"], "--out", written_by_plot, "analysis.plot")
     jsons = [a for a in run_dirs if a.endswith(".json")]
     if jsons:
         if len(jsons) < len(run_dirs) or opts["labels"]:

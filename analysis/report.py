@@ -10,6 +10,8 @@ import html
 import os
 import unicodedata
 
+from analysis.outputs import file_beside, put_in_place
+
 CSS = """
 body { font: 14px/1.4 sans-serif; max-width: 1100px; margin: 1em auto; color: #111; }
 h1 { font-size: 1.4em; } h2 { font-size: 1.15em; border-top: 1px solid #999; padding-top: .6em; }
@@ -189,8 +191,9 @@ def method_paragraph(meta):
             f'advantage; layer_filter: <b>{esc(layers)}</b>.</p>')
 
 
-def write_report(path, sections, meta, audit=None):
-    """Write the HTML report atomically (a reader never sees half a page).
+def write_report(path, sections, meta, audit=None, ours=lambda path: True):
+    """Write the HTML report atomically (a reader never sees half a page); a file at path is
+    replaced only where ours(path) says tracin.py wrote it (outputs.put_in_place).
     sections: [{'question', 'completion', 'correct' (True/False/None = unknown), 'result'
     (find_critical_samples' dict)}]; with more than one, a summary comes first.
     meta: {'run', 'mode', 'n_probe', 'layer_filter', 'top_k', 'checkpoints' (names, oldest first)}.
@@ -207,7 +210,11 @@ def write_report(path, sections, meta, audit=None):
     body += [question_section(n, s, meta) for n, s in enumerate(sections, 1)]
     page = ('<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">\n<title>TracIn attribution report'
             f'</title>\n<style>{CSS}</style></head><body>\n' + "\n".join(body) + "\n</body></html>\n")
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(page)
-    os.replace(tmp, path)
+    tmp = file_beside(path, ".html")
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(page)
+    except BaseException:
+        os.remove(tmp)
+        raise
+    put_in_place(tmp, path, ours, "tracin.py")

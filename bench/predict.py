@@ -7,8 +7,11 @@ bench/memory.predicted_memory's analytic model, not a measurement.
 
 The model's shape: the config.json in the config's base_ckpt directory where it is there, else the published
 config.json fields of the Qwen2.5 instruct models below (read by the same parser, pretrained/hfconfig.py).
-Parameters are counted on the meta device (no memory is allocated). The terms:
-  weights   every frozen base parameter in the run's dtype (bfloat16: 2 bytes, float32: 4)
+Parameters are counted on the meta device (no memory is allocated). The config's knobs are checked
+as train_grpo.py checks them (runs/grpo_knobs.validate; the prompt and max_new_tokens within the
+context), so that a run train_grpo.py refuses gets no prediction. The terms:
+  weights   every frozen base parameter in the run's dtype (bfloat16: 2 bytes, float32: 4; 'auto'
+            as train_grpo.py resolves it on the config's device: scale/device.bf16_is_fast)
   lora      the LoRA factors in float32 with their gradients and AdamW's two moments: 16 bytes each
   step      the largest of the step's passes (predicted_memory): sampling (the KV cache of every row, GQA's
             fewer key/value heads counted), the reference pass and the policy pass with its backward, the two
@@ -16,17 +19,21 @@ Parameters are counted on the meta device (no memory is allocated). The terms:
             insides live again while its backward runs.
 prompt_len is the longest prompt in tokens (chat template, instruction and question): an assumption to state.
 """
+# configurator first: a Ctrl-C during the slow imports below (torch) is one line, not a traceback
+from configurator import UserError, check, cli_main, configure
 import os
+import re
 import subprocess
 import sys
 
 import torch
 
-from configurator import UserError, check, check_positive, cli_main, configure
 from bench.memory import memory_variant, predicted_memory
 from lora import apply_lora, lora_parameters
-from model import GPT, GPTConfig
+from model import GPT, GPTConfig, load_checkpoint
 from pretrained.hfconfig import hf_config_args, read_json
+from runs.grpo_knobs import validate
+from scale.device import bf16_is_fast
 import train_grpo
 
 GB = 1e9
@@ -44,13 +51,65 @@ COMMON = dict(model_type="qwen2", max_position_embeddings=32768, rope_theta=1000
 def model_shape(base):
     """GPTConfig arguments of the base: its directory's config.json, else a published shape by its name."""
     file = os.path.join(base, "config.json")
+    if os.path.isfile(base):
+        raise UserError(f"base_ckpt={base} is {what_file(base)}, not a Hugging Face model "
+                        f"directory: bench.predict reads a model's config.json; give base_ckpt=DIR "
+                        f"of a downloaded model (or a name of {', '.join(PUBLISHED)}), or measure "
+                        f"this project's own models with python -m bench")
     if os.path.isfile(file):
         return hf_config_args(read_json(file), base), file
     name = os.path.basename(os.path.normpath(base)).lower()
+    if base.endswith(".pt"):  # a train_base.py checkpoint (train_grpo.py trains it if missing)
+        raise UserError(f"base_ckpt={base} names a train_base.py checkpoint of this project (none "
+                        f"is there yet), not a Hugging Face model directory: bench.predict reads a "
+                        f"model's config.json; give base_ckpt=DIR of a downloaded model (or a "
+                        f"name of {', '.join(PUBLISHED)})")
     if name not in PUBLISHED:
         raise UserError(f"no {file}, and {name!r} is not one of the shapes known here ({', '.join(PUBLISHED)}): "
                         f"download the model first, or give base_ckpt of a known one")
     return hf_config_args({**COMMON, **PUBLISHED[name]}, base), f"the published config.json of {name}"
+
+
+def what_file(path):
+    """What a file given as base_ckpt is, in words (this project's checkpoints say what wrote
+    them)."""
+    try:
+        ckpt = load_checkpoint(path)
+    except (UserError, Exception):  # noqa: BLE001 (anything unreadable is "not a checkpoint")
+        return "a file that is not a checkpoint"
+    if "lora" in ckpt:
+        return "a train_grpo.py checkpoint (an adapter, not a base)"
+    return "a train_base.py checkpoint of this project" if "model_args" in ckpt else "a checkpoint"
+
+
+def predicted_dtype(cfg):
+    """(dtype, why): the dtype train_grpo.py would run in on cfg's device; 'auto' as scale/device
+    resolves it, a CUDA device this machine lacks assumed to have bfloat16 (said in the output)."""
+    if not re.fullmatch(r"cpu|cuda(:\d+)?|mps", cfg["device"]):
+        raise UserError(f"unknown device {cfg['device']!r}: use 'cpu', 'cuda', 'cuda:N' "
+                        "(N = GPU index) or 'mps'")
+    # as scale/device.resolve_dtype refuses it
+    if cfg["dtype"] not in ("auto", "bfloat16", "float32"):
+        raise UserError(f"dtype must be 'auto', 'bfloat16' or 'float32', got {cfg['dtype']!r}")
+    if cfg["dtype"] != "auto":
+        return cfg["dtype"], "as configured"
+    if cfg["device"].startswith("cuda") and not torch.cuda.is_available():
+        return "bfloat16", ("auto: a CUDA GPU with bfloat16 (Ampere or later) assumed; "
+                            "--dtype=float32 otherwise")
+    fast, why = bf16_is_fast(cfg["device"])
+    return ("bfloat16" if fast else "float32"), f"auto: {why}"
+
+
+def check_context(cfg, args, prompt_len):
+    """A prompt of prompt_len tokens and max_new_tokens after it must fit the base's context, as
+    train_grpo.py's prepare_base requires of the longest question."""
+    block = args["block_size"]
+    if prompt_len >= block:
+        raise UserError(f"--prompt_len={prompt_len} is the base's whole context {block} or more: "
+                        f"no token could be generated; give the longest prompt (< {block})")
+    check(cfg, "max_new_tokens", prompt_len + cfg["max_new_tokens"] <= block,
+          f"the longest prompt, {prompt_len} tokens (--prompt_len), + max_new_tokens must fit the "
+          f"base's context of {block}: give at most {block - prompt_len}")
 
 
 def activation_units(C, inner):
@@ -64,18 +123,25 @@ def activation_units(C, inner):
 def predict(cfg, prompt_len):
     """(terms in bytes, the model's GPTConfig arguments, where the shape came from)."""
     args, source = model_shape(cfg["base_ckpt"])
+    check_context(cfg, args, prompt_len)
+    dtype, why = predicted_dtype(cfg)
     with torch.device("meta"):  # shapes only: no memory is allocated
         model = GPT(GPTConfig(**args))
         apply_lora(model, cfg["lora_r"], cfg["lora_alpha"], 0.0, cfg["lora_targets"])
     n_lora = sum(p.numel() for p in lora_parameters(model))
     n_base = sum(p.numel() for p in model.parameters()) - n_lora
-    b = 2 if cfg["dtype"] in ("bfloat16", "float16", "auto") else 4
-    N, C, kv_dim = cfg["batch_size"] * cfg["group_size"], args["n_embd"], args["n_embd"] // args["n_head"] * args["n_kv_head"]
+    b = 2 if dtype == "bfloat16" else 4
+    N, C = cfg["batch_size"] * cfg["group_size"], args["n_embd"]
+    kv_dim = C // args["n_head"] * (args.get("n_kv_head") or args["n_head"])  # GQA: fewer heads
+    swiglu = args.get("arch", "gpt2") != "gpt2"  # GPT-2's GELU block: predicted_memory's own count
+    act_c = activation_units(C, args["n_inner"]) if swiglu else None
     step = predicted_memory(n_base, N, prompt_len, cfg["max_new_tokens"], args["vocab_size"], args["n_layer"], C, b,
-                            False, group=cfg["group_size"], act_c=activation_units(C, args["n_inner"]),
-                            kv_dim=kv_dim, micro=cfg["micro_batch_size"] or N, grad_checkpoint=cfg["grad_checkpoint"])
+                            False, group=cfg["group_size"], act_c=act_c, kv_dim=kv_dim,
+                            micro=cfg["micro_batch_size"] or N,
+                            grad_checkpoint=cfg["grad_checkpoint"])
     terms = dict(weights=n_base * b, lora=n_lora * 16, step=step["step"])
-    return dict(terms, total=sum(terms.values()), passes={k: step[k] for k in ("sampling", "reference", "policy_backward")},
+    passes = {k: step[k] for k in ("sampling", "reference", "policy_backward")}
+    return dict(terms, total=sum(terms.values()), dtype=dtype, dtype_why=why, passes=passes,
                 n_base=n_base, n_lora=n_lora), args, source
 
 
@@ -122,15 +188,18 @@ def main(argv):
         else:
             rest.append(a)
     cfg = configure(train_grpo.defaults, rest)
-    check_positive(cfg, "batch_size", "group_size", "max_new_tokens", "lora_r")
-    check(cfg, "micro_batch_size", cfg["micro_batch_size"] >= 0, "must be >= 0 (0 = the whole batch)")
+    # a base this file cannot read is named first (not as the wrong task's)
+    model_shape(cfg["base_ckpt"])
+    validate(cfg)  # what train_grpo.py refuses gets no prediction
     r, args, source = predict(cfg, prompt_len)
     print(f"PREDICTION (bench/memory.predicted_memory, not a measurement) for {rest[0]}: shape from {source}")
     print(f"  {args['n_layer']} layers x {args['n_embd']}, MLP {args['n_inner']}, {args['n_head']} heads "
-          f"({args['n_kv_head']} key/value), vocabulary {args['vocab_size']}; {r['n_base'] / 1e9:.2f} B base parameters, "
+          f"({args.get('n_kv_head') or args['n_head']} key/value), vocabulary "
+          f"{args['vocab_size']}; {r['n_base'] / 1e9:.2f} B base parameters, "
           f"{r['n_lora'] / 1e6:.1f} M LoRA")
     print(f"  {cfg['batch_size']} x {cfg['group_size']} rows, prompt <= {prompt_len} + {cfg['max_new_tokens']} new tokens, "
-          f"micro-batch {cfg['micro_batch_size'] or 'all'}, grad_checkpoint {cfg['grad_checkpoint']}, dtype {cfg['dtype']}")
+          f"micro-batch {cfg['micro_batch_size'] or 'all'}, grad_checkpoint "
+          f"{cfg['grad_checkpoint']}, dtype {r['dtype']} ({r['dtype_why']})")
     print("  " + ", ".join(f"{k} {v / GB:.2f} GB" for k, v in r["passes"].items()) + " (the step is the largest)")
     print(f"  weights {r['weights'] / GB:.2f} GB + LoRA and AdamW {r['lora'] / GB:.2f} GB + step {r['step'] / GB:.2f} GB"
           f" = peak {r['total'] / GB:.2f} GB")

@@ -9,16 +9,23 @@ GPT.from_pretrained:
     model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(BASE), "out/qwen_grpo/peft_adapter")
     model = AutoModelForCausalLM.from_pretrained("out/qwen_grpo/merged")
 
-It writes only new directories (or empty ones) and its own earlier exports (marked by grpo_export.json, which
-names the checkpoint and iteration), each checked before the model is loaded; it holds the run's lock, so
-an export during training is refused. --ckpt=RUN/ckpt_000100.pt exports that checkpoint into RUN.
+It writes only new directories (or empty ones) and its own earlier adapters (marked by
+grpo_export.json, which names the checkpoint and iteration), each checked before the model is
+loaded; an earlier merged model is never replaced (a run may have been trained on it). It holds the
+run's lock (an export during training is refused) and each output's (.<name>.export.lock beside
+it: a second export into it is refused). Ctrl-C, SIGTERM or a full disk leave nothing
+half-written; what a killed export left, the next one removes.
+--ckpt=RUN/ckpt_000100.pt exports that checkpoint into RUN.
 """
 # configurator first: a Ctrl-C during the slow imports below (torch) is one line, not a traceback
 from configurator import UserError, check, cli_main, configure
+import json
 import os
-from contextlib import nullcontext
+import signal
+import sys
+from contextlib import ExitStack, contextmanager
 
-from pretrained.hf import check_out, hf_dtype, save_peft_adapter, save_pretrained
+from pretrained.hf import EXPORT_MARK, check_out, hf_dtype, save_peft_adapter, save_pretrained
 from lora import LoRALinear, merge_lora
 from model import load_checkpoint
 from runs.base import resolve_base
@@ -66,18 +73,111 @@ def output_dirs(cfg, run):
                             f"one holds the other: give two separate directories")
     replaced = [d for key, d in (("adapter_dir", adapter_dir), ("merged_dir", merged_dir))
                 if d and check_out(d, key)]
+    if merged_dir in replaced:
+        raise UserError(f"merged_dir {merged_dir} holds an earlier merged model "
+                        f"({exported_from(merged_dir)}); a run trained on it "
+                        f"(--base_ckpt={merged_dir}) would lose its base, so it is never replaced: "
+                        f"give another --merged_dir, or remove it if no run uses it")
     return adapter_dir, merged_dir, replaced
+
+
+def exported_from(path):
+    """'iter N of CKPT', from the mark an export leaves."""
+    try:
+        with open(os.path.join(path, EXPORT_MARK)) as f:
+            mark = json.load(f)
+        return f"iter {mark.get('iter')} of {mark.get('ckpt')}"
+    except (OSError, ValueError, AttributeError):
+        return "an earlier export"
+
+
+@contextmanager
+def claimed(path, key):
+    """`path` for this export alone while the block runs: .<name>.export.lock beside it, held with
+    flock (let go by the kernel when its process ends: never stale). A second export into `path`
+    meanwhile is refused."""
+    import fcntl
+    parent, name = os.path.split(os.path.abspath(path))
+    os.makedirs(parent, exist_ok=True)
+    lock = os.path.join(parent, f".{name}.export.lock")
+    while True:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            pid = os.read(fd, 32).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise UserError(f"{key} {path} is taken: another export (PID {pid}) is writing it "
+                            f"now; wait for it to end, or give another --{key}") from None
+        # the holder removes the file as it lets go: a lock on a removed file holds nothing, again
+        try:
+            if os.stat(lock).st_ino == os.fstat(fd).st_ino:
+                break
+        except FileNotFoundError:
+            pass
+        os.close(fd)
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())
+    try:
+        yield
+    finally:
+        os.remove(lock)  # removed while still held, so that no one takes a lock on it as it goes
+        os.close(fd)
+
+
+class Terminated(BaseException):
+    """SIGTERM during an export: raised where the process is, so that each writer removes its
+    partial directory on the way out (as for Ctrl-C), instead of the process ending at once."""
+
+
+def _terminate(signum, frame):
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second one must not cut the clean-up short
+    raise Terminated()
 
 
 def main(argv):
     cfg = configure(defaults, argv)
     run, path = run_and_checkpoint(cfg)
-    adapter_dir, merged_dir, replaced = output_dirs(cfg, run)
-    # the run's lock: a training run in this directory is refused (its checkpoint is still moving); a run
-    # directory this user cannot write to (another user's) is read without it
-    can_lock = os.path.isdir(run) and os.access(run, os.W_OK)
-    with run_lock(run, busy="wait for the run to end (export reads its checkpoint)") if can_lock else nullcontext():
-        export(cfg, path, adapter_dir, merged_dir, replaced)
+    # refused before any lock is taken or file written
+    adapter_dir, merged_dir, _ = output_dirs(cfg, run)
+    try:
+        previous = signal.signal(signal.SIGTERM, _terminate)
+    except ValueError:  # not the main thread (called as a function): SIGTERM stays as it is
+        previous = None
+    try:
+        with ExitStack() as held:
+            # the run's lock: a training run in this directory is refused (its checkpoint is still
+            # moving); a run directory this user cannot write to (another user's) is read without it
+            if os.path.isdir(run) and os.access(run, os.W_OK):
+                busy = "wait for the run to end (export reads its checkpoint)"
+                held.enter_context(run_lock(run, busy=busy))
+            for key, out in (("adapter_dir", adapter_dir), ("merged_dir", merged_dir)):
+                if out:
+                    held.enter_context(claimed(out, key))
+            # again: they are ours from here on
+            adapter_dir, merged_dir, replaced = output_dirs(cfg, run)
+            export(cfg, path, adapter_dir, merged_dir, replaced)
+    except Terminated:
+        print("terminated (SIGTERM): the export stopped; nothing half-written is left",
+              file=sys.stderr)
+        sys.exit(143)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+@contextmanager
+def written(out, key):
+    """Turn a failed write (a full disk, a file too large, a lost mount) into one line naming `out`;
+    the writer has already removed its partial directory."""
+    try:
+        yield
+    except (OSError, Exception) as e:  # safetensors' own error wraps the OS error in its message
+        if not isinstance(e, OSError) and type(e).__name__ != "SafetensorError":
+            raise
+        reason = (e.strerror or str(e)) if isinstance(e, OSError) else str(e).split(": ", 1)[-1]
+        raise UserError(f"cannot write {key} {out}: {reason}; nothing of it was left behind: free "
+                        f"space there, or give another --{key}") from None
 
 
 def export(cfg, path, adapter_dir, merged_dir, replaced):
@@ -92,12 +192,15 @@ def export(cfg, path, adapter_dir, merged_dir, replaced):
     said = f"iter {source['iter']} of {path}"
     model, _, _ = load_policy(path, base_ckpt=base)  # base + adapter, checked against the base's identity
     again = lambda d: " (replacing an earlier export)" if d in replaced else ""  # noqa: E731
-    save_peft_adapter(model, adapter_dir, base, run_cfg["lora_r"], run_cfg["lora_alpha"], source)
+    with written(adapter_dir, "adapter_dir"):
+        r, alpha = run_cfg["lora_r"], run_cfg["lora_alpha"]
+        save_peft_adapter(model, adapter_dir, base, r, alpha, source)
     n = sum(isinstance(m, LoRALinear) for m in model.modules())
     print(f"wrote {adapter_dir}{again(adapter_dir)}: peft LoRA adapter of {said} (r={run_cfg['lora_r']}, "
           f"{n} layers, on {base})")
     if merged_dir:
-        save_pretrained(merge_lora(model), merged_dir, base, hf_dtype(base), source)
+        with written(merged_dir, "merged_dir"):
+            save_pretrained(merge_lora(model), merged_dir, base, hf_dtype(base), source)
         print(f"wrote {merged_dir}{again(merged_dir)}: the merged model of {said} ({hf_dtype(base)})")
 
 

@@ -145,14 +145,18 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 EXPORT_MARK = "grpo_export.json"  # what export wrote, from which checkpoint: the mark that it may replace it
 
 
+EXPORT_FILES = {EXPORT_MARK, "adapter_config.json", "adapter_model.safetensors", "config.json",
+                "model.safetensors", *TOKENIZER_FILES}  # every name an export writes
+
+
 def is_export(path):
     """Whether the directory at path is one this module wrote (it holds EXPORT_MARK) and nothing else was
     put there since (a file of someone else's in it would be lost with it)."""
-    ours = {EXPORT_MARK, "adapter_config.json", "adapter_model.safetensors", "config.json", "model.safetensors",
-            *TOKENIZER_FILES}
     try:
         with open(os.path.join(path, EXPORT_MARK)) as f:
-            return json.load(f).get("written_by") == "pretrained.export" and set(os.listdir(path)) <= ours
+            mark = json.load(f)
+        ours = mark.get("written_by") == "pretrained.export"
+        return ours and set(os.listdir(path)) <= EXPORT_FILES
     except (OSError, ValueError, AttributeError):
         return False
 
@@ -160,18 +164,45 @@ def is_export(path):
 def check_out(out, key="out"):
     """Refuse, before any work, a target that is not new, empty or an earlier export (runs.rundir)."""
     from runs.rundir import check_output_dir
-    return check_output_dir(out, key, is_export)
+    return check_output_dir(out, key, is_export, EXPORT_FILES)
+
+
+def remove_stale_partials(out):
+    """Remove what an export into `out` killed outright (SIGKILL, a power cut) left beside it: its
+    .<name>.<PID>.*.partial directory, model-sized; an earlier export it had moved aside
+    (.partial.old) goes back to `out` if nothing is there. Only a dead process's: a live one may
+    still be writing."""
+    from runs.rundir import _pid_alive
+    parent, name = os.path.split(os.path.abspath(out))
+    pattern = re.compile(rf"\.{re.escape(name)}\.(\d+)\.[^.]+\.partial(\.old)?")
+    entries = os.listdir(parent) if os.path.isdir(parent) else []
+    for entry in sorted(entries, key=lambda e: e.endswith(".old")):
+        m = pattern.fullmatch(entry)
+        if not m or int(m.group(1)) == os.getpid() or _pid_alive(int(m.group(1))):
+            continue
+        stale = os.path.join(parent, entry)
+        if m.group(2) and not os.path.lexists(out):
+            os.rename(stale, out)
+            print(f"put back {out}: the earlier export that process {m.group(1)} (not running) had "
+                  "moved aside")
+        else:
+            shutil.rmtree(stale, ignore_errors=True)
+            print(f"removed {stale}: a partial export left by process {m.group(1)}, which is not "
+                  "running")
 
 
 def new_directory(out):
     """A temporary directory of a fresh name beside `out` (never a path someone else may use, such as
-    out + '.tmp'); finish_directory moves it to `out` once complete, so an interrupted export leaves
-    no half directory. Nothing but an earlier export (or an empty directory) is ever replaced."""
+    out + '.tmp'), named with this process's PID; finish_directory moves it to `out` once complete,
+    so an interrupted export leaves no half directory, and one killed outright leaves one that the
+    next export removes (remove_stale_partials). Nothing but an earlier export (or an empty
+    directory) is replaced."""
     import tempfile
+    remove_stale_partials(out)
     check_out(out)
     parent, name = os.path.split(os.path.abspath(out))
     os.makedirs(parent, exist_ok=True)
-    return tempfile.mkdtemp(prefix=f".{name}.", suffix=".partial", dir=parent)
+    return tempfile.mkdtemp(prefix=f".{name}.{os.getpid()}.", suffix=".partial", dir=parent)
 
 
 def finish_directory(tmp, out, source):

@@ -143,11 +143,12 @@ def run_lock(out_dir, busy="wait for it to end, or use another --out_dir"):
             pass  # not empty: the run wrote its files there
 
 
-def check_output_dir(path, key, ours):
+def check_output_dir(path, key, ours, own_names=()):
     """Whether a command may write the directory `path` (key: its name for messages), decided before any
     work: False where it is new (or an empty directory: nothing to lose), True where it exists and
     ours(path) says this command wrote it (it may be replaced). Anything else is refused in one line: a
-    file, a symbolic link, a directory someone else filled, a place that takes no new file."""
+    file, a symbolic link, a directory someone else filled (named: first the files not in own_names,
+    the names this command writes), a place that takes no new file."""
     if not path:
         raise UserError(f"{key} is empty: give a directory")
     if os.path.islink(path):
@@ -155,9 +156,10 @@ def check_output_dir(path, key, ours):
     if os.path.exists(path) and not os.path.isdir(path):
         raise UserError(f"{key} {path} is a file: it is never overwritten; give another path")
     if os.path.isdir(path) and os.listdir(path) and not ours(path):
-        shown = ", ".join(sorted(os.listdir(path))[:3])
-        raise UserError(f"{key} {path} exists and holds files this command did not write ({shown}"
-                        f"{', ...' if len(os.listdir(path)) > 3 else ''}): nothing there is overwritten; "
+        names = sorted(os.listdir(path), key=lambda n: (n in own_names, n))  # another's files first
+        more = f" and {len(names) - 8} more" if len(names) > 8 else ""
+        raise UserError(f"{key} {path} exists and holds files this command did not write "
+                        f"({', '.join(names[:8])}{more}): nothing there is overwritten; "
                         f"give another path, or remove it")
     existing = os.path.dirname(os.path.abspath(path))  # the new directory goes beside the target, first
     while not os.path.exists(existing):                 # as a temporary one: where it will be created

@@ -34,7 +34,8 @@ def greedy(path, problems, merge):
 
 
 def test_columns_are_the_base_and_each_final_adapter(runs, tiny_setup):
-    problems, columns, correct = countdown_demo.greedy_answers(runs, 3)
+    problems, columns, correct, task = countdown_demo.greedy_answers(runs, 3)
+    assert task == "arith"
     _, _, data_dir = load_policy(tiny_setup)
     assert [e["question"] for e in problems] == [e["question"] for e in load_task_split(data_dir, "test")[:3]]
     names = list(columns)
@@ -71,3 +72,49 @@ def test_bad_input_is_one_line(runs, tmp_path, tiny_setup, tmp_path_factory):
         grpo_run(str(other), tmp_path / "r2", "--max_iters=1")
     with pytest.raises(UserError, match="another base"):
         countdown_demo.greedy_answers([runs[0], str(tmp_path / "r2")], 1)
+
+
+def test_the_title_names_the_runs_task_and_kinds(runs):
+    from analysis.plot import load_log
+    logs = [load_log(d) for d in runs]
+    title = countdown_demo.figure_title("arith", logs, 2)
+    assert title.startswith("Arithmetic word problems: GRPO and TracIn-GRPO from one base")
+    assert "Countdown" not in title
+    title = countdown_demo.figure_title("countdown", logs[:1], 2)
+    assert title.startswith("Countdown: GRPO from one base")
+
+
+@pytest.mark.parametrize("name", ["fig.png", "fig.pdf", "fig.svg", "fig.jpg", "FIG.PNG"])
+def test_an_existing_file_is_never_overwritten(tmp_path, name):
+    out = tmp_path / name
+    out.write_bytes(b"someone else's file")
+    with pytest.raises(UserError, match="exists and was not written by analysis.countdown_demo"):
+        # refused before any run is read
+        countdown_demo.main([str(tmp_path / "no_run"), f"--out={out}"])
+    assert out.read_bytes() == b"someone else's file"
+
+
+@pytest.mark.parametrize("name", ["fig.xyz", "fig", "fig.PNG.bak", "fig.html"])
+def test_a_format_matplotlib_cannot_write_is_refused_first(tmp_path, name):
+    with pytest.raises(UserError, match="matplotlib cannot write"):
+        countdown_demo.main([str(tmp_path / "no_run"), f"--out={tmp_path / name}"])
+
+
+def test_base_ckpt_is_taken_and_passed_on(runs, tiny_setup, tmp_path):
+    """A moved base is found again with --base_ckpt, which the base-binding error advises."""
+    moved = tmp_path / "moved.pt"
+    shutil.copy(tiny_setup, moved)
+    problems, columns, _, _ = countdown_demo.greedy_answers(runs[:1], 1, base_ckpt=str(moved))
+    assert len(columns) == 2
+    # the option parses (then --out is refused)
+    with pytest.raises(UserError, match="matplotlib cannot write"):
+        countdown_demo.main([*runs, f"--base_ckpt={moved}", f"--out={tmp_path / 'x.bad'}"])
+
+
+@pytest.mark.parametrize("fmt", ["png", "pdf"])
+def test_the_same_command_again_replaces_its_own_figure(runs, tmp_path, fmt):
+    pytest.importorskip("matplotlib")
+    out = tmp_path / f"fig.{fmt}"
+    countdown_demo.main([*runs, f"--out={out}", "--problems=1"])
+    countdown_demo.main([*runs, f"--out={out}", "--problems=1"])
+    assert countdown_demo.written_here(str(out))

@@ -159,7 +159,8 @@ def test_an_earlier_export_is_replaced_and_survives_a_failed_one(hf_run, tmp_pat
     first = tree(out)
     import safetensors.torch
     monkeypatch.setattr(safetensors.torch, "save_file", lambda *a, **k: (_ for _ in ()).throw(OSError(28, "full")))
-    with pytest.raises(OSError):
+    with pytest.raises(UserError, match=f"cannot write adapter_dir {out}: full; nothing of it was "
+                                        "left"):
         export.main([f"--ckpt={run}/ckpt_000002.pt", f"--adapter_dir={out}"])
     assert tree(out) == first and os.listdir(tmp_path) == ["adapter"]  # the old one kept, no partial dir
     monkeypatch.undo()

@@ -222,3 +222,50 @@ def test_bad_tracin_json_is_one_line(tmp_path, content, message):
     with pytest.raises(UserError, match="either run directories or tracin.py's JSON files"):
         plot.main([str(bad), str(tmp_path), f"--out={tmp_path / 'x.png'}"])
     assert not (tmp_path / "x.png").exists()
+
+
+class FakeFigure:
+    """savefig as matplotlib's: the format and the metadata written into the file (no matplotlib
+    needed)."""
+    def savefig(self, path, format=None, metadata=None):
+        with open(path, "w") as f:
+            f.write(f"{format} {metadata}")
+
+
+@pytest.mark.parametrize("name", ["plot.png", "plot.pdf", "plot.svg", "plot.jpg", "Plot.PNG"])
+def test_a_file_plot_did_not_write_is_never_overwritten(runs, tmp_path, name):
+    out = tmp_path / name
+    out.write_bytes(b"a user's figure")
+    with pytest.raises(UserError, match="exists and was not written by analysis.plot"):
+        plot.main([*runs, f"--out={out}"])
+    assert out.read_bytes() == b"a user's figure"
+
+
+@pytest.mark.parametrize("name", ["plot.xyz", "plot", "plot.png.txt", "plot.pgf"])
+def test_a_format_matplotlib_cannot_write_is_refused_before_any_log_is_read(tmp_path, name):
+    with pytest.raises(UserError, match="matplotlib cannot write"):
+        plot.main([str(tmp_path / "not_a_run"), f"--out={tmp_path / name}"])
+
+
+@pytest.mark.parametrize("fmt", ["png", "pdf", "svg"])
+def test_plot_replaces_its_own_figure(runs, tmp_path, fmt, capsys):
+    pytest.importorskip("matplotlib")
+    out = tmp_path / f"fig.{fmt}"
+    plot.main([*runs, f"--out={out}"])
+    first = out.stat().st_mtime_ns
+    plot.main([*runs, f"--out={out}"])  # the same command again: its own figure is replaced
+    assert out.stat().st_mtime_ns >= first and capsys.readouterr().out.count(f"wrote {out}") == 2
+
+
+def test_save_figure_never_replaces_a_file_that_appears_meanwhile(tmp_path):
+    from analysis.outputs import save_figure
+    out = tmp_path / "fig.png"
+    save_figure(FakeFigure(), str(out), plot.RUNS_MARK, plot.written_by_plot, "analysis.plot")
+    assert plot.RUNS_MARK in out.read_text() and plot.written_by_plot(str(out))
+    # its own: again
+    save_figure(FakeFigure(), str(out), plot.RUNS_MARK, plot.written_by_plot, "analysis.plot")
+    out.write_text("someone else's, written after the check")
+    with pytest.raises(UserError, match="appeared while it was written"):
+        save_figure(FakeFigure(), str(out), plot.RUNS_MARK, plot.written_by_plot, "analysis.plot")
+    assert out.read_text() == "someone else's, written after the check"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fig.png"]  # no temporary file left

@@ -35,7 +35,8 @@ def test_parameter_counts_match_transformers(name, tmp_path):
     with torch.device("meta"):
         theirs = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**fields))
     n_theirs = sum(p.numel() for p in theirs.parameters())                  # tied head counted once
-    cfg = dict(base_ckpt=str(tmp_path / name), lora_r=16, lora_alpha=32, dtype="bfloat16", batch_size=2,
+    cfg = dict(base_ckpt=str(tmp_path / name), lora_r=16, lora_alpha=32, dtype="bfloat16",
+               device="cpu", batch_size=2,
                group_size=8, max_new_tokens=256, micro_batch_size=8, grad_checkpoint=True,
                lora_targets=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"))
     r, args, source = predict.predict(cfg, 200)
@@ -64,3 +65,79 @@ def test_the_8gb_config_is_predicted_within_8gb(capsys):
 def test_bad_input_is_one_line(argv, match):
     with pytest.raises(UserError, match=match):
         predict.main(argv)
+
+
+TINY_LLAMA = dict(model_type="llama", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=1, vocab_size=100,
+                  max_position_embeddings=64, rope_theta=10000.0, rms_norm_eps=1e-6,
+                  tie_word_embeddings=False, hidden_act="silu")
+
+
+def tiny_cfg(base, **kw):
+    return {**dict(base_ckpt=str(base), lora_r=2, lora_alpha=4, dtype="float32", device="cpu",
+                   batch_size=2,
+                   group_size=2, max_new_tokens=8, micro_batch_size=4, grad_checkpoint=False,
+                   lora_targets=("q_proj", "v_proj")), **kw}
+
+
+def test_gqa_key_value_width_and_dtype_against_terms_written_by_hand(tmp_path, monkeypatch):
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text(json.dumps(TINY_LLAMA))
+    # N = 4 rows, prompt 10 + 8 new: S = 18 cache columns; one key/value head of 64 / 4 = 16: kv
+    # width 16
+    r, _, _ = predict.predict(tiny_cfg(tmp_path / "m"), 10)
+    # 2 (k, v) * layers * N * S * 16 * float32
+    kv = 2 * 2 * 4 * 18 * 16 * 4
+    # + the group copy, one step's logits
+    assert r["passes"]["sampling"] == kv * (1 + 1 / 2) + 3 * 4 * 100 * 4
+    assert r["weights"] == 4 * r["n_base"] and r["dtype"] == "float32"
+    r16, _, _ = predict.predict(tiny_cfg(tmp_path / "m", dtype="bfloat16"), 10)
+    assert r16["passes"]["sampling"] == kv / 2 * 1.5 + 3 * 4 * 100 * 4
+    assert r16["weights"] == 2 * r["n_base"]
+    # 'auto' is what train_grpo.py runs on the config's device: float32 on a CPU without fast
+    # bfloat16
+    monkeypatch.setattr(predict, "bf16_is_fast", lambda device: (False, "no bf16 here"))
+    auto, _, _ = predict.predict(tiny_cfg(tmp_path / "m", dtype="auto"), 10)
+    assert auto["dtype"] == "float32"
+    assert (auto["weights"], auto["passes"]) == (r["weights"], r["passes"])
+    monkeypatch.setattr(predict, "bf16_is_fast", lambda device: (True, "AMX"))
+    auto, _, _ = predict.predict(tiny_cfg(tmp_path / "m", dtype="auto"), 10)
+    assert auto["dtype"] == "bfloat16"
+    assert (auto["weights"], auto["passes"]) == (r16["weights"], r16["passes"])
+
+
+def test_a_gpt2_directory_without_key_value_heads_is_predicted(tmp_path):
+    (tmp_path / "g").mkdir()
+    (tmp_path / "g" / "config.json").write_text(json.dumps(dict(
+        model_type="gpt2", n_embd=32, n_head=4, n_layer=2, n_positions=64, vocab_size=100)))
+    r, args, _ = predict.predict(tiny_cfg(tmp_path / "g", lora_targets=("c_attn",)), 10)
+    # every head a key/value head: width 32
+    kv = 2 * 2 * 4 * 18 * 32 * 4
+    assert r["passes"]["sampling"] == kv * 1.5 + 3 * 4 * 100 * 4
+
+
+@pytest.mark.parametrize("knob, match", [
+    ("--dtype=float64", "dtype must be"), ("--dtype=float16", "dtype must be"),
+    ("--prompt_len=32700", "max_new_tokens"), ("--prompt_len=40000", "whole context"),
+    ("--tracin=True", "grad_checkpoint=False"), ("--micro_batch_size=0", "micro_batch_size"),
+    ("--micro_batch_size=3", "micro_batch_size"), ("--group_size=1", "group_size"),
+    ("--top_p=1.5", "top_p"),
+    ("--device=tpu", "unknown device"), ("--max_new_tokens=0", "max_new_tokens")])
+def test_what_train_grpo_refuses_gets_no_prediction(knob, match, capsys):
+    with pytest.raises(UserError, match=match):
+        predict.main(["config/gsm8k_qwen15b.py", knob])
+    assert "PREDICTION" not in capsys.readouterr().out
+
+
+def test_a_project_checkpoint_as_base_is_named_not_sent_to_download(tiny_setup, tmp_path):
+    with pytest.raises(UserError, match="is a train_base.py checkpoint of this project, not a "
+                                        "Hugging Face model "
+                                        "directory") as e:
+        predict.main(["config/gsm8k_qwen15b.py", f"--base_ckpt={tiny_setup}"])
+    assert "download the model" not in str(e.value) and "base_ckpt=DIR" in str(e.value)
+    with pytest.raises(UserError, match="train_base.py checkpoint of this project") as e:
+        predict.main(["config/tiny_grpo.py"])  # its base_ckpt, out/base/ckpt.pt, not trained here
+    assert "download the model" not in str(e.value)
+    (tmp_path / "notes.txt").write_text("x")
+    with pytest.raises(UserError, match="is a file that is not a checkpoint"):
+        predict.main(["config/gsm8k_qwen15b.py", f"--base_ckpt={tmp_path / 'notes.txt'}"])

@@ -8,6 +8,7 @@
 # controls); Python's unicodedata gives every Cf / Cc / Zl / Zp code point; the written page is read back
 # and scanned character by character.
 import html
+import os
 import re
 import sys
 import unicodedata
@@ -72,3 +73,27 @@ def test_the_written_page_holds_no_hidden_character(tmp_path):
     bad = {hex(ord(c)) for c in page if c != "\n" and ord(c) in set(HIDDEN)}
     assert not bad
     assert page.count("\\u202eevil\\u202c&lt;b&gt;&amp;") >= 8  # each place shows it, escaped
+
+
+def test_the_report_never_replaces_a_file_that_is_not_its_own(tmp_path):
+    """A file at the report's path that tracin.py did not write (made after the check, or named):
+    left as it is, no temporary file left beside it; the report's own file is replaced."""
+    from analysis.attribute import written_here
+    from configurator import UserError
+    entry = {"index": 0, "tracin_score": 1.0, "checkpoint_contributions": [1.0], "reward": 1.0,
+             "advantage": 0.5, "iter": 1, "prompt": "p", "completion": "c"}
+    result = {"scores": [entry], "most_influential_positive": [entry],
+              "most_influential_negative": [], "num_checkpoints": 1, "num_train_samples": 1,
+              "mean_influence_score": 1.0, "max_influence_score": 1.0, "checkpoint_weights": [1.0]}
+    args = ([{"question": "q", "completion": "c", "correct": None, "result": result}],
+            {"run": "r", "mode": "simple", "n_probe": 1, "layer_filter": "", "top_k": 1,
+             "checkpoints": ["ckpt_000001.pt"]})
+    path = tmp_path / "report.html"
+    write_report(str(path), *args, ours=written_here)
+    write_report(str(path), *args, ours=written_here)  # its own: replaced
+    assert written_here(str(path))
+    path.write_text("<html>a user's page</html>")
+    with pytest.raises(UserError, match="was not written by tracin.py: it is left as it is"):
+        write_report(str(path), *args, ours=written_here)
+    assert path.read_text() == "<html>a user's page</html>"
+    assert os.listdir(tmp_path) == ["report.html"]

@@ -1,0 +1,87 @@
+# Every `python -m ...` entry point and top-level script: Ctrl-C while it is still importing is one
+# line and exit
+# status 130, not a traceback; tracin.py's command line runs analysis.attribute without importing it
+# back.
+# A sitecustomize shim makes one import sleep and says so; SIGINT is sent then (no model is built,
+# nothing
+# is timed). Run: python -m pytest -q tests/test_entry_points.py
+import ast
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SHIM = '''import os, sys, time
+class _Slow:  # sleeps in the import of $SLOW_IMPORT, after saying so on stderr
+    def find_spec(self, name, path=None, target=None):
+        if name == os.environ.get("SLOW_IMPORT"):
+            sys.stderr.write("SLOW IMPORT " + name + "\\n")
+            sys.stderr.flush()
+            time.sleep(30)
+        return None
+sys.meta_path.insert(0, _Slow())
+'''
+
+
+def interrupt_during_import(tmp_path, argv, slow):
+    (tmp_path / "sitecustomize.py").write_text(SHIM)
+    env = {**os.environ, "PYTHONPATH": str(tmp_path), "SLOW_IMPORT": slow, "OMP_NUM_THREADS": "1"}
+    p = subprocess.Popen([sys.executable, *argv], cwd=ROOT, env=env, stdin=subprocess.DEVNULL,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        first = p.stderr.readline()
+        assert first.startswith("SLOW IMPORT"), first + p.stderr.read()
+        time.sleep(0.2)
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=60)
+    finally:
+        p.kill()
+    return p.returncode, err
+
+
+@pytest.mark.parametrize("argv, slow", [
+    (["-m", "pretrained.export", "--out_dir=x"], "torch"),
+    (["-m", "analysis.countdown_demo", "x"], "torch"),
+    (["-m", "bench.predict", "config/gsm8k_qwen15b.py"], "torch"),
+    (["-m", "bench"], "torch"),
+    (["-m", "analysis.plot", "x"], "runs.rundir"),
+    (["-m", "analysis.summarize", "x"], "runs.rundir"),
+    (["-m", "analysis.attribute", "--out_dir=x"], "torch"),
+    (["tracin.py", "--out_dir=x"], "torch"),
+    (["train_grpo.py"], "torch"),
+])
+def test_ctrl_c_while_importing_is_one_line(tmp_path, argv, slow):
+    rc, err = interrupt_during_import(tmp_path, argv, slow)
+    assert rc == 130 and err.splitlines() == ["interrupted (Ctrl-C) while starting up: nothing was "
+                                              "done"], err
+
+
+def test_a_tool_installed_inside_the_project_keeps_its_own_ctrl_c():
+    import configurator
+    here = os.path.join(ROOT, "analysis", "plot.py")
+    assert configurator._started_here(here)
+    assert configurator._started_here(os.path.join(ROOT, "train_grpo.py"))
+    for tool in (".venv/lib/python3/site-packages/pytest/__main__.py", "venv/bin/pytest",
+                 "../elsewhere.py"):
+        assert not configurator._started_here(os.path.join(ROOT, tool)), tool
+
+
+def test_tracin_imports_nothing_from_the_tools_that_import_it():
+    """tracin.py is imported by analysis.attribute and analysis.audit: it must not import them back
+    (a cycle)."""
+    tree = ast.parse(open(os.path.join(ROOT, "tracin.py")).read())
+    names = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+    names += [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module]
+    assert not [n for n in names if n == "analysis" or n.startswith("analysis.")], names
+
+
+def test_tracin_py_still_runs_the_attribution_command_line(tmp_path):
+    argv = [sys.executable, "tracin.py", f"--out_dir={tmp_path / 'none'}", "--question=x"]
+    r = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 2 and r.stderr.strip().endswith("give the --out_dir of a train_grpo.py "
+                                                           "run"), r.stderr

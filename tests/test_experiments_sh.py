@@ -1,0 +1,161 @@
+# experiments/*.sh without training a model: a fake `python` first on PATH records each call's
+# arguments (one per line) and plays the part of train_grpo.py (a checkpoint in --out_dir, or a stop
+# with exit status 130 where $STOP_IN names the run) and tracin.py (its JSON). Checked: the same
+# command again after a stop goes on (finished runs resumed to their end, the stopped one resumed
+# or started) instead of refusing its own OUT; SEED / SEEDS / THREADS / OUT are checked before any
+# work; an OUT with a space stays one argument.
+# Run: python -m pytest tests/test_experiments_sh.py -q
+import os
+import subprocess
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPTS = ["countdown.sh", "countdown_defect.sh", "defect.sh", "audit.sh"]
+FAKE = r"""#!/usr/bin/env bash
+{ printf 'CALL'; printf ' <%s>' "$@"; echo; } >> "$CALLS"
+out=""
+for a in "$@"; do
+  case "$a" in --out_dir=*) out=${a#--out_dir=};; --out_json=*) json=${a#--out_json=};; esac
+done
+case "$1" in
+  train_grpo.py)
+    if [ -n "${STOP_IN:-}" ] && [[ "$out" == *"$STOP_IN" ]]; then
+      echo "interrupted" >&2; exit 130
+    fi
+    mkdir -p "$out" && touch "$out/ckpt.pt" ;;
+  tracin.py) echo '{"result": {}}' | tr -d '\n' > "$json" ;;
+  -c) case "$2" in *matplotlib*) exit 1;; *) echo "2.x";; esac ;;
+  *) echo "| table |" ;;
+esac
+"""
+
+
+@pytest.fixture
+def fake(tmp_path):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "python").write_text(FAKE)
+    (bin_dir / "python").chmod(0o755)
+    calls = tmp_path / "calls.txt"
+
+    def run(script, **env):
+        calls.write_text("")
+        e = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "CALLS": str(calls), **env}
+        r = subprocess.run(["bash", os.path.join(ROOT, "experiments", script)], env=e,
+                           capture_output=True, text=True, timeout=60)
+        return r, [line for line in calls.read_text().splitlines() if "train_grpo.py" in line or
+                   "tracin.py" in line]
+    return run
+
+
+@pytest.mark.parametrize("script", SCRIPTS + ["common.sh"])
+def test_every_script_parses(script):
+    assert subprocess.run(["bash", "-n", os.path.join(ROOT, "experiments", script)]).returncode == 0
+
+
+def test_countdown_goes_on_after_a_stop(fake, tmp_path):
+    out = str(tmp_path / "demo")
+    r, calls = fake("countdown.sh", OUT=out, SEED="7", STOP_IN="/tracin")
+    assert r.returncode == 130, r.stderr
+    assert "run the same command again" in r.stderr.splitlines()[-1], r.stderr
+    assert [c.endswith(f"<--out_dir={out}/grpo>") for c in calls] == [True, False]
+    r, calls = fake("countdown.sh", OUT=out, SEED="7")  # the same command again: not refused
+    assert r.returncode == 0, r.stderr
+    assert calls[0] == (f"CALL <train_grpo.py> <config/countdown_grpo.py> <--seed=7> "
+                        f"<--out_dir={out}/grpo> <--init_from=resume>")
+    assert calls[1] == (f"CALL <train_grpo.py> <config/countdown_tracin.py> <--seed=7> "
+                        f"<--out_dir={out}/tracin>")
+    # and once more: both runs resumed (to their end)
+    r, calls = fake("countdown.sh", OUT=out, SEED="7")
+    assert r.returncode == 0 and all(c.endswith("<--init_from=resume>") for c in calls)
+
+
+def test_a_run_stopped_before_its_first_checkpoint_is_named_with_the_fix(fake, tmp_path):
+    out = tmp_path / "demo"
+    fake("countdown.sh", OUT=str(out), STOP_IN="/grpo")
+    (out / "grpo").mkdir()
+    (out / "grpo" / "log.jsonl").write_text("{}\n")
+    r, calls = fake("countdown.sh", OUT=str(out))
+    assert r.returncode == 2 and not calls
+    assert r.stderr.strip() == (f"error: {out}/grpo holds a run stopped before its first "
+                                f"checkpoint: remove it (rm -r '{out}/grpo'), then run the same "
+                                "command again")
+
+
+def test_an_out_with_a_space_stays_one_argument(fake, tmp_path):
+    out = str(tmp_path / "my runs" / "cd defect")
+    r, calls = fake("countdown_defect.sh", OUT=out, SEEDS="3  4")
+    assert r.returncode == 0, r.stderr
+    expected = [f"{out}/{k}_s{s}>" for s in (3, 4) for k in ("grpo", "nll")]
+    assert [c.split("<--out_dir=")[1] for c in calls] == expected
+    assert os.path.isfile(os.path.join(out, "summary.md"))
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+@pytest.mark.parametrize("key, value, said", [
+    ("SEEDS", "1 2 x", '"x" is not a whole number'), ("SEEDS", "  ", "SEEDS is empty"),
+    ("SEEDS", "*", '"*"'),
+    ("SEEDS", "1,2", '"1,2"'), ("SEEDS", "-1", '"-1"'), ("SEEDS", "1;ls", '"1;ls"'),
+    ("SEED", "1 2 3", 'SEED="1 2 3" is not allowed'), ("SEED", "", 'SEED="" is not allowed'),
+    ("SEED", "1.5", "give one whole number"), ("THREADS", "two", 'THREADS="two" is not allowed'),
+    ("SEED", "007", "no leading zeros"), ("SEED", "12345678901", "to 999999999"),
+    ("THREADS", "0", "from 1 to"), ("SEEDS", "1 2 1", "1 is given twice"), ("SEEDS", "08", '"08"'),
+    ("THREADS", "", 'THREADS="" is not allowed'), ("OUT", "-x", "starts with '-'")])
+def test_bad_arguments_are_refused_before_any_work(fake, tmp_path, script, key, value, said):
+    uses = {"countdown.sh": ("SEED", "OUT"), "countdown_defect.sh": ("SEEDS", "THREADS", "OUT"),
+            "defect.sh": ("SEEDS", "THREADS", "OUT"),
+            "audit.sh": ("SEEDS", "THREADS", "OUT")}[script]
+    if key not in uses:
+        pytest.skip(f"{script} takes no {key}")
+    (tmp_path / "runs").mkdir()
+    env = {"OUT": str(tmp_path / "out"), "RUNS": str(tmp_path / "runs"), key: value}
+    if key == "THREADS" and value == "":
+        env["THREADS"] = " "  # (an empty one is the default)
+        said = 'THREADS=" " is not allowed'
+    if key == "SEED" and value == "":
+        pytest.skip("an empty SEED is the default")
+    r, calls = fake(script, **env)
+    assert r.returncode == 2 and not calls and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert r.stderr.startswith("error: ") and said in r.stderr, r.stderr
+    assert not os.path.exists(env["OUT"]) or key == "OUT"
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_an_out_this_script_did_not_make_is_refused(fake, tmp_path, script):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    (tmp_path / "runs").mkdir()
+    r, calls = fake(script, OUT=str(out), RUNS=str(tmp_path / "runs"))
+    assert r.returncode == 2 and not calls
+    assert f"OUT={out} exists and was not made by experiments/{script}" in r.stderr
+    assert sorted(os.listdir(out)) == ["notes.txt"]
+
+
+def test_audit_keeps_the_audits_already_written(fake, tmp_path):
+    runs, out = tmp_path / "cmp C", tmp_path / "audit out"
+    runs.mkdir()
+    r, calls = fake("audit.sh", RUNS=str(runs), OUT=str(out), SEEDS="1 2", VARIANT_RUN="grpo_s2")
+    assert r.returncode == 0, r.stderr
+    assert len(calls) == 2 + 2 + 2 + 3 + 4 and f"<--out_dir={runs}/grpo_s1>" in calls[0]
+    # cut off by a stop: done again
+    (out / "grpo_s2__audit64.json").write_text('{"result": {"scores"')
+    r, calls = fake("audit.sh", RUNS=str(runs), OUT=str(out), SEEDS="1 2", VARIANT_RUN="grpo_s2")
+    assert r.returncode == 0 and [c.split("<--out_json=")[1].split(">")[0] for c in calls] == \
+        [f"{out}/grpo_s2__audit64.json"]
+    r, _ = fake("audit.sh", RUNS=str(tmp_path / "none"), OUT=str(tmp_path / "o2"))
+    assert r.returncode == 2 and "RUNS=" in r.stderr and "is not a directory" in r.stderr
+    r, _ = fake("audit.sh", RUNS=str(runs), OUT=str(tmp_path / "o3"), VARIANT_RUN="x; rm -r /")
+    assert r.returncode == 2 and "VARIANT_RUN=" in r.stderr
+
+
+def test_defect_writes_its_figure_into_out_not_over_the_readme_asset(fake, tmp_path):
+    fig = os.path.join(ROOT, "assets", "tracin_vs_grpo.png")
+    before = open(fig, "rb").read() if os.path.exists(fig) else None
+    r, calls = fake("defect.sh", OUT=str(tmp_path / "c"), SEEDS="4 5 6 7")
+    assert r.returncode == 0 and len(calls) == 12, r.stderr
+    assert (open(fig, "rb").read() if before is not None else None) == before
+    script = open(os.path.join(ROOT, "experiments", "defect.sh")).read()
+    assert '--out="$OUT/tracin_vs_grpo.png"' in script
+    assert "assets/tracin_vs_grpo.png --" not in script
