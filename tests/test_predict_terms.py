@@ -21,7 +21,7 @@ def cfg(tmp_path, dtype, **kw):
     (tmp_path / "config.json").write_text(json.dumps(FIELDS))
     return dict(base_ckpt=str(tmp_path), lora_r=4, lora_alpha=8, lora_targets=("q_proj", "v_proj"),
                 dtype=dtype, batch_size=BATCH, group_size=GROUP, max_new_tokens=NEW,
-                micro_batch_size=0, grad_checkpoint=False, **kw)
+                micro_batch_size=0, grad_checkpoint=False, device="cuda", **kw)
 
 
 def base_params():
@@ -50,6 +50,7 @@ def test_weights_and_grouped_query_kv_cache_by_hand(tmp_path, dtype, b):
 
 
 def test_auto_is_counted_as_bfloat16(tmp_path):
+    """On a CUDA device (the configs' own) 'auto' is bf16, as scale/device resolves it there."""
     auto, _, _ = predict.predict(cfg(tmp_path, "auto"), PROMPT)
     bf16, _, _ = predict.predict(cfg(tmp_path, "bfloat16"), PROMPT)
     f32, _, _ = predict.predict(cfg(tmp_path, "float32"), PROMPT)
