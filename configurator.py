@@ -1,8 +1,10 @@
 """
-A strict take on nanoGPT's "poor man's configurator": `cfg = configure(defaults, sys.argv[1:])`, e.g.
-`python train_base.py config/tiny_base.py --max_iters=100`. Arguments apply left to right: a bare path is a
-Python config file whose top-level names are overrides; `--key=value` overrides one key. Unlike nanoGPT,
-a typo'd key or a wrongly typed value is an error (with a suggestion), not a silent no-op or a late crash.
+A strict take on nanoGPT's "poor man's configurator": `cfg = configure(defaults, sys.argv[1:])`,
+e.g. `python train_base.py config/tiny_base.py --max_iters=100`.
+Arguments apply left to right: a bare path is a Python config file whose top-level names are
+overrides; `--key=value` overrides one key.
+Unlike nanoGPT, a typo'd key or a wrongly typed value is an error (with a suggestion),
+not a silent no-op or a late crash.
 """
 import ast
 import difflib
@@ -46,7 +48,8 @@ if _started_here(sys.argv[0]) and signal.getsignal(signal.SIGINT) is signal.defa
 
 
 class UserError(ValueError):
-    """A mistake in the user's input (config, checkpoint, prompt...). Scripts print it as one line: `error: ...` and exit 2."""
+    """A mistake in the user's input (config, checkpoint, prompt...).
+    Scripts print it as one line: `error: ...` and exit 2."""
 
 
 def read_config_file(path):
@@ -62,10 +65,12 @@ def read_config_file(path):
     try:
         exec(code, ns)
     except Exception as e:  # NameError, ZeroDivisionError, ...: name the file's own line, not ours
-        line = [f.lineno for f in traceback.extract_tb(e.__traceback__) if f.filename == path][-1:] or ["?"]
+        frames = traceback.extract_tb(e.__traceback__)
+        line = [f.lineno for f in frames if f.filename == path][-1:] or ["?"]
         raise UserError(f"config file {path}, line {line[0]}: {type(e).__name__}: {e}") from None
     # private names (__builtins__, _helpers) and imported modules (`import math`) are not settings
-    return {k: v for k, v in ns.items() if not k.startswith("_") and not isinstance(v, types.ModuleType)}
+    return {k: v for k, v in ns.items()
+            if not k.startswith("_") and not isinstance(v, types.ModuleType)}
 
 
 def _parse_cli_value(raw, default):
@@ -75,20 +80,24 @@ def _parse_cli_value(raw, default):
         value = raw                             # so --out_dir=out/run1 needs no quotes
     if isinstance(default, float) and isinstance(value, str):
         try:
-            return float(raw)                   # --grad_clip=inf (then refused where Inf makes no sense)
+            # --grad_clip=inf (then refused where Inf makes no sense)
+            return float(raw)
         except ValueError:
             return value
     if isinstance(default, str) and not isinstance(value, str):
-        return raw                              # a text key takes the text as typed: --question=1234
+        # a text key takes the text as typed: --question=1234
+        return raw
     if isinstance(default, (list, tuple)) and isinstance(value, str):
-        return [_parse_cli_value(v.strip(), None) for v in value.split(",")]  # --reward_funcs=correctness,format
+        # --reward_funcs=correctness,format
+        return [_parse_cli_value(v.strip(), None) for v in value.split(",")]
     if isinstance(default, (list, tuple)) and not isinstance(value, (list, tuple)):
         return [value]                          # --reward_weights=1.0
     return value
 
 
 def _check_type(key, value, default):
-    """Return value (converted where lossless) or raise UserError if it does not fit the default's type."""
+    """Return value (converted where lossless)
+    or raise UserError if it does not fit the default's type."""
     if default is None:                         # None means "no fixed type", e.g. an optional path
         return value
     # bool is a subclass of int, so it is excluded explicitly: --batch_size=True is surely a mistake
@@ -111,13 +120,16 @@ def _check_type(key, value, default):
 
 
 def configure(defaults: dict, argv: list[str], saved: dict | None = None) -> dict:
-    """Return a new dict: `defaults` with the config files and --key=value overrides in argv applied.
+    """Return a new dict: `defaults` with the config files and --key=value overrides in argv
+    applied.
 
-    saved: a resumed run's config. It replaces the defaults (a resume continues the run as it was
-    configured), and only what argv gives overrides it; each key whose final value differs from the saved
-    run's is printed once, after every argument (a later one may undo an earlier one)."""
+    saved: a resumed run's config. It replaces the defaults
+    (a resume continues the run as it was configured), and only what argv gives overrides it;
+    each key whose final value differs from the saved run's is printed once,
+    after every argument (a later one may undo an earlier one)."""
     cfg = dict(defaults)
-    say = print if os.environ.get("RANK", "0") == "0" else (lambda *a, **k: None)  # torchrun: rank 0 speaks
+    # torchrun: rank 0 speaks
+    say = print if os.environ.get("RANK", "0") == "0" else (lambda *a, **k: None)
     if saved is not None:
         saved = {k: _check_type(k, v, defaults[k]) for k, v in saved.items() if k in defaults}
         cfg.update(saved)
@@ -127,7 +139,8 @@ def configure(defaults: dict, argv: list[str], saved: dict | None = None) -> dic
             if "=" not in arg and isinstance(defaults.get(arg[2:]), bool):
                 arg += "=True"  # a plain flag: --quick is --quick=True
             if "=" not in arg:
-                raise UserError(f"bad argument {arg!r}: overrides are written --key=value, e.g. {arg}=<value>")
+                raise UserError(f"bad argument {arg!r}: "
+                                f"overrides are written --key=value, e.g. {arg}=<value>")
             key, raw = arg[2:].split("=", 1)
             overrides, source = {key: _parse_cli_value(raw, defaults.get(key))}, "command line"
         else:
@@ -135,14 +148,19 @@ def configure(defaults: dict, argv: list[str], saved: dict | None = None) -> dic
         for key, value in overrides.items():
             if key not in defaults:
                 close = difflib.get_close_matches(key, list(defaults), n=3)
-                hint = f"did you mean: {', '.join(close)}?" if close else "see the defaults at the top of the script"
+                hint = (f"did you mean: {', '.join(close)}?" if close
+                        else "see the defaults at the top of the script")
                 raise UserError(f"unknown config key '{key}' (from {source}); {hint}")
             value = _check_type(key, value, defaults[key])
-            bad = next((c for c in value if "\ud800" <= c <= "\udfff"), None) if isinstance(value, str) else None
-            if bad is not None:  # what Python makes of a command-line byte that is not UTF-8: no text to print,
-                # tokenize or write (the 'Overriding' line below would already fail)
-                raise UserError(f"{key} holds U+{ord(bad):04X}, a lone surrogate (a byte that is not UTF-8, from a "
-                                "terminal or file in another encoding?): give it as UTF-8 text")
+            bad = (next((c for c in value if "\ud800" <= c <= "\udfff"), None)
+                   if isinstance(value, str) else None)
+            # bad: what Python makes of a command-line byte that is not UTF-8:
+            # no text to print, tokenize or write (the 'Overriding' line below would already fail)
+            if bad is not None:
+                raise UserError(f"{key} holds U+{ord(bad):04X}, a lone surrogate "
+                                "(a byte that is not UTF-8, "
+                                "from a terminal or file in another encoding?): "
+                                "give it as UTF-8 text")
             if saved is None:
                 say(f"Overriding: {key} = {value}")
             cfg[key] = given[key] = value
@@ -203,16 +221,19 @@ class Interrupted(KeyboardInterrupt):
 
 
 def cli_main(main, argv=None):
-    """Run main(argv). A UserError, or an OS error (disk full, permission denied), becomes a one-line
-    `error: ...` on stderr and exit status 2; Ctrl-C one line and exit status 130 (128 + SIGINT)."""
+    """Run main(argv). A UserError, or an OS error (disk full, permission denied),
+    becomes a one-line `error: ...` on stderr and exit status 2;
+    Ctrl-C one line and exit status 130 (128 + SIGINT)."""
     if signal.getsignal(signal.SIGINT) is _interrupted_while_starting:
         signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         main(sys.argv[1:] if argv is None else argv)
         if _distributed() is not None:
-            _distributed().finish()  # under torchrun: end now, the work is done (see distributed.finish)
+            # under torchrun: end now, the work is done (see distributed.finish)
+            _distributed().finish()
     except UserError as e:
-        sys.stderr.write(f"error: {_rank_prefix()}{e}\n")  # one write: ranks' lines never interleave
+        # one write: ranks' lines never interleave
+        sys.stderr.write(f"error: {_rank_prefix()}{e}\n")
         _exit(2)
     except OSError as e:
         where = f"{e.filename}: " if e.filename else ""
@@ -229,8 +250,8 @@ def cli_main(main, argv=None):
 
 
 def _distributed():
-    """scale/distributed.py if this process loaded it (configurator itself must not import torch: it is
-    imported first so that a Ctrl-C during the slow imports is one line)."""
+    """scale/distributed.py if this process loaded it (configurator itself must not import torch:
+    it is imported first so that a Ctrl-C during the slow imports is one line)."""
     return sys.modules.get("scale.distributed")
 
 

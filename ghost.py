@@ -1,6 +1,7 @@
 """
-Per-sample LoRA gradients from ONE batched backward, with hooks ("ghost" gradients; Li et al. 2021),
-and their inner products: the machinery TracIn (tracin.py) is built on.
+Per-sample LoRA gradients from ONE batched backward, with hooks
+("ghost" gradients; Li et al. 2021), and their inner products:
+the machinery TracIn (tracin.py) is built on.
 
 For a linear map y_t = W x_t applied at every position t of a sample, with output gradient
 g_t = dL/dy_t, the sample's weight gradient is  G = sum_t g_t x_t^T.  For LoRA (lora.py):
@@ -34,31 +35,37 @@ from lora import LoRALinear
 
 
 class GhostHooks:
-    """Forward hooks on every lora_A (keeps x and h = A x; a tensor hook on h keeps gA = dL/dh) and
-    lora_B (a tensor hook on u = B h keeps gB = dL/du). Buffers (dicts: layer name -> list of
-    per-micro-batch tensors, rows = samples), named as in the TracIn-GRPO guide:
+    """Forward hooks on every lora_A (keeps x and h = A x; a tensor hook on h keeps gA = dL/dh)
+    and lora_B (a tensor hook on u = B h keeps gB = dL/du).
+    Buffers (dicts: layer name -> list of per-micro-batch tensors, rows = samples),
+    named as in the TracIn-GRPO guide:
         train rollouts: _train_xs, _train_hs, _train_gAs, _train_gBs
         validation rows (TracIn's 'matrix' influence only): _xs, _hs, _gAs, _gBs
-    Set `.split` to 'train' or 'val' before each capture, or to None for an ordinary backward that keeps
-    nothing (its summed gradient is read from .grad); `.remove()` detaches every hook.
+    Set `.split` to 'train' or 'val' before each capture, or to None for an ordinary backward
+    that keeps nothing (its summed gradient is read from .grad); `.remove()` detaches every hook.
 
-    While a split captures, the LoRA weights do not require grad: the backward then computes only what
-    the hooks keep (gA, gB) and the gradients flowing through them, not the batch's summed weight
-    gradient dL/dA = sum gA x^T, dL/dB = sum gB h^T (two matmuls per layer), which nobody reads (the
-    update is summed from the per-sample gradients, subset_gradients). Where x needs no grad (the first block), h is
-    made a leaf that does, so that gA and everything above it still flow; nothing upstream needed one."""
+    While a split captures, the LoRA weights do not require grad:
+    the backward then computes only what the hooks keep (gA, gB) and the gradients flowing
+    through them, not the batch's summed weight gradient dL/dA = sum gA x^T, dL/dB = sum gB h^T
+    (two matmuls per layer), which nobody reads
+    (the update is summed from the per-sample gradients, subset_gradients).
+    Where x needs no grad (the first block), h is made a leaf that does,
+    so that gA and everything above it still flow; nothing upstream needed one."""
 
     def __init__(self, model):
         self._train_xs, self._train_hs, self._train_gAs, self._train_gBs = {}, {}, {}, {}
         self._xs, self._hs, self._gAs, self._gBs = {}, {}, {}, {}
-        self.handles, self.weights = [], {}  # weights: LoRA weight -> its requires_grad before, put back by remove()
+        # weights: LoRA weight -> its requires_grad before, put back by remove()
+        self.handles, self.weights = [], {}
         for name, m in model.named_modules():
             if isinstance(m, LoRALinear):
                 if m.lora_dropout.p > 0 and m.training:
-                    raise UserError("ghost hooks need lora_dropout=0 (a dropped x is not the x the gradient used)")
+                    raise UserError("ghost hooks need lora_dropout=0 "
+                                    "(a dropped x is not the x the gradient used)")
                 self.handles += [m.lora_A.register_forward_hook(self._hook_A(name)),
                                  m.lora_B.register_forward_hook(self._hook_B(name))]
-                self.weights.update({w: w.requires_grad for w in (m.lora_A.weight, m.lora_B.weight)})
+                weights = (m.lora_A.weight, m.lora_B.weight)
+                self.weights.update({w: w.requires_grad for w in weights})
         if not self.handles:
             raise UserError("no LoRA layers to hook: call lora.apply_lora(model, ...) first")
         self.split = "train"
@@ -69,7 +76,8 @@ class GhostHooks:
 
     @split.setter
     def split(self, split):
-        """'train' / 'val': capture per sample, no weight gradient formed; None: ordinary backward into .grad."""
+        """'train' / 'val': capture per sample, no weight gradient formed;
+        None: ordinary backward into .grad."""
         self._split = split
         for w, requires_grad in self.weights.items():
             w.requires_grad_(requires_grad and split is None)
@@ -86,11 +94,12 @@ class GhostHooks:
             if self.split is None or not torch.is_grad_enabled():
                 return  # sampling / reference passes, or split None: nothing to capture
             xs, gAs, hs, _ = self.buffers()
-            xs.setdefault(name, []).append(inputs[0].detach())       # x  (n, T, d_in)
-            hs.setdefault(name, []).append(h.detach())               # h = A x  (n, T, r)
+            xs.setdefault(name, []).append(inputs[0].detach())  # x  (n, T, d_in)
+            hs.setdefault(name, []).append(h.detach())          # h = A x  (n, T, r)
             if not h.requires_grad:  # x needs no grad (first block) and A none while capturing
-                h = h.detach().requires_grad_()                      # a leaf: gA still arrives, nothing above it lost
-            h.register_hook(self._keep(gAs, name))                   # gA = dL/dh
+                # a leaf: gA still arrives, nothing above it lost
+                h = h.detach().requires_grad_()
+            h.register_hook(self._keep(gAs, name))  # gA = dL/dh
             return h  # replaces lora_A's output (the same values)
         return hook
 
@@ -101,7 +110,8 @@ class GhostHooks:
         return hook
 
     def _keep(self, store, name):
-        # a tensor hook lives as long as its graph: after remove() a late backward must not refill buffers
+        # a tensor hook lives as long as its graph:
+        # after remove() a late backward must not refill buffers
         def keep(g):
             if self.handles:
                 store.setdefault(name, []).append(g.detach())
@@ -111,7 +121,8 @@ class GhostHooks:
         """{layer: (x, gA, h, gB)} with micro-batches concatenated along the sample axis."""
         xs, gAs, hs, gBs = self.buffers(split)
         if not xs:
-            raise RuntimeError(f"nothing captured for split {split!r}: run a forward+backward first")
+            raise RuntimeError(f"nothing captured for split {split!r}: "
+                               "run a forward+backward first")
         # backward visits micro-batches in the order their forwards ran, so list positions pair up
         cat = lambda ts: ts[0] if len(ts) == 1 else torch.cat(ts)  # one micro-batch: no copy
         return {n: (cat(xs[n]), cat(gAs[n]), cat(hs[n]), cat(gBs[n])) for n in xs}
@@ -151,7 +162,8 @@ def ghost_mode(optimizer):
     step = optimizer.step
 
     def refuse(*args, **kwargs):
-        raise RuntimeError("optimizer.step() called inside ghost_mode: capture must not update weights")
+        raise RuntimeError("optimizer.step() called inside ghost_mode: "
+                           "capture must not update weights")
     optimizer.step = refuse
     try:
         yield
@@ -165,7 +177,8 @@ def ghost_mode(optimizer):
 # inner products
 
 def outer_product_sum(x, g):
-    """One linear map's materialised gradient per sample: sum_t g_t x_t^T. (n, T, d), (n, T, p) -> (n, p, d).
+    """One linear map's materialised gradient per sample: sum_t g_t x_t^T.
+    (n, T, d), (n, T, p) -> (n, p, d).
     (per_sample_grads applies it to every LoRA layer's two factors.)"""
     return torch.einsum("ntp,ntd->npd", g.float(), x.float())
 
@@ -183,7 +196,8 @@ def ghost_inner_products(x1, g1, x2, g2, chunk=16):
 
 
 def linear_inner_products(x1, g1, x2, g2):
-    """(n1, n2) gradient inner products of one linear map, ghost or materialised, whichever costs less."""
+    """(n1, n2) gradient inner products of one linear map,
+    ghost or materialised, whichever costs less."""
     T, d, p = max(x1.size(1), x2.size(1)), x1.size(2), g1.size(2)
     if 2 * T * T < d * p:
         return ghost_inner_products(x1, g1, x2, g2)
@@ -192,30 +206,36 @@ def linear_inner_products(x1, g1, x2, g2):
 
 def compute_ghost_inner_product_matrix(train, val, layer_filter=None):
     """[n_train, n_val] matrix of <grad L(train_i), grad L(val_j)> over every (filtered) LoRA
-    parameter. train / val: GhostHooks.collect() dicts {layer: (x, gA, h, gB)}. float32; NaN/Inf in the
-    captured gradients give a non-finite entry (the callers check: tracin.py skips such a step)."""
+    parameter. train / val: GhostHooks.collect() dicts {layer: (x, gA, h, gB)}. float32;
+    NaN/Inf in the captured gradients give a non-finite entry
+    (the callers check: tracin.py skips such a step)."""
     names = [n for n in train if layer_filter is None or layer_filter in n]
     if not names:
-        raise UserError(f"layer_filter {layer_filter!r} matches no LoRA layer (layers: {list(train)[:4]} ...)")
+        raise UserError(f"layer_filter {layer_filter!r} matches no LoRA layer "
+                        f"(layers: {list(train)[:4]} ...)")
     total = 0
     for n in names:
         x, gA, h, gB = train[n]
         vx, vgA, vh, vgB = val[n]
-        total = total + (linear_inner_products(x, gA, vx, vgA) + linear_inner_products(h, gB, vh, vgB))
+        inner_A = linear_inner_products(x, gA, vx, vgA)
+        inner_B = linear_inner_products(h, gB, vh, vgB)
+        total = total + (inner_A + inner_B)
     return total
 
 
 def summed_gradient(model, layer_filter=None):
-    """G = the gradient of the loss just back-propagated without hooks, out of .grad: {layer: (G_A (r, d_in),
-    G_B (d_out, r))}, float32; .grad set to None for the next backward. No per-sample buffer. For a loss
-    that sums its rows' losses (post-hoc's sample_losses) G = sum_j grad L_j; for GRPO's validation loss,
-    a mean, G = sum_j grad L_j / n_val ('grpo')."""
+    """G = the gradient of the loss just back-propagated without hooks, out of .grad:
+    {layer: (G_A (r, d_in), G_B (d_out, r))}, float32; .grad set to None for the next backward.
+    No per-sample buffer.
+    For a loss that sums its rows' losses (post-hoc's sample_losses) G = sum_j grad L_j;
+    for GRPO's validation loss, a mean, G = sum_j grad L_j / n_val ('grpo')."""
     out = {}
     for name, m in model.named_modules():
         if isinstance(m, LoRALinear):
             a, b = m.lora_A.weight, m.lora_B.weight
             if a.grad is None or b.grad is None:
-                raise RuntimeError(f"no gradient in {name}: run the backward of the summed loss first")
+                raise RuntimeError(f"no gradient in {name}: "
+                                   "run the backward of the summed loss first")
             if layer_filter is None or layer_filter in name:
                 out[name] = (a.grad.float(), b.grad.float())
             a.grad = b.grad = None  # the next backward (the train capture) must not add into G
@@ -223,20 +243,24 @@ def summed_gradient(model, layer_filter=None):
 
 
 def per_sample_grads(captured, names=None):
-    """{layer: (dA (n, r, d_in), dB^T (n, r, d_out))} for the layers in `names` (default: all): every sample's
-    LoRA gradient, float32, from the hooks' buffers (GhostHooks.collect()), one batched matmul per factor:
+    """{layer: (dA (n, r, d_in), dB^T (n, r, d_out))} for the layers in `names` (default: all):
+    every sample's LoRA gradient, float32, from the hooks' buffers (GhostHooks.collect()),
+    one batched matmul per factor:
         dA_i = sum_t gA_it x_it^T = gA_i^T x_i          dB_i^T = sum_t h_it gB_it^T = h_i^T gB_i
-    (dB transposed: the r-wide factor leads, the faster layout). n r (d_in + d_out) numbers per layer, fewer
-    than the buffers they come from, n T (d_in + d_out + 2 r), whenever T > r: forming them costs O(T d r)
-    per sample, as the products with G would, and then serves both the influence and the update."""
-    return {n: (outer_product_sum(x, gA), outer_product_sum(gB, h)) for n, (x, gA, h, gB) in captured.items()
+    (dB transposed: the r-wide factor leads, the faster layout).
+    n r (d_in + d_out) numbers per layer, fewer than the buffers they come from,
+    n T (d_in + d_out + 2 r), whenever T > r: forming them costs O(T d r) per sample,
+    as the products with G would, and then serves both the influence and the update."""
+    return {n: (outer_product_sum(x, gA), outer_product_sum(gB, h))
+            for n, (x, gA, h, gB) in captured.items()
             if names is None or n in names}
 
 
 def summed_inner_products(grads, summed):
-    """(n,) <grad L(sample_i), G> for per-sample gradients `grads` (per_sample_grads) and a LoRA-sized G
-    (summed_gradient), over the layers of `summed`: <dA_i, G_A> + <dB_i, G_B>, one matrix-vector product
-    per factor. Not checked for NaN/Inf: the callers do (tracin.py)."""
+    """(n,) <grad L(sample_i), G> for per-sample gradients `grads` (per_sample_grads)
+    and a LoRA-sized G (summed_gradient), over the layers of `summed`:
+    <dA_i, G_A> + <dB_i, G_B>, one matrix-vector product per factor.
+    Not checked for NaN/Inf: the callers do (tracin.py)."""
     total = 0
     for name, (GA, GB) in summed.items():
         dA, dBt = grads[name]
@@ -252,5 +276,7 @@ def subset_gradients(model, grads, weights):
         if isinstance(m, LoRALinear):
             dA, dBt = grads[name]
             w = weights.to(dA.device, torch.float32)
-            m.lora_A.weight.grad = (w @ dA.flatten(1)).view(dA.shape[1:]).to(m.lora_A.weight.dtype)     # (r, d_in)
-            m.lora_B.weight.grad = (w @ dBt.flatten(1)).view(dBt.shape[1:]).T.to(m.lora_B.weight.dtype)  # (d_out, r)
+            grad_A = (w @ dA.flatten(1)).view(dA.shape[1:])     # (r, d_in)
+            m.lora_A.weight.grad = grad_A.to(m.lora_A.weight.dtype)
+            grad_B = (w @ dBt.flatten(1)).view(dBt.shape[1:]).T  # (d_out, r)
+            m.lora_B.weight.grad = grad_B.to(m.lora_B.weight.dtype)

@@ -25,22 +25,25 @@ class LoRALinear(nn.Module):
         self.base = base
         # float32 even on a bf16 base (the trained weights and AdamW state; scale/device.py's list),
         # on the base's device
-        self.lora_A = nn.Linear(base.in_features, r, bias=False, device=base.weight.device)  # kaiming-uniform init
-        self.lora_B = nn.Linear(r, base.out_features, bias=False, device=base.weight.device)
-        nn.init.zeros_(self.lora_B.weight)                         # B = 0: the adapter starts as a no-op
+        device = base.weight.device
+        self.lora_A = nn.Linear(base.in_features, r, bias=False, device=device)  # kaiming-uniform
+        self.lora_B = nn.Linear(r, base.out_features, bias=False, device=device)
+        nn.init.zeros_(self.lora_B.weight)  # B = 0: the adapter starts as a no-op
         self.lora_dropout = nn.Dropout(dropout)
         self.r, self.alpha, self.scaling = r, alpha, alpha / r
-        self.disabled = False                                      # set by disable_lora()
-        self.folded = None                                         # W + s B A while folded_for_sampling()
+        self.disabled = False  # set by disable_lora()
+        self.folded = None     # W + s B A while folded_for_sampling()
 
     def forward(self, x):
         if self.disabled:  # checked first: a fold made before disable_lora holds the adapter
-            return self.base(x)                                    # the base model, exactly
+            return self.base(x)  # the base model, exactly
         if self.folded is not None and not torch.is_grad_enabled():  # pass 1: one matmul, not three
             return F.linear(x, self.folded, self.base.bias)
         out = self.base(x)
-        if not torch.is_autocast_enabled(x.device.type):  # a bf16 base feeds bf16 x: the adapter's matmuls in
-            x = x.to(self.lora_A.weight.dtype)               # float32 (under autocast: autocast's dtype)
+        # a bf16 base feeds bf16 x: the adapter's matmuls run in float32
+        # (under autocast: autocast's dtype)
+        if not torch.is_autocast_enabled(x.device.type):
+            x = x.to(self.lora_A.weight.dtype)
         u = self.lora_B(self.lora_A(self.lora_dropout(x)))
         return out + (u * self.scaling).to(out.dtype)
 
@@ -55,13 +58,16 @@ def apply_lora(model, r=8, alpha=16, dropout=0.0, targets=("c_attn", "c_proj", "
         try:
             re.compile(t)
         except (re.error, TypeError) as e:
-            raise UserError(f"LoRA target {t!r} is neither a layer name nor a valid regex ({e})") from None
+            raise UserError(
+                f"LoRA target {t!r} is neither a layer name nor a valid regex ({e})") from None
     names = [n for n, m in model.named_modules() if isinstance(m, nn.Linear)
              and not n.split(".")[-1].startswith("lora_")
              and any(n.split(".")[-1] == t or re.fullmatch(t, n) for t in targets)]
     if not names:
-        linear = sorted({n.split(".")[-1] for n, m in model.named_modules() if isinstance(m, nn.Linear)})
-        raise UserError(f"LoRA targets {targets} match no nn.Linear in the model (its linear layers: {linear})")
+        linear = sorted({n.split(".")[-1] for n, m in model.named_modules()
+                         if isinstance(m, nn.Linear)})
+        raise UserError(f"LoRA targets {targets} match no nn.Linear in the model "
+                        f"(its linear layers: {linear})")
     for p in model.parameters():
         p.requires_grad_(False)
     for name in names:
@@ -88,12 +94,13 @@ def load_lora_state_dict(model, sd):
     own = lora_state_dict(model)
     if set(own) != set(sd):
         missing, extra = sorted(set(own) - set(sd)), sorted(set(sd) - set(own))
-        raise UserError(f"LoRA weights do not fit this model: missing {missing[:3]}, unexpected {extra[:3]} "
-                        f"(were they saved with other lora_targets?)")
+        raise UserError(f"LoRA weights do not fit this model: missing {missing[:3]}, "
+                        f"unexpected {extra[:3]} (were they saved with other lora_targets?)")
     for k, v in sd.items():
         if own[k].shape != v.shape:
             raise UserError(f"LoRA weight {k} has shape {tuple(v.shape)}, model expects "
-                            f"{tuple(own[k].shape)} (saved with another lora_r, or on a base of another shape?)")
+                            f"{tuple(own[k].shape)} "
+                            f"(saved with another lora_r, or on a base of another shape?)")
     model.load_state_dict(sd, strict=False)
 
 
@@ -114,15 +121,18 @@ def disable_lora(model):
 
 @contextmanager
 def folded_for_sampling(model):
-    """Pass 1 with W' = W + s B A: one matmul per adapted layer and token instead of three. W' is a copy for
-    the duration, in the dtype the matmul runs in (autocast's if on, else the base's); W, A and B are never
-    written, so nothing drifts however often it folds. Costs one copy of the adapted weights meanwhile."""
-    mods, kind = [m for m in lora_modules(model) if not m.disabled], next(model.parameters()).device.type
+    """Pass 1 with W' = W + s B A: one matmul per adapted layer and token instead of three.
+    W' is a copy for the duration, in the dtype the matmul runs in (autocast's if on, else the
+    base's); W, A and B are never written, so nothing drifts however often it folds.
+    Costs one copy of the adapted weights meanwhile."""
+    mods = [m for m in lora_modules(model) if not m.disabled]
+    kind = next(model.parameters()).device.type
+    autocast = torch.is_autocast_enabled(kind)
     with torch.no_grad():  # W' is a constant
         for m in mods:
             delta = (m.lora_B.weight @ m.lora_A.weight) * m.scaling  # (d_out, d_in), float32
-            m.folded = (m.base.weight.float() + delta).to(
-                torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else m.base.weight.dtype)
+            dtype = torch.get_autocast_dtype(kind) if autocast else m.base.weight.dtype
+            m.folded = (m.base.weight.float() + delta).to(dtype)
     try:
         yield model
     finally:
@@ -136,7 +146,8 @@ def merge_lora(model):
     for name, m in list(model.named_modules()):
         if isinstance(m, LoRALinear):
             # a new tensor, not +=: the base weight may be shared (lm_head is tied to wte)
-            delta = (m.lora_B.weight @ m.lora_A.weight) * m.scaling  # float32, then the base's dtype
+            # float32, then the base's dtype
+            delta = (m.lora_B.weight @ m.lora_A.weight) * m.scaling
             m.base.weight = nn.Parameter((m.base.weight + delta).to(m.base.weight.dtype),
                                          requires_grad=m.base.weight.requires_grad)
             parent_name, _, child = name.rpartition(".")
