@@ -2,14 +2,14 @@
 The parts of one GRPO step, which train_grpo.grpo_step puts in order and TracIn (tracin.py) reuses:
   make_rollouts     PASS 1 sampling (no grad, no logits kept), rewards, group-relative advantages
   policy_backward   PASS 3 reference and PASS 2 policy per micro-batch, the GRPO loss, backward
-  update            the ranks' sums, clip, AdamW on the LoRA parameters; skipped if anything is NaN/Inf
+  update            the ranks' sums, clip, AdamW on the LoRA parameters; skipped on any NaN/Inf
 and the math under them: compute_group_advantages, selective_log_softmax (no (N, T, V) log-prob
 tensor), completion_logprobs, grpo_loss. A step's rollouts are one record, Rollouts (every field and
 its shape); rollout_batch lays out recorded rollouts as sampling does.
-Imports flow one way: model, lora -> sample, rewards -> grpo.py -> tracin.py (with ghost.py) -> train_grpo.py.
-Under torchrun each rank samples and back-propagates its share, in sight: `distributed.split` and
-`gather_sampled` in sample_rollouts, `rank_part` in grpo_updates, `sum_grads` / `sum_stats` in update
-(scale/distributed.py; each a no-op in one process).
+Imports flow one way: model, lora -> sample, rewards -> grpo -> tracin (with ghost) -> train_grpo.
+Under torchrun each rank samples and back-propagates its share, in sight:
+`distributed.split` and `gather_sampled` in sample_rollouts, `rank_part` in grpo_updates,
+`sum_grads` / `sum_stats` in update (scale/distributed.py; each a no-op in one process).
 """
 import math
 import time
@@ -28,13 +28,13 @@ from sample import decode_completions, encode_prompt, generate, pad_prompts, sto
 from scale import compiled, distributed
 
 
-TIMES = {}  # seconds per phase of the step running now: grpo_step empties it, its log line reports it
+TIMES = {}  # seconds per phase of the running step: grpo_step empties it, its log line reports it
 
 
 @contextmanager
 def phase(name):
-    """Add the block's wall time to TIMES[name], once the GPU has finished the work it queued (CUDA runs
-    ahead of Python: without the wait a phase would be charged for its launch only)."""
+    """Add the block's wall time to TIMES[name], once the GPU has finished the work it queued
+    (CUDA runs ahead of Python: without the wait a phase would be charged for its launch only)."""
     t0 = time.time()
     yield
     if torch.cuda.is_available() and torch.cuda.is_initialized():
@@ -47,8 +47,8 @@ def compute_group_advantages(rewards, group_size, scale_rewards="group", epsilon
 
     A_i = r_i - mean(group), divided by the group's std + epsilon ('group'; TRL uses epsilon 1e-4),
     the batch's std + epsilon ('batch') or nothing ('none'). A group whose rewards are all equal
-    carries no signal: its advantages are exactly 0 (never 0/0 = NaN). A NaN reward (no reward
-    function could score the completion) is left out of its group's mean and std; its advantage is 0."""
+    carries no signal: its advantages are exactly 0 (never 0/0 = NaN). A NaN reward (no function
+    could score the completion) is left out of its group's mean and std; its advantage is 0."""
     if group_size < 2:
         raise UserError(f"group_size must be >= 2 for group-relative advantages, got {group_size}")
     if rewards.numel() % group_size:
@@ -78,20 +78,22 @@ def compute_group_advantages(rewards, group_size, scale_rewards="group", epsilon
 
 
 class SelectiveLogSoftmax(torch.autograd.Function):
-    """log p(token) = logit[token] / temp - logsumexp(logits / temp), in float32, from logits (N, T, V).
+    """log p(token) = logit[token] / temp - logsumexp(logits / temp), in float32,
+    from logits (N, T, V).
 
     Saves for backward only the logits themselves (in their own dtype, bf16 under autocast) and the
     (N, T) logsumexp: never a (N, T, V) log-prob tensor nor a float32 copy of the logits (autograd's
     own logsumexp would keep one per row, N*T*V*4 bytes). Backward recomputes one row at a time:
         d logp_t / d logits_t = (onehot(token_t) - softmax(logits_t / temp)) / temp"""
 
-    generate_vmap_rule = True  # torch.func (vmap / jacrev, used by the tests' references) may batch it
+    generate_vmap_rule = True  # torch.func (vmap / jacrev: the tests' references) may batch it
 
     @staticmethod
     def forward(logits, tokens, temperature):
-        inv, acc = 1.0 / temperature, torch.promote_types(logits.dtype, torch.float32)  # bf16 -> float32
-        lse = torch.stack([torch.logsumexp(row.to(acc) * inv, dim=-1) for row in logits])    # (N, T)
-        picked = logits.gather(-1, tokens.unsqueeze(-1)).squeeze(-1).to(acc) * inv           # (N, T)
+        inv = 1.0 / temperature
+        acc = torch.promote_types(logits.dtype, torch.float32)  # bf16 -> float32
+        lse = torch.stack([torch.logsumexp(row.to(acc) * inv, dim=-1) for row in logits])  # (N, T)
+        picked = logits.gather(-1, tokens.unsqueeze(-1)).squeeze(-1).to(acc) * inv  # (N, T)
         return picked - lse, lse
 
     @staticmethod
@@ -103,14 +105,15 @@ class SelectiveLogSoftmax(torch.autograd.Function):
 
     @staticmethod
     @once_differentiable  # the backward below is not itself differentiable: double backward raises
-    def backward(ctx, g, _):                                                                # g (N, T)
+    def backward(ctx, g, _):  # g (N, T)
         logits, tokens, lse = ctx.saved_tensors
         rows = []
         for i in range(logits.size(0)):  # one (T, V) float32 softmax exists at a time
-            p = torch.exp(logits[i].to(lse.dtype) * ctx.inv - lse[i, :, None])                 # softmax (T, V)
-            gi = (-p * g[i, :, None]).scatter_add(-1, tokens[i, :, None], g[i, :, None])       # (onehot - p) g
+            p = torch.exp(logits[i].to(lse.dtype) * ctx.inv - lse[i, :, None])  # softmax (T, V)
+            # (onehot - p) g
+            gi = (-p * g[i, :, None]).scatter_add(-1, tokens[i, :, None], g[i, :, None])
             rows.append((gi * ctx.inv).to(logits.dtype))
-        # out-of-place (vmap-safe); the stack briefly doubles the (N, T, V) gradient in the logits' dtype
+        # out-of-place (vmap-safe); stacking briefly doubles the (N, T, V) gradient, logits' dtype
         return torch.stack(rows), None, None
 
 
@@ -123,16 +126,17 @@ def completion_logprobs(model, idx, pad_left, T, temperature, with_entropy=False
     """Per-token log-probs (N, T) of the last T tokens of idx (the completion).
     The LM head runs on the T positions that predict completion tokens only (keep_last); the
     logits are divided by the sampling temperature so that logp is the policy that sampled."""
-    logits, _ = model(idx[:, :-1], pad_left=pad_left, keep_last=T)          # (N, T, V)
+    logits, _ = model(idx[:, :-1], pad_left=pad_left, keep_last=T)  # (N, T, V)
     temperature = temperature if temperature > 0 else 1.0  # greedy sampling: plain log-probs
-    logp = selective_log_softmax(logits, idx[:, -T:], temperature)          # (N, T); no (N, T, V) copy
+    logp = selective_log_softmax(logits, idx[:, -T:], temperature)  # (N, T); no (N, T, V) copy
     entropy = None
     if with_entropy:
         with torch.no_grad():  # a diagnostic: no graph kept for it
+            scaled_rows = (row.float() / temperature for row in logits)
             entropy = torch.stack([-(r.softmax(-1) * r.log_softmax(-1)).sum(-1)
-                                   for r in (row.float() / temperature for row in logits)])  # (N, T)
-    # (N, T, V), the pass's largest activation: without grad (passes 1 and 3) this frees it; on the
-    # policy pass autograd still holds it (SelectiveLogSoftmax saved it) until loss.backward() has run
+                                   for r in scaled_rows])  # (N, T)
+    # (N, T, V), the pass's largest activation: freed here without grad (passes 1 and 3); on the
+    # policy pass SelectiveLogSoftmax saved it, so autograd holds it until loss.backward() has run
     del logits
     return logp, entropy
 
@@ -140,30 +144,33 @@ def completion_logprobs(model, idx, pad_left, T, temperature, with_entropy=False
 LOSS_TYPES = ("grpo", "bnpo", "dapo", "dr_grpo")  # TRL's names
 
 
-def grpo_loss(logp, old_logp, ref_logp, advantages, mask, beta=0.04, epsilon_low=0.2, epsilon_high=0.2,
-              loss_type="grpo", num_seqs=None, num_tokens=None, max_len=None, num_micro_batches=1,
-              importance_sampling_level="token", use_bias_correction_kl=False):
+def grpo_loss(logp, old_logp, ref_logp, advantages, mask, beta=0.04, epsilon_low=0.2,
+              epsilon_high=0.2, loss_type="grpo", num_seqs=None, num_tokens=None, max_len=None,
+              num_micro_batches=1, importance_sampling_level="token", use_bias_correction_kl=False):
     """GRPO objective on one micro-batch, normalised so that the micro-batches' gradients add up to
     the whole batch's (for bnpo: to the mean of the micro-batches', as TRL's gradient accumulation).
 
     per token:  L_t = -min(rho_t A, clip(rho_t, 1-eps_low, 1+eps_high) A) + beta * KL_t
                 rho_t = exp(logp_t - old_logp_t)        (importance_sampling_level 'token')
-                rho_t = exp(mean_s (logp_s - old_logp_s)) for every t of the completion  ('sequence', GSPO)
-                KL_t = exp(ref_t - logp_t) - (ref_t - logp_t) - 1   (k3), times rho_t if use_bias_correction_kl
-    grpo:    mean over tokens of each completion, then / num_seqs         (DeepSeekMath)
+                rho_t = exp(mean_s (logp_s - old_logp_s)) for every t of the completion
+                        ('sequence', GSPO)
+                KL_t = exp(ref_t - logp_t) - (ref_t - logp_t) - 1   (k3),
+                       times rho_t if use_bias_correction_kl
+    grpo:    mean over tokens of each completion, then / num_seqs   (DeepSeekMath)
     bnpo:    sum over tokens / this micro-batch's tokens / num_micro_batches
-    dapo:    sum over tokens / num_tokens of the whole batch               (token-level, TRL's default)
-    dr_grpo: sum over tokens / (num_seqs * max_len)                        (Dr. GRPO, arXiv 2503.20783)
+    dapo:    sum over tokens / num_tokens of the whole batch         (token-level, TRL's default)
+    dr_grpo: sum over tokens / (num_seqs * max_len)                  (Dr. GRPO, arXiv 2503.20783)
     Shapes: logp, old_logp, ref_logp, mask (n, T); advantages (n,). ref_logp None when beta == 0."""
     mask = mask.to(logp.dtype)
     num_seqs = num_seqs or logp.size(0)
     num_tokens = num_tokens or mask.sum().clamp(min=1)
     max_len = max_len or logp.size(1)
-    log_ratio = logp - old_logp                                             # (n, T)
-    if importance_sampling_level == "sequence":                            # one ratio per completion
-        log_ratio = ((log_ratio * mask).sum(1) / mask.sum(1).clamp(min=1))[:, None]      # (n, 1)
+    log_ratio = logp - old_logp  # (n, T)
+    if importance_sampling_level == "sequence":  # one ratio per completion
+        log_ratio = ((log_ratio * mask).sum(1) / mask.sum(1).clamp(min=1))[:, None]  # (n, 1)
     elif importance_sampling_level != "token":
-        raise UserError(f"importance_sampling_level must be 'token' or 'sequence', got {importance_sampling_level!r}")
+        raise UserError("importance_sampling_level must be 'token' or 'sequence', "
+                        f"got {importance_sampling_level!r}")
     ratio = torch.exp(log_ratio)
     clipped = torch.clamp(ratio, 1 - epsilon_low, 1 + epsilon_high)
     A = advantages[:, None]
@@ -171,8 +178,8 @@ def grpo_loss(logp, old_logp, ref_logp, advantages, mask, beta=0.04, epsilon_low
     kl = None
     if beta != 0:
         d = ref_logp - logp
-        kl = torch.exp(d) - d - 1                                           # k3 estimator, >= 0
-        if use_bias_correction_kl:  # the KL was estimated under the old policy: reweight it to the new one
+        kl = torch.exp(d) - d - 1  # k3 estimator, >= 0
+        if use_bias_correction_kl:  # estimated under the old policy: reweight it to the new one
             kl = kl * ratio
         per_token = per_token + beta * kl
     if loss_type == "grpo":
@@ -196,29 +203,30 @@ def grpo_loss(logp, old_logp, ref_logp, advantages, mask, beta=0.04, epsilon_low
 
 @dataclass
 class Rollouts:
-    """One step's rollouts: n = prompts x group_size rows, the rows of one prompt adjacent (GRPO-Zero's
-    Episode, batched). make_rollouts fills the first nine fields; the others are filled where named."""
-    idx: torch.Tensor                # (n, P + T) long: the prompt, left-padded to P, then T completion ids
+    """A step's rollouts (GRPO-Zero's Episode, batched): n = prompts x group_size rows, a prompt's
+    rows adjacent. make_rollouts fills the first nine fields; the others are filled where named."""
+    idx: torch.Tensor                # (n, P+T) long: prompt left-padded to P, then T completion ids
     pad_left: torch.Tensor           # (n,) long: padding columns in front of each prompt
     mask: torch.Tensor               # (n, T) long: 1 on the completion tokens the loss counts
-    advantages: torch.Tensor         # (n,) float32: A_i, exactly 0 in a group whose rewards are all equal
-    rewards: torch.Tensor = None     # (n,) float32: the weighted reward, NaN where no function scored
+    advantages: torch.Tensor         # (n,) float32: A_i, exactly 0 in a group of equal rewards
+    rewards: torch.Tensor = None     # (n,) float32: weighted reward, NaN where no function scored
     per_fn: dict = None              # reward function -> n scores (None where it could not score)
     errors: dict = None              # reward function -> completions it raised on
     n_zero_std: int = 0              # groups whose rewards were all equal (no learning signal)
-    truncated: torch.Tensor = None   # (n,) bool: no stop token (the completion ran into max_new_tokens)
-    ref_logp: torch.Tensor = None    # (n, T) reference log-probs taken ahead (background_rewards, mu > 1)
-    old_logp: torch.Tensor = None    # (n, T) sampling policy's log-probs (num_iterations > 1: grpo_updates)
+    truncated: torch.Tensor = None   # (n,) bool: no stop token (ran into max_new_tokens)
+    ref_logp: torch.Tensor = None    # (n, T) ref log-probs taken ahead (background_rewards, mu > 1)
+    old_logp: torch.Tensor = None    # (n, T) sampling policy's log-probs (mu > 1: grpo_updates)
     influence: torch.Tensor = None   # (n,) TracIn: <g_i, G> (train_grpo.grpo_step, tracin_backward)
     selected: torch.Tensor = None    # (n,) bool TracIn: the rows trained on
-    counts: dict = None              # grpo_loss's divisors when these rows are part of a batch (part)
+    counts: dict = None              # grpo_loss's divisors if the rows are part of a batch (part)
 
     def __len__(self):
         return self.idx.size(0)
 
     def part(self, rows, **counts):
-        """Rows `rows` (a slice or a bool mask) for passes 3 and 2, dividing the loss by the WHOLE batch's
-        counts (batch_counts; `counts` overrides), so that the parts' gradients add up to the batch's."""
+        """Rows `rows` (a slice or a bool mask) for passes 3 and 2, dividing the loss by the WHOLE
+        batch's counts (batch_counts; `counts` overrides), so that the parts' gradients add up to
+        the batch's."""
         take = lambda t: None if t is None else t[rows]  # noqa: E731
         return Rollouts(self.idx[rows], self.pad_left[rows], self.mask[rows], self.advantages[rows],
                         ref_logp=take(self.ref_logp), old_logp=take(self.old_logp),
@@ -226,30 +234,32 @@ class Rollouts:
 
 
 def batch_counts(mask):
-    """The counts grpo_loss divides by, of a batch whose completion mask is `mask` (n, T): sequences and
-    completion tokens."""
+    """The counts grpo_loss divides by, of a batch whose completion mask is `mask` (n, T):
+    sequences and completion tokens."""
     return dict(num_seqs=mask.size(0), num_tokens=mask.sum().clamp(min=1).item())
 
 
 def rank_part(rollouts, micro_batch_size):
     """This rank's contiguous rows of the batch for passes 3 and 2 (the whole batch in one process).
-    A share is whole prompts, so the advantages are those of one process; the loss divides by the whole
-    batch's counts, and bnpo by every rank's micro-batches (equal to one process's when micro-batches
-    do not straddle ranks)."""
+    A share is whole prompts, so the advantages are those of one process; the loss divides by the
+    whole batch's counts, and bnpo by every rank's micro-batches (equal to one process's when
+    micro-batches do not straddle ranks)."""
     rows = distributed.shard(len(rollouts))
     own_micro_batches = -(-(rows.stop - rows.start) // micro_batch_size)
     return rollouts.part(rows, num_micro_batches=distributed.world_size() * own_micro_batches)
 
 
 def logprobs_no_grad(model, batch, cfg, name, disabled=False):
-    """(N, T) completion log-probs without graph, micro-batch by micro-batch: of the policy as it is
-    now (the 'old' policy of num_iterations > 1), or with disabled=True of the reference (LoRA off)."""
+    """(N, T) completion log-probs without graph, per micro-batch: of the policy as it is now (the
+    'old' policy of num_iterations > 1), or with disabled=True of the reference (LoRA off)."""
     idx, pad_left, T, mb = batch.idx, batch.pad_left, batch.mask.size(1), cfg["micro_batch_size"]
     out = []
-    with phase(name), torch.no_grad(), disable_lora(model) if disabled else nullcontext(), model.amp:
+    lora_off = disable_lora(model) if disabled else nullcontext()
+    with phase(name), torch.no_grad(), lora_off, model.amp:
         for s in range(0, idx.size(0), mb):
             rows = slice(s, s + mb)
-            out.append(completion_logprobs(model, idx[rows], pad_left[rows], T, cfg["temperature"])[0])
+            logp, _ = completion_logprobs(model, idx[rows], pad_left[rows], T, cfg["temperature"])
+            out.append(logp)
     return torch.cat(out)
 
 
@@ -263,7 +273,8 @@ def policy_backward(model, batch, cfg, beta):
     policy builds its graph, so the peak is the larger of the two passes, not their sum."""
     idx, pad_left, T = batch.idx, batch.pad_left, batch.mask.size(1)
     N, mb, device = idx.size(0), cfg["micro_batch_size"], cfg["device"]
-    norm = dict(**batch_counts(batch.mask), max_len=cfg["max_new_tokens"], num_micro_batches=-(-N // mb),
+    norm = dict(**batch_counts(batch.mask), max_len=cfg["max_new_tokens"],
+                num_micro_batches=-(-N // mb),
                 importance_sampling_level=cfg["importance_sampling_level"],
                 use_bias_correction_kl=cfg["use_bias_correction_kl"])
     norm.update(batch.counts or {})  # part of a batch: divide by the whole batch's counts
@@ -275,18 +286,21 @@ def policy_backward(model, batch, cfg, beta):
     for s in range(0, N, mb):
         sl = slice(s, s + mb)
         ref_logp = None if beta == 0 or batch.ref_logp is None else batch.ref_logp[sl]
-        if beta != 0 and ref_logp is None:  # PASS 3, reference: base weights, the same modules, no graph
+        # PASS 3, reference: base weights, the same modules, no graph
+        if beta != 0 and ref_logp is None:
             with phase("reference"), torch.no_grad(), disable_lora(model), model.amp:
-                ref_logp, _ = completion_logprobs(model, idx[sl], pad_left[sl], T, cfg["temperature"])
+                ref_logp, _ = completion_logprobs(model, idx[sl], pad_left[sl], T,
+                                                  cfg["temperature"])
         with phase("policy"), model.amp:  # PASS 2, policy, with grad
             logp, entropy = completion_logprobs(model, idx[sl], pad_left[sl], T, cfg["temperature"],
                                                 with_entropy=True)
             # one update per generation: old = logp.detach(), so the ratio is exactly 1 and the
-            # epsilon clip never acts (clip_ratio 0), as TRL and nanochat note. With num_iterations > 1
-            # the old log-probs were taken before the first update (logprobs_no_grad): clipping acts.
+            # epsilon clip never acts (clip_ratio 0), as TRL and nanochat note. With mu > 1 the
+            # old log-probs were taken before the first update (logprobs_no_grad): clipping acts.
             old_logp = logp.detach() if batch.old_logp is None else batch.old_logp[sl]
             loss, loss_stats = grpo_loss(logp, old_logp, ref_logp, adv[sl], mask[sl], beta,
-                                         cfg["epsilon_low"], cfg["epsilon_high"], cfg["loss_type"], **norm)
+                                         cfg["epsilon_low"], cfg["epsilon_high"],
+                                         cfg["loss_type"], **norm)
             loss.backward()
             stats["losses"].append(loss.item())
             stats["kl_sum"] += loss_stats["kl_sum"]
@@ -294,8 +308,8 @@ def policy_backward(model, batch, cfg, beta):
             for k in ("clipped_low", "clipped_high"):
                 stats[k] += loss_stats[k]
             stats["ent_sum"] += (entropy * mask[sl]).sum().item()
-            # this micro-batch's graph: the logits saved for the backward, the activations. The backward
-            # has run, so nothing else holds them; logp and entropy are (n, T)
+            # this micro-batch's graph: the logits saved for the backward, the activations.
+            # The backward has run, so nothing else holds them; logp and entropy are (n, T)
             del logp, ref_logp, entropy, loss
     return stats
 
@@ -303,9 +317,10 @@ def policy_backward(model, batch, cfg, beta):
 def make_rollouts(model, enc, batches, cfg, generator, cache=None):
     """PASS 1 (sampling, no grad, no logits kept), rewards and group-relative advantages.
 
-    batches: a list of (prompts as token ids, answers); all are sampled in ONE generate call (TracIn's
-    train and validation prompts share the per-token cost) and scored separately: one Rollouts each."""
-    return score_rollouts(enc, sample_rollouts(model, enc, batches, cfg, generator), batches, cfg, cache)
+    batches: a list of (prompts as token ids, answers), sampled in ONE generate call (TracIn's train
+    and validation prompts share the per-token cost) and scored separately: one Rollouts each."""
+    sampled = sample_rollouts(model, enc, batches, cfg, generator)
+    return score_rollouts(enc, sampled, batches, cfg, cache)
 
 
 def sample_rollouts(model, enc, batches, cfg, generator):
@@ -315,19 +330,20 @@ def sample_rollouts(model, enc, batches, cfg, generator):
     S, G, device = cfg["max_new_tokens"], cfg["group_size"], next(model.parameters()).device
     mine = distributed.split(len(prompts))  # this rank's prompts, whole groups (all in one process)
     u = None
-    if cfg["temperature"] > 0:  # one uniform per row and token, drawn for ALL rows as one process does:
+    if cfg["temperature"] > 0:  # one uniform per row and token, for ALL rows as in one process,
         u = torch.rand(S, len(prompts) * G, generator=generator, device=device)  # (S, n * G)
-        u = u[:, mine.start * G:mine.stop * G]  # so a row's tokens do not depend on the process count
+        u = u[:, mine.start * G:mine.stop * G]  # so no row's tokens depend on the process count
     # compile=True: sampling's decode step compiled (scale/compiled.py); None: the model's forward
     decode = compiled.CompiledDecode(model, device) if cfg.get("compile") else None
     with phase("generation"), model.amp, folded_for_sampling(model):  # LoRA folded in: W + s B A
         sampled = generate(model, prompts[mine], S, stop_tokens(enc), num_samples=G,
-                           temperature=cfg["temperature"], top_k=cfg["top_k"] or None, top_p=cfg["top_p"],
-                           vocab_size=enc.n_vocab, u=u, decode=decode)
+                           temperature=cfg["temperature"], top_k=cfg["top_k"] or None,
+                           top_p=cfg["top_p"], vocab_size=enc.n_vocab, u=u, decode=decode)
     n, world = len(prompts), distributed.world_size()
     counts = [G * (r.stop - r.start) for r in (distributed.split(n, k) for k in range(world))]
     pad_id = stop_tokens(enc)[0] if stop_tokens(enc) else 0  # generate's padding id
-    return distributed.gather_sampled(*sampled, pad_id, counts)  # every rank's rows (no-op in one process)
+    # every rank's rows (no-op in one process)
+    return distributed.gather_sampled(*sampled, pad_id, counts)
 
 
 def score_rollouts(enc, sampled, batches, cfg, cache=None):
@@ -341,13 +357,13 @@ def score_rollouts(enc, sampled, batches, cfg, cache=None):
             rows = slice(start, start + len(prompts) * group)
             start = rows.stop
             texts = decode_completions(enc, idx[rows], mask[rows])
-            rewards, per_fn, errors = compute_rewards(texts, [a for a in answers for _ in range(group)],
-                                                      list(cfg["reward_funcs"]), list(cfg["reward_weights"]),
-                                                      cache)
-            rewards = torch.tensor(rewards)  # NaN where no reward function could score the completion
+            row_answers = [a for a in answers for _ in range(group)]
+            funcs, weights = list(cfg["reward_funcs"]), list(cfg["reward_weights"])
+            rewards, per_fn, errors = compute_rewards(texts, row_answers, funcs, weights, cache)
+            rewards = torch.tensor(rewards)  # NaN where no reward function could score
             advantages, n_zero_std = compute_group_advantages(rewards, group, cfg["scale_rewards"],
                                                               cfg["advantage_epsilon"])
-            truncated = ~torch.isin(idx[rows, -T:], stops).any(1)  # no stop id: ran into max_new_tokens
+            truncated = ~torch.isin(idx[rows, -T:], stops).any(1)  # no stop id: hit max_new_tokens
             m = mask[rows]
             if cfg["mask_truncated_completions"]:
                 m = m * (~truncated).long()[:, None]
@@ -357,35 +373,37 @@ def score_rollouts(enc, sampled, batches, cfg, cache=None):
 
 
 def rollouts_rewards_in_background(model, enc, batches, cfg, generator, cache=None):
-    """make_rollouts with the rewards off the critical path: a worker thread scores the completions while
-    this thread runs the reference pass (3), whose (N, T) log-probs are kept for the loss. Torch releases
-    the GIL in its kernels, so a slow reward costs little extra. Without a reference pass (beta 0) or with
-    num_iterations > 1 (which takes its own), the scoring simply runs first."""
+    """make_rollouts with the rewards off the critical path: a worker thread scores the completions
+    while this thread runs the reference pass (3), whose (N, T) log-probs are kept for the loss.
+    Torch releases the GIL in its kernels, so a slow reward costs little extra. Without a reference
+    pass (beta 0) or with num_iterations > 1 (which takes its own), the scoring runs first."""
     sampled = sample_rollouts(model, enc, batches, cfg, generator)
     with ThreadPoolExecutor(max_workers=1) as pool:
         scoring = pool.submit(score_rollouts, enc, sampled, batches, cfg, cache)
         ref = None
         if cfg["beta"] != 0 and cfg["num_iterations"] == 1:
-            ref = logprobs_no_grad(model, Rollouts(*sampled, advantages=None), cfg, "reference", disabled=True)
+            unscored = Rollouts(*sampled, advantages=None)
+            ref = logprobs_no_grad(model, unscored, cfg, "reference", disabled=True)
         rollouts = scoring.result()
     rollouts[0].ref_logp = ref
     return rollouts
 
 
 def update(model, optimizer, cfg, stats, nothing_kept):
-    """7: clip, AdamW on the LoRA parameters; skipped (weights untouched) when a loss or the gradient is
-    not finite, nothing to do when TracIn kept no rollout. Returns (grad norm, skip reason).
-    Under torchrun the ranks' gradients and `stats` are summed first (in place), so every rank clips,
-    skips or steps alike; in one process the two sums do nothing.
+    """7: clip, AdamW on the LoRA parameters; skipped (weights untouched) when a loss or the
+    gradient is not finite, nothing to do when TracIn kept no rollout. Returns (grad norm, skip
+    reason). Under torchrun the ranks' gradients and `stats` are summed first (in place), so every
+    rank clips, skips or steps alike; in one process the two sums do nothing.
 
-    NaN/Inf, the one place a step decides to skip: a non-finite loss (policy_backward's losses; TracIn
-    appends NaN when an influence is not finite) or gradient norm leaves the weights and the AdamW state
-    untouched and the step is logged as skipped (skip_reason); grpo_updates stops the generation's
-    remaining updates; train_grpo.Run.train stops the run after max_skipped_steps in a row. Sampling
-    that meets NaN/Inf logits raises sample.NonFiniteLogits instead: grpo_step skips before any pass."""
+    NaN/Inf, the one place a step decides to skip: a non-finite loss (policy_backward's losses;
+    TracIn appends NaN when an influence is not finite) or gradient norm leaves the weights and
+    the AdamW state untouched and the step is logged as skipped (skip_reason); grpo_updates stops
+    the generation's remaining updates; train_grpo.Run.train stops the run after max_skipped_steps
+    in a row. Sampling that meets NaN/Inf logits raises sample.NonFiniteLogits instead: grpo_step
+    skips before any pass."""
     skip_reason = None
     with phase("optimizer"):
-        distributed.sum_grads(lora_parameters(model))  # every rank's LoRA gradients, before the clip
+        distributed.sum_grads(lora_parameters(model))  # all ranks' LoRA gradients, before the clip
         distributed.sum_stats(stats)                   # and every statistic the step returned
         grad_norm = torch.tensor(0.0) if nothing_kept else \
             torch.nn.utils.clip_grad_norm_(lora_parameters(model), cfg["grad_clip"])
@@ -402,8 +420,8 @@ def update(model, optimizer, cfg, stats, nothing_kept):
 
 def grpo_updates(model, optimizer, rollouts, cfg):
     """Steps 4-7 num_iterations (mu) times on one generation, as DeepSeekMath's algorithm and TRL's
-    num_iterations: with mu > 1 the old (sampling) and reference log-probs are taken once, before the
-    first update, so later updates see ratios != 1 and the clip acts. An update that is skipped
+    num_iterations: with mu > 1 the old (sampling) and reference log-probs are taken once, before
+    the first update, so later updates see ratios != 1 and the clip acts. An update that is skipped
     (NaN/Inf) ends the generation: the updates after it would start from the weights it refused.
     Returns (stats summed over the updates run, the last gradient norm, the skip reason or None)."""
     batch = rank_part(rollouts, cfg["micro_batch_size"])  # this rank's rows (all in one process)
@@ -415,7 +433,8 @@ def grpo_updates(model, optimizer, rollouts, cfg):
     for _ in range(cfg["num_iterations"]):
         stats = policy_backward(model, batch, cfg, cfg["beta"])
         grad_norm, skip_reason = update(model, optimizer, cfg, stats, False)
-        total = stats if total is None else {k: total[k] + stats[k] for k in total}  # lists concatenate
+        # summed per key (lists concatenate)
+        total = stats if total is None else {k: total[k] + stats[k] for k in total}
         if skip_reason:
             break
     return total, grad_norm, skip_reason
@@ -423,10 +442,12 @@ def grpo_updates(model, optimizer, rollouts, cfg):
 
 def rollout_batch(enc, samples, device):
     """samples: dicts with 'prompt' (text), 'completion_tokens', 'completion_mask', 'advantage'
-    -> (idx (n, P+T), pad_left (n,), mask (n, T), advantages (n,)) laid out as sample.generate does."""
-    idx, pad_left = pad_prompts([encode_prompt(enc, s["prompt"]) for s in samples], enc.eot_token, device)
+    -> (idx (n, P+T), pad_left (n,), mask (n, T), advantages (n,)) in sample.generate's layout."""
+    prompts = [encode_prompt(enc, s["prompt"]) for s in samples]
+    idx, pad_left = pad_prompts(prompts, enc.eot_token, device)
     comp, mask = (pad_sequence([torch.tensor(s[key], dtype=torch.long) for s in samples], True, pad)
                   for key, pad in (("completion_tokens", enc.eot_token), ("completion_mask", 0)))
-    mask = torch.cat([mask, mask.new_zeros(len(samples), comp.size(1) - mask.size(1))], 1)  # a shorter mask: 0s
+    missing = comp.size(1) - mask.size(1)
+    mask = torch.cat([mask, mask.new_zeros(len(samples), missing)], 1)  # a shorter mask: 0s
     adv = torch.tensor([float(s["advantage"]) for s in samples])
     return torch.cat([idx, comp.to(device)], 1), pad_left, mask.to(device), adv.to(device)

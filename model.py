@@ -28,7 +28,8 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint as activation_checkpoint
 
 from configurator import UserError
-from pretrained.hf import hf_config_args, hf_layer_count, hf_tensors, read_hf_config, read_hf_weights
+from pretrained.hf import (hf_config_args, hf_layer_count, hf_tensors, read_hf_config,
+                           read_hf_weights)
 
 
 @dataclass
@@ -44,12 +45,12 @@ class GPTConfig:
     # family switches: the defaults are the tiny GPT; GPT.from_pretrained sets them from config.json
     arch: str = "gpt2"          # 'gpt2': LayerNorm, learned positions, GELU MLP, one fused c_attn;
                                 # 'llama' (Qwen2 too): RMSNorm, RoPE, SwiGLU MLP, q/k/v/o_proj
-    n_kv_head: int = 0          # grouped-query attention: keys and values have n_kv_head heads (0 = n_head)
+    n_kv_head: int = 0          # grouped-query attention: n_kv_head key/value heads (0 = n_head)
     n_inner: int = 0            # MLP width (0 = 4 * n_embd)
     gelu: str = "none"          # F.gelu's `approximate`: 'tanh' is GPT-2's gelu_new
     norm_eps: float = 1e-5
     rope_theta: float = 10000.0
-    qkv_bias: bool = False      # a bias on q, k and v only (Qwen2); `bias` puts one everywhere (GPT-2)
+    qkv_bias: bool = False      # a bias on q, k, v only (Qwen2); `bias`: one everywhere (GPT-2)
     tie_head: bool = True       # lm_head shares wte's weight
 
 
@@ -67,7 +68,7 @@ class KVCache:
         self.pos = 0
 
     def repeat_interleave(self, n):
-        """Each row becomes n rows: the prompt's prefill is shared by its n samples, not recomputed."""
+        """Each row becomes n: the prompt's prefill is shared by its n samples, not recomputed."""
         self.k = self.k.repeat_interleave(n, dim=1)
         self.v = self.v.repeat_interleave(n, dim=1)
         self.pad_left = self.pad_left.repeat_interleave(n)
@@ -92,7 +93,8 @@ class RMSNorm(nn.Module):
 
     def forward(self, x):
         h = x.float()
-        return self.weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
+        normed = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * normed.to(x.dtype)
 
 
 def make_norm(config):
@@ -105,27 +107,29 @@ def rope_cos_sin(pos, head_dim, theta):
     """Rotary position embedding (RoFormer, arXiv 2104.09864): pair i of a head is rotated by the
     angle pos * theta^(-2i / head_dim). pos (B|1, T) -> cos, sin (B|1, 1, T, head_dim), float32."""
     inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, device=pos.device).float() / head_dim)
-    angles = pos[..., None].float() * inv_freq                # (B, T, head_dim / 2)
-    angles = torch.cat((angles, angles), dim=-1)[:, None]     # (B, 1, T, head_dim): rotate_half layout
+    angles = pos[..., None].float() * inv_freq  # (B, T, head_dim / 2)
+    angles = torch.cat((angles, angles), dim=-1)[:, None]  # (B, 1, T, head_dim) for rotate_half
     return angles.cos(), angles.sin()
 
 
 def apply_rope(x, cos, sin):
-    """x (B, H, T, hd) rotated: the first and second half of each head form the pairs (rotate_half)."""
+    """x (B, H, T, hd) rotated: each head's first and second half form the pairs (rotate_half)."""
     x1, x2 = x.chunk(2, dim=-1)
     return x * cos.to(x.dtype) + torch.cat((-x2, x1), dim=-1) * sin.to(x.dtype)
 
 
 def one_query_attention(q, keys, values, seen, k_new=None, v_new=None):
-    """Attention of ONE query per row (a decode step): softmax(q K^T / sqrt(hd)) V over the columns `seen`
-    of keys / values and, when given, one more column (k_new, v_new) not written into them (the compiled
-    step of scale/compiled.py, which never writes its cache). Scores, probabilities and the weighted sum
-    in float32 whatever autocast says (bf16 would round the softmax). q (B, H, 1, hd); keys, values
-    (B, H, L, hd); seen (B, 1, 1, L) bool; k_new, v_new (B, H, 1, hd). Returns (B, H, 1, hd), q's dtype."""
+    """Attention of ONE query per row (a decode step): softmax(q K^T / sqrt(hd)) V over the
+    columns `seen` of keys / values and, when given, one more column (k_new, v_new) not written
+    into them (the compiled step of scale/compiled.py, which never writes its cache). Scores,
+    probabilities and the weighted sum in float32 whatever autocast says (bf16 would round the
+    softmax). q (B, H, 1, hd); keys, values (B, H, L, hd); seen (B, 1, 1, L) bool;
+    k_new, v_new (B, H, 1, hd). Returns (B, H, 1, hd), q's dtype."""
     dtype, scale = q.dtype, q.size(-1) ** -0.5
-    with torch.autocast(q.device.type, enabled=False):  # else both matmuls run in bf16 under autocast
+    with torch.autocast(q.device.type, enabled=False):  # else autocast makes both matmuls bf16
         q = q.float()
-        att = (q @ keys.float().transpose(-2, -1) * scale).masked_fill(~seen, float("-inf"))  # (B, H, 1, L)
+        scores = q @ keys.float().transpose(-2, -1) * scale  # (B, H, 1, L)
+        att = scores.masked_fill(~seen, float("-inf"))
         if k_new is None:
             return (att.softmax(-1) @ values.float()).to(dtype)
         att = torch.cat((att, (q * k_new.float()).sum(-1, keepdim=True) * scale), -1).softmax(-1)
@@ -159,8 +163,9 @@ class CausalSelfAttention(nn.Module):
             q, k, v = self.c_attn(x).split(self.split, dim=2)
         else:
             q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
-        q = q.view(B, T, self.n_head, self.hd).transpose(1, 2)             # (B, H, T, hd)
-        k, v = (t.view(B, T, self.n_kv_head, self.hd).transpose(1, 2) for t in (k, v))  # (B, Hkv, T, hd)
+        q = q.view(B, T, self.n_head, self.hd).transpose(1, 2)  # (B, H, T, hd)
+        # k, v: (B, Hkv, T, hd)
+        k, v = (t.view(B, T, self.n_kv_head, self.hd).transpose(1, 2) for t in (k, v))
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         if cache is not None:  # write this step's keys/values, then attend over all filled columns
@@ -168,13 +173,14 @@ class CausalSelfAttention(nn.Module):
             cache.v[layer, :, :, cache.pos:cache.pos + T] = v
             k = cache.k[layer, :, :, :cache.pos + T]
             v = cache.v[layer, :, :, :cache.pos + T]
-        if self.n_kv_head < self.n_head:  # grouped-query: each key/value head serves n_head / n_kv_head queries
+        # grouped-query: each key/value head serves n_head / n_kv_head queries
+        if self.n_kv_head < self.n_head:
             k, v = (t.repeat_interleave(self.n_head // self.n_kv_head, dim=1) for t in (k, v))
         dropout_p = self.dropout if self.training else 0.0
         if mask is None:  # no padding, no cache: the fused causal kernel
             y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
-        elif T == 1 and not self.training:  # decoding, one query: written out (no SDPA per-call overhead), float32
-            y = one_query_attention(q, k, v, mask)                                 # (B, H, 1, hd)
+        elif T == 1 and not self.training:  # decoding, one query: written out, float32
+            y = one_query_attention(q, k, v, mask)  # (B, H, 1, hd); no SDPA per-call overhead
         else:
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
         y = y.transpose(1, 2).contiguous().view(B, T, C)
@@ -217,15 +223,18 @@ class Block(nn.Module):
 class GPT(nn.Module):
     def __init__(self, config):
         super().__init__()
-        assert config.arch in ("gpt2", "llama"), f"arch must be 'gpt2' or 'llama', got {config.arch!r}"
+        assert config.arch in ("gpt2", "llama"), \
+            f"arch must be 'gpt2' or 'llama', got {config.arch!r}"
         self.config = config
-        # the precision every pass of a run computes in, set once at start-up (train_grpo: bf16 autocast where
-        # scale/device.check_device chooses bf16); the passes run `with model.amp:`. Default: the weights' dtype
+        # the precision every pass of a run computes in, set once at start-up (train_grpo: bf16
+        # autocast where scale/device.check_device chooses bf16); the passes run `with model.amp:`.
+        # Default: the weights' dtype
         self.amp = nullcontext()
         self.transformer = nn.ModuleDict(dict(
             wte=nn.Embedding(config.vocab_size, config.n_embd),
             # learned positions; 'llama' rotates q and k instead (RoPE)
-            **(dict(wpe=nn.Embedding(config.block_size, config.n_embd)) if config.arch == "gpt2" else {}),
+            **(dict(wpe=nn.Embedding(config.block_size, config.n_embd))
+               if config.arch == "gpt2" else {}),
             drop=nn.Dropout(config.dropout),
             h=nn.ModuleList([Block(config) for _ in range(config.n_layer)]),
             ln_f=make_norm(config),
@@ -256,17 +265,19 @@ class GPT(nn.Module):
             pad_left = torch.zeros(B, dtype=torch.long, device=p.device)
         kind = p.device.type
         dtype = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else p.dtype
-        return KVCache(c.n_layer, B, c.n_kv_head or c.n_head, max_len, c.n_embd // c.n_head, pad_left, p.device, dtype)
+        return KVCache(c.n_layer, B, c.n_kv_head or c.n_head, max_len, c.n_embd // c.n_head,
+                       pad_left, p.device, dtype)
 
     def forward(self, idx, targets=None, pad_left=None, cache=None, keep_last=None):
-        """idx (B, T) token ids. targets (B, T) with -1 = ignore: returns (logits (B, T, V), mean cross-entropy).
-        Otherwise returns (logits of the last `keep_last` positions (B, keep_last, V), None); keep_last
-        defaults to 1, the only position sampling needs. pad_left (B,): left padding per row. cache: a
-        KVCache to read from and append to."""
+        """idx (B, T) token ids. targets (B, T) with -1 = ignore: returns (logits (B, T, V), mean
+        cross-entropy). Otherwise returns (logits of the last `keep_last` positions
+        (B, keep_last, V), None); keep_last defaults to 1, the only position sampling needs.
+        pad_left (B,): left padding per row. cache: a KVCache to read from and append to."""
         B, T = idx.size()
         start, pad_left = (cache.pos, cache.pad_left) if cache is not None else (0, pad_left)
         if start + T > self.config.block_size:
-            raise UserError(f"sequence of {start + T} tokens exceeds the context ({self.config.block_size}, block_size)")
+            raise UserError(f"sequence of {start + T} tokens exceeds the context "
+                            f"({self.config.block_size}, block_size)")
         cols = torch.arange(start, start + T, device=idx.device)
         if pad_left is None and cache is None:
             pos, mask = cols[None], None  # (1, T); no mask -> the fused causal kernel
@@ -277,7 +288,8 @@ class GPT(nn.Module):
         if "wpe" in self.transformer:
             x = x + self.transformer.wpe(pos)
         else:  # RoPE: cos/sin of each position, shared by every layer
-            rope = rope_cos_sin(pos, self.config.n_embd // self.config.n_head, self.config.rope_theta)
+            head_dim = self.config.n_embd // self.config.n_head
+            rope = rope_cos_sin(pos, head_dim, self.config.rope_theta)
         x = self.transformer.drop(x)
         for i, block in enumerate(self.transformer.h):
             if self.config.grad_checkpoint and self.training and torch.is_grad_enabled():
@@ -290,11 +302,12 @@ class GPT(nn.Module):
         x = self.transformer.ln_f(x)
         if targets is not None:
             logits = self.lm_head(x)  # (B, T, V)
-            loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
+            loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1),
+                                   ignore_index=-1)
             return logits, loss
-        # contiguous: on a strided slice the head's matmul copies its (V, C) weight per row (bf16: 10x slower)
+        # contiguous: on a strided slice the head's matmul copies its (V, C) weight per row
+        # (bf16: 10x slower)
         return self.lm_head(x[:, -(keep_last or 1):].contiguous()), None  # (B, keep_last, V)
-
 
     @classmethod
     def from_pretrained(cls, path, dtype=torch.float32):
@@ -303,11 +316,12 @@ class GPT(nn.Module):
         weights kept in `dtype`. Nothing is downloaded: fetch the directory first (README)."""
         config = GPTConfig(**hf_config_args(read_hf_config(path), path))
         held = hf_layer_count(path)
-        if config.n_layer > held:  # checked before building n_layer blocks (fewer: an unexpected tensor, below)
+        # checked before building n_layer blocks (fewer: an unexpected tensor, below)
+        if config.n_layer > held:
             key = "n_layer" if config.arch == "gpt2" else "num_hidden_layers"
-            raise UserError(f"{path}/config.json: {key} = {config.n_layer}, but the weights hold {held} layers: "
-                            f"config.json and the weights do not belong together")
-        with torch.device("meta"):  # no memory yet: each tensor arrives once, straight from the file
+            raise UserError(f"{path}/config.json: {key} = {config.n_layer}, but the weights hold "
+                            f"{held} layers: config.json and the weights do not belong together")
+        with torch.device("meta"):  # no memory yet: each tensor comes once, straight from the file
             model = cls(config)
         shapes = {k: v.shape for k, v in model.state_dict().items()}
         if config.tie_head:  # the head is wte's weight (a file may still carry a copy: skipped)
@@ -325,7 +339,8 @@ class GPT(nn.Module):
 # checkpoint I/O shared by every script
 
 class CheckpointWriteError(UserError):
-    """A checkpoint that could not be written (disk full, read-only): a training loop adds where it can go on from."""
+    """A checkpoint that could not be written (disk full, read-only): a training loop adds where
+    it can go on from."""
 
 
 def save_checkpoint(obj, path):
@@ -333,7 +348,7 @@ def save_checkpoint(obj, path):
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     tmp = path + ".tmp"
     buf = io.BytesIO()
-    torch.save(obj, buf)  # in memory first: torch.save into a full disk reports "unexpected pos", not why
+    torch.save(obj, buf)  # in memory first: saving to a full disk reports "unexpected pos", not why
     try:
         with open(tmp, "wb") as f:
             f.write(buf.getbuffer())
@@ -341,7 +356,7 @@ def save_checkpoint(obj, path):
     except OSError as e:  # disk full, read-only, ...: the OS's own reason
         raise CheckpointWriteError(f"cannot write checkpoint {path}: {e.strerror or e}") from None
     finally:
-        if os.path.exists(tmp):  # failed or interrupted (Ctrl-C) mid-write: no half file left behind
+        if os.path.exists(tmp):  # failed or interrupted (Ctrl-C) mid-write: no half file left
             os.remove(tmp)
 
 
@@ -352,20 +367,23 @@ def load_checkpoint(path, map_location="cpu"):
     if os.path.isdir(path):  # torch.load's IsADirectoryError would read as a corrupt file
         kinds = {"config.json": "a Hugging Face model directory",
                  "ckpt.pt": f"a run directory (its checkpoint: {path}/ckpt.pt)"}
-        what = next((v for k, v in kinds.items() if os.path.isfile(os.path.join(path, k))), "a directory")
+        found = (v for k, v in kinds.items() if os.path.isfile(os.path.join(path, k)))
+        what = next(found, "a directory")
         raise UserError(f"{path} is {what}, not a checkpoint file")
     try:
         return torch.load(path, map_location=map_location, weights_only=True)
     except Exception as e:
         first_line = (str(e).splitlines() or [""])[0][:120]
-        raise UserError(f"checkpoint {path} is corrupt or not a checkpoint ({type(e).__name__}: {first_line})") from None
+        raise UserError(f"checkpoint {path} is corrupt or not a checkpoint "
+                        f"({type(e).__name__}: {first_line})") from None
 
 
 def model_from_checkpoint(ckpt, path="checkpoint", **overrides):
     """Build a GPT from a base checkpoint's model_args and weights; a mismatch is a clear error."""
     if "lora" in ckpt:  # a GRPO run's: an adapter, not a model
-        raise UserError(f"{path} is a train_grpo.py checkpoint (a LoRA adapter on the base {ckpt.get('base_ckpt')}), "
-                        f"not a base model: give a base, e.g. the one it was trained on")
+        raise UserError(f"{path} is a train_grpo.py checkpoint (a LoRA adapter on the base "
+                        f"{ckpt.get('base_ckpt')}), not a base model: "
+                        f"give a base, e.g. the one it was trained on")
     if "model_args" not in ckpt or "model" not in ckpt:
         raise UserError(f"{path} is not a base model checkpoint (no model_args/model)")
     args = {**ckpt["model_args"], **overrides}
@@ -377,8 +395,9 @@ def model_from_checkpoint(ckpt, path="checkpoint", **overrides):
     try:
         model.load_state_dict(sd)
     except RuntimeError as e:
+        lines = str(e).splitlines()
         raise UserError(f"{path} does not match the GPT architecture {ckpt['model_args']}: "
-                        f"{str(e).splitlines()[1].strip() if len(str(e).splitlines()) > 1 else e}") from None
+                        f"{lines[1].strip() if len(lines) > 1 else e}") from None
     return model
 
 

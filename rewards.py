@@ -20,21 +20,21 @@ import operator
 import re
 from fractions import Fraction
 
-# One rule for digits in every reward: only ASCII 0-9 make a number. Python's \d and int() also take every
-# other Unicode decimal digit ("７２" full-width, "٧٢" Arabic-Indic), so without it "#### ７２" would score
-# as 72 where "\\boxed{７２}" or a countdown answer would not. Every pattern below is built from DIGIT, and
-# every number goes through to_int.
+# One rule for digits in every reward: only ASCII 0-9 make a number. Python's \d and int() also
+# take every other Unicode decimal digit ("７２" full-width, "٧٢" Arabic-Indic), so without it
+# "#### ７２" would score as 72 where "\\boxed{７２}" or a countdown answer would not. Every
+# pattern below is built from DIGIT, and every number goes through to_int.
 DIGIT = "[0-9]"
 # a digit of any script may not follow one: "7２" is no number (not 7 followed by a word)
 NO_DIGIT_AFTER = r"(?!\d)"
-# an integer: sign, then thousands commas well grouped ("1,234", not "12,34", so that a stray comma list
-# like "1,2,3" is not silently read as 123), or plain digits
+# an integer: sign, then thousands commas well grouped ("1,234", not "12,34", so that a stray
+# comma list like "1,2,3" is not silently read as 123), or plain digits
 INTEGER = rf"([+-]?)({DIGIT}{{1,3}}(?:,{DIGIT}{{3}})+|{DIGIT}+){NO_DIGIT_AFTER}"
 
 
 def to_int(sign: str, digits: str) -> int | None:
-    """The integer INTEGER matched (sign, digits with commas), or None if it is not one: non-ASCII digits
-    (the rule above, for a caller's own pattern too) or longer than Python's int() takes."""
+    """The integer INTEGER matched (sign, digits with commas), or None if it is not one: non-ASCII
+    digits (the rule above, for a caller's own pattern too) or longer than Python's int() takes."""
     digits = digits.replace(",", "")
     if not (digits.isascii() and digits.isdigit()):
         return None
@@ -45,8 +45,8 @@ def to_int(sign: str, digits: str) -> int | None:
     return -value if sign == "-" else value
 
 
-# The number after the final "####". Only horizontal whitespace may separate it from the marker, so a
-# number on a *later* line is not taken as the answer.
+# The number after the final "####". Only horizontal whitespace may separate it from the marker,
+# so a number on a *later* line is not taken as the answer.
 _ANSWER_RE = re.compile(rf"[ \t]*{INTEGER}(?:\.({DIGIT}+))?(?!\.?\d)")  # "72.0٣": no number either
 
 # A well-formed final line: "#### <integer>" at the start of a line and at the
@@ -111,7 +111,7 @@ def length_reward(completion: str, answer: int) -> float:
 
 # --- gsm8k ---------------------------------------------------------------------
 
-# The content of a \boxed{...} that is an integer: INTEGER, a whole decimal ("72.0"), spaces or $ around.
+# Integer content of a \boxed{...}: INTEGER, a whole decimal ("72.0"), spaces or $ around.
 _BOXED_RE = re.compile(rf"[\s$]*{INTEGER}(?:\.(0+))?[\s$]*")
 
 
@@ -255,7 +255,8 @@ def _countdown_value(text: str, numbers) -> Fraction | None:
     try:
         tokens = _tokenize(text)
         # Cheap before evaluating, and it bounds the value's size by the numbers'.
-        if collections.Counter(t for t in tokens if isinstance(t, int)) != collections.Counter(numbers):
+        ints = collections.Counter(t for t in tokens if isinstance(t, int))
+        if ints != collections.Counter(numbers):
             return None
         parser = _Parser(tokens)
         value = parser.expr()
@@ -336,29 +337,33 @@ def compute_rewards(completions, answers, reward_funcs, reward_weights, cache=No
       totals[i]      = sum_k reward_weights[k] * per_func[reward_funcs[k]][i]
       per_func[name] = raw (unweighted) values, one per completion
       errors[name]   = how many samples made that function raise
-    A raising function scores 0.0 for that sample and training continues; one malformed sample should
-    not kill a long run. The caller logs the counts. A function may return None for "cannot score this
-    one": that value is NaN in per_func and left out of the total (as TRL's nansum); a completion that
-    no function could score gets a NaN total, which the advantages leave out.
-    cache: a dict kept by the caller across calls, (name, completion, answer) -> (value, raised); the
-    reward functions are pure, so a completion seen before is not scored again. Its "hits" / "lookups"
-    entries count how often that saved a call."""
+    A raising function scores 0.0 for that sample and training continues; one malformed sample
+    should not kill a long run. The caller logs the counts. A function may return None for
+    "cannot score this one": that value is NaN in per_func and left out of the total (as TRL's
+    nansum); a completion no function could score gets a NaN total, which the advantages leave out.
+    cache: a dict kept by the caller across calls, (name, completion, answer) -> (value, raised);
+    the reward functions are pure, so a completion seen before is not scored again. Its "hits" /
+    "lookups" entries count how often that saved a call."""
     # validate before doing any work, so config mistakes fail fast and clearly
     unknown = [name for name in reward_funcs if name not in REWARD_FUNCS]
     if unknown:
         raise ValueError(f"unknown reward function(s) {unknown}; known: {sorted(REWARD_FUNCS)}")
-    if len(set(reward_funcs)) != len(reward_funcs):  # results are keyed by name: a duplicate would be merged
+    # results are keyed by name: a duplicate would be merged
+    if len(set(reward_funcs)) != len(reward_funcs):
         raise ValueError(f"duplicate reward function names in {reward_funcs}")
     if len(reward_weights) != len(reward_funcs) or len(completions) != len(answers):
-        raise ValueError(f"got {len(reward_weights)} reward_weights for {len(reward_funcs)} reward_funcs and "
-                         f"{len(completions)} completions for {len(answers)} answers: each pair must match")
-    if cache is not None and len(cache) > CACHE_SIZE:  # a bound on memory: start afresh, keep the counts
+        raise ValueError(f"got {len(reward_weights)} reward_weights for {len(reward_funcs)} "
+                         f"reward_funcs and {len(completions)} completions for {len(answers)} "
+                         "answers: each pair must match")
+    # a bound on memory: start afresh, keep the counts
+    if cache is not None and len(cache) > CACHE_SIZE:
         counts = {k: cache.get(k, 0) for k in ("hits", "lookups")}
         cache.clear()
         cache.update(counts)
     totals, scored, per_func, errors = [0.0] * len(completions), [False] * len(completions), {}, {}
     for name, weight in zip(reward_funcs, reward_weights):
-        fn, per_func[name], errors[name] = REWARD_FUNCS[name], [], 0  # looked up per call: tests monkeypatch it
+        # looked up per call: tests monkeypatch it
+        fn, per_func[name], errors[name] = REWARD_FUNCS[name], [], 0
         for i, (completion, answer) in enumerate(zip(completions, answers)):
             key = (name, completion, answer)
             if cache is not None and key in cache:

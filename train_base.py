@@ -3,7 +3,8 @@ Supervised training of the small base GPT on the task, so that GRPO has a policy
 
     python train_base.py config/tiny_base.py            # under a minute on a 2-core CPU
     python train_base.py config/tiny_base.py --init_from=resume
-    torchrun --standalone --nproc_per_node=2 train_base.py config/tiny_base.py   # 2 processes (scale/distributed.py)
+    # 2 processes (scale/distributed.py):
+    torchrun --standalone --nproc_per_node=2 train_base.py config/tiny_base.py
 
 Loss: next-token cross-entropy on the solution tokens only (the question is given, not learned).
 Prints one line per log_interval, evaluates greedy test accuracy every eval_interval, and writes
@@ -30,7 +31,8 @@ from rewards import REWARD_FUNCS
 from runs.base_checks import (build_model, check_eval_cache, check_loads, check_resume,
                               check_same_data)
 from runs.rundir import run_lock, stop_note
-from sample import NonFiniteLogits, decode_completions, encode_prompt, encode_text, generate, stop_tokens
+from sample import (NonFiniteLogits, decode_completions, encode_prompt, encode_text, generate,
+                    stop_tokens)
 from data.tasks import TASKS, base_data, check_base_knobs, portable_path, resolve_data_dir
 
 # -----------------------------------------------------------------------------
@@ -42,12 +44,13 @@ device = "cpu"              # 'cpu', 'cuda', 'cuda:1', 'mps'
 task = "arith"              # 'arith' (data/gsm_synth) or 'countdown' (data/countdown/searched.py)
 # task 'arith': synthetic GSM8K-style problems (data/gsm_synth/prepare.py)
 task_steps = 2              # operations per problem
-task_min_steps = 0          # if set, each problem has task_min_steps..task_steps operations (0 = task_steps)
+task_min_steps = 0          # problems have task_min_steps..task_steps operations (0 = task_steps)
 task_max_operand = 20       # operands drawn from 1..task_max_operand
 task_ops = "+-"             # any of '+-*/'
-task_noise = 0.0            # fraction of training solutions that stop one step early (see prepare.py)
+task_noise = 0.0            # share of training solutions that stop one step early (see prepare.py)
 n_train = 20000
-# task 'countdown': reach a target from every given number once; solutions show a search (data/countdown)
+# task 'countdown': reach a target from every given number once; solutions show a search
+# (data/countdown)
 countdown_numbers = 3       # numbers per problem
 countdown_max_number = 12   # numbers drawn from 1..countdown_max_number
 countdown_max_target = 100  # targets at most this
@@ -65,7 +68,8 @@ batch_size = 64
 max_iters = 2000
 learning_rate = 3e-3
 min_lr = 3e-4
-lr_decay_iters = 0          # cosine reaches min_lr here; 0 = max_iters (set it to stop early and resume later)
+lr_decay_iters = 0          # cosine reaches min_lr here; 0 = max_iters
+                            # (set it to stop early and resume later)
 warmup_iters = 100
 weight_decay = 0.1
 beta1, beta2 = 0.9, 0.99
@@ -75,8 +79,9 @@ log_interval = 50
 eval_interval = 500
 eval_n = 200                # test problems scored greedily at each eval
 max_new_tokens = 40
-dtype = "auto"              # 'bfloat16': autocast (weights and AdamW stay float32); 'float32'; 'auto': bf16
-                            # where the device runs it fast (CUDA with bf16, CPUs with AMX / AVX512-BF16)
+dtype = "auto"              # 'bfloat16': autocast (weights and AdamW stay float32); 'float32';
+                            # 'auto': bf16 where the device runs it fast (CUDA with bf16,
+                            # CPUs with AMX / AVX512-BF16)
 # -----------------------------------------------------------------------------
 defaults = {k: v for k, v in dict(globals()).items()
             if not k.startswith("_") and isinstance(v, (int, float, bool, str))}
@@ -106,7 +111,8 @@ def evaluate(model, enc, examples, max_new_tokens, k=1, temperature=1.0, batch=E
     problems and the counts are summed. Whole chunks, because a chunk's pass@k draws depend on all
     its rows (one generator, seeded seed + the chunk's start), so they stay those of one process."""
     if not examples:  # an accuracy over no problem would be NaN
-        raise UserError("no test problems to evaluate: eval_n must be >= 1 and the test split must not be empty")
+        raise UserError("no test problems to evaluate: eval_n must be >= 1 and the test split "
+                        "must not be empty")
     greedy, passk, failed = 0, 0, None
     correct = REWARD_FUNCS[TASKS[task]["correct"]]
     starts = range(0, len(examples), batch)
@@ -119,16 +125,18 @@ def evaluate(model, enc, examples, max_new_tokens, k=1, temperature=1.0, batch=E
             texts = decode_completions(enc, idx, mask)
             greedy += sum(correct(t, e["answer"]) == 1.0 for t, e in zip(texts, chunk))
             if k > 1:
-                idx, _, mask = generate(model, prompts, max_new_tokens, stop_tokens(enc), num_samples=k,
-                                        temperature=temperature, seed=seed + i, vocab_size=enc.n_vocab)
+                idx, _, mask = generate(model, prompts, max_new_tokens, stop_tokens(enc),
+                                        num_samples=k, temperature=temperature, seed=seed + i,
+                                        vocab_size=enc.n_vocab)
                 texts = decode_completions(enc, idx, mask)
                 passk += sum(any(correct(texts[j * k + s], e["answer"]) == 1.0 for s in range(k))
                              for j, e in enumerate(chunk))
-    except NonFiniteLogits as e:  # the other ranks must still reach the sum below, and fail with this one
+    except NonFiniteLogits as e:  # other ranks must still reach the sum below, and fail with it
         failed = e
     greedy, passk, n_failed = distributed.sum_floats([greedy, passk, int(failed is not None)])
     if n_failed:
-        raise failed or NonFiniteLogits("non-finite logits in another process's share of the evaluation")
+        raise failed or NonFiniteLogits("non-finite logits in another process's share of "
+                                        "the evaluation")
     n = len(examples)
     return {"accuracy": greedy / n, f"pass@{k}": passk / n} if k > 1 else {"accuracy": greedy / n}
 
@@ -159,12 +167,14 @@ def validate(cfg):
     check_choice(cfg, "init_from", ("scratch", "resume"))
     check_choice(cfg, "task", ("arith", "countdown"))
     check_base_knobs(cfg, defaults)  # the task's data knobs, sizes bounded; others' refused
-    check_positive(cfg, "batch_size", "learning_rate", "grad_clip", "log_interval", "eval_interval", "eval_n",
-                   "max_new_tokens", "n_layer", "n_head", "n_embd", "block_size", "n_train", "task_steps", "countdown_variants",
-                   "task_max_operand")
-    check(cfg, "max_iters", cfg["max_iters"] >= 1, "must be >= 1 (0 would leave a random-weights base for GRPO)")
+    check_positive(cfg, "batch_size", "learning_rate", "grad_clip", "log_interval",
+                   "eval_interval", "eval_n", "max_new_tokens", "n_layer", "n_head", "n_embd",
+                   "block_size", "n_train", "task_steps", "countdown_variants", "task_max_operand")
+    check(cfg, "max_iters", cfg["max_iters"] >= 1,
+          "must be >= 1 (0 would leave a random-weights base for GRPO)")
     check_nonnegative(cfg, "min_lr", "warmup_iters", "lr_decay_iters", "weight_decay")
-    check(cfg, "n_embd", cfg["n_embd"] % cfg["n_head"] == 0, f"must be a multiple of n_head={cfg['n_head']}")
+    check(cfg, "n_embd", cfg["n_embd"] % cfg["n_head"] == 0,
+          f"must be a multiple of n_head={cfg['n_head']}")
     for k in ("dropout", "beta1", "beta2"):
         check(cfg, k, 0 <= cfg[k] < 1, "must be in [0, 1)")
     check_adam_lr(cfg, cfg["beta1"], "learning_rate", "min_lr")
@@ -174,11 +184,13 @@ def validate(cfg):
           f"one or more of the operations {''.join(TEMPLATES)!r}, e.g. '+-'")
     check(cfg, "task_noise", 0 <= cfg["task_noise"] <= 1, "must be in [0, 1]")
     check(cfg, "task_min_steps", 0 <= cfg["task_min_steps"] <= cfg["task_steps"],
-          f"must be in [0, task_steps={cfg['task_steps']}] (0 = every problem has task_steps operations)")
+          f"must be in [0, task_steps={cfg['task_steps']}] "
+          "(0 = every problem has task_steps operations)")
     check(cfg, "task_noise", cfg["task_noise"] == 0 or cfg["task_steps"] >= 2,
           "needs task_steps >= 2 (a noisy solution stops one step early)")
     world = distributed.launched_world_size()  # checked before any process group
-    check(cfg, "batch_size", cfg["batch_size"] % world == 0, f"must split evenly over the {world} processes")
+    check(cfg, "batch_size", cfg["batch_size"] % world == 0,
+          f"must split evenly over the {world} processes")
 
 
 def main(argv):
@@ -193,14 +205,17 @@ def main(argv):
         cfg = configure(defaults, argv, saved=ckpt.get("config", {}))
         check_resume(cfg, ckpt, path)
     validate(cfg)
-    with distributed.process_group(cfg["device"]) as cfg["device"]:  # under torchrun: cuda:LOCAL_RANK
-        cfg["dtype"], amp = check_device(cfg["device"], cfg["dtype"])  # 'auto' resolved; bf16 autocast or none
-        # a second run in this out_dir is refused from here on (rank 0 holds the lock for the whole job)
+    with distributed.process_group(cfg["device"]) as cfg["device"]:  # torchrun: cuda:LOCAL_RANK
+        # 'auto' resolved; bf16 autocast or none
+        cfg["dtype"], amp = check_device(cfg["device"], cfg["dtype"])
+        # from here, a second run in this out_dir is refused (rank 0 locks it for the whole job)
         with run_lock(cfg["out_dir"]) if distributed.is_main() else nullcontext():
             run = setup(cfg, ckpt)
-            run.model.amp = amp  # every pass computes in this precision (bf16 autocast, or the weights' own)
+            # every pass computes in this precision (bf16 autocast, or the weights' own)
+            run.model.amp = amp
             check_eval_cache(run.model, run.enc, run.test, cfg, EVAL_BATCH)  # before iteration 0
-            del ckpt  # the weights and optimizer state now live in the model and optimizer: free the loaded copy
+            # weights and optimizer state now live in the model and optimizer: free the loaded copy
+            del ckpt
             return train(cfg, run)
 
 
@@ -208,12 +223,13 @@ def setup(cfg, ckpt):
     """The task data, the model and its optimizer: new, or restored from the checkpoint `ckpt`."""
     ckpt_path = os.path.join(cfg["out_dir"], "ckpt.pt")
     if ckpt is None and os.path.exists(ckpt_path) and distributed.is_main():
-        raise UserError(f"{ckpt_path} exists: continue that run with --init_from=resume, or train a new base "
-                        f"with another --out_dir (or delete {ckpt_path})")
+        raise UserError(f"{ckpt_path} exists: continue that run with --init_from=resume, or train "
+                        f"a new base with another --out_dir (or delete {ckpt_path})")
     torch.manual_seed(cfg["seed"])
-    run = SimpleNamespace(ckpt_path=ckpt_path, rng=random.Random(cfg["seed"]), iter_num=0, elapsed_before=0.0,
-                          last_ckpt=None, metrics={} if ckpt is None else ckpt.get("metrics", {}))
-    with distributed.main_first():  # rank 0 writes the task data if missing, the others then read it
+    run = SimpleNamespace(ckpt_path=ckpt_path, rng=random.Random(cfg["seed"]), iter_num=0,
+                          elapsed_before=0.0, last_ckpt=None,
+                          metrics={} if ckpt is None else ckpt.get("metrics", {}))
+    with distributed.main_first():  # rank 0 writes any missing task data, the others then read it
         run.data_dir, run.enc = task_files(cfg, ckpt)
     check_task_data(run.data_dir, cfg["task"])  # another task's rows put in its place: refused
     splits = {s: load_split(run.data_dir, s) for s in ("train", "val", "test")}
@@ -224,15 +240,17 @@ def setup(cfg, ckpt):
     run.test = splits["test"][:cfg["eval_n"]]
     longest = max(len(p) + len(c) for p, c in run.train_pairs)
     if longest > cfg["block_size"]:
-        raise UserError(f"training sequences reach {longest} tokens but block_size={cfg['block_size']}")
+        raise UserError(f"training sequences reach {longest} tokens "
+                        f"but block_size={cfg['block_size']}")
     longest = max(len(encode_prompt(run.enc, e["question"])) for e in run.test)
     if longest + cfg["max_new_tokens"] > cfg["block_size"]:  # now, not at the first evaluation
         raise UserError(f"config key 'max_new_tokens' = {cfg['max_new_tokens']} is not allowed: "
                         f"the longest test question ({longest} tokens) + max_new_tokens must fit "
                         f"block_size={cfg['block_size']}: give at most "
                         f"{cfg['block_size'] - longest}")
-    run.model_args = dict(block_size=cfg["block_size"], vocab_size=run.enc.n_vocab, n_layer=cfg["n_layer"],
-                          n_head=cfg["n_head"], n_embd=cfg["n_embd"], dropout=cfg["dropout"], bias=cfg["bias"])
+    run.model_args = dict(block_size=cfg["block_size"], vocab_size=run.enc.n_vocab,
+                          n_layer=cfg["n_layer"], n_head=cfg["n_head"], n_embd=cfg["n_embd"],
+                          dropout=cfg["dropout"], bias=cfg["bias"])
     if ckpt is not None:  # the weights' shapes (check_resume: cfg's too); dropout as configured now
         run.model_args = {**ckpt["model_args"], "dropout": cfg["dropout"]}
     run.model = build_model(run.model_args, cfg["device"], ckpt, ckpt_path)
@@ -244,7 +262,7 @@ def setup(cfg, ckpt):
         print(f"resuming from {ckpt_path} at iter {run.iter_num}")
     if distributed.is_main():
         print(f"GPT with {run.model.num_params() / 1e6:.2f}M parameters, vocab {run.enc.n_vocab}")
-    decay = [p for p in run.model.parameters() if p.dim() >= 2]   # no weight decay on gains and biases
+    decay = [p for p in run.model.parameters() if p.dim() >= 2]  # gains, biases: no weight decay
     no_decay = [p for p in run.model.parameters() if p.dim() < 2]
     run.optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": cfg["weight_decay"]},
                                        {"params": no_decay, "weight_decay": 0.0}],
@@ -265,10 +283,10 @@ def task_files(cfg, ckpt):
 
 
 def rank_rows(x, y):
-    """Under torchrun: this rank's contiguous rows of the whole batch (every rank drew all of it from
-    the same seeded stream) and the factor that turns the mean loss over its target tokens into its
-    share of the mean over the whole batch's, so that the summed gradients are the single-process
-    gradient. In one process: (x, y, 1.0)."""
+    """Under torchrun: this rank's contiguous rows of the whole batch (every rank drew all of it
+    from the same seeded stream) and the factor that turns the mean loss over its target tokens
+    into its share of the mean over the whole batch's, so that the summed gradients are the
+    single-process gradient. In one process: (x, y, 1.0)."""
     if distributed.world_size() == 1:
         return x, y, 1.0
     rows = distributed.shard(x.size(0))
@@ -276,7 +294,7 @@ def rank_rows(x, y):
 
 
 def train(cfg, run):
-    """The training loop: one line per log_interval, an evaluation and a checkpoint per eval_interval."""
+    """Training loop: a line per log_interval, an evaluation and a checkpoint per eval_interval."""
     model, optimizer, rng = run.model, run.optimizer, run.rng
 
     def checkpoint(metrics):
@@ -296,18 +314,19 @@ def train(cfg, run):
     metrics = run.metrics  # a resumed run's last evaluation until the next
     try:
         while run.iter_num < cfg["max_iters"]:
-            lr = get_lr(run.iter_num, cfg["lr_decay_iters"] or cfg["max_iters"], cfg["learning_rate"], cfg["min_lr"],
-                        cfg["warmup_iters"])
+            lr = get_lr(run.iter_num, cfg["lr_decay_iters"] or cfg["max_iters"],
+                        cfg["learning_rate"], cfg["min_lr"], cfg["warmup_iters"])
             for g in optimizer.param_groups:
                 g["lr"] = lr
-            x, y, share = rank_rows(*get_batch(run.train_pairs, cfg["batch_size"], rng, cfg["device"]))
+            batch = get_batch(run.train_pairs, cfg["batch_size"], rng, cfg["device"])
+            x, y, share = rank_rows(*batch)
             model.train()
             with model.amp:
                 _, loss = model(x, targets=y)
             if share != 1.0:
                 loss = loss * share
             loss.backward()
-            # summed over the ranks by an explicit all-reduce per tensor: one code path with the single
+            # summed over ranks by an explicit all-reduce per tensor: one code path with the single
             # process; DDP would overlap it with the backward, which pays off only for a large model
             distributed.all_reduce_sum([p.grad for p in model.parameters() if p.grad is not None])
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg["grad_clip"])
@@ -316,26 +335,32 @@ def train(cfg, run):
             run.iter_num += 1
             it = run.iter_num
             at_eval = it % cfg["eval_interval"] == 0 or it == cfg["max_iters"]
-            if at_eval or it % cfg["log_interval"] == 0:  # the whole batch's loss: the ranks' shares summed
+            if at_eval or it % cfg["log_interval"] == 0:  # whole batch's loss: ranks' shares summed
                 loss_value = distributed.sum_floats([loss.item()])[0]
             if (at_eval or it % cfg["log_interval"] == 0) and not math.isfinite(loss_value):
-                raise UserError(f"the training loss is {loss_value} at iter {it}: training diverged; lower "
-                                f"learning_rate (last checkpoint: {run.ckpt_path if run.last_ckpt is not None else 'none'})")
+                last = run.ckpt_path if run.last_ckpt is not None else "none"
+                raise UserError(f"the training loss is {loss_value} at iter {it}: "
+                                f"training diverged; lower learning_rate (last checkpoint: {last})")
             if it % cfg["log_interval"] == 0 and distributed.is_main():
                 dt, t_log = (time.time() - t_log) / cfg["log_interval"], time.time()
-                print(f"iter {it:5d} | loss {loss_value:.4f} | lr {lr:.2e} | {dt * 1000:.0f} ms/iter"
+                print(f"iter {it:5d} | loss {loss_value:.4f} | lr {lr:.2e}"
+                      f" | {dt * 1000:.0f} ms/iter"
                       f" | {run.elapsed_before + time.time() - t_start:.0f}s")
             if at_eval:  # every rank scores its share of the test problems
                 with model.amp:
-                    metrics = evaluate(model, run.enc, run.test, cfg["max_new_tokens"], task=cfg["task"])
+                    metrics = evaluate(model, run.enc, run.test, cfg["max_new_tokens"],
+                                       task=cfg["task"])
             if at_eval and distributed.is_main():
-                print(f"eval  {it:5d} | test accuracy {metrics['accuracy']:.3f} (greedy, {len(run.test)} problems)")
+                print(f"eval  {it:5d} | test accuracy {metrics['accuracy']:.3f} "
+                      f"(greedy, {len(run.test)} problems)")
             if at_eval:
                 checkpoint(metrics)
-    except (KeyboardInterrupt, CheckpointWriteError) as e:  # Ctrl-C, a full disk: where to go on from
+    except (KeyboardInterrupt, CheckpointWriteError) as e:  # Ctrl-C, full disk: where to go on from
         where = (f"train_base.py stopped at iter {run.iter_num} of {cfg['max_iters']}; "
                  f"{stop_note('train_base.py', cfg['out_dir'], run.last_ckpt, remove_files=False)}")
-        raise (Interrupted(where) if isinstance(e, KeyboardInterrupt) else UserError(f"{e}; {where}")) from None
+        if isinstance(e, KeyboardInterrupt):
+            raise Interrupted(where) from None
+        raise UserError(f"{e}; {where}") from None
     total = run.elapsed_before + time.time() - t_start
     acc = f", test accuracy {metrics['accuracy']:.3f}" if "accuracy" in metrics else ""
     if distributed.is_main():
