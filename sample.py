@@ -3,8 +3,8 @@ Batched KV-cache sampling: GRPO's pass 1. Returns token ids and a completion mas
 
     python sample.py --ckpt=out/base/ckpt.pt --question="Mia has 3 apples. ..." --num_samples=4
     python sample.py --ckpt=out/grpo/ckpt.pt          # a GRPO run: LoRA applied on its base model
-    python sample.py --ckpt=models/qwen2.5-0.5b-instruct --start="The capital of France" --temperature=0
-                                                      # a Hugging Face directory; --start: raw text
+    python sample.py --ckpt=models/qwen2.5-0.5b-instruct --temperature=0 \
+        --start="The capital of France"               # a Hugging Face directory; --start: raw text
 
 Layout of a batch (prompts of different lengths are left-padded, so every completion starts at
 the same column P and the cache advances one column per step for all rows):
@@ -24,8 +24,8 @@ from scale.device import check_device
 
 
 def encode_text(enc, text):
-    """Token ids of any text. A string that spells a special token ("<|endoftext|>") is encoded as the
-    plain characters it is, never as the special token: a question cannot end its own prompt."""
+    """Token ids of any text. A string that spells a special token ("<|endoftext|>") is encoded as
+    the plain characters it is, never as the special token: a question cannot end its own prompt."""
     return enc.encode(text, disallowed_special=())
 
 
@@ -34,9 +34,10 @@ CHAT_INSTRUCTION = "\nWrite one equation per line, then the answer on a last lin
 
 
 def encode_prompt(enc, question):
-    """The prompt's ids; with an instruct model's tokenizer (pretrained/tokenizer.py, `chat` set) the question
-    and CHAT_INSTRUCTION form the user turn of its chat format, ending in the assistant's header
-    (enc.instruction replaces CHAT_INSTRUCTION for tasks whose questions carry their own: data/tasks.py)."""
+    """The prompt's ids; with an instruct model's tokenizer (pretrained/tokenizer.py, `chat` set)
+    the question and CHAT_INSTRUCTION form the user turn of its chat format, ending in the
+    assistant's header (enc.instruction replaces CHAT_INSTRUCTION for tasks whose questions carry
+    their own: data/tasks.py)."""
     if getattr(enc, "chat", None):
         return enc.encode_chat(question + getattr(enc, "instruction", CHAT_INSTRUCTION))
     return encode_text(enc, question + "\n")  # the tiny GPT's format (data/gsm_synth: prompt_text)
@@ -67,10 +68,10 @@ def sample_next(logits, temperature, top_k, top_p, generator, u=None):
     """logits (N, V) of the last position only -> next token ids (N,). Each row's token is drawn by
     inverse CDF from ONE uniform number u_i (drawn here from `generator` unless given): the first
     token whose cumulative probability exceeds u_i. A row's draw thus depends on its own u_i only,
-    which lets several processes each sample their rows of one batch exactly as one process would."""
+    which lets several processes sample their rows of one batch exactly as one process would."""
     if temperature == 0:
         return logits.argmax(dim=-1)                      # greedy
-    logits = logits.float() / temperature                 # float32 under bf16 (scale/device.py's list)
+    logits = logits.float() / temperature                 # float32 under bf16 (see scale/device.py)
     if top_k is not None and top_k < logits.size(-1):
         kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
@@ -78,7 +79,7 @@ def sample_next(logits, temperature, top_k, top_p, generator, u=None):
         sorted_logits, order = torch.sort(logits, descending=True, dim=-1)
         cum = sorted_logits.softmax(-1).cumsum(-1)
         drop = cum - sorted_logits.softmax(-1) >= top_p   # tokens entirely beyond the nucleus
-        drop[:, 0] = False                                # the most likely token always stays, for any top_p
+        drop[:, 0] = False                                # the likeliest token stays, for any top_p
         logits = logits.masked_fill(torch.zeros_like(drop).scatter(-1, order, drop), float("-inf"))
     cdf = logits.softmax(dim=-1).cumsum(-1)
     if u is None:
@@ -89,8 +90,8 @@ def sample_next(logits, temperature, top_k, top_p, generator, u=None):
 
 @torch.no_grad()  # pass 1 needs no graph: no activations are stored for backward
 def generate(model, prompts, max_new_tokens, eot_id, num_samples=1, temperature=1.0,
-             top_k=None, top_p=None, seed=None, generator=None, check_every=None, vocab_size=None, u=None,
-             decode=None):
+             top_k=None, top_p=None, seed=None, generator=None, check_every=None, vocab_size=None,
+             u=None, decode=None):
     """prompts: list of token-id lists (any lengths). Each prompt gets `num_samples` completions.
     eot_id: the end-of-sequence id, or a tuple of them (an instruct model may end a turn with one of
     several); the first pads. vocab_size: ids from here on are never drawn (the embedding rows a
@@ -102,13 +103,14 @@ def generate(model, prompts, max_new_tokens, eot_id, num_samples=1, temperature=
       pad_left (B*num_samples,), completion_mask (B*num_samples, T) 1 on generated tokens up to
           and including end-of-text.
     Only the last position's logits (N, V) exist at any step; none are returned.
-    Random numbers: u (max_new_tokens, N), one uniform per row and step (sample_next), drawn from the
-    generator before the first step unless given; a row's tokens depend on its own column only.
-    decode: the one-new-column step of the loop, decode(tok (N, 1), cache) -> logits (N, 1, V), with a
-    cache_len(n) for the cache's size: scale/compiled.CompiledDecode with compile=True; None: the
-    model's own forward with the cache."""
+    Random numbers: u (max_new_tokens, N), one uniform per row and step (sample_next), drawn from
+    the generator before the first step unless given; a row's tokens depend on its own column only.
+    decode: the one-new-column step of the loop, decode(tok (N, 1), cache) -> logits (N, 1, V),
+    with a cache_len(n) for the cache's size: scale/compiled.CompiledDecode with compile=True;
+    None: the model's own forward with the cache."""
     device = next(model.parameters()).device
-    stops = torch.tensor(eot_id if isinstance(eot_id, (tuple, list)) else [eot_id], device=device, dtype=torch.long)
+    eot_ids = eot_id if isinstance(eot_id, (tuple, list)) else [eot_id]
+    stops = torch.tensor(eot_ids, device=device, dtype=torch.long)
     eot_id = int(stops[0]) if len(stops) else 0  # the padding id; () = nothing stops a row
     check_every = check_every or (8 if device.type == "cuda" else 1)  # see "all rows done?" below
     idx, pad_left = pad_prompts(prompts, eot_id, device)
@@ -116,17 +118,20 @@ def generate(model, prompts, max_new_tokens, eot_id, num_samples=1, temperature=
     if max_new_tokens < 1:
         raise UserError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
     if P + max_new_tokens > model.config.block_size:
-        raise UserError(f"prompt of {P} tokens + max_new_tokens={max_new_tokens} exceeds the context "
-                        f"of {model.config.block_size} tokens; shorten the prompt or max_new_tokens")
+        raise UserError(f"prompt of {P} tokens + max_new_tokens={max_new_tokens} exceeds "
+                        f"the context of {model.config.block_size} tokens; "
+                        "shorten the prompt or max_new_tokens")
     if generator is None and seed is not None:
         generator = torch.Generator(device=device).manual_seed(seed)
     if u is None and temperature > 0:
         u = torch.rand(max_new_tokens, N, generator=generator, device=device)  # (S, N)
     if u is not None and tuple(u.shape) != (max_new_tokens, N):
-        raise ValueError(f"u must be (max_new_tokens, rows) = ({max_new_tokens}, {N}), got {tuple(u.shape)}")
+        raise ValueError(f"u must be (max_new_tokens, rows) = ({max_new_tokens}, {N}), "
+                         f"got {tuple(u.shape)}")
     was_training = model.training
     model.eval()
-    cache_len = decode.cache_len(P + max_new_tokens) if decode else P + max_new_tokens  # compiled: bucketed
+    cache_len = (decode.cache_len(P + max_new_tokens) if decode  # compiled: bucketed
+                 else P + max_new_tokens)
     cache = model.new_cache(B, cache_len, pad_left)
     logits, _ = model(idx, cache=cache)                   # prefill once per prompt: (B, 1, V)
     cache.repeat_interleave(num_samples)                  # share the prefill among the samples
@@ -135,14 +140,16 @@ def generate(model, prompts, max_new_tokens, eot_id, num_samples=1, temperature=
     done = torch.zeros(N, dtype=torch.bool, device=device)
     nonfinite = torch.zeros(N, dtype=torch.bool, device=device)
     for t in range(max_new_tokens):
-        nonfinite |= ~torch.isfinite(logits).all(-1)      # NaN/Inf: recorded without a host sync, raised at the end
-        nxt = sample_next(logits[:, :vocab_size], temperature, top_k, top_p, generator, None if u is None else u[t])
-        del logits                                        # the only logits alive; nothing keeps them
+        # NaN/Inf: recorded without a host sync, raised at the end
+        nonfinite |= ~torch.isfinite(logits).all(-1)
+        u_t = None if u is None else u[t]
+        nxt = sample_next(logits[:, :vocab_size], temperature, top_k, top_p, generator, u_t)
+        del logits                                        # the only logits alive, kept by nothing
         nxt = nxt.masked_fill(done, eot_id)               # finished rows only emit padding
         out[:, t] = nxt
         done |= torch.isin(nxt, stops)
-        # all rows done? bool() waits for the device: on a GPU, asking every step would stall the kernel
-        # queue once per token, so there we ask every 8 steps (at most 7 wasted steps once all rows are done)
+        # all rows done? bool() waits for the device: on a GPU, asking every step would stall the
+        # kernel queue once per token, so there we ask every 8 steps (at most 7 wasted at the end)
         if t + 1 == max_new_tokens or (t % check_every == check_every - 1 and bool(done.all())):
             break
         # one new column for every row: the model's forward, or the compiled step (same arithmetic)
@@ -154,14 +161,14 @@ def generate(model, prompts, max_new_tokens, eot_id, num_samples=1, temperature=
     # mask: 1 up to and including the first end-of-text of each row
     is_eot = torch.isin(out[:, :t + 1], stops).long()
     mask = ((is_eot.cumsum(1) - is_eot) == 0).long()      # 0 strictly after the first EOT
-    T = int(mask.sum(0).nonzero().max()) + 1              # drop columns no row reached (all padding)
+    T = int(mask.sum(0).nonzero().max()) + 1              # drop columns no row reached, all padding
     return torch.cat([idx.repeat_interleave(num_samples, dim=0), out[:, :T]], dim=1), \
         pad_left.repeat_interleave(num_samples), mask[:, :T]
 
 
 def stop_tokens(enc):
-    """The ids that end a completion: a Hugging Face tokenizer's end-of-sequence ids (maybe none, see
-    pretrained/tokenizer.py), else end-of-text."""
+    """The ids that end a completion: a Hugging Face tokenizer's end-of-sequence ids (maybe none,
+    see pretrained/tokenizer.py), else end-of-text."""
     return tuple(getattr(enc, "stop_tokens", (enc.eot_token,)))
 
 
@@ -190,7 +197,8 @@ defaults = dict(
     top_p=1.0,
     seed=1337,
     device="cpu",
-    base_ckpt="",             # a GRPO checkpoint's base where it is now, if it moved ('' = where the run found it)
+    base_ckpt="",             # a GRPO checkpoint's base where it is now, if it moved
+                              # ('' = where the run found it)
 )
 
 
@@ -203,30 +211,37 @@ def main(argv):
     check(cfg, "top_k", cfg["top_k"] >= 0, "must be >= 0 (0 = off)")
     check(cfg, "top_p", 0 < cfg["top_p"] <= 1, "must be in (0, 1] (1 = off)")
     check_device(cfg["device"])  # float32
-    check(cfg, "start", not (cfg["start"] and cfg["question"]), "give --start (raw text) or --question, not both")
-    model, enc, data_dir = load_policy(cfg["ckpt"], cfg["device"], merge=True, base_ckpt=cfg["base_ckpt"])
+    check(cfg, "start", not (cfg["start"] and cfg["question"]),
+          "give --start (raw text) or --question, not both")
+    model, enc, data_dir = load_policy(cfg["ckpt"], cfg["device"], merge=True,
+                                       base_ckpt=cfg["base_ckpt"])
     bad = next((n for n, p in model.named_parameters() if not torch.isfinite(p).all()), None)
     if bad is not None:  # every logit would be NaN: say which weight, not a traceback from sampling
-        raise UserError(f"{cfg['ckpt']}: weight {bad} holds NaN/Inf, so the model cannot be sampled: use a copy "
-                        "of the model whose weights are finite (for a GRPO run: an earlier ckpt_NNNNNN.pt)")
+        raise UserError(f"{cfg['ckpt']}: weight {bad} holds NaN/Inf, "
+                        "so the model cannot be sampled: "
+                        "use a copy of the model whose weights are finite "
+                        "(for a GRPO run: an earlier ckpt_NNNNNN.pt)")
     if cfg["start"]:  # raw text, special tokens written in it included, continued as it is
         prompts, questions = [enc.encode(cfg["start"], allowed_special="all")], [cfg["start"]]
     else:
-        questions = [cfg["question"]] if cfg["question"] else \
-            [e["question"] for e in load_split(task_data("arith", data_dir), "test")[:cfg["num_questions"]]]
+        if cfg["question"]:
+            questions = [cfg["question"]]
+        else:
+            test = load_split(task_data("arith", data_dir), "test")
+            questions = [e["question"] for e in test[:cfg["num_questions"]]]
         prompts = [encode_prompt(enc, q) for q in questions]
     try:
-        idx, _, mask = generate(model, prompts, cfg["max_new_tokens"], stop_tokens(enc), cfg["num_samples"],
-                                cfg["temperature"], cfg["top_k"] or None, cfg["top_p"], seed=cfg["seed"],
-                                vocab_size=enc.n_vocab)
+        idx, _, mask = generate(model, prompts, cfg["max_new_tokens"], stop_tokens(enc),
+                                cfg["num_samples"], cfg["temperature"], cfg["top_k"] or None,
+                                cfg["top_p"], seed=cfg["seed"], vocab_size=enc.n_vocab)
     except NonFiniteLogits as e:  # finite weights whose activations overflow
-        raise UserError(f"{cfg['ckpt']}: {e}, from finite weights (activations that overflow): use a model "
-                        "whose weights have not diverged") from None
+        raise UserError(f"{cfg['ckpt']}: {e}, from finite weights (activations that overflow): "
+                        "use a model whose weights have not diverged") from None
     if cfg["start"]:  # nanoGPT's output: the text and its continuation, decoded together
         stops = stop_tokens(enc)
         for i in range(cfg["num_samples"]):
-            print(enc.decode(prompts[0] + [t for t, m in zip(idx[i, -mask.size(1):].tolist(), mask[i].tolist())
-                                           if m and t not in stops]))
+            completion = zip(idx[i, -mask.size(1):].tolist(), mask[i].tolist())
+            print(enc.decode(prompts[0] + [t for t, m in completion if m and t not in stops]))
             print("---------------")
         return
     texts = decode_completions(enc, idx, mask)

@@ -3,11 +3,12 @@ GRPO (Group Relative Policy Optimization, DeepSeekMath arXiv 2402.03300) with Lo
 
     python train_grpo.py config/tiny_grpo.py       # trains the base model first if it is missing
     python train_grpo.py --out_dir=out/grpo --init_from=resume
-    torchrun --standalone --nproc_per_node=2 train_grpo.py config/tiny_grpo.py   # 2 processes: scale/distributed.py
+    torchrun --standalone --nproc_per_node=2 train_grpo.py config/tiny_grpo.py
+                                                   # 2 processes: scale/distributed.py
 
 One step (grpo_step), in the order it runs; the parts live in grpo.py:
   1. take batch_size prompts (Run.step draws and encodes them), each repeated group_size times
-  2. PASS 1 sampling, no grad: KV-cache generation, token ids only (make_rollouts -> sample.generate)
+  2. PASS 1 sampling, no grad: KV-cache generation, token ids only (make_rollouts->sample.generate)
   3. rewards -> compute_group_advantages: A_i = (r_i - mean_group) / std_group (make_rollouts)
   4. PASS 3 reference, no grad: the same model with LoRA disabled (no second copy of the weights);
      it runs before pass 2 so that its activations are gone before the policy's graph is built
@@ -15,7 +16,7 @@ One step (grpo_step), in the order it runs; the parts live in grpo.py:
   6. loss (grpo_loss): clipped surrogate + beta * k3 KL, aggregated per loss_type; backward
      (4-6 per micro-batch: policy_backward; with tracin=True, tracin.tracin_backward instead keeps
      only the gradient of the rollouts that help a validation batch)
-  7. clip the gradient, AdamW on the LoRA parameters only; skip the step if anything is NaN/Inf (update)
+  7. clip the gradient, AdamW on LoRA parameters only; skip the step if anything is NaN/Inf (update)
 Every large tensor is deleted as soon as it has been used; each `del` says what it frees.
 """
 # configurator first: a Ctrl-C during the slow imports below (torch) is one line, not a traceback
@@ -53,19 +54,19 @@ out_dir = "out/grpo"
 init_from = "base"          # 'base': new LoRA on base_ckpt; 'resume': continue from out_dir/ckpt.pt
 base_ckpt = "out/base/ckpt.pt"
 base_config = "config/tiny_base.py"   # used to train the base model when base_ckpt is missing
-                            # base_ckpt may also be a Hugging Face model directory (GPT.from_pretrained)
-task = "arith"              # 'arith' (data/gsm_synth), 'gsm8k', 'countdown' (data/tasks.py); the task of a
-                            # train_base.py base_ckpt (arith, countdown), or any with a Hugging Face one
-data_dir = ""               # the task's data for such a directory; '' = the task's default (tasks.task_data)
+                            # base_ckpt may also be a Hugging Face directory (GPT.from_pretrained)
+task = "arith"              # 'arith' (data/gsm_synth), 'gsm8k', 'countdown' (data/tasks.py):
+                            # the base's own if train_base.py made it (arith, countdown); else any
+data_dir = ""               # the task's data, for a Hugging Face base ('' = tasks.task_data's)
 seed = 1337
 device = "cpu"
-dtype = "auto"              # 'bfloat16': frozen base weights stored in bf16 under bf16 autocast (LoRA, AdamW,
-                            # log-probs, loss, influence stay float32); 'float32'; 'auto': bf16 where the
-                            # device runs it fast (CUDA with bf16, CPUs with AMX / AVX512-BF16)
+dtype = "auto"              # 'bfloat16': frozen base weights in bf16 under bf16 autocast (LoRA,
+                            # AdamW, log-probs, loss, influence stay float32); 'float32'; 'auto':
+                            # bf16 where it runs fast (CUDA with bf16, CPUs with AMX / AVX512-BF16)
 # GRPO
 batch_size = 8              # prompts per step
 group_size = 8              # completions per prompt (G); advantages are relative within a group
-micro_batch_size = 32       # completions per forward/backward; gradients accumulate over micro-batches
+micro_batch_size = 32       # completions per forward/backward; gradients accumulate across them
 max_new_tokens = 40
 temperature = 1.0           # sampling temperature; log-probs use logits / temperature to match
 top_k = 0                   # 0 = off
@@ -73,40 +74,40 @@ top_p = 1.0
 beta = 0.04                 # KL weight; 0 skips the reference pass entirely
 epsilon_low = 0.2           # clip ratio to [1 - epsilon_low, 1 + epsilon_high]
 epsilon_high = 0.2
-loss_type = "grpo"          # TRL's names: 'grpo' (mean per completion), 'dapo' (per token of the batch),
-                            # 'bnpo' (per token of each micro-batch), 'dr_grpo' (sum / (N * max_new_tokens))
-num_iterations = 1          # mu: updates per generation; > 1 takes old log-probs after sampling and clipping acts
-importance_sampling_level = "token"  # 'token' ratios, or 'sequence' (GSPO: one ratio per completion)
+loss_type = "grpo"          # TRL's names: 'grpo' (mean per completion), 'dapo' (per batch token),
+                            # 'bnpo' (per micro-batch token), 'dr_grpo' (sum / (N * max_new_tokens))
+num_iterations = 1          # mu: updates per generation; > 1: old log-probs after it, clipping acts
+importance_sampling_level = "token"  # 'token' ratios, or 'sequence' (GSPO: one per completion)
 use_bias_correction_kl = False       # multiply the k3 KL by the ratio (TRL's default is True)
 scale_rewards = "group"     # 'group' / 'batch' std, or 'none' (Dr. GRPO)
 advantage_epsilon = 0.0     # A = (r - mean) / (std + advantage_epsilon); TRL uses 1e-4
 reward_cache = True         # a completion (text, answer) seen before is not scored again
-background_rewards = False  # score on a worker thread while the reference pass runs (pays off for slow rewards)
-curriculum = ""             # easy -> hard levels 'steps:max_operand', e.g. '1:20,2:20,3:20' (data/curriculum.py);
-                            # '' = prompts from the base's train split
+background_rewards = False  # score on a thread during the reference pass: pays off for slow rewards
+curriculum = ""             # easy -> hard levels 'steps:max_operand', e.g. '1:20,2:20,3:20'
+                            # (data/curriculum.py); '' = prompts from the base's train split
 curriculum_threshold = 0.5  # move up a level when the moving training accuracy reaches this
 curriculum_window = 10      # steps in that moving mean
 mask_truncated_completions = False  # completions that never emitted end-of-text get no loss
-reward_funcs = ()           # () = the task's (tasks.TASKS): arith ('correctness', 'format') weighted (1.0, 0.1)
-reward_weights = ()
+reward_funcs = ()           # () = the task's (tasks.TASKS): arith ('correctness', 'format')
+reward_weights = ()         # weighted (1.0, 0.1)
 # LoRA
 lora_r = 8
 lora_alpha = 16
 lora_dropout = 0.0          # dropout stays off in RL: it would make logp and ref noisy (trl#3500)
 lora_targets = ("c_attn", "c_proj", "c_fc")
 grad_checkpoint = False
-compile = False             # torch.compile sampling's decode step (scale/compiled.py): pays back only in long runs
+compile = False             # torch.compile decode steps (scale/compiled.py): pays only in long runs
 # optimisation: AdamW over LoRA parameters, warmup then cosine
 max_iters = 100
 learning_rate = 3e-3
 min_lr = 3e-4
-lr_decay_iters = 0          # cosine reaches min_lr here; 0 = max_iters (set it to stop early and resume later)
+lr_decay_iters = 0          # min_lr reached here; 0 = max_iters (set it to stop early and resume)
 warmup_iters = 5
 weight_decay = 0.0
 grad_clip = 1.0
 # logging / evaluation / checkpoints
 log_interval = 1
-eval_interval = 50          # greedy accuracy and pass@eval_k on the test split; also at start and end
+eval_interval = 50          # greedy accuracy, pass@eval_k on the test split; also at start and end
 eval_n = 500
 eval_k = 4
 ckpt_interval = 25
@@ -114,26 +115,27 @@ max_skipped_steps = 5       # this many steps in a row skipped (NaN/Inf) stop th
 # TracIn-GRPO (tracin.py): train only on rollouts whose gradient helps a validation batch
 tracin = False
 tracin_val_batch_size = 4   # validation prompts per step
-tracin_val_loss = "pg"      # 'pg': sample each val prompt group_size times, GRPO policy-gradient loss (the TracIn-GRPO guide)
-                            # 'nll': negative log-likelihood of the val prompts' clean reference solutions
+tracin_val_loss = "pg"      # 'pg': GRPO policy-gradient loss of group_size samples per val prompt
+                            # (the TracIn-GRPO guide); 'nll': NLL of their clean reference solutions
 tracin_selection = "positive"  # 'positive': influence > 0; 'topk': the top tracin_topk_frac
 tracin_topk_frac = 0.5
 tracin_influence = "summed"  # 'summed': <g_i, sum of val gradients> from one backward;
                              # 'matrix': the row sums of the full [n, n_val] ghost matrix
-defect_frac = 0.0           # a planted defect: this fraction of training problems carry a wrong answer
-                            # that the reward trusts (Run.__init__, where it is drawn, says what it is)
+defect_frac = 0.0           # a planted defect: this share of training problems carry a wrong answer
+                            # that the reward trusts (Run.__init__ draws it and says what it is)
 # -----------------------------------------------------------------------------
 defaults = {k: v for k, v in dict(globals()).items()
             if not k.startswith("_") and isinstance(v, (int, float, bool, str, tuple))}
 
 
 def grpo_step(model, optimizer, enc, prompts, answers, cfg, generator, val=None, cache=None):
-    """One GRPO step, the numbered steps of the module docstring. prompts: the batch_size prompts as token
-    ids (step 1 drew them), answers: their reference answers. With cfg['tracin'], `val` is the validation
-    batch: ('pg') its (prompts, answers), sampled with the training prompts; ('nll') its reference
-    solutions laid out as rollouts (tracin.reference_solutions); only rollouts whose gradient helps it are
-    trained on. Weights change only if everything is finite. Returns (rollouts, result): the scored batch
-    (None if sampling failed) and {stats, grad_norm, skip_reason, extra, times}, which runs/metrics.py logs."""
+    """One GRPO step, the numbered steps of the module docstring.
+    prompts: the batch_size prompts' token ids (step 1 drew them); answers: their reference answers.
+    With cfg['tracin'], `val` is the validation batch: ('pg') its (prompts, answers), sampled with
+    the training prompts; ('nll') its reference solutions as rollouts (tracin.reference_solutions);
+    only rollouts whose gradient helps it are trained on. Weights change only if all is finite.
+    Returns (rollouts, result): the scored batch (None if sampling failed) and
+    {stats, grad_norm, skip_reason, extra, times}, which runs/metrics.py logs."""
     TIMES.clear()  # seconds per phase (grpo.phase), from zero for the four every step has
     TIMES.update(dict.fromkeys(("generation", "reward", "policy", "reference"), 0.0))
     val_pg = cfg["tracin"] and cfg["tracin_val_loss"] == "pg"  # validation rollouts sampled as well
@@ -146,7 +148,7 @@ def grpo_step(model, optimizer, enc, prompts, answers, cfg, generator, val=None,
         print(f"warning: {e}; step skipped, weights untouched")
         return None, {"skip_reason": "non-finite logits", "times": dict(TIMES)}
     extra = {}
-    if not cfg["tracin"]:  # 4-7, num_iterations times: reference, policy, loss, backward; clip and AdamW
+    if not cfg["tracin"]:  # 4-7 x num_iterations: reference, policy, loss, backward; clip and AdamW
         stats, grad_norm, skip_reason = grpo_updates(model, optimizer, rollouts, cfg)
     else:  # 4-6 with per-sample gradients, against the validation loss
         val_batch = val_rollouts[0] if val_pg else val
@@ -155,35 +157,39 @@ def grpo_step(model, optimizer, enc, prompts, answers, cfg, generator, val=None,
         if val_pg:
             extra["val/reward"] = val_batch.rewards.nanmean().item()
         grad_norm, skip_reason = update(model, optimizer, cfg, stats, not keep.any())  # 7
-    return rollouts, dict(stats=stats, grad_norm=grad_norm, skip_reason=skip_reason, extra=extra, times=dict(TIMES))
+    return rollouts, dict(stats=stats, grad_norm=grad_norm, skip_reason=skip_reason, extra=extra,
+                          times=dict(TIMES))
 
 
 # -----------------------------------------------------------------------------
 def prepare_base(cfg, out, resume):
-    """The frozen base model (dropout off), its data and tokenizer; an adapter being resumed must
-    have been trained on exactly this base (weights, configuration, tokenizer: runs/base.py), and every
-    prompt + max_new_tokens must fit. Returns the base's identity (base_identity) in place of its fingerprint."""
-    if resume is not None:  # found as every script finds a run's base; --base_ckpt=PATH where it moved
+    """The frozen base model (dropout off), its data and tokenizer. An adapter being resumed must
+    have been trained on exactly this base (weights, configuration, tokenizer: runs/base.py), and
+    every prompt + max_new_tokens must fit. Returns base_identity(...), not its fingerprint."""
+    if resume is not None:  # found as every script finds a run's base; --base_ckpt=PATH if it moved
         given = cfg["base_ckpt"] if cfg["base_ckpt"] != resume["base_ckpt"] else ""
         cfg["base_ckpt"] = resolve_base(resume, os.path.join(out, "ckpt.pt"), given)
     # a fresh clone: the tiny base is trained first, by train_base.py
-    ensure_base(cfg["base_ckpt"], cfg["base_config"], cfg["device"], train_base, resuming=resume is not None)
-    model, fingerprint, data_dir, enc, splits = load_frozen_base(cfg["base_ckpt"], cfg["grad_checkpoint"],
-                                                                 cfg["data_dir"], cfg["dtype"], cfg["task"])
+    ensure_base(cfg["base_ckpt"], cfg["base_config"], cfg["device"], train_base,
+                resuming=resume is not None)
+    model, fingerprint, data_dir, enc, splits = load_frozen_base(
+        cfg["base_ckpt"], cfg["grad_checkpoint"], cfg["data_dir"], cfg["dtype"], cfg["task"])
     identity = base_identity(fingerprint, model, enc)
     if resume is not None:
         check_same_base(resume, os.path.join(out, "ckpt.pt"), identity, cfg["base_ckpt"])
-    check_task_data(data_dir, cfg["task"])  # the directory actually read (a base checkpoint's, a default one)
+    check_task_data(data_dir, cfg["task"])  # the one actually read (a base checkpoint's, a default)
     longest, split, line = max((len(encode_prompt(enc, e["question"])), s, n + 1)
                                for s, rows in splits.items() for n, e in enumerate(rows))
     block, question = model.config.block_size, splits[split][line - 1]["question"]
     where = f"line {line} of {os.path.join(data_dir, split + '.jsonl')} ({question[:50]!r}...)"
     if longest >= block:  # no max_new_tokens could help: the question itself is at fault
-        raise UserError(f"the question at {where} is {longest} tokens, the base's whole context {block}: remove it")
+        raise UserError(f"the question at {where} is {longest} tokens, "
+                        f"the base's whole context {block}: remove it")
     if longest + cfg["max_new_tokens"] > block:
-        raise UserError(f"config key 'max_new_tokens' = {cfg['max_new_tokens']} is not allowed: the longest question, "
-                        f"{longest} tokens at {where}, + max_new_tokens must fit the base's context of {block}: give "
-                        f"at most {block - longest}, or remove that question")
+        raise UserError(f"config key 'max_new_tokens' = {cfg['max_new_tokens']} is not allowed: "
+                        f"the longest question, {longest} tokens at {where}, + max_new_tokens "
+                        f"must fit the base's context of {block}: give at most {block - longest}, "
+                        "or remove that question")
     return model, identity, data_dir, enc, splits
 
 
@@ -194,17 +200,18 @@ def main(argv):
         check(cfg, "out_dir", cfg["out_dir"] != "", "give the directory of the run to resume")
         resume = load_checkpoint(os.path.join(cfg["out_dir"], "ckpt.pt"))
         if "lora" not in resume or "base_ckpt" not in resume:
-            raise UserError(f"{cfg['out_dir']}/ckpt.pt is not a train_grpo.py checkpoint (a base model's?): "
-                            f"give the out_dir of the GRPO run to resume")
+            raise UserError(f"{cfg['out_dir']}/ckpt.pt is not a train_grpo.py checkpoint "
+                            "(a base model's?): give the out_dir of the GRPO run to resume")
         saved = {"base_ckpt": resume["base_ckpt"], **resume.get("config", {})}
-        saved["data_dir"] = resolve_data_dir(saved.get("data_dir", ""))  # recorded relative to the project
-        cfg = configure(defaults, argv, saved=saved)  # (a --base_ckpt given now must hold the same weights)
+        saved["data_dir"] = resolve_data_dir(saved.get("data_dir", ""))  # recorded project-relative
+        cfg = configure(defaults, argv, saved=saved)  # a new --base_ckpt must hold the same weights
     validate(cfg)
-    with distributed.process_group(cfg["device"]) as cfg["device"]:  # under torchrun: cuda:LOCAL_RANK
-        cfg["dtype"], amp = check_device(cfg["device"], cfg["dtype"])  # 'auto' resolved; bf16 autocast or none
-        if cfg["compile"]:  # a one-line error now if torch.compile cannot build the decode step here
+    with distributed.process_group(cfg["device"]) as cfg["device"]:  # torchrun: cuda:LOCAL_RANK
+        # dtype: 'auto' resolved; amp: bf16 autocast, or none
+        cfg["dtype"], amp = check_device(cfg["device"], cfg["dtype"])
+        if cfg["compile"]:  # one-line error now if torch.compile cannot build the decode step here
             compiled.check_compile(cfg["device"])
-        # a second run in this out_dir is refused from here on (rank 0 holds the lock for the whole job)
+        # a second run in this out_dir is refused from here on (rank 0 holds the lock for the job)
         with run_lock(cfg["out_dir"]) if distributed.is_main() else nullcontext():
             run = Run(cfg, amp, resume)
             del resume  # the saved optimizer state now lives in the optimizer: free the loaded copy
@@ -213,36 +220,38 @@ def main(argv):
 
 
 class Run:
-    """One GRPO run in out_dir: the policy (base + LoRA), its optimizer, its two random streams (which
-    prompts, which completions) and the step counter; checkpoints hold all of them."""
+    """One GRPO run in out_dir: the policy (base + LoRA), its optimizer, its two random streams
+    (which prompts, which completions) and the step counter; checkpoints hold all of them."""
 
     def __init__(self, cfg, amp, resume):
         self.cfg, self.out, device = cfg, cfg["out_dir"], cfg["device"]
         if resume is None and distributed.is_main():  # (the others would see rank 0's first files)
             refuse_existing_run(self.out)  # any run file: resume it, or use another out_dir
         self.model, self.base, self.data_dir, self.enc, splits = prepare_base(cfg, self.out, resume)
-        self.train_split, self.val_split, self.test = splits["train"], splits["val"], splits["test"][:cfg["eval_n"]]
+        self.train_split, self.val_split = splits["train"], splits["val"]
+        self.test = splits["test"][:cfg["eval_n"]]
         # The planted defect, to see whether TracIn's selection matters: defect_frac of the training
-        # problems, drawn here once per seed, carry a wrong reference answer that the correctness reward
-        # trusts (data/tasks.planted_answer: arith, the result of the solution's FIRST equation, what
-        # stopping early gives; countdown, the target plus one; Run.step hands it out). Whole problems: a
-        # problem written several times (countdown_variants) is defective in every row. The run knows
-        # which prompts are (Run.step logs the selection's precision), the selector does not; the
-        # validation and test answers stay clean.
+        # problems, drawn here once per seed, carry a wrong reference answer that the correctness
+        # reward trusts (data/tasks.planted_answer: arith, the result of the solution's FIRST
+        # equation, what stopping early gives; countdown, the target + 1; Run.step hands it out).
+        # Whole problems: a problem written several times (countdown_variants) is defective in every
+        # row. The run knows which prompts are (Run.step logs the selection's precision), the
+        # selector does not; the validation and test answers stay clean.
         problems = list(dict.fromkeys(e["question"] for e in self.train_split))
         n_bad = int(cfg["defect_frac"] * len(problems))
         bad = set(random.Random(cfg["seed"] + 7).sample(problems, n_bad))
         self.defective = {i for i, e in enumerate(self.train_split) if e["question"] in bad}
         torch.manual_seed(cfg["seed"])  # the LoRA initialisation
-        apply_lora(self.model, cfg["lora_r"], cfg["lora_alpha"], cfg["lora_dropout"], cfg["lora_targets"])
+        apply_lora(self.model, cfg["lora_r"], cfg["lora_alpha"], cfg["lora_dropout"],
+                   cfg["lora_targets"])
         self.model.to(device)
-        self.model.amp = amp  # every pass of the run computes in this precision (bf16 autocast, or as stored)
+        self.model.amp = amp  # every pass computes in this precision (bf16 autocast, or as stored)
         self.optimizer = torch.optim.AdamW(lora_parameters(self.model), lr=cfg["learning_rate"],
                                            weight_decay=cfg["weight_decay"])
-        self.rng = random.Random(cfg["seed"])                                   # which prompts
-        self.generator = torch.Generator(device=device).manual_seed(cfg["seed"])  # which completions
+        self.rng = random.Random(cfg["seed"])                                   # the prompts
+        self.generator = torch.Generator(device=device).manual_seed(cfg["seed"])  # the completions
         self.iter_num, self.elapsed_before, self.last_ckpt, self.t_start = 0, 0.0, None, time.time()
-        self.reward_cache = {} if cfg["reward_cache"] else None  # (reward, completion, answer) -> score
+        self.reward_cache = {} if cfg["reward_cache"] else None  # (reward, text, answer) -> score
         self.data_fingerprint = bound_data(self.data_dir, resume)  # resumed: its data, unchanged
         self.curriculum, test = from_config(cfg, self.data_dir, partial(encode_prompt, self.enc),
                                             self.model.config.block_size, self.train_split)
@@ -260,97 +269,113 @@ class Run:
         self.iter_num = self.last_ckpt = resume["iter_num"]
         self.elapsed_before = resume["train_seconds"]
         self.rng.setstate(resume["rng"]["python"])
-        if self.curriculum:  # a curriculum given only now, or with fewer levels, starts at its first level
+        if self.curriculum:  # one given only now, or with fewer levels, starts at its first level
             self.curriculum.load_state_dict(resume.get("curriculum"), verbose=distributed.is_main())
-        saved_on, here = resume["rng"].get("device", self.generator.device.type), self.generator.device.type
+        here = self.generator.device.type
+        saved_on = resume["rng"].get("device", here)
         if saved_on == here:
             self.generator.set_state(resume["rng"]["generator"])
-        else:  # a CPU generator's state does not fit a CUDA generator (nor back): new sampling stream
-            print(f"warning: run saved on {saved_on}, resumed on {here}: completions are sampled from seed "
-                  f"{self.cfg['seed'] + self.iter_num} from here on, so they differ from an uninterrupted run")
-            self.generator.manual_seed(self.cfg["seed"] + self.iter_num)
-        if distributed.is_main():  # log lines and checkpoints written after ckpt.pt: that work is redone
+        else:  # a CPU generator's state does not fit a CUDA one (nor back): new sampling stream
+            seed = self.cfg["seed"] + self.iter_num
+            print(f"warning: run saved on {saved_on}, resumed on {here}: completions are sampled "
+                  f"from seed {seed} from here on, so they differ from an uninterrupted run")
+            self.generator.manual_seed(seed)
+        if distributed.is_main():  # log lines and checkpoints after ckpt.pt: that work is redone
             rewind(self.out, self.iter_num)
             print(f"resuming {self.out} at iter {self.iter_num}")
 
     def lr_at(self, it):
         c = self.cfg
-        return get_lr(it, c["lr_decay_iters"] or c["max_iters"], c["learning_rate"], c["min_lr"], c["warmup_iters"])
+        decay_iters = c["lr_decay_iters"] or c["max_iters"]
+        return get_lr(it, decay_iters, c["learning_rate"], c["min_lr"], c["warmup_iters"])
 
     def checkpoint(self):
-        # lr: the rate of the step taken FROM these weights (TracIn's eta_t pairs theta_t with step t)
+        cfg = self.cfg
+        # lr: the rate of the step FROM these weights (TracIn's eta_t pairs theta_t with step t)
         state = {"lora": lora_state_dict(self.model), "optimizer": self.optimizer.state_dict(),
-                 "iter_num": self.iter_num, "lr": self.lr_at(self.iter_num), "base_ckpt": self.cfg["base_ckpt"],
-                 "base_abspath": os.path.abspath(self.cfg["base_ckpt"]),  # runs/base.resolve_base looks here
-                 "config": {**self.cfg, "data_dir": portable_path(self.cfg["data_dir"])},  # another copy of the
-                 "data_dir": portable_path(self.data_dir),  # project reads its own data
+                 "iter_num": self.iter_num, "lr": self.lr_at(self.iter_num),
+                 "base_ckpt": cfg["base_ckpt"],
+                 "base_abspath": os.path.abspath(cfg["base_ckpt"]),  # for runs/base.resolve_base
+                 "config": {**cfg, "data_dir": portable_path(cfg["data_dir"])},  # another copy of
+                 "data_dir": portable_path(self.data_dir),  # the project reads its own data
                  "data_fingerprint": self.data_fingerprint,  # splits, tokenizer: bound_data
-                 "base_fingerprint": self.base["tensors"], "base_identity": self.base,  # what the adapter is bound to
+                 # what the adapter is bound to
+                 "base_fingerprint": self.base["tensors"], "base_identity": self.base,
                  "train_seconds": self.elapsed_before + time.time() - self.t_start,
                  **({"curriculum": self.curriculum.state_dict()} if self.curriculum else {}),
                  "rng": {"python": self.rng.getstate(), "generator": self.generator.get_state(),
                          "device": self.generator.device.type}}
-        if distributed.is_main():  # every rank holds the same state (scale/distributed.py); rank 0 writes it
-            save_checkpoint(state, os.path.join(self.out, f"ckpt_{self.iter_num:06d}.pt"))  # history, for TracIn
-            save_checkpoint(state, os.path.join(self.out, "ckpt.pt"))                      # latest, for resume
+        if distributed.is_main():  # the same on every rank (scale/distributed.py): rank 0 writes it
+            history = f"ckpt_{self.iter_num:06d}.pt"
+            save_checkpoint(state, os.path.join(self.out, history))    # history, for TracIn
+            save_checkpoint(state, os.path.join(self.out, "ckpt.pt"))  # latest, for resume
         self.last_ckpt = self.iter_num
 
     def evaluate(self):
         k = self.cfg["eval_k"]
-        try:  # every rank scores its share of the test problems (train_base.evaluate sums the counts)
+        try:  # each rank scores its share of the test problems (train_base.evaluate sums them)
             with self.model.amp:
-                r = evaluate(self.model, self.enc, self.test, self.cfg["max_new_tokens"], k=k, seed=self.cfg["seed"],
-                             task=self.cfg["task"])
+                r = evaluate(self.model, self.enc, self.test, self.cfg["max_new_tokens"], k=k,
+                             seed=self.cfg["seed"], task=self.cfg["task"])
         except NonFiniteLogits as e:
             print(f"warning: evaluation at iter {self.iter_num} skipped: {e}")
             return {}  # no accuracy rather than a NaN one
         passk = f" | pass@{k} {r[f'pass@{k}']:.3f}" if k > 1 else ""
         if distributed.is_main():
-            print(f"eval  {self.iter_num:4d} | test accuracy {r['accuracy']:.3f}{passk} ({len(self.test)} problems)")
+            print(f"eval  {self.iter_num:4d} | test accuracy {r['accuracy']:.3f}{passk} "
+                  f"({len(self.test)} problems)")
         return {f"test/{k}": v for k, v in r.items()}
 
     def step(self, lr):
-        """Draw the prompts (a defective one carries the planted wrong answer; with a curriculum, new
-        problems of the current level), run grpo_step."""
+        """Draw the prompts (a defective one carries the planted wrong answer; with a curriculum,
+        new problems of the current level), run grpo_step."""
         cfg, t_step = self.cfg, time.time()
         if self.curriculum:
             batch = [self.curriculum.draw(self.rng) for _ in range(cfg["batch_size"])]
         else:
-            picks = [self.rng.randrange(len(self.train_split)) for _ in range(cfg["batch_size"])]
-            batch = [{**self.train_split[i], "answer": planted_answer(self.train_split[i], cfg["task"])}
-                     if i in self.defective else self.train_split[i] for i in picks]
-        val = ([self.val_split[self.rng.randrange(len(self.val_split))] for _ in range(cfg["tracin_val_batch_size"])]
-               if cfg["tracin"] else None)
-        if val is not None:  # TracIn's validation batch: prompts to sample ('pg') or reference solutions ('nll')
-            val = ([encode_prompt(self.enc, e["question"]) for e in val], [e["answer"] for e in val]) \
-                if cfg["tracin_val_loss"] == "pg" else reference_solutions(self.enc, val, cfg["device"])
+            train = self.train_split
+            picks = [self.rng.randrange(len(train)) for _ in range(cfg["batch_size"])]
+            batch = [{**train[i], "answer": planted_answer(train[i], cfg["task"])}
+                     if i in self.defective else train[i] for i in picks]
+        val = ([self.val_split[self.rng.randrange(len(self.val_split))]
+                for _ in range(cfg["tracin_val_batch_size"])] if cfg["tracin"] else None)
+        if val is not None and cfg["tracin_val_loss"] == "pg":  # TracIn: prompts to sample
+            val_prompts = [encode_prompt(self.enc, e["question"]) for e in val]
+            val = (val_prompts, [e["answer"] for e in val])
+        elif val is not None:  # TracIn 'nll': reference solutions
+            val = reference_solutions(self.enc, val, cfg["device"])
         questions, answers = [e["question"] for e in batch], [e["answer"] for e in batch]
         prompts = [encode_prompt(self.enc, q) for q in questions]
-        scored, result = grpo_step(self.model, self.optimizer, self.enc, prompts, answers, cfg, self.generator, val,
-                                   self.reward_cache)
+        scored, result = grpo_step(self.model, self.optimizer, self.enc, prompts, answers, cfg,
+                                   self.generator, val, self.reward_cache)
         log = step_log(scored, result, cfg, self.reward_cache)
         rollouts = rollout_record(questions, answers, scored, cfg) if scored is not None else None
         self.iter_num += 1
         if self.curriculum:
             self.curriculum.after_step(log, self.iter_num, verbose=distributed.is_main())
-        if cfg["defect_frac"] > 0 and rollouts is not None:  # selection precision: are kept rollouts clean?
-            clean = torch.tensor([i not in self.defective for i in picks]).repeat_interleave(cfg["group_size"])
+        if cfg["defect_frac"] > 0 and rollouts is not None:  # precision: are kept rollouts clean?
+            clean = torch.tensor([i not in self.defective for i in picks])
+            clean = clean.repeat_interleave(cfg["group_size"])
             log["defect/clean_base_rate"] = clean.float().mean().item()
             if cfg["tracin"] and log["n_selected"] > 0:
-                log["defect/selection_precision"] = clean[torch.tensor(rollouts["selected"])].float().mean().item()
+                kept = clean[torch.tensor(rollouts["selected"])]
+                log["defect/selection_precision"] = kept.float().mean().item()
             rollouts["defective"] = [i in self.defective for i in picks]
         log.update(iter=self.iter_num, lr=lr, step_seconds=time.time() - t_step,
-                   elapsed=self.elapsed_before + time.time() - self.t_start, **memory_stats(cfg["device"]))
+                   elapsed=self.elapsed_before + time.time() - self.t_start,
+                   **memory_stats(cfg["device"]))
         return log, rollouts
 
     def train(self):
         cfg, out, log_f, roll_f, skipped_in_a_row = self.cfg, self.out, None, None, 0
         no_signal = NoSignal()
-        try:  # a new run evaluates the base model first; a resumed one has that line in its log already
-            first = {"iter": 0, "elapsed": 0.0, **self.evaluate()} if self.last_ckpt is None else None
-            log_f, roll_f = (open(os.path.join(out, n), "a") if distributed.is_main() else open(os.devnull, "w")
-                             for n in ("log.jsonl", "rollouts.jsonl"))  # rank 0 writes, the others write nowhere
-            if first is not None:  # each line is written before its checkpoint: a resume never logs it twice
+        try:  # a new run evaluates the base model first (a resumed one logged that already)
+            first = ({"iter": 0, "elapsed": 0.0, **self.evaluate()}
+                     if self.last_ckpt is None else None)
+            log_f, roll_f = (open(os.path.join(out, n), "a") if distributed.is_main()
+                             else open(os.devnull, "w")  # rank 0 writes, the others write nowhere
+                             for n in ("log.jsonl", "rollouts.jsonl"))
+            if first is not None:  # logged before its checkpoint: a resume never logs it twice
                 log_f.write(json.dumps(first) + "\n")
                 log_f.flush()
                 self.checkpoint()  # ckpt_000000: the trajectory starts at the base model
@@ -373,22 +398,25 @@ class Run:
                 if skipped_in_a_row >= cfg["max_skipped_steps"]:
                     base_bad = next((n for n, p in self.model.named_parameters()
                                      if ".lora_" not in n and not torch.isfinite(p).all()), None)
-                    if base_bad is not None:  # no learning rate helps a base that is NaN/Inf before training
-                        raise UserError(f"{skipped_in_a_row} steps in a row skipped ({log['skip_reason']}): the base "
-                                        f"model's weight {base_bad} holds NaN/Inf ({cfg['base_ckpt']}); train on a "
-                                        "base whose weights are finite (re-create or re-download it)")
-                    raise UserError(f"{skipped_in_a_row} steps in a row skipped ({log['skip_reason']}) at iter {it}: "
-                                    f"the weights or the learning rate ({lr:.1e}) have diverged; the last checkpoint "
-                                    f"is {out}/ckpt.pt (iter {self.last_ckpt}); lower learning_rate and start a new run")
-                # weights that give NaN logits are not worth keeping (a NaN gradient left them untouched: those are)
-                if (it % cfg["ckpt_interval"] == 0 or it == cfg["max_iters"]) and rollouts is not None:
+                    skipped = f"{skipped_in_a_row} steps in a row skipped ({log['skip_reason']})"
+                    if base_bad is not None:  # no lr helps a base that is NaN/Inf before training
+                        raise UserError(f"{skipped}: the base model's weight {base_bad} "
+                                        f"holds NaN/Inf ({cfg['base_ckpt']}); train on a base "
+                                        "whose weights are finite (re-create or re-download it)")
+                    diverged = f"the weights or the learning rate ({lr:.1e}) have diverged"
+                    raise UserError(f"{skipped} at iter {it}: {diverged}; the last checkpoint is "
+                                    f"{out}/ckpt.pt (iter {self.last_ckpt}); "
+                                    "lower learning_rate and start a new run")
+                # weights that give NaN logits are not kept; those a NaN gradient left untouched are
+                ckpt_due = it % cfg["ckpt_interval"] == 0 or it == cfg["max_iters"]
+                if ckpt_due and rollouts is not None:
                     if all(torch.isfinite(p).all() for p in lora_parameters(self.model)):
                         self.checkpoint()
-                    else:  # a finite gradient times a huge learning rate: the next step's sampling will say so
+                    else:  # a finite gradient times a huge learning rate: the next sampling says so
                         print(f"warning: NaN/Inf LoRA weights at iter {it}: no checkpoint written")
         except KeyboardInterrupt:
             raise Interrupted(self.stopped()) from None
-        except (OSError, CheckpointWriteError) as e:  # a full disk: the reason, then where the run goes on from
+        except (OSError, CheckpointWriteError) as e:  # a full disk: the reason, then how to go on
             raise UserError(f"{f'{e.filename}: ' if getattr(e, 'filename', None) else ''}"
                             f"{getattr(e, 'strerror', None) or e}; {self.stopped()}") from None
         finally:
@@ -397,14 +425,16 @@ class Run:
                     if f is not None:
                         f.close()
                 except OSError:
-                    pass  # its last flush failed (disk full): said above; every line before it was flushed
+                    pass  # last flush failed (disk full, said above); earlier lines were flushed
         if distributed.is_main():
-            print(f"done: {self.iter_num} GRPO steps in {self.elapsed_before + time.time() - self.t_start:.0f}s; "
+            seconds = self.elapsed_before + time.time() - self.t_start
+            print(f"done: {self.iter_num} GRPO steps in {seconds:.0f}s; "
                   f"run directory {out}{no_signal.summary()}")
 
     def stopped(self):
         """Ctrl-C or a full disk: where the run stopped and the command that goes on from there."""
-        where = stop_note("train_grpo.py", self.out, self.last_ckpt, remove_files=distributed.is_main())
+        where = stop_note("train_grpo.py", self.out, self.last_ckpt,
+                          remove_files=distributed.is_main())
         return f"train_grpo.py stopped at iter {self.iter_num} of {self.cfg['max_iters']}; {where}"
 
 
