@@ -28,7 +28,7 @@ from data.gsm_synth.prepare import TEMPLATES
 from scale.device import check_device
 from model import CheckpointWriteError, load_checkpoint, save_checkpoint
 from rewards import REWARD_FUNCS
-from runs.base_checks import (build_model, check_eval_cache, check_loads, check_resume,
+from checks.base_knobs import (build_model, check_eval_cache, check_loads, check_resume,
                               check_same_data)
 from runs.rundir import run_lock, stop_note
 from sample import (NonFiniteLogits, decode_completions, encode_prompt, encode_text, generate,

@@ -38,7 +38,7 @@ from lora import apply_lora, lora_parameters, lora_state_dict, load_lora_state_d
 from scale.device import check_device, memory_stats
 from model import CheckpointWriteError, load_checkpoint, save_checkpoint
 from runs.base import base_identity, check_same_base, resolve_base
-from runs.grpo_knobs import validate
+from checks.grpo_knobs import validate
 from runs.rundir import refuse_existing_run, rewind, run_lock, stop_note
 from data.tasks import planted_answer, portable_path, resolve_data_dir
 from data.datadir import bound_data, check_task_data

@@ -24,6 +24,7 @@ import time
 import torch
 
 import grpo
+from data.tasks import PROJECT
 from scale.compiled import CompiledDecode
 import train_grpo
 from lora import apply_lora, folded_for_sampling, lora_modules, lora_parameters
@@ -280,12 +281,11 @@ def measure_memory(s):
     # MALLOC_MMAP_THRESHOLD_: glibc mmaps every block >= 1 MB and unmaps it on free, so RSS follows
     # the live tensors (by default it raises the threshold to 32 MB as blocks are freed, and keeps
     # freed blocks below it: 0.5-1 GB more RSS here, and a second variant reusing the first's)
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the project root
     groups = [variants] if os.access("/proc/self/clear_refs", os.W_OK) else [(v,) for v in variants]
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(1 << 20)}
     procs = [subprocess.Popen([sys.executable, "-c",
                                f"from bench import memory; memory.memory_child({g!r}, {json.dumps(s)!r})"],
-                              cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                              cwd=PROJECT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for g in groups]
     for g, p in zip(groups, procs):
         out, err = p.communicate()

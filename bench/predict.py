@@ -8,7 +8,7 @@ bench/memory.predicted_memory's analytic model, not a measurement.
 The model's shape: the config.json in the config's base_ckpt directory where it is there, else the published
 config.json fields of the Qwen2.5 instruct models below (read by the same parser, pretrained/hfconfig.py).
 Parameters are counted on the meta device (no memory is allocated). The config's knobs are checked
-as train_grpo.py checks them (runs/grpo_knobs.validate; the prompt and max_new_tokens within the
+as train_grpo.py checks them (checks/grpo_knobs.validate; the prompt and max_new_tokens within the
 context), so that a run train_grpo.py refuses gets no prediction. The terms:
   weights   every frozen base parameter in the run's dtype (bfloat16: 2 bytes, float32: 4; 'auto'
             as train_grpo.py resolves it on the config's device: scale/device.bf16_is_fast)
@@ -32,7 +32,7 @@ from bench.memory import memory_variant, predicted_memory
 from lora import apply_lora, lora_parameters
 from model import GPT, GPTConfig, load_checkpoint
 from pretrained.hfconfig import hf_config_args, read_json
-from runs.grpo_knobs import validate
+from checks.grpo_knobs import validate
 from scale.device import bf16_is_fast
 import train_grpo
 

@@ -68,6 +68,7 @@ from bench.memory import bench_memory, bench_throughput
 from bench.posthoc import bench_posthoc
 from bench.step import bench_model, bench_rewards, bench_step_cost, check_step_tokens, timed
 from configurator import UserError, check, cli_main, configure
+from data.tasks import PROJECT
 from ghost import compute_ghost_inner_product_matrix, install_ghost_hooks
 from grpo import completion_logprobs, grpo_loss, selective_log_softmax
 from lora import apply_lora
@@ -130,8 +131,6 @@ defaults = dict(
     seed=0,               #   throughput, half, limits, vs_generate, compiled); '' = every row
 )
 
-
-PROJECT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # --quick: smoke sizes for every row (what the tests run)
 QUICK = dict(n_seq=4, new_tokens=16, n_train=4, n_val=2, seq_lens=(8,), repeats=1, step_repeats=1,

@@ -100,7 +100,7 @@ def timed_grpo_step(model, enc, tb, vb, mode, cfg, amp, **overrides):
     opt = torch.optim.AdamW(lora_parameters(model), lr=0.0)  # lr 0: the weights stay as they are
     gen = torch.Generator(device=dev).manual_seed(cfg["seed"])
     t0 = time.perf_counter()
-    c["reward_funcs"], c["reward_weights"] = task_rewards(c)  # the task's, as runs/grpo_knobs.validate resolves them
+    c["reward_funcs"], c["reward_weights"] = task_rewards(c)  # the task's, as checks/grpo_knobs.validate resolves them
     val = None if not c["tracin"] else reference_solutions(enc, vb, dev) if mode == "nll" else \
         ([encode_prompt(enc, e["question"]) for e in vb], [e["answer"] for e in vb])
     with contextlib.redirect_stdout(io.StringIO()):  # its notices ("no rollout kept") are not bench output

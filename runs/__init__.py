@@ -1,7 +1,8 @@
 """A run directory and what is written into it, for train_base.py, train_grpo.py and analysis/.
 
     base.py     a run's base: what an adapter is bound to, where the base is now (every script's resolver)
-    grpo_knobs.py  train_grpo.py's knob checks (validate), before any work
+    loading.py  what a run stands on: load_base, load_policy (every script); ensure_base and
+                load_frozen_base (train_grpo.py)
     rundir.py   the out_dir lock, refusal of an old run's files, crash-tolerant JSONL, atomic JSON
     metrics.py  what a GRPO step logs: the log.jsonl line (TRL's metric names), the rollouts.jsonl
                 line post-hoc TracIn reads, the console line, the no-learning-signal warning

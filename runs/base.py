@@ -9,6 +9,7 @@ import os
 from dataclasses import asdict
 
 from configurator import UserError
+from data.tasks import PROJECT
 
 # What defines a base besides its tensors: the GPTConfig switches (RoPE's theta, the norm's epsilon and kind, a
 # tied head, ...) and the tokenizer with its chat format; an adapter trained on one is refused on another.
@@ -61,9 +62,6 @@ def check_same_base(adapter_ckpt, adapter_path, found, base_path):
         raise UserError(f"{adapter_path} was trained on another base than {base_path} holds now (changed: "
                         f"{'; '.join(changes)}): the base was retrained, edited or replaced; put the original base "
                         f"back, or train a new adapter on this one")
-
-
-PROJECT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def resolve_base(ckpt, ckpt_path, given=""):

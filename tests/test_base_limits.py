@@ -162,7 +162,7 @@ def test_a_kv_cache_that_cannot_be_allocated_is_found_before_iteration_0(base, m
 
 def test_a_kv_cache_beyond_the_memory_is_refused_without_trying(base, task, monkeypatch):
     """Weights that fit, a cache that does not (here: memory just above the weights' bytes)."""
-    from runs import base_checks
+    from checks import base_knobs as base_checks
     n_vocab, n, fits = task[1].n_vocab, 16, 96 - longest_prompt(task)
     weights = 4 * (12 * n * n + (n_vocab + 96) * n)
     monkeypatch.setattr(base_checks, "memory_of", lambda device: weights + 1)

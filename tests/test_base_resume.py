@@ -192,7 +192,7 @@ def good_state(**args):
 @pytest.mark.parametrize("args", [dict(n_layer=2), dict(block_size=64), dict(vocab_size=41),
                                   dict(n_embd=32), dict(bias=True), dict(n_head=3)])
 def test_a_state_that_would_not_load_is_never_written(args, tmp_path):
-    from runs.base_checks import check_loads
+    from checks.base_knobs import check_loads
     path = str(tmp_path / "ckpt.pt")
     check_loads(good_state(), path)  # the state as built: loads
     with pytest.raises(CheckpointWriteError, match="not writing .*ckpt.pt.*would not load"):

@@ -1,5 +1,5 @@
 # A temperature so small that logits / temperature overflows is refused at start-up in one line
-# naming `temperature` (runs/grpo_knobs.validate; the sample CLI too), never left to turn a run's
+# naming `temperature` (checks/grpo_knobs.validate; the sample CLI too), never left to turn a run's
 # steps into NaN, where the run would stop blaming the learning rate. The premise is computed: the
 # GRPO log-probs of a tiny model at temperature 1e-30 give a non-finite gradient norm, at the floor
 # a finite one.
