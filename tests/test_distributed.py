@@ -3,6 +3,7 @@
 # Run: python -m pytest -q tests/test_distributed.py
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -44,8 +45,14 @@ def worker(rank, world, port, argv, spy):
     import grpo
     import rewards
     import tracin
+    from scale import compiled
     rewards.REWARD_FUNCS["chars"] = chars
-    seen = {"rows": [], "all_reduce": []}
+    seen = {"rows": [], "all_reduce": [], "compiled_steps": 0}
+    decode = compiled.CompiledDecode.__call__
+    def compiled_step(self, *a):  # noqa: E306
+        seen["compiled_steps"] += 1
+        return decode(self, *a)
+    compiled.CompiledDecode.__call__ = compiled_step
     backward, all_reduce = grpo.policy_backward, torch.distributed.all_reduce
     def counted(model, batch, *a, **kw):  # noqa: E306
         seen["rows"].append((len(batch), kw.get("beta", a[-1] if a else None)))
@@ -133,6 +140,19 @@ def test_token_level_loss_and_two_updates_per_generation(tiny_setup, tmp_path, c
     seen = run_ranks(2, tiny_setup, two, *extra)
     assert_same_run(one, two, [1, 2])
     assert_each_rank_took_its_share(seen, 4, 4)
+
+
+@pytest.mark.skipif(not any(shutil.which(c) for c in ("g++", "c++", "clang++")),
+                    reason="inductor needs a C++ compiler on CPU (CI has g++)")
+def test_compiled_decoding_in_two_processes_makes_the_single_process_run(tiny_setup, tmp_path, chars_reward):
+    """compile=True under torchrun: each rank decodes its share through its own compiled step (the
+    rows of a share are another graph shape than one process's); the run equals one process's."""
+    one, two = tmp_path / "one", tmp_path / "two"
+    run(tiny_setup, one, "--max_iters=2", "--compile=True")
+    seen = run_ranks(2, tiny_setup, two, "--max_iters=2", "--compile=True")
+    assert_same_run(one, two, [1, 2])
+    assert_each_rank_took_its_share(seen, 4, 2)
+    assert all(s["compiled_steps"] > 0 for s in seen)  # each rank sampled through the compiled step
 
 
 def test_bnpo_counts_every_ranks_micro_batches(tiny_setup, tmp_path, chars_reward):
