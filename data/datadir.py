@@ -27,6 +27,7 @@ from data.countdown import names as countdown_names
 from data.gsm8k import names as gsm8k_names
 from data.gsm_synth import names as synth_names
 from data.tokenizer import build_encoding
+from runs.rundir import check_output_dir, write_atomic
 
 TASK_FILE = ".task"
 TASKS = ("arith", "gsm8k", "countdown")
@@ -149,7 +150,6 @@ def check_task_data(d, task):
 def check_out(out, task, key="out", fix="give another --out"):
     """Before any work: out may be written by task's prepare.py (new, empty, or its own); returns whether it
     is its own already. Another task's directory, a file or a directory someone else filled: refused."""
-    from runs.rundir import check_output_dir
     if os.path.isdir(out):
         check_marker(out, f"remove {out} and run this again to build it anew, or {fix}")
     other = marked_task(out) if os.path.isdir(out) else None
@@ -159,20 +159,6 @@ def check_out(out, task, key="out", fix="give another --out"):
         raise UserError(f"{key} {out} holds {other} data (made by {PREPARE[other]}), which a run may use: it is "
                         f"not replaced by {task} data; {fix}")
     return check_output_dir(out, key, lambda d: False)
-
-
-def write_atomic(path, text):
-    """Write via a temporary file and a rename: an interrupted write never leaves a half file under
-    path. A failed write (a full disk) removes the temporary file and names path."""
-    tmp = f"{path}.{os.getpid()}.tmp"
-    try:
-        with open(tmp, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except OSError as e:
-        if os.path.lexists(tmp):
-            os.remove(tmp)
-        raise OSError(e.errno, f"{e.strerror or e} (writing the task data)", path) from None
 
 
 def mark(out, task):

@@ -244,20 +244,28 @@ def read_jsonl(path):
     return rows
 
 
+def write_atomic(path, text, what="the task data"):
+    """Write via a temporary file and a rename: an interrupted write never leaves a half file under
+    path. A failed write (a full disk) removes the temporary file and names path. The project's one
+    text write of this kind (task data, a resumed run's JSONL; checkpoints: model.save_checkpoint)."""
+    tmp = f"{path}.{os.getpid()}.tmp"
+    try:
+        with open(tmp, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except OSError as e:
+        if os.path.lexists(tmp):
+            os.remove(tmp)
+        raise OSError(e.errno, f"{e.strerror or e} (writing {what})", path) from None
+
+
 def truncate_jsonl(path, max_iter):
     """Keep the lines with iter <= max_iter (those of the checkpoint we resume from), so resume never
     duplicates a step; rewritten atomically (temp file + rename)."""
     if not os.path.exists(path):
         return
     keep = [r for r in read_jsonl(path) if isinstance(r.get("iter"), int) and r["iter"] <= max_iter]
-    tmp = path + ".tmp"
-    try:
-        with open(tmp, "w") as f:
-            f.writelines(json.dumps(r) + "\n" for r in keep)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+    write_atomic(path, "".join(json.dumps(r) + "\n" for r in keep), "a run's log")
 
 
 def finite_or_none(obj):
