@@ -22,7 +22,6 @@ prompt_len is the longest prompt in tokens (chat template, instruction and quest
 # configurator first: a Ctrl-C during the slow imports below (torch) is one line, not a traceback
 from configurator import UserError, check, cli_main, configure
 import os
-import re
 import subprocess
 import sys
 
@@ -33,7 +32,7 @@ from lora import apply_lora, lora_parameters
 from model import GPT, GPTConfig, load_checkpoint
 from pretrained.hfconfig import hf_config_args, read_json
 from checks.grpo_knobs import validate
-from scale.device import bf16_is_fast
+from scale.device import bf16_is_fast, check_device_name, check_dtype
 import train_grpo
 
 GB = 1e9
@@ -85,12 +84,8 @@ def what_file(path):
 def predicted_dtype(cfg):
     """(dtype, why): the dtype train_grpo.py would run in on cfg's device; 'auto' as scale/device
     resolves it, a CUDA device this machine lacks assumed to have bfloat16 (said in the output)."""
-    if not re.fullmatch(r"cpu|cuda(:\d+)?|mps", cfg["device"]):
-        raise UserError(f"unknown device {cfg['device']!r}: use 'cpu', 'cuda', 'cuda:N' "
-                        "(N = GPU index) or 'mps'")
-    # as scale/device.resolve_dtype refuses it
-    if cfg["dtype"] not in ("auto", "bfloat16", "float32"):
-        raise UserError(f"dtype must be 'auto', 'bfloat16' or 'float32', got {cfg['dtype']!r}")
+    check_device_name(cfg["device"])  # as train_grpo.py refuses them
+    check_dtype(cfg["dtype"])
     if cfg["dtype"] != "auto":
         return cfg["dtype"], "as configured"
     if cfg["device"].startswith("cuda") and not torch.cuda.is_available():

@@ -46,10 +46,15 @@ def bf16_is_fast(device):
     return False, f"{device}: bfloat16 not known to be faster"
 
 
+def check_dtype(dtype):
+    """A dtype this project runs in, else one line (float16 would need a GradScaler: not here)."""
+    if dtype not in ("auto", "bfloat16", "float32"):
+        raise UserError(f"dtype must be 'auto', 'bfloat16' or 'float32', got {dtype!r}")
+
+
 def resolve_dtype(device, dtype):
     """'auto' -> 'bfloat16' where the device runs it fast, else 'float32' (printed, with the reason)."""
-    if dtype not in ("auto", "bfloat16", "float32"):  # float16 would need a GradScaler (loss scaling): not here
-        raise UserError(f"dtype must be 'auto', 'bfloat16' or 'float32', got {dtype!r}")
+    check_dtype(dtype)
     if dtype != "auto":
         return dtype
     fast, why = bf16_is_fast(device)
