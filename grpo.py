@@ -225,12 +225,13 @@ class Rollouts:
 
     def part(self, rows, **counts):
         """Rows `rows` (a slice or a bool mask) for passes 3 and 2, dividing the loss by the WHOLE
-        batch's counts (batch_counts; `counts` overrides), so that the parts' gradients add up to
-        the batch's."""
+        batch's counts (batch_counts, or this part's own whole-batch counts; `counts` overrides), so
+        that the parts' gradients add up to the batch's."""
         take = lambda t: None if t is None else t[rows]  # noqa: E731
+        whole = self.counts or batch_counts(self.mask)
         return Rollouts(self.idx[rows], self.pad_left[rows], self.mask[rows], self.advantages[rows],
                         ref_logp=take(self.ref_logp), old_logp=take(self.old_logp),
-                        counts={**batch_counts(self.mask), **counts})
+                        counts={**whole, **counts})
 
 
 def batch_counts(mask):
@@ -339,11 +340,9 @@ def sample_rollouts(model, enc, batches, cfg, generator):
         sampled = generate(model, prompts[mine], S, stop_tokens(enc), num_samples=G,
                            temperature=cfg["temperature"], top_k=cfg["top_k"] or None,
                            top_p=cfg["top_p"], vocab_size=enc.n_vocab, u=u, decode=decode)
-    n, world = len(prompts), distributed.world_size()
-    counts = [G * (r.stop - r.start) for r in (distributed.split(n, k) for k in range(world))]
     pad_id = stop_tokens(enc)[0] if stop_tokens(enc) else 0  # generate's padding id
     # every rank's rows (no-op in one process)
-    return distributed.gather_sampled(*sampled, pad_id, counts)
+    return distributed.gather_sampled(*sampled, pad_id, len(prompts), G)
 
 
 def score_rollouts(enc, sampled, batches, cfg, cache=None):

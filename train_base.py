@@ -260,8 +260,8 @@ def setup(cfg, ckpt):
         torch.set_rng_state(ckpt["rng"]["torch"])
         run.rng.setstate(ckpt["rng"]["python"])
         print(f"resuming from {ckpt_path} at iter {run.iter_num}")
-    if distributed.is_main():
-        print(f"GPT with {run.model.num_params() / 1e6:.2f}M parameters, vocab {run.enc.n_vocab}")
+    n_params = run.model.num_params() / 1e6
+    distributed.print0(f"GPT with {n_params:.2f}M parameters, vocab {run.enc.n_vocab}")
     decay = [p for p in run.model.parameters() if p.dim() >= 2]  # gains, biases: no weight decay
     no_decay = [p for p in run.model.parameters() if p.dim() < 2]
     run.optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": cfg["weight_decay"]},
@@ -363,8 +363,8 @@ def train(cfg, run):
         raise UserError(f"{e}; {where}") from None
     total = run.elapsed_before + time.time() - t_start
     acc = f", test accuracy {metrics['accuracy']:.3f}" if "accuracy" in metrics else ""
-    if distributed.is_main():
-        print(f"done: {run.iter_num} iters in {total:.0f}s{acc}, checkpoint {run.ckpt_path}")
+    distributed.print0(f"done: {run.iter_num} iters in {total:.0f}s{acc}, "
+                       f"checkpoint {run.ckpt_path}")
     return metrics
 
 

@@ -259,9 +259,8 @@ class Run:
         if resume is not None:
             self.restore(resume)
         n_lora = sum(p.numel() for p in lora_parameters(self.model))
-        if distributed.is_main():
-            print(f"GRPO: {self.model.num_params() / 1e6:.2f}M base parameters frozen, "
-                  f"{n_lora} LoRA parameters trained")
+        distributed.print0(f"GRPO: {self.model.num_params() / 1e6:.2f}M base parameters frozen, "
+                           f"{n_lora} LoRA parameters trained")
 
     def restore(self, resume):
         load_lora_state_dict(self.model, resume["lora"])
@@ -321,9 +320,8 @@ class Run:
             print(f"warning: evaluation at iter {self.iter_num} skipped: {e}")
             return {}  # no accuracy rather than a NaN one
         passk = f" | pass@{k} {r[f'pass@{k}']:.3f}" if k > 1 else ""
-        if distributed.is_main():
-            print(f"eval  {self.iter_num:4d} | test accuracy {r['accuracy']:.3f}{passk} "
-                  f"({len(self.test)} problems)")
+        distributed.print0(f"eval  {self.iter_num:4d} | test accuracy {r['accuracy']:.3f}{passk} "
+                           f"({len(self.test)} problems)")
         return {f"test/{k}": v for k, v in r.items()}
 
     def step(self, lr):
@@ -426,10 +424,9 @@ class Run:
                         f.close()
                 except OSError:
                     pass  # last flush failed (disk full, said above); earlier lines were flushed
-        if distributed.is_main():
-            seconds = self.elapsed_before + time.time() - self.t_start
-            print(f"done: {self.iter_num} GRPO steps in {seconds:.0f}s; "
-                  f"run directory {out}{no_signal.summary()}")
+        seconds = self.elapsed_before + time.time() - self.t_start
+        distributed.print0(f"done: {self.iter_num} GRPO steps in {seconds:.0f}s; "
+                           f"run directory {out}{no_signal.summary()}")
 
     def stopped(self):
         """Ctrl-C or a full disk: where the run stopped and the command that goes on from there."""

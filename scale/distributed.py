@@ -203,13 +203,15 @@ def finish():
         _exit_now(0)
 
 
-def gather_sampled(idx, pad_left, mask, pad_id, counts):
+def gather_sampled(idx, pad_left, mask, pad_id, n_prompts, num_samples):
     """Every rank's sampled rows on every rank, laid out as one process sampling them all lays them
     out: prompts left-padded to the widest of all, completions padded to the longest, rows in rank
-    order. counts[r] = rows of rank r; rank r's prompts were left-padded to
-    its own widest and its completions cut after its own longest (sample.generate)."""
+    order. Rank r sampled split(n_prompts, r) of the prompts, num_samples rows each; its prompts were
+    left-padded to its own widest and its completions cut after its own longest (sample.generate)."""
     if world_size() == 1:
         return idx, pad_left, mask
+    shares = [split(n_prompts, r) for r in range(world_size())]
+    counts = [num_samples * (s.stop - s.start) for s in shares]  # rows of each rank
     p, t = idx.size(1) - mask.size(1), mask.size(1)
     P, T = (int(v) for v in all_gather_cat(torch.tensor([[p, t]], device=idx.device)).max(0).values)
     most, n = max(counts), idx.size(0)  # all_gather needs equal shapes: pad every share to the largest
