@@ -22,6 +22,7 @@ from torch.autograd.function import once_differentiable
 from torch.nn.utils.rnn import pad_sequence
 
 from configurator import UserError
+from data.tasks import TASKS
 from lora import disable_lora, folded_for_sampling, lora_parameters
 from rewards import compute_rewards
 from sample import decode_completions, encode_prompt, generate, pad_prompts, stop_tokens
@@ -352,12 +353,16 @@ def score_rollouts(enc, sampled, batches, cfg, cache=None):
     stops = torch.tensor(stop_tokens(enc), device=idx.device)
     out, start = [], 0
     with phase("reward"):
-        for prompts, answers in batches:
+        for b, (prompts, answers) in enumerate(batches):
             rows = slice(start, start + len(prompts) * group)
             start = rows.stop
             texts = decode_completions(enc, idx[rows], mask[rows])
             row_answers = [a for a in answers for _ in range(group)]
-            funcs, weights = list(cfg["reward_funcs"]), list(cfg["reward_weights"])
+            # the training batch by the run's rewards; TracIn's validation batch (b > 0) by the
+            # task's own: a trusted verifier even when reward_funcs can be hacked
+            task = TASKS[cfg.get("task", "arith")]
+            funcs, weights = (cfg["reward_funcs"], cfg["reward_weights"]) if b == 0 else \
+                (task["rewards"], task["weights"])
             rewards, per_fn, errors = compute_rewards(texts, row_answers, funcs, weights, cache)
             rewards = torch.tensor(rewards)  # NaN where no reward function could score
             advantages, n_zero_std = compute_group_advantages(rewards, group, cfg["scale_rewards"],

@@ -4,7 +4,7 @@ post-hoc TracIn, tracin.py, attributes to) and one console line.
 """
 import torch
 
-from rewards import pop_counts
+from rewards import HACKABLE, pop_counts
 from data.tasks import TASKS
 
 
@@ -32,6 +32,7 @@ def step_log(rollouts, result, cfg, cache=None):
             **({"rewards/cache_hit_rate": cache.get("hits", 0) / cache["lookups"]} if cache and cache.get("lookups") else {}),
             "accuracy": nanmean(per_fn[correct]) if (correct := TASKS[cfg.get("task", "arith")]["correct"]) in per_fn
             else float("nan"),
+            **hack_rates(per_fn),
             "frac_reward_zero_std": rollouts.n_zero_std / (n // cfg["group_size"]),
             "kl": stats["kl_sum"] / ntok, "entropy": stats["ent_sum"] / ntok,
             "completions/mean_length": mask.sum(1).float().mean().item(),
@@ -40,6 +41,13 @@ def step_log(rollouts, result, cfg, cache=None):
             "clip_ratio/high": stats["clipped_high"] / ntok, "grad_norm": grad_norm,
             "skipped": result["skip_reason"] is not None, "reward_errors": sum(rollouts.errors.values()), **extra,
             **times}
+
+
+def hack_rates(per_fn):
+    """{'hack_rate': share of the rollouts a hackable reward paid (1) and its exact one refused}, when
+    a run scores both (rewards.HACKABLE: the exact one at weight 0 beside the hackable one)."""
+    return {"hack_rate": sum(h == 1.0 and e != 1.0 for h, e in zip(per_fn[hack], per_fn[exact]))
+            / len(per_fn[hack]) for hack, exact in HACKABLE.items() if hack in per_fn and exact in per_fn}
 
 
 def rollout_record(questions, answers, rollouts, cfg):

@@ -12,9 +12,10 @@ SPLITS = ("train", "val", "test")
 DEFAULTS = dict(n_train=20000, n_val=500, n_test=500, min_numbers=3, max_numbers=4, max_number=99,
                 seed=1337, out=None)  # out None: data_dir_for(knobs)
 SEARCHED_DEFAULTS = dict(n_numbers=3, max_number=12, max_target=100, max_misses=3, n_train=20000,
-                         n_val=500, n_test=500, num_merges=300, seed=1337, variants=1)
+                         n_val=500, n_test=500, num_merges=300, seed=1337, variants=1,
+                         pairs=0)
 NAME_KNOBS = (("n_train", "t"), ("n_val", "v"), ("n_test", "e"), ("num_merges", "b"), ("seed", "r"),
-              ("variants", "k"))
+              ("variants", "k"), ("pairs", "p"))
 
 
 def data_dir_for(n_train=20000, n_val=500, n_test=500, min_numbers=3, max_numbers=4, max_number=99,
@@ -67,7 +68,7 @@ def rebuild_command(data_dir, meta=None):
 
 def searched_rebuild_command(data_dir):
     """searched.py's command that builds data_dir again, from the knobs its name records."""
-    m = re.fullmatch(r"search_n(\d+)_m(\d+)_x(\d+)_s(\d+)((?:_[tvebrk]\d+)*)",
+    m = re.fullmatch(r"search_n(\d+)_m(\d+)_x(\d+)_s(\d+)((?:_[tvebrkp]\d+)*)",
                      os.path.basename(os.path.normpath(data_dir)))
     if not m:
         return "python data/countdown/searched.py with the knobs of the base that was trained on it"

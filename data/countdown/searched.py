@@ -25,7 +25,8 @@ if REPO not in sys.path:  # run as a script: configurator.py is at the repositor
 from configurator import cli_main, configure  # noqa: E402
 from data.countdown.names import SEARCHED_DEFAULTS as DEFAULTS, searched_dir_for  # noqa: E402
 from data.countdown.prepare import MAX_TARGET, TEMPLATE, draw_distinct  # noqa: E402
-from data.countdown.solutions import max_solutions, max_tries, searched_solution  # noqa: E402
+from data.countdown.solutions import ATOM, max_solutions, max_tries, searched_solution  # noqa: E402
+from data.countdown.solutions import steps_of  # noqa: E402
 from data.datadir import MAX_ROWS, check_data_dir, check_out, check_sizes, knob_error  # noqa: E402
 from data.datadir import row_limit, write_task_dir  # noqa: E402
 from data.gsm_synth.prepare import prompt_text  # noqa: E402
@@ -37,7 +38,7 @@ QUESTION = TEMPLATE.split(" You can")[0]
 # the config keys train_base.py reads these knobs from (its errors name them)
 BASE_KEYS = {"n_numbers": "countdown_numbers", "max_number": "countdown_max_number",
              "max_target": "countdown_max_target", "max_misses": "countdown_max_misses",
-             "variants": "countdown_variants", "n_train": "n_train"}
+             "variants": "countdown_variants", "pairs": "countdown_pairs", "n_train": "n_train"}
 
 
 def data_dir_for(n_numbers=3, max_number=12, max_target=100, max_misses=3, **extra):
@@ -46,7 +47,7 @@ def data_dir_for(n_numbers=3, max_number=12, max_target=100, max_misses=3, **ext
 
 
 def check_knobs(n_numbers, max_number, max_target, max_misses, n_train, n_val, n_test, num_merges,
-                variants=1, keys=None):
+                variants=1, keys=None, pairs=0):
     """Before any work: a one-line UserError naming the first knob out of range (as the user typed
     it: keys maps a knob to its config key), its value and what is allowed; every size at most what
     the knobs can produce (distinct problems, distinct searched solutions), MAX_ROWS rows in all."""
@@ -61,13 +62,14 @@ def check_knobs(n_numbers, max_number, max_target, max_misses, n_train, n_val, n
              ("n_train", n_train, n_train >= 1, ">= 1"), ("n_val", n_val, n_val >= 1, ">= 1"),
              ("n_test", n_test, n_test >= 1, ">= 1"),
              ("num_merges", num_merges, num_merges >= 0, ">= 0"),
-             ("variants", variants, variants >= 1, ">= 1")]
+             ("variants", variants, variants >= 1, ">= 1"),
+             ("pairs", pairs, 0 <= pairs <= MAX_ROWS // 2, f"in [0, {MAX_ROWS // 2}]")]
     for name, value, ok, allowed in rules:
         if not ok:
             raise knob_error(name, value, allowed, keys)
     shown = ", ".join(f"{key(k)}={v}" for k, v in (
         ("n_numbers", n_numbers), ("max_number", max_number), ("max_target", max_target)))
-    distinct, rows = max_solutions(n_numbers, max_misses), (MAX_ROWS - n_val - n_test) // n_train
+    distinct, rows = max_solutions(n_numbers, max_misses), (MAX_ROWS - n_val - n_test - pairs) // n_train
     # the tighter of the two is the largest allowed; rows < 1: the sizes alone are too large (below)
     if rows >= 1 and variants > min(distinct, rows):
         why = (f"{key('n_train')}={n_train} training problems written {key('variants')} times each "
@@ -80,16 +82,35 @@ def check_knobs(n_numbers, max_number, max_target, max_misses, n_train, n_val, n
     check_sizes(sizes, *row_limit(bound, f"with {shown}"), keys)
 
 
+def pair_problems(rng, n, max_number, n_numbers):
+    """n two-number problems [v, m] -> target: v a value that the first n_numbers - 2 steps of a
+    search can reach from numbers in 1..max_number, m one number, the target one step from them
+    (solutions.steps_of). Their searched solutions drill each `a op b=c` that a search can write."""
+    values = {(m, str(m), ATOM) for m in range(1, max_number + 1)}
+    for _ in range(n_numbers - 2):  # the values a search holds before its last step
+        values |= {(v, str(v), ATOM) for a in values for m in range(1, max_number + 1)
+                   for v, _, _, _ in steps_of(a, (m, str(m), ATOM))}
+    values = sorted(values)
+    out = []
+    for _ in range(n):
+        a, m = rng.choice(values), rng.randint(1, max_number)
+        target = rng.choice([v for v, _, _, _ in steps_of(a, (m, str(m), ATOM))])
+        out.append(([a[0], m] if rng.random() < 0.5 else [m, a[0]], target))
+    return out
+
+
 def prepare(n_numbers=3, max_number=12, max_target=100, max_misses=3, n_train=20000, n_val=500, n_test=500,
-            num_merges=300, seed=1337, variants=1, verbose=True, keys=None):
+            num_merges=300, seed=1337, variants=1, verbose=True, keys=None, pairs=0):
     """Build the data and tokenizer for these knobs if missing or damaged; return the directory.
     variants: each training problem is written this many times, each with its own searched solution
     (other misses, possibly another hit): a base learns to search and compute rather than recall one
-    trace. keys: {knob: config key} for errors (train_base.py passes BASE_KEYS)."""
+    trace. pairs: that many two-number training problems added (pair_problems): the arithmetic of
+    every step a search can take, in the search's own format.
+    keys: {knob: config key} for errors (train_base.py passes BASE_KEYS)."""
     check_knobs(n_numbers, max_number, max_target, max_misses, n_train, n_val, n_test, num_merges,
-                variants, keys)
-    out = data_dir_for(n_numbers, max_number, max_target, max_misses, n_train=n_train, n_val=n_val, n_test=n_test,
-                       num_merges=num_merges, seed=seed, variants=variants)
+                variants, keys, pairs)
+    out = data_dir_for(n_numbers, max_number, max_target, max_misses, n_train=n_train, n_val=n_val,
+                       n_test=n_test, num_merges=num_merges, seed=seed, variants=variants, pairs=pairs)
     check_out(out, "countdown", "data directory", "remove it or change a knob")  # never someone else's directory
     meta_path = os.path.join(out, "meta.json")
     if os.path.exists(meta_path):
@@ -115,10 +136,13 @@ def prepare(n_numbers=3, max_number=12, max_target=100, max_misses=3, n_train=20
                  "answer": [numbers, target]} for numbers, target in part for s in seeds]
     splits = {"test": rows(problems[:n_test], [seed]), "val": rows(problems[n_test:n_test + n_val], [seed]),
               "train": rows(problems[n_test + n_val:], range(seed, seed + variants))}
+    # after the problems: the tokenizer below is trained on the first 5000 rows, the same with pairs
+    splits["train"] += rows(pair_problems(random.Random(seed), pairs, max_number, n_numbers), [seed])
     merges = train_bpe([prompt_text(r["question"]) + r["solution"] for r in splits["train"][:5000]], num_merges)
     enc = build_encoding(merges, "countdown")
     meta = {"task": "countdown", "n_numbers": n_numbers, "max_number": max_number, "max_target": max_target,
-            "max_misses": max_misses, "num_merges": num_merges, "seed": seed, "variants": variants, "vocab_size": enc.n_vocab,
+            "max_misses": max_misses, "num_merges": num_merges, "seed": seed, "variants": variants,
+            **({"pairs": pairs} if pairs else {}), "vocab_size": enc.n_vocab,
             "eot_token": enc.eot_token, "sizes": {k: len(v) for k, v in splits.items()}}
     write_task_dir(out, "countdown", splits, meta, {"tokenizer.json": tokenizer_json("countdown", merges)})
     if verbose:
