@@ -25,7 +25,7 @@ from configurator import UserError
 from lora import disable_lora, folded_for_sampling, lora_parameters
 from rewards import compute_rewards
 from sample import decode_completions, encode_prompt, generate, pad_prompts, stop_tokens
-from scale import compiled, distributed
+from scale import distributed
 
 
 TIMES = {}  # seconds per phase of the running step: grpo_step empties it, its log line reports it
@@ -315,18 +315,19 @@ def policy_backward(model, batch, cfg, beta):
     return stats
 
 
-def make_rollouts(model, enc, batches, cfg, generator, cache=None):
+def make_rollouts(model, enc, batches, cfg, generator, cache=None, decode=None):
     """PASS 1 (sampling, no grad, no logits kept), rewards and group-relative advantages.
 
     batches: a list of (prompts as token ids, answers), sampled in ONE generate call (TracIn's train
     and validation prompts share the per-token cost) and scored separately: one Rollouts each."""
-    sampled = sample_rollouts(model, enc, batches, cfg, generator)
+    sampled = sample_rollouts(model, enc, batches, cfg, generator, decode)
     return score_rollouts(enc, sampled, batches, cfg, cache)
 
 
-def sample_rollouts(model, enc, batches, cfg, generator):
+def sample_rollouts(model, enc, batches, cfg, generator, decode=None):
     """PASS 1: (idx, pad_left, mask) of group_size completions for every prompt of every batch.
-    Under torchrun this rank samples its share of the prompts and every rank gets all the rows."""
+    Under torchrun this rank samples its share of the prompts and every rank gets all the rows.
+    decode: the compiled decode step with compile=True (train_grpo.Run builds it), else None."""
     prompts = [p for batch_prompts, _ in batches for p in batch_prompts]
     S, G, device = cfg["max_new_tokens"], cfg["group_size"], next(model.parameters()).device
     mine = distributed.split(len(prompts))  # this rank's prompts, whole groups (all in one process)
@@ -334,8 +335,6 @@ def sample_rollouts(model, enc, batches, cfg, generator):
     if cfg["temperature"] > 0:  # one uniform per row and token, for ALL rows as in one process,
         u = torch.rand(S, len(prompts) * G, generator=generator, device=device)  # (S, n * G)
         u = u[:, mine.start * G:mine.stop * G]  # so no row's tokens depend on the process count
-    # compile=True: sampling's decode step compiled (scale/compiled.py); None: the model's forward
-    decode = compiled.CompiledDecode(model, device) if cfg.get("compile") else None
     with phase("generation"), model.amp, folded_for_sampling(model):  # LoRA folded in: W + s B A
         sampled = generate(model, prompts[mine], S, stop_tokens(enc), num_samples=G,
                            temperature=cfg["temperature"], top_k=cfg["top_k"] or None,
@@ -371,12 +370,12 @@ def score_rollouts(enc, sampled, batches, cfg, cache=None):
     return out
 
 
-def rollouts_rewards_in_background(model, enc, batches, cfg, generator, cache=None):
+def rollouts_rewards_in_background(model, enc, batches, cfg, generator, cache=None, decode=None):
     """make_rollouts with the rewards off the critical path: a worker thread scores the completions
     while this thread runs the reference pass (3), whose (N, T) log-probs are kept for the loss.
     Torch releases the GIL in its kernels, so a slow reward costs little extra. Without a reference
     pass (beta 0) or with num_iterations > 1 (which takes its own), the scoring runs first."""
-    sampled = sample_rollouts(model, enc, batches, cfg, generator)
+    sampled = sample_rollouts(model, enc, batches, cfg, generator, decode)
     with ThreadPoolExecutor(max_workers=1) as pool:
         scoring = pool.submit(score_rollouts, enc, sampled, batches, cfg, cache)
         ref = None

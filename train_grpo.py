@@ -128,12 +128,14 @@ defaults = {k: v for k, v in dict(globals()).items()
             if not k.startswith("_") and isinstance(v, (int, float, bool, str, tuple))}
 
 
-def grpo_step(model, optimizer, enc, prompts, answers, cfg, generator, val=None, cache=None):
+def grpo_step(model, optimizer, enc, prompts, answers, cfg, generator, val=None, cache=None,
+              decode=None):
     """One GRPO step, the numbered steps of the module docstring.
     prompts: the batch_size prompts' token ids (step 1 drew them); answers: their reference answers.
     With cfg['tracin'], `val` is the validation batch: ('pg') its (prompts, answers), sampled with
     the training prompts; ('nll') its reference solutions as rollouts (tracin.reference_solutions);
     only rollouts whose gradient helps it are trained on. Weights change only if all is finite.
+    decode: sampling's compiled decode step (compile=True; Run builds it once), None: eager.
     Returns (rollouts, result): the scored batch (None if sampling failed) and
     {stats, grad_norm, skip_reason, extra, times}, which runs/metrics.py logs."""
     TIMES.clear()  # seconds per phase (grpo.phase), from zero for the four every step has
@@ -143,7 +145,7 @@ def grpo_step(model, optimizer, enc, prompts, answers, cfg, generator, val=None,
     background = cfg["background_rewards"] and not cfg["tracin"]
     try:  # 2-3: one generate call for every prompt, then rewards and advantages
         rollouts, *val_rollouts = (rollouts_rewards_in_background if background else make_rollouts)(
-            model, enc, batches, cfg, generator, cache)
+            model, enc, batches, cfg, generator, cache, decode)
     except NonFiniteLogits as e:  # the weights have blown up: nothing to learn from this step
         print(f"warning: {e}; step skipped, weights untouched")
         return None, {"skip_reason": "non-finite logits", "times": dict(TIMES)}
@@ -246,6 +248,8 @@ class Run:
                    cfg["lora_targets"])
         self.model.to(device)
         self.model.amp = amp  # every pass computes in this precision (bf16 autocast, or as stored)
+        # compile=True: sampling's decode step compiled once, handed to every grpo_step (decode=)
+        self.decode = compiled.CompiledDecode(self.model, device) if cfg["compile"] else None
         self.optimizer = torch.optim.AdamW(lora_parameters(self.model), lr=cfg["learning_rate"],
                                            weight_decay=cfg["weight_decay"])
         self.rng = random.Random(cfg["seed"])                                   # the prompts
@@ -345,7 +349,7 @@ class Run:
         questions, answers = [e["question"] for e in batch], [e["answer"] for e in batch]
         prompts = [encode_prompt(self.enc, q) for q in questions]
         scored, result = grpo_step(self.model, self.optimizer, self.enc, prompts, answers, cfg,
-                                   self.generator, val, self.reward_cache)
+                                   self.generator, val, self.reward_cache, self.decode)
         log = step_log(scored, result, cfg, self.reward_cache)
         rollouts = rollout_record(questions, answers, scored, cfg) if scored is not None else None
         self.iter_num += 1
