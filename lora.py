@@ -121,10 +121,9 @@ def disable_lora(model):
 
 @contextmanager
 def folded_for_sampling(model):
-    """Pass 1 with W' = W + s B A: one matmul per adapted layer and token instead of three.
-    W' is a copy for the duration, in the dtype the matmul runs in (autocast's if on, else the
-    base's); W, A and B are never written, so nothing drifts however often it folds.
-    Costs one copy of the adapted weights meanwhile."""
+    """Pass 1 with W' = W + s B A: one matmul per adapted layer and token instead of three. W' is a
+    copy meanwhile (one of the adapted weights), in the matmul's dtype (autocast's, else the
+    base's); W, A and B are never written, so nothing drifts however often it folds."""
     mods = [m for m in lora_modules(model) if not m.disabled]
     kind = next(model.parameters()).device.type
     autocast = torch.is_autocast_enabled(kind)
