@@ -118,20 +118,15 @@ def apply_rope(x, cos, sin):
     return x * cos.to(x.dtype) + torch.cat((-x2, x1), dim=-1) * sin.to(x.dtype)
 
 
-def one_query_attention(q, keys, values, seen, k_new=None, v_new=None):
-    """ONE query per row (a decode step): softmax(q K^T / sqrt(hd)) V over the columns `seen` of
-    keys / values (and one more column k_new, v_new not written into them: scale/compiled.py),
-    in float32 whatever autocast says (bf16 would round the softmax). q, k_new, v_new (B, H, 1, hd);
-    keys, values (B, H, L, hd); seen (B, 1, 1, L) bool. Returns (B, H, 1, hd), q's dtype."""
+def one_query_attention(q, keys, values, seen):
+    """ONE query per row (a decode step): softmax(q K^T / sqrt(hd)) V over the columns `seen`, in
+    float32 whatever autocast says (bf16 would round the softmax). q (B, H, 1, hd); keys, values
+    (B, H, L, hd); seen (B, 1, 1, L) bool. Returns (B, H, 1, hd), q's dtype."""
     dtype, scale = q.dtype, q.size(-1) ** -0.5
     with torch.autocast(q.device.type, enabled=False):  # else autocast makes both matmuls bf16
-        q = q.float()
-        scores = q @ keys.float().transpose(-2, -1) * scale  # (B, H, 1, L)
+        scores = q.float() @ keys.float().transpose(-2, -1) * scale  # (B, H, 1, L)
         att = scores.masked_fill(~seen, float("-inf"))
-        if k_new is None:
-            return (att.softmax(-1) @ values.float()).to(dtype)
-        att = torch.cat((att, (q * k_new.float()).sum(-1, keepdim=True) * scale), -1).softmax(-1)
-        return (att[..., :-1] @ values.float() + att[..., -1:] * v_new.float()).to(dtype)
+        return (att.softmax(-1) @ values.float()).to(dtype)
 
 
 class CausalSelfAttention(nn.Module):
@@ -282,8 +277,8 @@ class GPT(nn.Module):
         if "wpe" in self.transformer:
             x = x + self.transformer.wpe(pos)
         else:  # RoPE: cos/sin of each position, shared by every layer
-            head_dim = self.config.n_embd // self.config.n_head
-            rope = rope_cos_sin(pos, head_dim, self.config.rope_theta)
+            rope = rope_cos_sin(pos, self.config.n_embd // self.config.n_head,
+                                self.config.rope_theta)
         x = self.transformer.drop(x)
         for i, block in enumerate(self.transformer.h):
             if self.config.grad_checkpoint and self.training and torch.is_grad_enabled():

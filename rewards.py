@@ -349,8 +349,7 @@ def compute_rewards(completions, answers, reward_funcs, reward_weights, cache=No
         raise ValueError(f"got {len(reward_weights)} reward_weights for {len(reward_funcs)} "
                          f"reward_funcs and {len(completions)} completions for {len(answers)} "
                          "answers: each pair must match")
-    # a bound on memory: start afresh, keep the counts
-    if cache is not None and len(cache) > CACHE_SIZE:
+    if cache is not None and len(cache) > CACHE_SIZE:  # a bound on memory: afresh, counts kept
         counts = {k: cache.get(k, 0) for k in ("hits", "lookups")}
         cache.clear()
         cache.update(counts)

@@ -34,10 +34,9 @@ CHAT_INSTRUCTION = "\nWrite one equation per line, then the answer on a last lin
 
 
 def encode_prompt(enc, question):
-    """The prompt's ids; with an instruct model's tokenizer (pretrained/tokenizer.py, `chat` set)
-    the question and CHAT_INSTRUCTION form the user turn of its chat format, ending in the
-    assistant's header (enc.instruction replaces CHAT_INSTRUCTION for tasks whose questions carry
-    their own: data/tasks.py)."""
+    """The prompt's ids; an instruct model's tokenizer (`chat` set) makes the question and
+    CHAT_INSTRUCTION (or enc.instruction: data/tasks.py) the user turn, then the assistant's
+    header."""
     if getattr(enc, "chat", None):
         return enc.encode_chat(question + getattr(enc, "instruction", CHAT_INSTRUCTION))
     return encode_text(enc, question + "\n")  # the tiny GPT's format (data/gsm_synth: prompt_text)
