@@ -96,9 +96,8 @@ class GhostHooks:
             xs, gAs, hs, _ = self.buffers()
             xs.setdefault(name, []).append(inputs[0].detach())  # x  (n, T, d_in)
             hs.setdefault(name, []).append(h.detach())          # h = A x  (n, T, r)
-            if not h.requires_grad:  # x needs no grad (first block) and A none while capturing
-                # a leaf: gA still arrives, nothing above it lost
-                h = h.detach().requires_grad_()
+            if not h.requires_grad:  # x needs no grad (first block), A none while capturing:
+                h = h.detach().requires_grad_()  # a leaf, so gA still arrives; nothing above lost
             h.register_hook(self._keep(gAs, name))  # gA = dL/dh
             return h  # replaces lora_A's output (the same values)
         return hook
@@ -110,8 +109,7 @@ class GhostHooks:
         return hook
 
     def _keep(self, store, name):
-        # a tensor hook lives as long as its graph:
-        # after remove() a late backward must not refill buffers
+        # a tensor hook lives as long as its graph: after remove() no late backward refills
         def keep(g):
             if self.handles:
                 store.setdefault(name, []).append(g.detach())
@@ -152,9 +150,8 @@ def install_ghost_hooks(model):
 
 @contextmanager
 def ghost_mode(optimizer):
-    """Gradient capture without a weight update: optimizer.step() raises inside, and the .grad
-    that existed before (e.g. accumulated micro-batches) is put back afterwards, so capture
-    neither updates weights nor disturbs accumulation."""
+    """Gradient capture without a weight update: optimizer.step() raises inside, and the .grad that
+    existed before is put back afterwards: capture neither updates nor disturbs accumulation."""
     params = [p for g in optimizer.param_groups for p in g["params"]]
     saved = [p.grad for p in params]
     for p in params:
@@ -162,8 +159,7 @@ def ghost_mode(optimizer):
     step = optimizer.step
 
     def refuse(*args, **kwargs):
-        raise RuntimeError("optimizer.step() called inside ghost_mode: "
-                           "capture must not update weights")
+        raise RuntimeError("optimizer.step() called inside ghost_mode: capture must not update")
     optimizer.step = refuse
     try:
         yield
@@ -205,30 +201,24 @@ def linear_inner_products(x1, g1, x2, g2):
 
 
 def compute_ghost_inner_product_matrix(train, val, layer_filter=None):
-    """[n_train, n_val] matrix of <grad L(train_i), grad L(val_j)> over every (filtered) LoRA
-    parameter. train / val: GhostHooks.collect() dicts {layer: (x, gA, h, gB)}. float32;
-    NaN/Inf in the captured gradients give a non-finite entry
-    (the callers check: tracin.py skips such a step)."""
+    """[n_train, n_val] <grad L(train_i), grad L(val_j)> over the (filtered) LoRA parameters, from
+    GhostHooks.collect() dicts {layer: (x, gA, h, gB)}; float32, NaN/Inf kept (callers check)."""
     names = [n for n in train if layer_filter is None or layer_filter in n]
     if not names:
         raise UserError(f"layer_filter {layer_filter!r} matches no LoRA layer "
                         f"(layers: {list(train)[:4]} ...)")
     total = 0
     for n in names:
-        x, gA, h, gB = train[n]
-        vx, vgA, vh, vgB = val[n]
+        (x, gA, h, gB), (vx, vgA, vh, vgB) = train[n], val[n]
         inner_A = linear_inner_products(x, gA, vx, vgA)
-        inner_B = linear_inner_products(h, gB, vh, vgB)
-        total = total + (inner_A + inner_B)
+        total = total + (inner_A + linear_inner_products(h, gB, vh, vgB))
     return total
 
 
 def summed_gradient(model, layer_filter=None):
-    """G = the gradient of the loss just back-propagated without hooks, out of .grad:
-    {layer: (G_A (r, d_in), G_B (d_out, r))}, float32; .grad set to None for the next backward.
-    No per-sample buffer.
-    For a loss that sums its rows' losses (post-hoc's sample_losses) G = sum_j grad L_j;
-    for GRPO's validation loss, a mean, G = sum_j grad L_j / n_val ('grpo')."""
+    """G, the gradient of the loss just back-propagated without hooks, out of .grad (then None):
+    {layer: (G_A (r, d_in), G_B (d_out, r))}, float32. G = sum_j grad L_j for a summed loss
+    (post-hoc's sample_losses), sum_j grad L_j / n_val for GRPO's validation loss ('grpo')."""
     out = {}
     for name, m in model.named_modules():
         if isinstance(m, LoRALinear):
@@ -243,24 +233,20 @@ def summed_gradient(model, layer_filter=None):
 
 
 def per_sample_grads(captured, names=None):
-    """{layer: (dA (n, r, d_in), dB^T (n, r, d_out))} for the layers in `names` (default: all):
-    every sample's LoRA gradient, float32, from the hooks' buffers (GhostHooks.collect()),
-    one batched matmul per factor:
+    """Every sample's LoRA gradient {layer: (dA (n, r, d_in), dB^T (n, r, d_out))}, float32, for the
+    layers in `names` (default: all), from the hooks' buffers, one batched matmul per factor:
         dA_i = sum_t gA_it x_it^T = gA_i^T x_i          dB_i^T = sum_t h_it gB_it^T = h_i^T gB_i
-    (dB transposed: the r-wide factor leads, the faster layout).
-    n r (d_in + d_out) numbers per layer, fewer than the buffers they come from,
-    n T (d_in + d_out + 2 r), whenever T > r: forming them costs O(T d r) per sample,
-    as the products with G would, and then serves both the influence and the update."""
+    (dB transposed: the r-wide factor leads, the faster layout). n r (d_in + d_out) numbers per
+    layer, fewer than the buffers' n T (d_in + d_out + 2 r) when T > r; O(T d r) per sample, as the
+    products with G would cost, and they serve both the influence and the update."""
     return {n: (outer_product_sum(x, gA), outer_product_sum(gB, h))
             for n, (x, gA, h, gB) in captured.items()
             if names is None or n in names}
 
 
 def summed_inner_products(grads, summed):
-    """(n,) <grad L(sample_i), G> for per-sample gradients `grads` (per_sample_grads)
-    and a LoRA-sized G (summed_gradient), over the layers of `summed`:
-    <dA_i, G_A> + <dB_i, G_B>, one matrix-vector product per factor.
-    Not checked for NaN/Inf: the callers do (tracin.py)."""
+    """(n,) <grad L(sample_i), G> = <dA_i, G_A> + <dB_i, G_B> over the layers of G (summed_gradient)
+    from per_sample_grads: one matrix-vector product per factor; NaN/Inf: the callers check."""
     total = 0
     for name, (GA, GB) in summed.items():
         dA, dBt = grads[name]

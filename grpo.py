@@ -26,7 +26,7 @@ from data.tasks import TASKS
 from lora import disable_lora, folded_for_sampling, lora_parameters
 from rewards import compute_rewards
 from sample import decode_completions, encode_prompt, generate, pad_prompts, stop_tokens
-from scale import compiled, distributed
+from scale import distributed
 
 
 TIMES = {}  # seconds per phase of the running step: grpo_step empties it, its log line reports it
@@ -44,12 +44,10 @@ def phase(name):
 
 
 def compute_group_advantages(rewards, group_size, scale_rewards="group", epsilon=0.0):
-    """rewards (N,) with rows of one group adjacent -> (advantages (N,), number of zero-std groups).
-
-    A_i = r_i - mean(group), divided by the group's std + epsilon ('group'; TRL uses epsilon 1e-4),
-    the batch's std + epsilon ('batch') or nothing ('none'). A group whose rewards are all equal
-    carries no signal: its advantages are exactly 0 (never 0/0 = NaN). A NaN reward (no function
-    could score the completion) is left out of its group's mean and std; its advantage is 0."""
+    """rewards (N,), a group's rows adjacent -> (advantages (N,), number of zero-std groups).
+    A_i = r_i - mean(group), / (the group's std + epsilon) ('group'), / (the batch's std + epsilon)
+    ('batch'), or as is ('none'). A group of equal rewards has no signal: A exactly 0, never 0/0 =
+    NaN. A NaN reward (no function could score it) is left out of the group's mean and std; A 0."""
     if group_size < 2:
         raise UserError(f"group_size must be >= 2 for group-relative advantages, got {group_size}")
     if rewards.numel() % group_size:
@@ -124,18 +122,16 @@ def selective_log_softmax(logits, tokens, temperature=1.0):
 
 
 def completion_logprobs(model, idx, pad_left, T, temperature, with_entropy=False):
-    """Per-token log-probs (N, T) of the last T tokens of idx (the completion).
-    The LM head runs on the T positions that predict completion tokens only (keep_last); the
-    logits are divided by the sampling temperature so that logp is the policy that sampled."""
+    """Per-token log-probs (N, T) of the last T tokens of idx (the completion) under logits / the
+    sampling temperature (the policy that sampled), entropy if asked; the LM head runs on T rows."""
     logits, _ = model(idx[:, :-1], pad_left=pad_left, keep_last=T)  # (N, T, V)
     temperature = temperature if temperature > 0 else 1.0  # greedy sampling: plain log-probs
     logp = selective_log_softmax(logits, idx[:, -T:], temperature)  # (N, T); no (N, T, V) copy
     entropy = None
     if with_entropy:
-        with torch.no_grad():  # a diagnostic: no graph kept for it
-            scaled_rows = (row.float() / temperature for row in logits)
-            entropy = torch.stack([-(r.softmax(-1) * r.log_softmax(-1)).sum(-1)
-                                   for r in scaled_rows])  # (N, T)
+        with torch.no_grad():  # a diagnostic: no graph kept for it; one (T, V) row at a time
+            entropy = torch.stack([-(r.softmax(-1) * r.log_softmax(-1)).sum(-1)  # (N, T)
+                                   for r in (row.float() / temperature for row in logits)])
     # (N, T, V), the pass's largest activation: freed here without grad (passes 1 and 3); on the
     # policy pass SelectiveLogSoftmax saved it, so autograd holds it until loss.backward() has run
     del logits
@@ -149,23 +145,15 @@ def grpo_loss(logp, old_logp, ref_logp, advantages, mask, beta=0.04, epsilon_low
               epsilon_high=0.2, loss_type="grpo", num_seqs=None, num_tokens=None, max_len=None,
               num_micro_batches=1, importance_sampling_level="token", use_bias_correction_kl=False):
     """GRPO objective on one micro-batch, normalised so that the micro-batches' gradients add up to
-    the whole batch's (for bnpo: to the mean of the micro-batches', as TRL's gradient accumulation).
-
-    per token:  L_t = -min(rho_t A, clip(rho_t, 1-eps_low, 1+eps_high) A) + beta * KL_t
-                rho_t = exp(logp_t - old_logp_t)        (importance_sampling_level 'token')
-                rho_t = exp(mean_s (logp_s - old_logp_s)) for every t of the completion
-                        ('sequence', GSPO)
-                KL_t = exp(ref_t - logp_t) - (ref_t - logp_t) - 1   (k3),
-                       times rho_t if use_bias_correction_kl
-    grpo:    mean over tokens of each completion, then / num_seqs   (DeepSeekMath)
-    bnpo:    sum over tokens / this micro-batch's tokens / num_micro_batches
-    dapo:    sum over tokens / num_tokens of the whole batch         (token-level, TRL's default)
-    dr_grpo: sum over tokens / (num_seqs * max_len)                  (Dr. GRPO, arXiv 2503.20783)
+    the whole batch's (bnpo: to their mean, as TRL's gradient accumulation). Per token:
+        L_t = -min(rho_t A, clip(rho_t, 1-eps_low, 1+eps_high) A) + beta * KL_t
+        rho_t = exp(logp_t - old_logp_t)                   (importance_sampling_level 'token')
+        rho_t = exp(mean_s (logp_s - old_logp_s)), all t   ('sequence', GSPO)
+        KL_t = exp(ref_t - logp_t) - (ref_t - logp_t) - 1  (k3; x rho_t if use_bias_correction_kl)
+    summed over the completion tokens (mask) and divided as loss_type says (the branches below).
     Shapes: logp, old_logp, ref_logp, mask (n, T); advantages (n,). ref_logp None when beta == 0."""
     mask = mask.to(logp.dtype)
     num_seqs = num_seqs or logp.size(0)
-    num_tokens = num_tokens or mask.sum().clamp(min=1)
-    max_len = max_len or logp.size(1)
     log_ratio = logp - old_logp  # (n, T)
     if importance_sampling_level == "sequence":  # one ratio per completion
         log_ratio = ((log_ratio * mask).sum(1) / mask.sum(1).clamp(min=1))[:, None]  # (n, 1)
@@ -183,14 +171,14 @@ def grpo_loss(logp, old_logp, ref_logp, advantages, mask, beta=0.04, epsilon_low
         if use_bias_correction_kl:  # estimated under the old policy: reweight it to the new one
             kl = kl * ratio
         per_token = per_token + beta * kl
-    if loss_type == "grpo":
+    if loss_type == "grpo":  # mean over each completion's tokens, then / num_seqs (DeepSeekMath)
         loss = ((per_token * mask).sum(1) / mask.sum(1).clamp(min=1)).sum() / num_seqs
-    elif loss_type == "bnpo":
+    elif loss_type == "bnpo":  # / this micro-batch's tokens / num_micro_batches
         loss = (per_token * mask).sum() / mask.sum().clamp(min=1) / num_micro_batches
-    elif loss_type == "dapo":
-        loss = (per_token * mask).sum() / num_tokens
-    elif loss_type == "dr_grpo":
-        loss = (per_token * mask).sum() / (num_seqs * max_len)
+    elif loss_type == "dapo":  # / the whole batch's tokens (token-level, TRL's default)
+        loss = (per_token * mask).sum() / (num_tokens or mask.sum().clamp(min=1))
+    elif loss_type == "dr_grpo":  # / (num_seqs * max_len) (Dr. GRPO, arXiv 2503.20783)
+        loss = (per_token * mask).sum() / (num_seqs * (max_len or logp.size(1)))
     else:
         raise UserError(f"loss_type must be one of {', '.join(LOSS_TYPES)}, got {loss_type!r}")
     with torch.no_grad():  # statistics for the log line only (TRL's clip_ratio/low, /high, /region)
@@ -236,16 +224,13 @@ class Rollouts:
 
 
 def batch_counts(mask):
-    """The counts grpo_loss divides by, of a batch whose completion mask is `mask` (n, T):
-    sequences and completion tokens."""
+    """grpo_loss's divisors for a batch of completion mask (n, T): sequences, completion tokens."""
     return dict(num_seqs=mask.size(0), num_tokens=mask.sum().clamp(min=1).item())
 
 
 def rank_part(rollouts, micro_batch_size):
-    """This rank's contiguous rows of the batch for passes 3 and 2 (the whole batch in one process).
-    A share is whole prompts, so the advantages are those of one process; the loss divides by the
-    whole batch's counts, and bnpo by every rank's micro-batches (equal to one process's when
-    micro-batches do not straddle ranks)."""
+    """This rank's rows for passes 3 and 2 (all in one process): whole prompts, the loss divided by
+    the whole batch's counts and, for bnpo, by every rank's micro-batches."""
     rows = distributed.shard(len(rollouts))
     own_micro_batches = -(-(rows.stop - rows.start) // micro_batch_size)
     return rollouts.part(rows, num_micro_batches=distributed.world_size() * own_micro_batches)
@@ -266,13 +251,10 @@ def logprobs_no_grad(model, batch, cfg, name, disabled=False):
 
 
 def policy_backward(model, batch, cfg, beta):
-    """Passes 3 and 2 and the backward of the GRPO loss, per micro-batch. batch: a Rollouts (idx,
-    pad_left, mask, advantages; ref_logp / old_logp when taken already; counts when it is part of a
-    batch). Gradients add up in .grad; under TracIn's capture (ghost.GhostHooks) no .grad forms: the
-    hooks keep each sample's factors instead, and the LoRA weights need no grad meanwhile.
-
-    The reference pass (3) runs BEFORE the policy pass (2): its activations are freed before the
-    policy builds its graph, so the peak is the larger of the two passes, not their sum."""
+    """Passes 3 and 2 and the backward of the GRPO loss, per micro-batch of a Rollouts (ref_logp /
+    old_logp if taken already, counts if part of a batch). Gradients add up in .grad; under TracIn's
+    capture (ghost.GhostHooks) the hooks keep each sample's factors instead. Pass 3 runs BEFORE pass
+    2: its activations are freed before the policy builds its graph (peak: the larger pass)."""
     idx, pad_left, T = batch.idx, batch.pad_left, batch.mask.size(1)
     N, mb, device = idx.size(0), cfg["micro_batch_size"], cfg["device"]
     norm = dict(**batch_counts(batch.mask), max_len=cfg["max_new_tokens"],
@@ -288,27 +270,24 @@ def policy_backward(model, batch, cfg, beta):
     for s in range(0, N, mb):
         sl = slice(s, s + mb)
         ref_logp = None if beta == 0 or batch.ref_logp is None else batch.ref_logp[sl]
-        # PASS 3, reference: base weights, the same modules, no graph
-        if beta != 0 and ref_logp is None:
+        if beta != 0 and ref_logp is None:  # PASS 3, reference: LoRA off, same modules, no graph
             with phase("reference"), torch.no_grad(), disable_lora(model), model.amp:
                 ref_logp, _ = completion_logprobs(model, idx[sl], pad_left[sl], T,
                                                   cfg["temperature"])
         with phase("policy"), model.amp:  # PASS 2, policy, with grad
             logp, entropy = completion_logprobs(model, idx[sl], pad_left[sl], T, cfg["temperature"],
                                                 with_entropy=True)
-            # one update per generation: old = logp.detach(), so the ratio is exactly 1 and the
-            # epsilon clip never acts (clip_ratio 0), as TRL and nanochat note. With mu > 1 the
-            # old log-probs were taken before the first update (logprobs_no_grad): clipping acts.
+            # mu = 1: old = logp.detach(), the ratio is exactly 1, the clip never acts (TRL and
+            # nanochat note it); mu > 1: old taken before the first update (grpo_updates): it acts
             old_logp = logp.detach() if batch.old_logp is None else batch.old_logp[sl]
             loss, loss_stats = grpo_loss(logp, old_logp, ref_logp, adv[sl], mask[sl], beta,
                                          cfg["epsilon_low"], cfg["epsilon_high"],
                                          cfg["loss_type"], **norm)
             loss.backward()
             stats["losses"].append(loss.item())
-            stats["kl_sum"] += loss_stats["kl_sum"]
-            stats["clipped"] += loss_stats["clipped_tokens"]
-            for k in ("clipped_low", "clipped_high"):
+            for k in ("kl_sum", "clipped_low", "clipped_high"):
                 stats[k] += loss_stats[k]
+            stats["clipped"] += loss_stats["clipped_tokens"]
             stats["ent_sum"] += (entropy * mask[sl]).sum().item()
             # this micro-batch's graph: the logits saved for the backward, the activations.
             # The backward has run, so nothing else holds them; logp and entropy are (n, T)
@@ -316,18 +295,28 @@ def policy_backward(model, batch, cfg, beta):
     return stats
 
 
-def make_rollouts(model, enc, batches, cfg, generator, cache=None):
-    """PASS 1 (sampling, no grad, no logits kept), rewards and group-relative advantages.
+def make_rollouts(model, enc, batches, cfg, generator, cache=None, decode=None):
+    """PASS 1 (sampling, no grad, no logits kept), rewards and group-relative advantages: one
+    Rollouts per (prompts as token ids, answers) of `batches`, all sampled in ONE generate call.
+    background_rewards (standard GRPO, beta != 0, mu = 1): a worker thread scores while this one
+    runs pass 3 (torch releases the GIL in its kernels), whose (N, T) log-probs the loss reuses."""
+    sampled = sample_rollouts(model, enc, batches, cfg, generator, decode)
+    if not (cfg["background_rewards"] and not cfg["tracin"] and cfg["beta"] != 0
+            and cfg["num_iterations"] == 1):
+        return score_rollouts(enc, sampled, batches, cfg, cache)
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        scoring = pool.submit(score_rollouts, enc, sampled, batches, cfg, cache)
+        unscored = Rollouts(*sampled, advantages=None)
+        ref = logprobs_no_grad(model, unscored, cfg, "reference", disabled=True)
+        rollouts = scoring.result()
+    rollouts[0].ref_logp = ref
+    return rollouts
 
-    batches: a list of (prompts as token ids, answers), sampled in ONE generate call (TracIn's train
-    and validation prompts share the per-token cost) and scored separately: one Rollouts each."""
-    sampled = sample_rollouts(model, enc, batches, cfg, generator)
-    return score_rollouts(enc, sampled, batches, cfg, cache)
 
-
-def sample_rollouts(model, enc, batches, cfg, generator):
+def sample_rollouts(model, enc, batches, cfg, generator, decode=None):
     """PASS 1: (idx, pad_left, mask) of group_size completions for every prompt of every batch.
-    Under torchrun this rank samples its share of the prompts and every rank gets all the rows."""
+    Under torchrun this rank samples its share of the prompts and every rank gets all the rows.
+    decode: the compiled decode step with compile=True (train_grpo.Run builds it), else None."""
     prompts = [p for batch_prompts, _ in batches for p in batch_prompts]
     S, G, device = cfg["max_new_tokens"], cfg["group_size"], next(model.parameters()).device
     mine = distributed.split(len(prompts))  # this rank's prompts, whole groups (all in one process)
@@ -335,15 +324,12 @@ def sample_rollouts(model, enc, batches, cfg, generator):
     if cfg["temperature"] > 0:  # one uniform per row and token, for ALL rows as in one process,
         u = torch.rand(S, len(prompts) * G, generator=generator, device=device)  # (S, n * G)
         u = u[:, mine.start * G:mine.stop * G]  # so no row's tokens depend on the process count
-    # compile=True: sampling's decode step compiled (scale/compiled.py); None: the model's forward
-    decode = compiled.CompiledDecode(model, device) if cfg.get("compile") else None
     with phase("generation"), model.amp, folded_for_sampling(model):  # LoRA folded in: W + s B A
         sampled = generate(model, prompts[mine], S, stop_tokens(enc), num_samples=G,
                            temperature=cfg["temperature"], top_k=cfg["top_k"] or None,
                            top_p=cfg["top_p"], vocab_size=enc.n_vocab, u=u, decode=decode)
     pad_id = stop_tokens(enc)[0] if stop_tokens(enc) else 0  # generate's padding id
-    # every rank's rows (no-op in one process)
-    return distributed.gather_sampled(*sampled, pad_id, len(prompts), G)
+    return distributed.gather_sampled(*sampled, pad_id, len(prompts), G)  # every rank's rows
 
 
 def score_rollouts(enc, sampled, batches, cfg, cache=None):
@@ -368,43 +354,21 @@ def score_rollouts(enc, sampled, batches, cfg, cache=None):
             advantages, n_zero_std = compute_group_advantages(rewards, group, cfg["scale_rewards"],
                                                               cfg["advantage_epsilon"])
             truncated = ~torch.isin(idx[rows, -T:], stops).any(1)  # no stop id: hit max_new_tokens
-            m = mask[rows]
-            if cfg["mask_truncated_completions"]:
-                m = m * (~truncated).long()[:, None]
+            m = mask[rows] * (~truncated).long()[:, None] if cfg["mask_truncated_completions"] \
+                else mask[rows]
             out.append(Rollouts(idx[rows], pad_left[rows], m, advantages, rewards, per_fn, errors,
                                 n_zero_std, truncated))
     return out
 
 
-def rollouts_rewards_in_background(model, enc, batches, cfg, generator, cache=None):
-    """make_rollouts with the rewards off the critical path: a worker thread scores the completions
-    while this thread runs the reference pass (3), whose (N, T) log-probs are kept for the loss.
-    Torch releases the GIL in its kernels, so a slow reward costs little extra. Without a reference
-    pass (beta 0) or with num_iterations > 1 (which takes its own), the scoring runs first."""
-    sampled = sample_rollouts(model, enc, batches, cfg, generator)
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        scoring = pool.submit(score_rollouts, enc, sampled, batches, cfg, cache)
-        ref = None
-        if cfg["beta"] != 0 and cfg["num_iterations"] == 1:
-            unscored = Rollouts(*sampled, advantages=None)
-            ref = logprobs_no_grad(model, unscored, cfg, "reference", disabled=True)
-        rollouts = scoring.result()
-    rollouts[0].ref_logp = ref
-    return rollouts
-
-
 def update(model, optimizer, cfg, stats, nothing_kept):
-    """7: clip, AdamW on the LoRA parameters; skipped (weights untouched) when a loss or the
-    gradient is not finite, nothing to do when TracIn kept no rollout. Returns (grad norm, skip
-    reason). Under torchrun the ranks' gradients and `stats` are summed first (in place), so every
-    rank clips, skips or steps alike; in one process the two sums do nothing.
-
+    """7: the ranks' gradients and `stats` summed (in place; nothing to do in one process), clip,
+    AdamW on the LoRA parameters (nothing when TracIn kept no rollout). -> (grad norm, skip reason).
     NaN/Inf, the one place a step decides to skip: a non-finite loss (policy_backward's losses;
-    TracIn appends NaN when an influence is not finite) or gradient norm leaves the weights and
-    the AdamW state untouched and the step is logged as skipped (skip_reason); grpo_updates stops
-    the generation's remaining updates; train_grpo.Run.train stops the run after max_skipped_steps
-    in a row. Sampling that meets NaN/Inf logits raises sample.NonFiniteLogits instead: grpo_step
-    skips before any pass."""
+    TracIn appends NaN when an influence is not finite) or gradient norm leaves the weights and the
+    AdamW state untouched, the step logged as skipped (skip_reason); grpo_updates stops the
+    generation's remaining updates; train_grpo.Run.train stops the run after max_skipped_steps in
+    a row. NaN/Inf logits in sampling raise sample.NonFiniteLogits: grpo_step stops there."""
     skip_reason = None
     with phase("optimizer"):
         distributed.sum_grads(lora_parameters(model))  # all ranks' LoRA gradients, before the clip
@@ -423,10 +387,9 @@ def update(model, optimizer, cfg, stats, nothing_kept):
 
 
 def grpo_updates(model, optimizer, rollouts, cfg):
-    """Steps 4-7 num_iterations (mu) times on one generation, as DeepSeekMath's algorithm and TRL's
-    num_iterations: with mu > 1 the old (sampling) and reference log-probs are taken once, before
-    the first update, so later updates see ratios != 1 and the clip acts. An update that is skipped
-    (NaN/Inf) ends the generation: the updates after it would start from the weights it refused.
+    """Steps 4-7 num_iterations (mu) times on one generation (DeepSeekMath, TRL): with mu > 1 the
+    old (sampling) and reference log-probs are taken once, before the first update, so later
+    updates see ratios != 1 and the clip acts. A skipped update (NaN/Inf) ends the generation.
     Returns (stats summed over the updates run, the last gradient norm, the skip reason or None)."""
     batch = rank_part(rollouts, cfg["micro_batch_size"])  # this rank's rows (all in one process)
     if cfg["num_iterations"] > 1:  # the sampling policy's and the reference's log-probs, once
@@ -437,8 +400,7 @@ def grpo_updates(model, optimizer, rollouts, cfg):
     for _ in range(cfg["num_iterations"]):
         stats = policy_backward(model, batch, cfg, cfg["beta"])
         grad_norm, skip_reason = update(model, optimizer, cfg, stats, False)
-        # summed per key (lists concatenate)
-        total = stats if total is None else {k: total[k] + stats[k] for k in total}
+        total = stats if total is None else {k: total[k] + stats[k] for k in total}  # lists: cat
         if skip_reason:
             break
     return total, grad_norm, skip_reason

@@ -23,8 +23,7 @@ class LoRALinear(nn.Module):
         if r <= 0:
             raise UserError(f"LoRA rank r must be a positive integer, got r={r}")
         self.base = base
-        # float32 even on a bf16 base (the trained weights and AdamW state; scale/device.py's list),
-        # on the base's device
+        # float32 even on a bf16 base (trained weights, AdamW state: scale/device.py), its device
         device = base.weight.device
         self.lora_A = nn.Linear(base.in_features, r, bias=False, device=device)  # kaiming-uniform
         self.lora_B = nn.Linear(r, base.out_features, bias=False, device=device)
@@ -40,8 +39,7 @@ class LoRALinear(nn.Module):
         if self.folded is not None and not torch.is_grad_enabled():  # pass 1: one matmul, not three
             return F.linear(x, self.folded, self.base.bias)
         out = self.base(x)
-        # a bf16 base feeds bf16 x: the adapter's matmuls run in float32
-        # (under autocast: autocast's dtype)
+        # a bf16 base feeds bf16 x: the adapter's matmuls run in float32 (autocast's dtype if on)
         if not torch.is_autocast_enabled(x.device.type):
             x = x.to(self.lora_A.weight.dtype)
         u = self.lora_B(self.lora_A(self.lora_dropout(x)))
@@ -99,8 +97,7 @@ def load_lora_state_dict(model, sd):
     for k, v in sd.items():
         if own[k].shape != v.shape:
             raise UserError(f"LoRA weight {k} has shape {tuple(v.shape)}, model expects "
-                            f"{tuple(own[k].shape)} "
-                            f"(saved with another lora_r, or on a base of another shape?)")
+                            f"{tuple(own[k].shape)} (another lora_r, or a base of another shape?)")
     model.load_state_dict(sd, strict=False)
 
 
@@ -121,10 +118,9 @@ def disable_lora(model):
 
 @contextmanager
 def folded_for_sampling(model):
-    """Pass 1 with W' = W + s B A: one matmul per adapted layer and token instead of three.
-    W' is a copy for the duration, in the dtype the matmul runs in (autocast's if on, else the
-    base's); W, A and B are never written, so nothing drifts however often it folds.
-    Costs one copy of the adapted weights meanwhile."""
+    """Pass 1 with W' = W + s B A: one matmul per adapted layer and token instead of three. W' is a
+    copy meanwhile (one of the adapted weights), in the matmul's dtype (autocast's, else the
+    base's); W, A and B are never written, so nothing drifts however often it folds."""
     mods = [m for m in lora_modules(model) if not m.disabled]
     kind = next(model.parameters()).device.type
     autocast = torch.is_autocast_enabled(kind)

@@ -118,22 +118,15 @@ def apply_rope(x, cos, sin):
     return x * cos.to(x.dtype) + torch.cat((-x2, x1), dim=-1) * sin.to(x.dtype)
 
 
-def one_query_attention(q, keys, values, seen, k_new=None, v_new=None):
-    """Attention of ONE query per row (a decode step): softmax(q K^T / sqrt(hd)) V over the
-    columns `seen` of keys / values and, when given, one more column (k_new, v_new) not written
-    into them (the compiled step of scale/compiled.py, which never writes its cache). Scores,
-    probabilities and the weighted sum in float32 whatever autocast says (bf16 would round the
-    softmax). q (B, H, 1, hd); keys, values (B, H, L, hd); seen (B, 1, 1, L) bool;
-    k_new, v_new (B, H, 1, hd). Returns (B, H, 1, hd), q's dtype."""
+def one_query_attention(q, keys, values, seen):
+    """ONE query per row (a decode step): softmax(q K^T / sqrt(hd)) V over the columns `seen`, in
+    float32 whatever autocast says (bf16 would round the softmax). q (B, H, 1, hd); keys, values
+    (B, H, L, hd); seen (B, 1, 1, L) bool. Returns (B, H, 1, hd), q's dtype."""
     dtype, scale = q.dtype, q.size(-1) ** -0.5
     with torch.autocast(q.device.type, enabled=False):  # else autocast makes both matmuls bf16
-        q = q.float()
-        scores = q @ keys.float().transpose(-2, -1) * scale  # (B, H, 1, L)
+        scores = q.float() @ keys.float().transpose(-2, -1) * scale  # (B, H, 1, L)
         att = scores.masked_fill(~seen, float("-inf"))
-        if k_new is None:
-            return (att.softmax(-1) @ values.float()).to(dtype)
-        att = torch.cat((att, (q * k_new.float()).sum(-1, keepdim=True) * scale), -1).softmax(-1)
-        return (att[..., :-1] @ values.float() + att[..., -1:] * v_new.float()).to(dtype)
+        return (att.softmax(-1) @ values.float()).to(dtype)
 
 
 class CausalSelfAttention(nn.Module):
@@ -163,8 +156,7 @@ class CausalSelfAttention(nn.Module):
             q, k, v = self.c_attn(x).split(self.split, dim=2)
         else:
             q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
-        q = q.view(B, T, self.n_head, self.hd).transpose(1, 2)  # (B, H, T, hd)
-        # k, v: (B, Hkv, T, hd)
+        q = q.view(B, T, self.n_head, self.hd).transpose(1, 2)  # (B, H, T, hd); k, v: Hkv heads
         k, v = (t.view(B, T, self.n_kv_head, self.hd).transpose(1, 2) for t in (k, v))
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
@@ -173,8 +165,7 @@ class CausalSelfAttention(nn.Module):
             cache.v[layer, :, :, cache.pos:cache.pos + T] = v
             k = cache.k[layer, :, :, :cache.pos + T]
             v = cache.v[layer, :, :, :cache.pos + T]
-        # grouped-query: each key/value head serves n_head / n_kv_head queries
-        if self.n_kv_head < self.n_head:
+        if self.n_kv_head < self.n_head:  # grouped-query: a k/v head serves n_head / n_kv_head
             k, v = (t.repeat_interleave(self.n_head // self.n_kv_head, dim=1) for t in (k, v))
         dropout_p = self.dropout if self.training else 0.0
         if mask is None:  # no padding, no cache: the fused causal kernel
@@ -226,9 +217,8 @@ class GPT(nn.Module):
         assert config.arch in ("gpt2", "llama"), \
             f"arch must be 'gpt2' or 'llama', got {config.arch!r}"
         self.config = config
-        # the precision every pass of a run computes in, set once at start-up (train_grpo: bf16
-        # autocast where scale/device.check_device chooses bf16); the passes run `with model.amp:`.
-        # Default: the weights' dtype
+        # the precision every pass computes in (`with model.amp:`), set once at start-up: bf16
+        # autocast where scale/device.check_device chooses bf16; default: the weights' dtype
         self.amp = nullcontext()
         self.transformer = nn.ModuleDict(dict(
             wte=nn.Embedding(config.vocab_size, config.n_embd),
@@ -269,10 +259,9 @@ class GPT(nn.Module):
                        pad_left, p.device, dtype)
 
     def forward(self, idx, targets=None, pad_left=None, cache=None, keep_last=None):
-        """idx (B, T) token ids. targets (B, T) with -1 = ignore: returns (logits (B, T, V), mean
-        cross-entropy). Otherwise returns (logits of the last `keep_last` positions
-        (B, keep_last, V), None); keep_last defaults to 1, the only position sampling needs.
-        pad_left (B,): left padding per row. cache: a KVCache to read from and append to."""
+        """idx (B, T) ids; pad_left (B,) left padding per row; cache: a KVCache read, appended to.
+        targets (B, T), -1 = ignore: -> (logits (B, T, V), mean cross-entropy); else (logits of the
+        last keep_last positions (B, keep_last, V), None), keep_last 1 (all sampling needs)."""
         B, T = idx.size()
         start, pad_left = (cache.pos, cache.pad_left) if cache is not None else (0, pad_left)
         if start + T > self.config.block_size:
@@ -288,8 +277,8 @@ class GPT(nn.Module):
         if "wpe" in self.transformer:
             x = x + self.transformer.wpe(pos)
         else:  # RoPE: cos/sin of each position, shared by every layer
-            head_dim = self.config.n_embd // self.config.n_head
-            rope = rope_cos_sin(pos, head_dim, self.config.rope_theta)
+            rope = rope_cos_sin(pos, self.config.n_embd // self.config.n_head,
+                                self.config.rope_theta)
         x = self.transformer.drop(x)
         for i, block in enumerate(self.transformer.h):
             if self.config.grad_checkpoint and self.training and torch.is_grad_enabled():
@@ -305,8 +294,7 @@ class GPT(nn.Module):
             loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1),
                                    ignore_index=-1)
             return logits, loss
-        # contiguous: on a strided slice the head's matmul copies its (V, C) weight per row
-        # (bf16: 10x slower)
+        # contiguous: on a strided slice the head copies its (V, C) weight per row (bf16: 10x)
         return self.lm_head(x[:, -(keep_last or 1):].contiguous()), None  # (B, keep_last, V)
 
     @classmethod

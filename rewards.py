@@ -359,30 +359,23 @@ REWARD_FUNCS = {
 
 
 def compute_rewards(completions, answers, reward_funcs, reward_weights, cache=None):
-    """Score every completion with every named reward function. Returns (totals, per_func, errors):
-      totals[i]      = sum_k reward_weights[k] * per_func[reward_funcs[k]][i]
-      per_func[name] = raw (unweighted) values, one per completion
-      errors[name]   = how many samples made that function raise
-    A raising function scores 0.0 for that sample and training continues; one malformed sample
-    should not kill a long run. The caller logs the counts. A function may return None for
-    "cannot score this one": that value is NaN in per_func and left out of the total (as TRL's
-    nansum); a completion no function could score gets a NaN total, which the advantages leave out.
-    cache: a dict kept by the caller across calls, (name, completion, answer) -> (value, raised);
-    the reward functions are pure, so a completion seen before is not scored again. Its "hits" /
-    "lookups" entries count how often that saved a call."""
-    # validate before doing any work, so config mistakes fail fast and clearly
+    """Score every completion with every named reward function -> (totals, per_func, errors):
+    totals[i] = sum_k reward_weights[k] * per_func[reward_funcs[k]][i]; per_func[name]: raw values;
+    errors[name]: how many samples made that function raise (they score 0.0: one malformed sample
+    does not kill a run). A function returns None for "cannot score this one": NaN in per_func, left
+    out of the total (TRL's nansum); no function scoring it gives a NaN total (advantages skip it).
+    cache: the caller's dict (name, completion, answer) -> (value, raised) across calls (the
+    functions are pure); its "hits" / "lookups" count how often that saved a call."""
     unknown = [name for name in reward_funcs if name not in REWARD_FUNCS]
     if unknown:
         raise ValueError(f"unknown reward function(s) {unknown}; known: {sorted(REWARD_FUNCS)}")
-    # results are keyed by name: a duplicate would be merged
-    if len(set(reward_funcs)) != len(reward_funcs):
+    if len(set(reward_funcs)) != len(reward_funcs):  # results are keyed by name
         raise ValueError(f"duplicate reward function names in {reward_funcs}")
     if len(reward_weights) != len(reward_funcs) or len(completions) != len(answers):
         raise ValueError(f"got {len(reward_weights)} reward_weights for {len(reward_funcs)} "
                          f"reward_funcs and {len(completions)} completions for {len(answers)} "
                          "answers: each pair must match")
-    # a bound on memory: start afresh, keep the counts
-    if cache is not None and len(cache) > CACHE_SIZE:
+    if cache is not None and len(cache) > CACHE_SIZE:  # a bound on memory: afresh, counts kept
         counts = {k: cache.get(k, 0) for k in ("hits", "lookups")}
         cache.clear()
         cache.update(counts)

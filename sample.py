@@ -34,10 +34,9 @@ CHAT_INSTRUCTION = "\nWrite one equation per line, then the answer on a last lin
 
 
 def encode_prompt(enc, question):
-    """The prompt's ids; with an instruct model's tokenizer (pretrained/tokenizer.py, `chat` set)
-    the question and CHAT_INSTRUCTION form the user turn of its chat format, ending in the
-    assistant's header (enc.instruction replaces CHAT_INSTRUCTION for tasks whose questions carry
-    their own: data/tasks.py)."""
+    """The prompt's ids; an instruct model's tokenizer (`chat` set) makes the question and
+    CHAT_INSTRUCTION (or enc.instruction: data/tasks.py) the user turn, then the assistant's
+    header."""
     if getattr(enc, "chat", None):
         return enc.encode_chat(question + getattr(enc, "instruction", CHAT_INSTRUCTION))
     return encode_text(enc, question + "\n")  # the tiny GPT's format (data/gsm_synth: prompt_text)
@@ -65,10 +64,9 @@ MIN_TEMPERATURE = 1e-4
 
 
 def sample_next(logits, temperature, top_k, top_p, generator, u=None):
-    """logits (N, V) of the last position only -> next token ids (N,). Each row's token is drawn by
-    inverse CDF from ONE uniform number u_i (drawn here from `generator` unless given): the first
-    token whose cumulative probability exceeds u_i. A row's draw thus depends on its own u_i only,
-    which lets several processes sample their rows of one batch exactly as one process would."""
+    """logits (N, V) of the last position only -> next token ids (N,), by inverse CDF from ONE
+    uniform u_i per row (from `generator` unless given): the first token whose cumulative
+    probability exceeds u_i. A row depends on its u_i only: processes sample as one process."""
     if temperature == 0:
         return logits.argmax(dim=-1)                      # greedy
     logits = logits.float() / temperature                 # float32 under bf16 (see scale/device.py)
@@ -92,22 +90,15 @@ def sample_next(logits, temperature, top_k, top_p, generator, u=None):
 def generate(model, prompts, max_new_tokens, eot_id, num_samples=1, temperature=1.0,
              top_k=None, top_p=None, seed=None, generator=None, check_every=None, vocab_size=None,
              u=None, decode=None):
-    """prompts: list of token-id lists (any lengths). Each prompt gets `num_samples` completions.
-    eot_id: the end-of-sequence id, or a tuple of them (an instruct model may end a turn with one of
-    several); the first pads. vocab_size: ids from here on are never drawn (the embedding rows a
-    checkpoint pads beyond its tokenizer's vocabulary, e.g. Qwen2's 151,665 tokens in 151,936 rows).
-
-    Returns (idx, pad_left, completion_mask):
-      idx (B*num_samples, P + T) prompt (left-padded) followed by the completion, rows of one
-          prompt adjacent; after a row's end-of-text every token is eot_id (padding),
-      pad_left (B*num_samples,), completion_mask (B*num_samples, T) 1 on generated tokens up to
-          and including end-of-text.
-    Only the last position's logits (N, V) exist at any step; none are returned.
-    Random numbers: u (max_new_tokens, N), one uniform per row and step (sample_next), drawn from
-    the generator before the first step unless given; a row's tokens depend on its own column only.
-    decode: the one-new-column step of the loop, decode(tok (N, 1), cache) -> logits (N, 1, V),
-    with a cache_len(n) for the cache's size: scale/compiled.CompiledDecode with compile=True;
-    None: the model's own forward with the cache."""
+    """prompts: token-id lists (any lengths), `num_samples` completions each. eot_id: the end id, or
+    a tuple of them (the first pads). vocab_size: ids from here on are never drawn (embedding rows
+    padded beyond the tokenizer's vocabulary). Returns (idx, pad_left, completion_mask), laid out as
+    the module docstring shows: idx (N, P + T), N = B*num_samples, a prompt's rows adjacent, eot_id
+    after a row's end; completion_mask (N, T) 1 up to and including end-of-text. Only the last
+    position's logits (N, V) exist at any step; none are returned. u (max_new_tokens, N): one
+    uniform per row and step (sample_next), drawn before the first step unless given. decode: the
+    one-new-column step, decode(tok (N, 1), cache) -> logits (N, 1, V), with cache_len(n)
+    (scale/compiled.CompiledDecode with compile=True); None: the model's forward with the cache."""
     device = next(model.parameters()).device
     eot_ids = eot_id if isinstance(eot_id, (tuple, list)) else [eot_id]
     stops = torch.tensor(eot_ids, device=device, dtype=torch.long)
@@ -115,12 +106,12 @@ def generate(model, prompts, max_new_tokens, eot_id, num_samples=1, temperature=
     check_every = check_every or (8 if device.type == "cuda" else 1)  # see "all rows done?" below
     idx, pad_left = pad_prompts(prompts, eot_id, device)
     (B, P), N = idx.shape, len(prompts) * num_samples
+    L = P + max_new_tokens  # the cache's columns
     if max_new_tokens < 1:
         raise UserError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
-    if P + max_new_tokens > model.config.block_size:
-        raise UserError(f"prompt of {P} tokens + max_new_tokens={max_new_tokens} exceeds "
-                        f"the context of {model.config.block_size} tokens; "
-                        "shorten the prompt or max_new_tokens")
+    if L > model.config.block_size:
+        raise UserError(f"prompt of {P} tokens + max_new_tokens={max_new_tokens} exceeds the "
+                        f"context of {model.config.block_size} tokens; shorten either")
     if generator is None and seed is not None:
         generator = torch.Generator(device=device).manual_seed(seed)
     if u is None and temperature > 0:
@@ -130,9 +121,7 @@ def generate(model, prompts, max_new_tokens, eot_id, num_samples=1, temperature=
                          f"got {tuple(u.shape)}")
     was_training = model.training
     model.eval()
-    cache_len = (decode.cache_len(P + max_new_tokens) if decode  # compiled: bucketed
-                 else P + max_new_tokens)
-    cache = model.new_cache(B, cache_len, pad_left)
+    cache = model.new_cache(B, decode.cache_len(L) if decode else L, pad_left)  # compiled: bucketed
     logits, _ = model(idx, cache=cache)                   # prefill once per prompt: (B, 1, V)
     cache.repeat_interleave(num_samples)                  # share the prefill among the samples
     logits = logits[:, -1].repeat_interleave(num_samples, dim=0)   # (N, V)
@@ -140,8 +129,7 @@ def generate(model, prompts, max_new_tokens, eot_id, num_samples=1, temperature=
     done = torch.zeros(N, dtype=torch.bool, device=device)
     nonfinite = torch.zeros(N, dtype=torch.bool, device=device)
     for t in range(max_new_tokens):
-        # NaN/Inf: recorded without a host sync, raised at the end
-        nonfinite |= ~torch.isfinite(logits).all(-1)
+        nonfinite |= ~torch.isfinite(logits).all(-1)  # NaN/Inf: no host sync; raised at the end
         u_t = None if u is None else u[t]
         nxt = sample_next(logits[:, :vocab_size], temperature, top_k, top_p, generator, u_t)
         del logits                                        # the only logits alive, kept by nothing

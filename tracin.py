@@ -30,8 +30,8 @@ from scale import distributed
 
 
 def select_rollouts(influence, rule="positive", topk_frac=0.5):
-    """Boolean mask of rollouts to train on. 'positive': influence > 0 (training on it lowers
-    the validation loss, to first order). 'topk': the top fraction by influence."""
+    """Rollouts to train on (bool): 'positive', influence > 0 (to first order, training on it
+    lowers the validation loss); 'topk', the top fraction by influence."""
     if rule == "positive":
         return influence > 0
     if rule == "topk":
@@ -63,73 +63,55 @@ def reference_solutions(enc, examples, device):
 
 
 def tracin_backward(model, optimizer, rollouts, val_batch, cfg):
-    """TracIn-GRPO's backward, in place of grpo.policy_backward:
-    every rollout's LoRA gradient g_i from the hooks, influence_i = <g_i, G>, the selection,
-    and the selected rollouts' summed gradient written into .grad from the hooks' buffers
-    (no 4th pass).
-    G is the gradient of the validation loss: the mean of the validation rows' losses,
-    as grpo_loss normalises it, so G = (1/n_val) sum_j g_val_j for 'grpo'
-    (each g_i likewise carries the 1/n of its batch):
-    selection is the same, the logged influence is scaled by those constants.
-    cfg['tracin_influence']:
+    """TracIn-GRPO's backward, in place of grpo.policy_backward: every rollout's LoRA gradient g_i
+    from the hooks, influence_i = <g_i, G>, the selection, and the selected rollouts' summed
+    gradient written into .grad from the hooks' buffers (no 4th pass). G is the gradient of the
+    validation loss, a mean as grpo_loss normalises it (G = (1/n_val) sum_j g_val_j for 'grpo'; g_i
+    carries its batch's 1/n too): the selection is the same, the logged influence scaled.
+    cfg['tracin_influence'] (the same influence up to float rounding):
       'summed'  G from ONE ordinary backward of the validation loss (nothing kept per row),
                 then <g_i, G> per layer from the train buffers: O(T d r) per rollout
       'matrix'  every validation row's gradient captured too; the row sums of the [N, N_val] matrix
-    Both give the same influence up to float rounding.
-    A non-finite influence (overflowed gradients) makes the loss NaN:
-    update() skips the step and the run counts it, as it does a standard step's.
-    Under torchrun each rank captures its rows (grpo.rank_part),
-    the selection sees every rank's influence,
-    and each rank sums its own kept rows' gradients (grpo.update sums the ranks').
-    Returns (loss stats, influence (N,), keep (N,) bool), both of the whole batch."""
+    A non-finite influence makes the loss NaN: update() skips the step, as a standard step's.
+    Under torchrun each rank captures its rows (grpo.rank_part) and sums its kept rows' gradients;
+    the selection sees every rank's influence. -> (loss stats, influence (N,), keep (N,) bool)."""
     matrix = cfg["tracin_influence"] == "matrix"
     batch = rank_part(rollouts, cfg["micro_batch_size"])  # this rank's rows (all in one process)
-    # The capture: a forward hook on every lora_A keeps each sample's input x and h = A x,
-    # and registers tensor hooks that keep the output gradients gA = dL/dh and gB = dL/d(B h)
-    # (ghost.GhostHooks).
-    # While the split is 'train' the LoRA weights do not require grad: the backward forms no
-    # .grad (the batch's summed gradient, which nobody reads), only what flows through the hooks.
-    # ghost_mode makes optimizer.step() raise meanwhile: no weight can change in here.
+    # The capture (ghost.GhostHooks): a forward hook on every lora_A keeps each sample's x and
+    # h = A x, tensor hooks keep the output gradients gA = dL/dh and gB = dL/d(B h). While the split
+    # is 'train' the LoRA weights need no grad: the backward forms no .grad (the batch's summed
+    # gradient, which nobody reads). ghost_mode makes optimizer.step() raise: no weight changes.
     with install_ghost_hooks(model) as hooks, ghost_mode(optimizer):
         with phase("grad_capture_train"):  # passes 3 and 2 and the backward: per-sample factors
             stats = policy_backward(model, batch, cfg, cfg["beta"])
-        # 'summed': hooks keep nothing, weights need grad again
-        hooks.split = "val" if matrix else None
-        # no KL term in the validation loss; 'summed': G adds up in .grad
-        with phase("grad_capture_val"):
+        hooks.split = "val" if matrix else None  # 'summed': no hook keeps, G adds up in .grad
+        with phase("grad_capture_val"):  # no KL term in the validation loss
             val_rows = val_batch if matrix else informative_rows(val_batch, cfg)
             policy_backward(model, val_rows, cfg, beta=0.0)
         train_grads = hooks.collect("train")
         # per validation row, or G {layer: (G_A, G_B)}
         val_grads = hooks.collect("val") if matrix else summed_gradient(model)
     with phase("influence"):
-        if matrix:  # row sums of the [N, N_val] matrix:
-            # validation GRADIENTS are summed, not activations
+        if matrix:  # row sums of [N, N_val]: validation GRADIENTS are summed, not activations
             influence = compute_ghost_inner_product_matrix(train_grads, val_grads).sum(1)
-        # each rollout's (r, d) per factor; buffers freed
-        train_grads = per_sample_grads(train_grads)
+        train_grads = per_sample_grads(train_grads)  # each rollout's (r, d) per factor
         if not matrix:  # <g_i, G>: O(T d r) per rollout
             influence = summed_inner_products(train_grads, val_grads)
         influence = distributed.all_gather_cat(influence)  # every rank's, in batch order: (N,)
-        # one NaN/Inf is enough: the step is skipped (update)
-        if not torch.isfinite(influence).all():
+        if not torch.isfinite(influence).all():  # one NaN/Inf is enough: update skips the step
             stats["losses"].append(float("nan"))
         keep = select_rollouts(influence, cfg["tracin_selection"], cfg["tracin_topk_frac"])  # (N,)
         mine = distributed.shard(len(keep))  # this rank's rows of the whole batch's selection
-        # the sum of the kept rollouts' gradients -> .grad
-        subset_gradients(model, train_grads, keep[mine])
+        subset_gradients(model, train_grads, keep[mine])  # the kept rollouts' summed gradient
         # every LoRA layer's per-sample gradients (and G, or the val buffers)
         del train_grads, val_grads
     return stats, influence, keep
 
 
 def informative_rows(batch, cfg):
-    """The validation rows that can move G. The validation loss has no KL term,
-    so a row whose advantage is 0 (with 'pg': every sample of a group that scored alike)
-    has exactly zero gradient: its forward and backward are skipped.
-    The batch's own counts stay the normalisers, so G is unchanged
-    ('bnpo', which divides per micro-batch, keeps every row;
-    one row is kept so that every LoRA .grad exists)."""
+    """The validation rows that can move G: without a KL term a row of advantage 0 ('pg': a group
+    that scored alike) has zero gradient, so its passes are skipped. The batch's counts stay the
+    divisors, G unchanged ('bnpo', per micro-batch, keeps all; one row stays, so every .grad is)."""
     keep = batch.advantages != 0
     if cfg["loss_type"] == "bnpo" or bool(keep.all()):
         return batch
@@ -151,35 +133,30 @@ def informative_rows(batch, cfg):
 # log pi uses logits / temperature, the run's sampling temperature (0 = greedy: plain log-probs).
 
 def sample_losses(model, idx, pad_left, mask, advantages, temperature=1.0):
-    """Sum over samples of each one's loss -A_i * mean_t log pi(y_t) (completion tokens):
-    the GRPO loss at ratio 1 without KL ('grpo' aggregation), written out;
-    its backward gives every sample its own gradient in the hooks."""
+    """sum_i -A_i * mean_t log pi(y_t) over completion tokens: the GRPO loss at ratio 1, no KL
+    ('grpo'), written out; its backward gives every sample its own gradient in the hooks."""
     logp, _ = completion_logprobs(model, idx, pad_left, mask.size(1), temperature)  # (n, T)
     mask = mask.to(logp.dtype)
     return -(advantages * (logp * mask).sum(1) / mask.sum(1).clamp(min=1)).sum()
 
 
 def hook_products(model, train_chunks, test_chunks, temperature, layer_filter):
-    """One checkpoint: (<g_i, G> (n,), ||g_i||^2 (n,), ||G||^2), G = sum_j g_test_j
-    from ONE ordinary backward of the summed test loss (no hooks, LoRA-sized);
-    the g_i from the hooks' buffers, chunk by chunk (rollout_batch's)."""
+    """One checkpoint: (<g_i, G> (n,), ||g_i||^2 (n,), ||G||^2), G = sum_j g_test_j from ONE
+    ordinary backward of the summed test loss (no hooks); g_i from the hooks, chunk by chunk."""
     model.zero_grad(set_to_none=True)
     for c in test_chunks:  # before the hooks exist: no per-sample test buffers
         sample_losses(model, *c, temperature).backward()  # micro-batches add up in .grad
-    # {layer: (G_A, G_B)}; .grad cleared, the train capture starts clean
-    G = summed_gradient(model, layer_filter)
+    G = summed_gradient(model, layer_filter)  # {layer: (G_A, G_B)}; .grad cleared for the capture
     te_sq = sum(GA.pow(2).sum() + GB.pow(2).sum() for GA, GB in G.values())  # ||G||^2
     inner, tr_sq = [], []
     with install_ghost_hooks(model) as hooks:
         for c in train_chunks:  # chunk by chunk: buffers stay small
             sample_losses(model, *c, temperature).backward()
-            # the layers of G (layer_filter)
-            train_grads = per_sample_grads(hooks.collect("train"), G.keys())
+            train_grads = per_sample_grads(hooks.collect("train"), G.keys())  # G's layers only
             hooks.clear("train")  # the buffers: the per-sample gradients hold what is needed
             inner.append(summed_inner_products(train_grads, G))  # <g_i, G>: (chunk,)
-            sq = sum(dA.pow(2).sum((1, 2)) + dBt.pow(2).sum((1, 2))
-                     for dA, dBt in train_grads.values())  # ||g_i||^2: (chunk,)
-            tr_sq.append(sq)
+            tr_sq.append(sum(dA.pow(2).sum((1, 2)) + dBt.pow(2).sum((1, 2))
+                             for dA, dBt in train_grads.values()))  # ||g_i||^2: (chunk,)
             del train_grads  # this chunk's per-sample gradients
     # float64 sums
     return torch.cat(inner).double().cpu(), torch.cat(tr_sq).double().cpu(), te_sq.double().cpu()
@@ -203,35 +180,30 @@ def check_attribution_inputs(model, checkpoints, train_samples, test_samples, mo
     if not (checkpoints and train_samples and test_samples):
         raise UserError(f"{'no checkpoints' if not checkpoints else 'nothing'} to attribute over: "
                         "give at least one checkpoint, one training rollout and one test sample")
-    per_checkpoint = (("learning rates", learning_rates), ("checkpoint_steps", checkpoint_steps))
-    for name, per_ckpt in per_checkpoint:
+    for name, per_ckpt in (("learning rates", learning_rates),
+                           ("checkpoint_steps", checkpoint_steps)):
         if per_ckpt is not None and len(per_ckpt) != len(checkpoints):
             raise UserError(f"{len(checkpoints)} checkpoints but {len(per_ckpt)} {name}")
     layers = [n for n, m in model.named_modules() if isinstance(m, LoRALinear)]
     if layer_filter is not None and not any(layer_filter in n for n in layers):
-        raise UserError(f"layer_filter {layer_filter!r} matches no LoRA layer "
-                        f"(layers: {layers[:4]} ...)")
+        raise UserError(f"layer_filter {layer_filter!r} matches no LoRA layer ({layers[:4]} ...)")
 
 
 def attribution_result(train_samples, contrib, cosine, selfinf, mode, weights, top_k):
-    """The result dictionary of the TracIn documentation's find_critical_samples,
-    plus the weights w_t = eta_t k_t (oldest first, for a report).
-    contrib, cosine, selfinf: (n,) float64 per checkpoint, or none when not asked for."""
+    """find_critical_samples' result dictionary (the TracIn documentation's, plus the weights w_t,
+    oldest first). contrib, cosine, selfinf: (n,) float64 per checkpoint, none if not asked for."""
     scores = sum(contrib)
     extra = {"cosine_score": sum(cosine), "self_influence": sum(selfinf)}  # 0: not asked for
     per_sample = [
         {**{k: v for k, v in s.items() if k not in ("completion_tokens", "completion_mask")},
-         "index": i,
-         "tracin_score": scores[i].item(),
+         "index": i, "tracin_score": scores[i].item(),
          "checkpoint_contributions": [c[i].item() for c in contrib],
          **{k: v[i].item() for k, v in extra.items() if torch.is_tensor(v)}}
         for i, s in enumerate(train_samples)]
     order = sorted(range(len(per_sample)), key=lambda i: scores[i].item(), reverse=True)
     critical = sorted(per_sample, key=lambda e: -abs(e["tracin_score"]))[:top_k]
     return {"mode": mode, "num_checkpoints": len(weights), "checkpoint_weights": weights,
-            "num_train_samples": len(order),
-            "critical_samples": critical,
-            "scores": per_sample,
+            "num_train_samples": len(order), "critical_samples": critical, "scores": per_sample,
             "most_influential_positive": [per_sample[i] for i in order[:top_k] if scores[i] > 0],
             "most_influential_negative": [per_sample[i] for i in reversed(order[-top_k:])
                                           if scores[i] < 0],
@@ -243,33 +215,25 @@ def find_critical_samples(model, checkpoints, train_samples, test_samples, enc,
                           mode="memory_efficient", learning_rates=None, layer_filter=None,
                           n_probe=None, top_k=5, temperature=1.0, micro_batch=64,
                           normalize=False, self_influence=False, checkpoint_steps=None):
-    """Score training rollouts by their influence on test samples across checkpoints. Arguments:
-    checkpoints: paths of GRPO checkpoints (each holds 'lora' and 'lr');
-        with mode='full' also LoRA state dicts.
-    mode: 'simple' (the last checkpoint, weight 1: plain gradient alignment),
-        'full' (every checkpoint loaded first)
-        or 'memory_efficient' (one at a time from disk, each loaded once):
-        sum_t w_t <g_test, g_train>.
-    learning_rates: eta_t per checkpoint (default: each checkpoint's stored 'lr').
-    checkpoint_steps: k_t, how many training steps checkpoint t stands for; w_t = eta_t k_t
-        (None: w_t = eta_t, plain TracInCP as Captum computes it;
-        trapezoid_steps(iters): the trapezoid rule over the steps between checkpoints).
+    """Score training rollouts by their influence on test samples, sum_t w_t <g_test, g_train>
+    over checkpoints (paths of GRPO checkpoints holding 'lora' and 'lr'; 'full': state dicts too).
+    mode: 'simple' (the last checkpoint, weight 1: plain gradient alignment), 'full' (every
+        checkpoint loaded first) or 'memory_efficient' (one at a time from disk, each once).
+    w_t = eta_t k_t: learning_rates eta_t (default: each checkpoint's 'lr'); checkpoint_steps k_t,
+        the steps checkpoint t stands for (None: 1, TracInCP as Captum; trapezoid_steps(iters)).
     temperature: the run's sampling temperature (log pi = log softmax(logits / temperature)).
-    n_probe: score only n_probe training rollouts, evenly spaced over the list (None: all).
-    normalize: also cosine_score = sum_t w_t <g_i, G_t> / (||g_i|| ||G_t||), G_t = sum_j g_test_j.
-    self_influence: also sum_t w_t ||g_i||^2.
-    Scores are taken with dropout off (model.eval()); the model's train/eval flag, LoRA weights
+    n_probe: only n_probe training rollouts, evenly spaced (None: all). normalize: also
+    cosine_score = sum_t w_t <g_i, G_t> / (||g_i|| ||G_t||), G_t = sum_j g_test_j; self_influence:
+    also sum_t w_t ||g_i||^2. Dropout off (model.eval()); the model's train/eval flag, LoRA weights
     and every .grad are as they were on return. Returns the result dictionary."""
     check_attribution_inputs(model, checkpoints, train_samples, test_samples, mode, learning_rates,
                              checkpoint_steps, layer_filter)
     if mode == "simple":
         checkpoints, learning_rates, checkpoint_steps = checkpoints[-1:], [1.0], None
-    # n_probe: evenly spaced over the run, not only its first steps
     if n_probe and n_probe < len(train_samples):
         train_samples = [train_samples[i * len(train_samples) // n_probe] for i in range(n_probe)]
-    # micro-batches laid out once for every checkpoint, each padded only to its own longest row
-    # (a run's rollouts are recorded step by step,
-    # so neighbours share their step's completion length)
+    # micro-batches laid out once for every checkpoint, each padded to its own longest row only
+    # (rollouts are recorded step by step: neighbours share their step's completion length)
     device = next(model.parameters()).device
     train_chunks, test_chunks = ([rollout_batch(enc, rows[s:s + micro_batch], device)
                                   for s in range(0, len(rows), micro_batch)]
@@ -277,30 +241,23 @@ def find_critical_samples(model, checkpoints, train_samples, test_samples, enc,
     # 'full': every checkpoint in memory first; 'memory_efficient' loads each in turn, once
     if mode == "full":
         checkpoints = [load_checkpoint(c) if isinstance(c, str) else c for c in checkpoints]
-    # per checkpoint: w_t, then (n,) float64 each
-    weights, contrib, cosine, selfinf = [], [], [], []
-    # put back in `finally`: the caller's train/eval flag, LoRA weights and .grad tensors
-    # (hook_products sets .grad None)
-    was_training = model.training
-    own_lora = lora_state_dict(model)
+    weights, contrib, cosine, selfinf = [], [], [], []  # per checkpoint: w_t, (n,) float64 each
+    # put back in `finally`: the train/eval flag, LoRA weights, .grad (hook_products sets None)
+    was_training, own_lora = model.training, lora_state_dict(model)
     grads = [(p, p.grad) for p in model.parameters()]
-    # dropout off: deterministic scores;
-    # eval also turns gradient checkpointing off (hooks need that)
-    model.eval()
+    model.eval()  # dropout off: deterministic scores; no gradient checkpointing (hooks need that)
     try:
         for t, ckpt in enumerate(checkpoints):
             state = load_checkpoint(ckpt) if isinstance(ckpt, str) else ckpt
             load_lora_state_dict(model, state["lora"] if "lora" in state else state)
             w = learning_rates[t] if learning_rates is not None else float(state.get("lr", 1.0))
             w *= checkpoint_steps[t] if checkpoint_steps is not None else 1.0  # w_t = eta_t k_t
-            # this checkpoint's adapter (and optimizer state): one checkpoint in memory at a time
-            del state
+            del state  # its adapter and optimizer state: one checkpoint in memory at a time
             inner, tr_sq, te_sq = hook_products(model, train_chunks, test_chunks, temperature,
                                                 layer_filter)
             if not torch.isfinite(inner).all():
-                raise UserError(f"NaN/Inf gradient inner products at checkpoint {t}: "
-                                f"its adapter or the rollouts give non-finite gradients; "
-                                f"leave that checkpoint out")
+                raise UserError(f"NaN/Inf gradient inner products at checkpoint {t}: its adapter "
+                                "or the rollouts give non-finite gradients; leave it out")
             weights.append(float(w))
             contrib.append(w * inner)  # w_t <g_i, G_t>, G_t = sum_j g_test_j: (n,)
             cosine += [contrib[-1] / (tr_sq * te_sq).sqrt().clamp(min=1e-12)] if normalize else []

@@ -32,7 +32,7 @@ import torch
 
 from data.curriculum import from_config
 from scale import compiled, distributed
-from grpo import TIMES, grpo_updates, make_rollouts, rollouts_rewards_in_background, update
+from grpo import TIMES, grpo_updates, make_rollouts, update
 from runs.metrics import NoSignal, print_step, rollout_record, step_log
 from lora import apply_lora, lora_parameters, lora_state_dict, load_lora_state_dict
 from scale.device import check_device, memory_stats
@@ -128,35 +128,30 @@ defaults = {k: v for k, v in dict(globals()).items()
             if not k.startswith("_") and isinstance(v, (int, float, bool, str, tuple))}
 
 
-def grpo_step(model, optimizer, enc, prompts, answers, cfg, generator, val=None, cache=None):
-    """One GRPO step, the numbered steps of the module docstring.
-    prompts: the batch_size prompts' token ids (step 1 drew them); answers: their reference answers.
-    With cfg['tracin'], `val` is the validation batch: ('pg') its (prompts, answers), sampled with
-    the training prompts; ('nll') its reference solutions as rollouts (tracin.reference_solutions);
-    only rollouts whose gradient helps it are trained on. Weights change only if all is finite.
-    Returns (rollouts, result): the scored batch (None if sampling failed) and
-    {stats, grad_norm, skip_reason, extra, times}, which runs/metrics.py logs."""
+def grpo_step(model, optimizer, enc, prompts, answers, cfg, generator, val=None, cache=None,
+              decode=None):
+    """One GRPO step (the module docstring's steps) on prompts' token ids and their answers. TracIn:
+    `val`, ('pg') (prompts, answers) sampled with them or ('nll') reference solutions as rollouts.
+    decode: sampling's compiled decode step (compile=True; Run builds it once), None: eager.
+    -> (rollouts, None if sampling failed; {stats, grad_norm, skip_reason, extra, times})."""
     TIMES.clear()  # seconds per phase (grpo.phase), from zero for the four every step has
     TIMES.update(dict.fromkeys(("generation", "reward", "policy", "reference"), 0.0))
     val_pg = cfg["tracin"] and cfg["tracin_val_loss"] == "pg"  # validation rollouts sampled as well
     batches = [(prompts, answers)] + ([val] if val_pg else [])
-    background = cfg["background_rewards"] and not cfg["tracin"]
     try:  # 2-3: one generate call for every prompt, then rewards and advantages
-        rollouts, *val_rollouts = (rollouts_rewards_in_background if background else make_rollouts)(
-            model, enc, batches, cfg, generator, cache)
+        rollouts, *val_rollouts = make_rollouts(model, enc, batches, cfg, generator, cache, decode)
     except NonFiniteLogits as e:  # the weights have blown up: nothing to learn from this step
         print(f"warning: {e}; step skipped, weights untouched")
         return None, {"skip_reason": "non-finite logits", "times": dict(TIMES)}
-    extra = {}
+    extra = {}  # logged by runs/metrics.py with the rest
     if not cfg["tracin"]:  # 4-7 x num_iterations: reference, policy, loss, backward; clip and AdamW
         stats, grad_norm, skip_reason = grpo_updates(model, optimizer, rollouts, cfg)
     else:  # 4-6 with per-sample gradients, against the validation loss
         val_batch = val_rollouts[0] if val_pg else val
-        stats, influence, keep = tracin_backward(model, optimizer, rollouts, val_batch, cfg)
-        rollouts.influence, rollouts.selected = influence, keep
-        if val_pg:
-            extra["val/reward"] = val_batch.rewards.nanmean().item()
-        grad_norm, skip_reason = update(model, optimizer, cfg, stats, not keep.any())  # 7
+        stats, rollouts.influence, rollouts.selected = tracin_backward(model, optimizer, rollouts,
+                                                                       val_batch, cfg)
+        extra = {"val/reward": val_batch.rewards.nanmean().item()} if val_pg else {}
+        grad_norm, skip_reason = update(model, optimizer, cfg, stats, not rollouts.selected.any())
     return rollouts, dict(stats=stats, grad_norm=grad_norm, skip_reason=skip_reason, extra=extra,
                           times=dict(TIMES))
 
@@ -246,6 +241,8 @@ class Run:
                    cfg["lora_targets"])
         self.model.to(device)
         self.model.amp = amp  # every pass computes in this precision (bf16 autocast, or as stored)
+        # compile=True: sampling's decode step compiled once, handed to every grpo_step (decode=)
+        self.decode = compiled.CompiledDecode(self.model, device) if cfg["compile"] else None
         self.optimizer = torch.optim.AdamW(lora_parameters(self.model), lr=cfg["learning_rate"],
                                            weight_decay=cfg["weight_decay"])
         self.rng = random.Random(cfg["seed"])                                   # the prompts
@@ -345,7 +342,7 @@ class Run:
         questions, answers = [e["question"] for e in batch], [e["answer"] for e in batch]
         prompts = [encode_prompt(self.enc, q) for q in questions]
         scored, result = grpo_step(self.model, self.optimizer, self.enc, prompts, answers, cfg,
-                                   self.generator, val, self.reward_cache)
+                                   self.generator, val, self.reward_cache, self.decode)
         log = step_log(scored, result, cfg, self.reward_cache)
         rollouts = rollout_record(questions, answers, scored, cfg) if scored is not None else None
         self.iter_num += 1

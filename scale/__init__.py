@@ -6,10 +6,10 @@ in sight, where they act; nothing here imports a step file or replaces a functio
     distributed.py  torchrun (gloo on CPU, nccl on CUDA): the process group; split / gather_sampled (the
                     sampling step's share), shard (the gradient's rows), sum_grads / sum_stats (update)
     compiled.py     compile=True: CompiledDecode, sampling's decode step compiled over a fixed-shape KV cache,
-                    handed to sample.generate by grpo.sample_rollouts (off by default: it pays back only after
-                    ~40-420 GRPO steps on a CPU, docs/performance.md)
+                    built once by train_grpo.Run, handed down to sample.generate as `decode=` (off by
+                    default: it pays back only after ~40-420 GRPO steps on a CPU, docs/performance.md)
 
 Where it plugs in: train_base.main and train_grpo.main open the process group and resolve the dtype; the
-step calls the rest (grep `distributed.` and `compiled.` in grpo.py and tracin.py), each a no-op in one
-process or with compile=False.
+step calls the rest (grep `distributed.` in grpo.py and tracin.py, `decode` in train_grpo.py), each a
+no-op in one process or with compile=False.
 """

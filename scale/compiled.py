@@ -18,9 +18,10 @@ The step here has one shape per call and writes nothing:
 The result is the eager step's up to float rounding (tests/test_compiled.py). The prefill (the prompt,
 once per call) stays eager.
 
-Where it plugs in, in sight: grpo.sample_rollouts (pass 1) hands sample.generate a CompiledDecode when
-compile=True (`decode=`), and generate calls it for each new column instead of the model's forward. The
-model object is never changed; evaluation (train_base.evaluate) samples eagerly.
+Where it plugs in, in sight: with compile=True train_grpo.Run builds one CompiledDecode at set-up and
+hands it to every grpo_step as an argument (`decode=`), which passes it down through grpo.make_rollouts
+to sample.generate; generate calls it for each new column instead of the model's forward. The model
+object is never changed; evaluation (train_base.evaluate) samples eagerly.
 """
 import functools
 import shutil
@@ -28,7 +29,7 @@ import shutil
 import torch
 
 from configurator import UserError
-from model import apply_rope, one_query_attention, rope_cos_sin
+from model import apply_rope, rope_cos_sin
 
 COLUMNS = 16  # the cache length is a multiple of this: one compiled graph serves the prompt lengths of one bucket
 
@@ -117,9 +118,20 @@ def attend(attn, h, k_cache, v_cache, seen, rope):
     keys, values, kn, vn = k_cache, v_cache, k, v                          # (N, Hkv, L | 1, hd): read, not copied
     if attn.n_kv_head < attn.n_head:  # grouped-query: each key/value head serves n_head / n_kv_head queries
         keys, values, kn, vn = (t.repeat_interleave(attn.n_head // attn.n_kv_head, dim=1) for t in (keys, values, k, v))
-    y = one_query_attention(q, keys, values, seen, kn, vn)                  # (N, H, 1, hd), float32 inside
+    y = attention_plus_one(q, keys, values, seen, kn, vn)                   # (N, H, 1, hd), float32 inside
     y = y.transpose(1, 2).contiguous().view(N, 1, C)
     return (attn.c_proj(y) if hasattr(attn, "c_proj") else attn.o_proj(y)), k[:, :, 0], v[:, :, 0]
+
+
+def attention_plus_one(q, keys, values, seen, k_new, v_new):
+    """model.one_query_attention over the cache's columns `seen` plus one column (k_new, v_new
+    (N, H, 1, hd)) not written into the cache; float32 inside whatever autocast says."""
+    dtype, scale = q.dtype, q.size(-1) ** -0.5
+    with torch.autocast(q.device.type, enabled=False):  # else autocast makes both matmuls bf16
+        q = q.float()
+        att = (q @ keys.float().transpose(-2, -1) * scale).masked_fill(~seen, float("-inf"))
+        att = torch.cat((att, (q * k_new.float()).sum(-1, keepdim=True) * scale), -1).softmax(-1)
+        return (att[..., :-1] @ values.float() + att[..., -1:] * v_new.float()).to(dtype)
 
 
 def compiled_step(model, mode=None):
@@ -136,7 +148,7 @@ def compiled_step(model, mode=None):
 
 class CompiledDecode:
     """The decode step that sample.generate calls once per new token, compiled:
-        generate(model, prompts, ..., decode=CompiledDecode(model, device))     (grpo.sample_rollouts)
+        generate(model, prompts, ..., decode=CompiledDecode(model, device))  (built by train_grpo.Run)
     The cache generate makes is COLUMNS-rounded (cache_len); each call runs one new column for every row
     through the compiled graph and writes its keys and values into the cache, eagerly. The prefill (the
     prompt, once per call) and every other forward are the model's own."""

@@ -98,10 +98,9 @@ def print0(*args, **kw):
 
 
 def sum_grads(params):
-    """The LoRA gradients summed over the ranks, in place (a no-op in one process). A parameter without a
-    gradient on this rank gets zeros: every rank must all-reduce the same list of tensors. An explicit
-    all-reduce rather than DDP: the LoRA tensors are few and small, and no DDP wrapper sits around a model
-    that also runs with LoRA disabled (the reference pass) or without grad (sampling)."""
+    """The LoRA gradients summed over the ranks, in place; a missing one is zeros (every rank reduces
+    the same list). Not DDP: the tensors are few and small, and no wrapper around a model that also
+    runs with LoRA off (pass 3) or without grad (pass 1)."""
     if world_size() > 1:
         for p in params:
             if p.grad is None:
@@ -110,8 +109,7 @@ def sum_grads(params):
 
 
 def sum_stats(stats):
-    """Every statistic of a step's dictionary summed over the ranks, in place (a list becomes a list of
-    its one sum); a no-op in one process. Every rank's dictionary has the same keys."""
+    """A step's statistics summed over the ranks, in place (a list becomes [its sum]); same keys."""
     if world_size() > 1:
         keys = sorted(stats)
         total = sum_floats([sum(stats[k]) if isinstance(stats[k], list) else stats[k] for k in keys])
@@ -137,9 +135,8 @@ def shard(n):
 
 
 def split(n, r=None):
-    """Rank r's (default: this rank's) contiguous part of n items when n need not divide evenly (slice):
-    the first n % world ranks take one more item; a rank may get none (it still joins the collectives
-    that follow)."""
+    """Rank r's (default: this one's) contiguous slice of n items; the first n % world ranks take one
+    more, a rank may get none (it still joins the collectives that follow)."""
     r = rank() if r is None else r
     per, extra = divmod(n, world_size())
     start = r * per + min(r, extra)
@@ -204,10 +201,9 @@ def finish():
 
 
 def gather_sampled(idx, pad_left, mask, pad_id, n_prompts, num_samples):
-    """Every rank's sampled rows on every rank, laid out as one process sampling them all lays them
-    out: prompts left-padded to the widest of all, completions padded to the longest, rows in rank
-    order. Rank r sampled split(n_prompts, r) of the prompts, num_samples rows each; its prompts were
-    left-padded to its own widest and its completions cut after its own longest (sample.generate)."""
+    """Every rank's sampled rows (rank r: split(n_prompts, r) of the prompts, num_samples rows each,
+    padded to its own widest prompt and longest completion) on every rank, laid out as one process
+    would: prompts left-padded to the widest of all, completions to the longest, in rank order."""
     if world_size() == 1:
         return idx, pad_left, mask
     shares = [split(n_prompts, r) for r in range(world_size())]
