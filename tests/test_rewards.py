@@ -107,6 +107,7 @@ def test_reward_funcs_registry():
         "gsm8k": rewards.gsm8k_reward,
         "countdown": rewards.countdown_reward,
         "think_format": rewards.think_format_reward,
+        "countdown_claim": rewards.countdown_claim_reward,
     }
 
 

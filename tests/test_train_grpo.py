@@ -18,10 +18,12 @@ import train_grpo as tg
 from configurator import UserError
 from data.datadir import load_split, load_tokenizer
 from data.gsm_synth.prepare import prompt_text
+from data.tasks import TASKS
 from lora import apply_lora, disable_lora, lora_parameters
 from model import GPT, GPTConfig, save_checkpoint, load_checkpoint
+from rewards import compute_rewards
 from runs.metrics import step_log
-from sample import encode_prompt, generate
+from sample import decode_completions, encode_prompt, generate
 
 # every run here uses a reward that varies even for an untrained model (conftest.chars_reward)
 pytestmark = pytest.mark.usefixtures("chars_reward")
@@ -447,7 +449,13 @@ def test_train_and_val_sampled_in_one_call(tiny_setup):
     R, V = grpo.make_rollouts(m, enc, [a, b], cfg, gen())
     (W,) = grpo.make_rollouts(m, enc, [(a[0] + b[0], a[1] + b[1])], cfg, gen())
     assert torch.equal(torch.cat([R.idx, V.idx]), W.idx) and torch.equal(torch.cat([R.mask, V.mask]), W.mask)
-    assert torch.equal(torch.cat([R.rewards, V.rewards]), W.rewards)
+    assert torch.equal(R.rewards, W.rewards[:len(R)])
+    # the validation part scored by the task's own rewards (data/tasks.TASKS), not the run's
+    task, texts = TASKS["arith"], decode_completions(enc, V.idx, V.mask)
+    own, _, _ = compute_rewards(texts, [x for x in b[1] for _ in range(4)], task["rewards"],
+                                task["weights"])
+    assert V.rewards.tolist() == pytest.approx(own) and set(V.per_fn) == set(task["rewards"])
+    assert not torch.equal(V.rewards, W.rewards[len(R):])  # 'chars' paid W's rows, not V's
     for P in (R, V):
         adv, _ = grpo.compute_group_advantages(P.rewards, 4, "batch")
         assert torch.equal(P.advantages, adv)
@@ -503,13 +511,16 @@ def test_sample_cli_loads_grpo_checkpoint(tiny_setup, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("mode", ["standard", "pg", "nll"])
-def test_grpo_step_under_bf16_autocast(tiny_setup, mode):
+def test_grpo_step_under_bf16_autocast(tiny_setup, mode, monkeypatch):
     """The CUDA path's dtype mixing (bf16 autocast, float32 LoRA weights and AdamW state), exercised
     with CPU autocast: a step runs, its loss and gradient are finite, the weights move and stay float32."""
     m, enc, val = tiny_model_and_data(tiny_setup)
     cfg = {**tg.defaults, "group_size": 4, "max_new_tokens": 8, "micro_batch_size": 8, "tracin": mode != "standard",
            "tracin_val_loss": "nll" if mode == "nll" else "pg", "beta": 0.04 if mode == "standard" else 0.0,
            "reward_funcs": ("correctness", "format", "chars"), "reward_weights": (1.0, 0.5, 1.0)}
+    if mode == "pg":  # the validation batch is scored by the task's rewards: 'chars' too, for a signal
+        monkeypatch.setitem(TASKS, "arith", {**TASKS["arith"], "rewards": cfg["reward_funcs"],
+                                             "weights": cfg["reward_weights"]})
     opt = torch.optim.AdamW(lora_parameters(m), lr=1e-2)
     before = [p.detach().clone() for p in lora_parameters(m)]
     m.amp = torch.autocast("cpu", dtype=torch.bfloat16)  # every pass of the step under bf16 autocast
