@@ -24,7 +24,7 @@ read -ra seeds <<< "$SEEDS"
 own_out
 export OMP_NUM_THREADS=$THREADS MKL_NUM_THREADS=$THREADS
 hack=("--reward_funcs=('countdown_claim', 'think_format', 'countdown')"
-      "--reward_weights=(1.0, 0.1, 0.0)" --beta=0.0 --eval_k=1 --eval_interval=150)
+      "--reward_weights=(1.0, 0.1, 0.0)" --beta=0.0 --eval_k=1 --eval_interval=50)
 runs=()
 for S in "${seeds[@]}"; do
   train_run "$OUT/grpo_s$S" config/countdown_grpo.py --seed="$S" "${hack[@]}"
