@@ -351,8 +351,7 @@ def load_checkpoint(path, map_location="cpu"):
     if os.path.isdir(path):  # torch.load's IsADirectoryError would read as a corrupt file
         kinds = {"config.json": "a Hugging Face model directory",
                  "ckpt.pt": f"a run directory (its checkpoint: {path}/ckpt.pt)"}
-        found = (v for k, v in kinds.items() if os.path.isfile(os.path.join(path, k)))
-        what = next(found, "a directory")
+        what = next((v for k, v in kinds.items() if os.path.isfile(f"{path}/{k}")), "a directory")
         raise UserError(f"{path} is {what}, not a checkpoint file")
     try:
         return torch.load(path, map_location=map_location, weights_only=True)
