@@ -219,7 +219,7 @@ def summed_gradient(model, layer_filter=None):
         if isinstance(m, LoRALinear):
             a, b = m.lora_A.weight, m.lora_B.weight
             if a.grad is None or b.grad is None:
-                raise RuntimeError(f"no gradient in {name}: run the summed loss's backward first")
+                raise RuntimeError(f"no gradient in {name}: back-propagate the summed loss first")
             if layer_filter is None or layer_filter in name:
                 out[name] = (a.grad.float(), b.grad.float())
             a.grad = b.grad = None  # the next backward (the train capture) must not add into G
