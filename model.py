@@ -147,8 +147,7 @@ class CausalSelfAttention(nn.Module):
             self.k_proj = nn.Linear(C, kv, bias=qkv_bias)
             self.v_proj = nn.Linear(C, kv, bias=qkv_bias)
             self.o_proj = nn.Linear(C, C, bias=config.bias)
-        self.resid_dropout = nn.Dropout(config.dropout)
-        self.dropout = config.dropout
+        self.resid_dropout, self.dropout = nn.Dropout(config.dropout), config.dropout
 
     def forward(self, x, mask=None, cache=None, layer=0, rope=None):
         B, T, C = x.size()
@@ -188,8 +187,7 @@ class MLP(nn.Module):
             self.gate_proj = nn.Linear(C, hidden, bias=config.bias)
             self.up_proj = nn.Linear(C, hidden, bias=config.bias)
             self.down_proj = nn.Linear(hidden, C, bias=config.bias)
-        self.dropout = nn.Dropout(config.dropout)
-        self.gelu = config.gelu
+        self.dropout, self.gelu = nn.Dropout(config.dropout), config.gelu
 
     def forward(self, x):
         if hasattr(self, "c_fc"):
