@@ -59,13 +59,11 @@ class GhostHooks:
         self.handles, self.weights = [], {}
         for name, m in model.named_modules():
             if isinstance(m, LoRALinear):
-                if m.lora_dropout.p > 0 and m.training:
-                    raise UserError("ghost hooks need lora_dropout=0 "
-                                    "(a dropped x is not the x the gradient used)")
+                if m.lora_dropout.p > 0 and m.training:  # a dropped x is not the gradient's x
+                    raise UserError("ghost hooks need lora_dropout=0")
                 self.handles += [m.lora_A.register_forward_hook(self._hook_A(name)),
                                  m.lora_B.register_forward_hook(self._hook_B(name))]
-                weights = (m.lora_A.weight, m.lora_B.weight)
-                self.weights.update({w: w.requires_grad for w in weights})
+                self.weights |= {w: w.requires_grad for w in (m.lora_A.weight, m.lora_B.weight)}
         if not self.handles:
             raise UserError("no LoRA layers to hook: call lora.apply_lora(model, ...) first")
         self.split = "train"
@@ -83,8 +81,7 @@ class GhostHooks:
             w.requires_grad_(requires_grad and split is None)
 
     def buffers(self, split=None):
-        """(xs, gAs, hs, gBs) dicts of the given split: each input next to its output gradient, the
-        order of collect() and of every (x, gA, h, gB) tuple in this file."""
+        """(xs, gAs, hs, gBs) of `split`: each input beside its output gradient, as collect()."""
         if (split or self.split) == "train":
             return self._train_xs, self._train_gAs, self._train_hs, self._train_gBs
         return self._xs, self._gAs, self._hs, self._gBs
@@ -152,9 +149,8 @@ def install_ghost_hooks(model):
 def ghost_mode(optimizer):
     """Gradient capture without a weight update: optimizer.step() raises inside, and the .grad that
     existed before is put back afterwards: capture neither updates nor disturbs accumulation."""
-    params = [p for g in optimizer.param_groups for p in g["params"]]
-    saved = [p.grad for p in params]
-    for p in params:
+    saved = {p: p.grad for g in optimizer.param_groups for p in g["params"]}
+    for p in saved:
         p.grad = None
     step = optimizer.step
 
@@ -165,7 +161,7 @@ def ghost_mode(optimizer):
         yield
     finally:
         optimizer.step = step
-        for p, g in zip(params, saved):
+        for p, g in saved.items():
             p.grad = g  # capture's gradients are dropped; what was there before comes back
 
 
@@ -173,9 +169,8 @@ def ghost_mode(optimizer):
 # inner products
 
 def outer_product_sum(x, g):
-    """One linear map's materialised gradient per sample: sum_t g_t x_t^T.
-    (n, T, d), (n, T, p) -> (n, p, d).
-    (per_sample_grads applies it to every LoRA layer's two factors.)"""
+    """One linear map's materialised gradient per sample: sum_t g_t x_t^T. (n, T, d), (n, T, p) ->
+    (n, p, d)."""
     return torch.einsum("ntp,ntd->npd", g.float(), x.float())
 
 
@@ -224,8 +219,7 @@ def summed_gradient(model, layer_filter=None):
         if isinstance(m, LoRALinear):
             a, b = m.lora_A.weight, m.lora_B.weight
             if a.grad is None or b.grad is None:
-                raise RuntimeError(f"no gradient in {name}: "
-                                   "run the backward of the summed loss first")
+                raise RuntimeError(f"no gradient in {name}: back-propagate the summed loss first")
             if layer_filter is None or layer_filter in name:
                 out[name] = (a.grad.float(), b.grad.float())
             a.grad = b.grad = None  # the next backward (the train capture) must not add into G
@@ -236,9 +230,8 @@ def per_sample_grads(captured, names=None):
     """Every sample's LoRA gradient {layer: (dA (n, r, d_in), dB^T (n, r, d_out))}, float32, for the
     layers in `names` (default: all), from the hooks' buffers, one batched matmul per factor:
         dA_i = sum_t gA_it x_it^T = gA_i^T x_i          dB_i^T = sum_t h_it gB_it^T = h_i^T gB_i
-    (dB transposed: the r-wide factor leads, the faster layout). n r (d_in + d_out) numbers per
-    layer, fewer than the buffers' n T (d_in + d_out + 2 r) when T > r; O(T d r) per sample, as the
-    products with G would cost, and they serve both the influence and the update."""
+    (dB transposed: the r-wide factor leads, the faster layout). O(T d r) per sample; they serve
+    both the influence and the update."""
     return {n: (outer_product_sum(x, gA), outer_product_sum(gB, h))
             for n, (x, gA, h, gB) in captured.items()
             if names is None or n in names}

@@ -47,11 +47,8 @@ def compute_group_advantages(rewards, group_size, scale_rewards="group", epsilon
     """rewards (N,), a group's rows adjacent -> (advantages (N,), number of zero-std groups).
     A_i = r_i - mean(group), / (the group's std + epsilon) ('group'), / (the batch's std + epsilon)
     ('batch'), or as is ('none'). A group of equal rewards has no signal: A exactly 0, never 0/0 =
-    NaN. A NaN reward (no function could score it) is left out of the group's mean and std; A 0."""
-    if group_size < 2:
-        raise UserError(f"group_size must be >= 2 for group-relative advantages, got {group_size}")
-    if rewards.numel() % group_size:
-        raise UserError(f"{rewards.numel()} rewards do not split into groups of {group_size}")
+    NaN. A NaN reward (no function could score it) is left out of the group's mean and std; A 0.
+    group_size >= 2 and scale_rewards are checked at config time (checks/grpo_knobs.py)."""
     r = rewards.float().view(-1, group_size)                          # (B, group_size)
     scored = ~torch.isnan(r)
     if scored.all():
@@ -68,10 +65,8 @@ def compute_group_advantages(rewards, group_size, scale_rewards="group", epsilon
         adv = centered / (torch.where(zero_std, torch.ones_like(group_std), group_std) + epsilon)
     elif scale_rewards == "batch":
         adv = centered / (max(batch_std.item(), 1e-6) + epsilon)
-    elif scale_rewards == "none":
+    else:  # 'none'
         adv = centered
-    else:
-        raise UserError(f"scale_rewards must be 'group', 'batch' or 'none', got {scale_rewards!r}")
     adv = adv.masked_fill(zero_std, 0.0)
     return adv.view(-1), int(zero_std.sum())
 
@@ -157,9 +152,6 @@ def grpo_loss(logp, old_logp, ref_logp, advantages, mask, beta=0.04, epsilon_low
     log_ratio = logp - old_logp  # (n, T)
     if importance_sampling_level == "sequence":  # one ratio per completion
         log_ratio = ((log_ratio * mask).sum(1) / mask.sum(1).clamp(min=1))[:, None]  # (n, 1)
-    elif importance_sampling_level != "token":
-        raise UserError("importance_sampling_level must be 'token' or 'sequence', "
-                        f"got {importance_sampling_level!r}")
     ratio = torch.exp(log_ratio)
     clipped = torch.clamp(ratio, 1 - epsilon_low, 1 + epsilon_high)
     A = advantages[:, None]
@@ -239,22 +231,20 @@ def rank_part(rollouts, micro_batch_size):
 def logprobs_no_grad(model, batch, cfg, name, disabled=False):
     """(N, T) completion log-probs without graph, per micro-batch: of the policy as it is now (the
     'old' policy of num_iterations > 1), or with disabled=True of the reference (LoRA off)."""
-    idx, pad_left, T, mb = batch.idx, batch.pad_left, batch.mask.size(1), cfg["micro_batch_size"]
-    out = []
+    T, mb = batch.mask.size(1), cfg["micro_batch_size"]
     lora_off = disable_lora(model) if disabled else nullcontext()
     with phase(name), torch.no_grad(), lora_off, model.amp:
-        for s in range(0, idx.size(0), mb):
-            rows = slice(s, s + mb)
-            logp, _ = completion_logprobs(model, idx[rows], pad_left[rows], T, cfg["temperature"])
-            out.append(logp)
-    return torch.cat(out)
+        rows = [slice(s, s + mb) for s in range(0, len(batch), mb)]
+        return torch.cat([completion_logprobs(model, batch.idx[r], batch.pad_left[r], T,
+                                              cfg["temperature"])[0] for r in rows])
 
 
 def policy_backward(model, batch, cfg, beta):
-    """Passes 3 and 2 and the backward of the GRPO loss, per micro-batch of a Rollouts (ref_logp /
-    old_logp if taken already, counts if part of a batch). Gradients add up in .grad; under TracIn's
-    capture (ghost.GhostHooks) the hooks keep each sample's factors instead. Pass 3 runs BEFORE pass
-    2: its activations are freed before the policy builds its graph (peak: the larger pass)."""
+    """Pass 3 (into batch.ref_logp unless taken already), then pass 2 and the backward of the GRPO
+    loss per micro-batch of a Rollouts (old_logp if taken, counts if part of a batch). Gradients add
+    up in .grad; under TracIn's capture (ghost.GhostHooks) the hooks keep each sample's factors
+    instead. Pass 3's activations are freed before the policy builds its graph (peak: the larger
+    pass)."""
     idx, pad_left, T = batch.idx, batch.pad_left, batch.mask.size(1)
     N, mb, device = idx.size(0), cfg["micro_batch_size"], cfg["device"]
     norm = dict(**batch_counts(batch.mask), max_len=cfg["max_new_tokens"],
@@ -267,13 +257,11 @@ def policy_backward(model, batch, cfg, beta):
     stats = {"losses": [], "kl_sum": 0.0, "clipped": 0.0, "clipped_low": 0.0, "clipped_high": 0.0,
              "ent_sum": 0.0, "num_tokens": mask.sum().item()}
     model.train()  # dropout is 0: train() only enables gradient checkpointing if configured
+    if beta != 0 and batch.ref_logp is None:  # PASS 3, reference: LoRA off, same modules, no graph
+        batch.ref_logp = logprobs_no_grad(model, batch, cfg, "reference", disabled=True)  # (N, T)
     for s in range(0, N, mb):
         sl = slice(s, s + mb)
-        ref_logp = None if beta == 0 or batch.ref_logp is None else batch.ref_logp[sl]
-        if beta != 0 and ref_logp is None:  # PASS 3, reference: LoRA off, same modules, no graph
-            with phase("reference"), torch.no_grad(), disable_lora(model), model.amp:
-                ref_logp, _ = completion_logprobs(model, idx[sl], pad_left[sl], T,
-                                                  cfg["temperature"])
+        ref_logp = None if beta == 0 else batch.ref_logp[sl]
         with phase("policy"), model.amp:  # PASS 2, policy, with grad
             logp, entropy = completion_logprobs(model, idx[sl], pad_left[sl], T, cfg["temperature"],
                                                 with_entropy=True)
@@ -392,10 +380,8 @@ def grpo_updates(model, optimizer, rollouts, cfg):
     updates see ratios != 1 and the clip acts. A skipped update (NaN/Inf) ends the generation.
     Returns (stats summed over the updates run, the last gradient norm, the skip reason or None)."""
     batch = rank_part(rollouts, cfg["micro_batch_size"])  # this rank's rows (all in one process)
-    if cfg["num_iterations"] > 1:  # the sampling policy's and the reference's log-probs, once
-        batch.old_logp = logprobs_no_grad(model, batch, cfg, "old_logp")
-        if cfg["beta"] != 0:
-            batch.ref_logp = logprobs_no_grad(model, batch, cfg, "reference", disabled=True)
+    if cfg["num_iterations"] > 1:  # the sampling policy's log-probs, once (the reference's: the
+        batch.old_logp = logprobs_no_grad(model, batch, cfg, "old_logp")  # first policy_backward)
     total = None
     for _ in range(cfg["num_iterations"]):
         stats = policy_backward(model, batch, cfg, cfg["beta"])

@@ -19,9 +19,7 @@ from configurator import UserError
 
 class LoRALinear(nn.Module):
     def __init__(self, base: nn.Linear, r: int, alpha: float, dropout: float = 0.0):
-        super().__init__()
-        if r <= 0:
-            raise UserError(f"LoRA rank r must be a positive integer, got r={r}")
+        super().__init__()  # r >= 1: checked by apply_lora (and lora_r at config time)
         self.base = base
         # float32 even on a bf16 base (trained weights, AdamW state: scale/device.py), its device
         device = base.weight.device

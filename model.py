@@ -147,8 +147,7 @@ class CausalSelfAttention(nn.Module):
             self.k_proj = nn.Linear(C, kv, bias=qkv_bias)
             self.v_proj = nn.Linear(C, kv, bias=qkv_bias)
             self.o_proj = nn.Linear(C, C, bias=config.bias)
-        self.resid_dropout = nn.Dropout(config.dropout)
-        self.dropout = config.dropout
+        self.resid_dropout, self.dropout = nn.Dropout(config.dropout), config.dropout
 
     def forward(self, x, mask=None, cache=None, layer=0, rope=None):
         B, T, C = x.size()
@@ -161,10 +160,9 @@ class CausalSelfAttention(nn.Module):
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         if cache is not None:  # write this step's keys/values, then attend over all filled columns
-            cache.k[layer, :, :, cache.pos:cache.pos + T] = k
-            cache.v[layer, :, :, cache.pos:cache.pos + T] = v
-            k = cache.k[layer, :, :, :cache.pos + T]
-            v = cache.v[layer, :, :, :cache.pos + T]
+            start, end = cache.pos, cache.pos + T
+            cache.k[layer, :, :, start:end], cache.v[layer, :, :, start:end] = k, v
+            k, v = cache.k[layer, :, :, :end], cache.v[layer, :, :, :end]
         if self.n_kv_head < self.n_head:  # grouped-query: a k/v head serves n_head / n_kv_head
             k, v = (t.repeat_interleave(self.n_head // self.n_kv_head, dim=1) for t in (k, v))
         dropout_p = self.dropout if self.training else 0.0
@@ -189,8 +187,7 @@ class MLP(nn.Module):
             self.gate_proj = nn.Linear(C, hidden, bias=config.bias)
             self.up_proj = nn.Linear(C, hidden, bias=config.bias)
             self.down_proj = nn.Linear(hidden, C, bias=config.bias)
-        self.dropout = nn.Dropout(config.dropout)
-        self.gelu = config.gelu
+        self.dropout, self.gelu = nn.Dropout(config.dropout), config.gelu
 
     def forward(self, x):
         if hasattr(self, "c_fc"):
@@ -214,12 +211,10 @@ class Block(nn.Module):
 class GPT(nn.Module):
     def __init__(self, config):
         super().__init__()
-        assert config.arch in ("gpt2", "llama"), \
-            f"arch must be 'gpt2' or 'llama', got {config.arch!r}"
+        assert config.arch in ("gpt2", "llama"), f"arch: 'gpt2' or 'llama', not {config.arch!r}"
         self.config = config
-        # the precision every pass computes in (`with model.amp:`), set once at start-up: bf16
-        # autocast where scale/device.check_device chooses bf16; default: the weights' dtype
-        self.amp = nullcontext()
+        # each pass's precision (`with model.amp:`): the weights' dtype, or bf16 autocast set once
+        self.amp = nullcontext()  # at start-up where scale/device.check_device chooses bf16
         self.transformer = nn.ModuleDict(dict(
             wte=nn.Embedding(config.vocab_size, config.n_embd),
             # learned positions; 'llama' rotates q and k instead (RoPE)
@@ -265,8 +260,7 @@ class GPT(nn.Module):
         B, T = idx.size()
         start, pad_left = (cache.pos, cache.pad_left) if cache is not None else (0, pad_left)
         if start + T > self.config.block_size:
-            raise UserError(f"sequence of {start + T} tokens exceeds the context "
-                            f"({self.config.block_size}, block_size)")
+            raise UserError(f"{start + T} tokens exceed block_size={self.config.block_size}")
         cols = torch.arange(start, start + T, device=idx.device)
         if pad_left is None and cache is None:
             pos, mask = cols[None], None  # (1, T); no mask -> the fused causal kernel
@@ -355,8 +349,7 @@ def load_checkpoint(path, map_location="cpu"):
     if os.path.isdir(path):  # torch.load's IsADirectoryError would read as a corrupt file
         kinds = {"config.json": "a Hugging Face model directory",
                  "ckpt.pt": f"a run directory (its checkpoint: {path}/ckpt.pt)"}
-        found = (v for k, v in kinds.items() if os.path.isfile(os.path.join(path, k)))
-        what = next(found, "a directory")
+        what = next((v for k, v in kinds.items() if os.path.isfile(f"{path}/{k}")), "a directory")
         raise UserError(f"{path} is {what}, not a checkpoint file")
     try:
         return torch.load(path, map_location=map_location, weights_only=True)

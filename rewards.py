@@ -365,16 +365,8 @@ def compute_rewards(completions, answers, reward_funcs, reward_weights, cache=No
     does not kill a run). A function returns None for "cannot score this one": NaN in per_func, left
     out of the total (TRL's nansum); no function scoring it gives a NaN total (advantages skip it).
     cache: the caller's dict (name, completion, answer) -> (value, raised) across calls (the
-    functions are pure); its "hits" / "lookups" count how often that saved a call."""
-    unknown = [name for name in reward_funcs if name not in REWARD_FUNCS]
-    if unknown:
-        raise ValueError(f"unknown reward function(s) {unknown}; known: {sorted(REWARD_FUNCS)}")
-    if len(set(reward_funcs)) != len(reward_funcs):  # results are keyed by name
-        raise ValueError(f"duplicate reward function names in {reward_funcs}")
-    if len(reward_weights) != len(reward_funcs) or len(completions) != len(answers):
-        raise ValueError(f"got {len(reward_weights)} reward_weights for {len(reward_funcs)} "
-                         f"reward_funcs and {len(completions)} completions for {len(answers)} "
-                         "answers: each pair must match")
+    functions are pure); its "hits" / "lookups" count how often that saved a call. The names (known,
+    distinct) and one weight per function are checked at config time (checks/grpo_knobs.py)."""
     if cache is not None and len(cache) > CACHE_SIZE:  # a bound on memory: afresh, counts kept
         counts = {k: cache.get(k, 0) for k in ("hits", "lookups")}
         cache.clear()

@@ -90,15 +90,12 @@ def sample_next(logits, temperature, top_k, top_p, generator, u=None):
 def generate(model, prompts, max_new_tokens, eot_id, num_samples=1, temperature=1.0,
              top_k=None, top_p=None, seed=None, generator=None, check_every=None, vocab_size=None,
              u=None, decode=None):
-    """prompts: token-id lists (any lengths), `num_samples` completions each. eot_id: the end id, or
-    a tuple of them (the first pads). vocab_size: ids from here on are never drawn (embedding rows
-    padded beyond the tokenizer's vocabulary). Returns (idx, pad_left, completion_mask), laid out as
-    the module docstring shows: idx (N, P + T), N = B*num_samples, a prompt's rows adjacent, eot_id
-    after a row's end; completion_mask (N, T) 1 up to and including end-of-text. Only the last
-    position's logits (N, V) exist at any step; none are returned. u (max_new_tokens, N): one
-    uniform per row and step (sample_next), drawn before the first step unless given. decode: the
-    one-new-column step, decode(tok (N, 1), cache) -> logits (N, 1, V), with cache_len(n)
-    (scale/compiled.CompiledDecode with compile=True); None: the model's forward with the cache."""
+    """prompts: token-id lists, `num_samples` completions each; eot_id: the end id or a tuple (the
+    first pads); ids >= vocab_size are never drawn. -> (idx (N, P + T), pad_left (N,), completion
+    mask (N, T), 1 up to and including end-of-text), N = B * num_samples, laid out as the module
+    docstring shows; only the last position's logits (N, V) ever exist, none are returned. u
+    (max_new_tokens, N): a uniform per row and step (sample_next). decode: compile's one-column
+    step (scale/compiled.CompiledDecode), None: the model's forward with the cache."""
     device = next(model.parameters()).device
     eot_ids = eot_id if isinstance(eot_id, (tuple, list)) else [eot_id]
     stops = torch.tensor(eot_ids, device=device, dtype=torch.long)

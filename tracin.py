@@ -65,16 +65,13 @@ def reference_solutions(enc, examples, device):
 def tracin_backward(model, optimizer, rollouts, val_batch, cfg):
     """TracIn-GRPO's backward, in place of grpo.policy_backward: every rollout's LoRA gradient g_i
     from the hooks, influence_i = <g_i, G>, the selection, and the selected rollouts' summed
-    gradient written into .grad from the hooks' buffers (no 4th pass). G is the gradient of the
-    validation loss, a mean as grpo_loss normalises it (G = (1/n_val) sum_j g_val_j for 'grpo'; g_i
-    carries its batch's 1/n too): the selection is the same, the logged influence scaled.
-    cfg['tracin_influence'] (the same influence up to float rounding):
-      'summed'  G from ONE ordinary backward of the validation loss (nothing kept per row),
-                then <g_i, G> per layer from the train buffers: O(T d r) per rollout
-      'matrix'  every validation row's gradient captured too; the row sums of the [N, N_val] matrix
-    A non-finite influence makes the loss NaN: update() skips the step, as a standard step's.
-    Under torchrun each rank captures its rows (grpo.rank_part) and sums its kept rows' gradients;
-    the selection sees every rank's influence. -> (loss stats, influence (N,), keep (N,) bool)."""
+    gradient written into .grad from the hooks' buffers (no 4th pass). G: the gradient of the
+    validation loss, normalised as grpo_loss does (1/n_val for 'grpo'; g_i carries its 1/n too).
+    cfg['tracin_influence']: 'summed', G from ONE ordinary backward of the validation loss, then
+    <g_i, G> per layer, O(T d r) per rollout; 'matrix', the row sums of the [N, N_val] matrix of
+    captured validation rows (the same up to rounding). A non-finite influence makes the loss NaN
+    (update() skips the step). Under torchrun each rank captures and sums its rows; the selection
+    sees every rank's influence. -> (loss stats, influence (N,), keep (N,) bool)."""
     matrix = cfg["tracin_influence"] == "matrix"
     batch = rank_part(rollouts, cfg["micro_batch_size"])  # this rank's rows (all in one process)
     # The capture (ghost.GhostHooks): a forward hook on every lora_A keeps each sample's x and
@@ -180,10 +177,9 @@ def check_attribution_inputs(model, checkpoints, train_samples, test_samples, mo
     if not (checkpoints and train_samples and test_samples):
         raise UserError(f"{'no checkpoints' if not checkpoints else 'nothing'} to attribute over: "
                         "give at least one checkpoint, one training rollout and one test sample")
-    for name, per_ckpt in (("learning rates", learning_rates),
-                           ("checkpoint_steps", checkpoint_steps)):
-        if per_ckpt is not None and len(per_ckpt) != len(checkpoints):
-            raise UserError(f"{len(checkpoints)} checkpoints but {len(per_ckpt)} {name}")
+    for name, per in (("learning rates", learning_rates), ("checkpoint_steps", checkpoint_steps)):
+        if per is not None and len(per) != len(checkpoints):
+            raise UserError(f"{len(checkpoints)} checkpoints but {len(per)} {name}")
     layers = [n for n, m in model.named_modules() if isinstance(m, LoRALinear)]
     if layer_filter is not None and not any(layer_filter in n for n in layers):
         raise UserError(f"layer_filter {layer_filter!r} matches no LoRA layer ({layers[:4]} ...)")
@@ -216,16 +212,12 @@ def find_critical_samples(model, checkpoints, train_samples, test_samples, enc,
                           n_probe=None, top_k=5, temperature=1.0, micro_batch=64,
                           normalize=False, self_influence=False, checkpoint_steps=None):
     """Score training rollouts by their influence on test samples, sum_t w_t <g_test, g_train>
-    over checkpoints (paths of GRPO checkpoints holding 'lora' and 'lr'; 'full': state dicts too).
-    mode: 'simple' (the last checkpoint, weight 1: plain gradient alignment), 'full' (every
-        checkpoint loaded first) or 'memory_efficient' (one at a time from disk, each once).
-    w_t = eta_t k_t: learning_rates eta_t (default: each checkpoint's 'lr'); checkpoint_steps k_t,
-        the steps checkpoint t stands for (None: 1, TracInCP as Captum; trapezoid_steps(iters)).
-    temperature: the run's sampling temperature (log pi = log softmax(logits / temperature)).
-    n_probe: only n_probe training rollouts, evenly spaced (None: all). normalize: also
-    cosine_score = sum_t w_t <g_i, G_t> / (||g_i|| ||G_t||), G_t = sum_j g_test_j; self_influence:
-    also sum_t w_t ||g_i||^2. Dropout off (model.eval()); the model's train/eval flag, LoRA weights
-    and every .grad are as they were on return. Returns the result dictionary."""
+    over checkpoints (GRPO checkpoints' paths, or state dicts, holding 'lora' and 'lr'). mode:
+    'simple' (the last, weight 1), 'full' (all loaded first), 'memory_efficient' (one at a time).
+    w_t = eta_t k_t: learning_rates eta_t (default: each 'lr'), checkpoint_steps k_t (None: 1, as
+    Captum; trapezoid_steps(iters)). temperature: the run's. n_probe: that many rollouts, evenly
+    spaced. normalize: also cosine_score, w_t <g_i, G_t> / (||g_i|| ||G_t||), G_t = sum_j g_test_j;
+    self_influence: also w_t ||g_i||^2. Train/eval flag, LoRA weights, .grad: restored on return."""
     check_attribution_inputs(model, checkpoints, train_samples, test_samples, mode, learning_rates,
                              checkpoint_steps, layer_filter)
     if mode == "simple":

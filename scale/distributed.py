@@ -98,9 +98,8 @@ def print0(*args, **kw):
 
 
 def sum_grads(params):
-    """The LoRA gradients summed over the ranks, in place; a missing one is zeros (every rank reduces
-    the same list). Not DDP: the tensors are few and small, and no wrapper around a model that also
-    runs with LoRA off (pass 3) or without grad (pass 1)."""
+    """LoRA gradients summed over the ranks in place, a missing one as zeros. Not DDP: few small
+    tensors; no wrapper around a model also run with LoRA off (pass 3) or without grad (pass 1)."""
     if world_size() > 1:
         for p in params:
             if p.grad is None:
