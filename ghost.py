@@ -205,8 +205,8 @@ def compute_ghost_inner_product_matrix(train, val, layer_filter=None):
     total = 0
     for n in names:
         (x, gA, h, gB), (vx, vgA, vh, vgB) = train[n], val[n]
-        inner_A = linear_inner_products(x, gA, vx, vgA)
-        total = total + (inner_A + linear_inner_products(h, gB, vh, vgB))
+        total = total + (linear_inner_products(x, gA, vx, vgA)
+                         + linear_inner_products(h, gB, vh, vgB))
     return total
 
 
@@ -255,7 +255,6 @@ def subset_gradients(model, grads, weights):
         if isinstance(m, LoRALinear):
             dA, dBt = grads[name]
             w = weights.to(dA.device, torch.float32)
-            grad_A = (w @ dA.flatten(1)).view(dA.shape[1:])     # (r, d_in)
-            m.lora_A.weight.grad = grad_A.to(m.lora_A.weight.dtype)
-            grad_B = (w @ dBt.flatten(1)).view(dBt.shape[1:]).T  # (d_out, r)
-            m.lora_B.weight.grad = grad_B.to(m.lora_B.weight.dtype)
+            A, B = m.lora_A.weight, m.lora_B.weight
+            A.grad = (w @ dA.flatten(1)).view(dA.shape[1:]).to(A.dtype)     # (r, d_in)
+            B.grad = (w @ dBt.flatten(1)).view(dBt.shape[1:]).T.to(B.dtype)  # (d_out, r)

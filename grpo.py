@@ -332,11 +332,9 @@ def score_rollouts(enc, sampled, batches, cfg, cache=None):
             start = rows.stop
             texts = decode_completions(enc, idx[rows], mask[rows])
             row_answers = [a for a in answers for _ in range(group)]
-            # the training batch by the run's rewards; TracIn's validation batch (b > 0) by the
-            # task's own: a trusted verifier even when reward_funcs can be hacked
-            task = TASKS[cfg.get("task", "arith")]
+            task = TASKS[cfg.get("task", "arith")]  # TracIn's validation batch (b > 0): the task's
             funcs, weights = (cfg["reward_funcs"], cfg["reward_weights"]) if b == 0 else \
-                (task["rewards"], task["weights"])
+                (task["rewards"], task["weights"])  # own rewards: reward_funcs may be hackable
             rewards, per_fn, errors = compute_rewards(texts, row_answers, funcs, weights, cache)
             rewards = torch.tensor(rewards)  # NaN where no reward function could score
             advantages, n_zero_std = compute_group_advantages(rewards, group, cfg["scale_rewards"],

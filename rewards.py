@@ -366,7 +366,9 @@ def compute_rewards(completions, answers, reward_funcs, reward_weights, cache=No
     out of the total (TRL's nansum); no function scoring it gives a NaN total (advantages skip it).
     cache: the caller's dict (name, completion, answer) -> (value, raised) across calls (the
     functions are pure); its "hits" / "lookups" count how often that saved a call. The names (known,
-    distinct) and one weight per function are checked at config time (checks/grpo_knobs.py)."""
+    distinct) are checked at config time (checks/grpo_knobs.py), the counts here (zip drops)."""
+    if len(reward_weights) != len(reward_funcs) or len(completions) != len(answers):
+        raise ValueError("one weight per reward function and one answer per completion are needed")
     if cache is not None and len(cache) > CACHE_SIZE:  # a bound on memory: afresh, counts kept
         counts = {k: cache.get(k, 0) for k in ("hits", "lookups")}
         cache.clear()

@@ -150,8 +150,18 @@ def test_compute_rewards_raising_function(monkeypatch):
     assert totals == pytest.approx([2.0, 1.0, 0.0])
 
 
-# reward_funcs (known, distinct) and reward_weights (one per function) are checked at config time,
-# checks/grpo_knobs.py: tests/test_run_safety.py's bad-option cases. compute_rewards trusts them.
+# reward_funcs (known, distinct) are checked at config time, checks/grpo_knobs.py:
+# tests/test_run_safety.py's bad-option cases. The counts are checked here too: zip would drop.
 def test_unknown_name_raises_at_lookup():
     with pytest.raises(KeyError, match="nope"):
         compute_rewards([GOOD], [14], ["correctness", "nope"], [1.0, 1.0])
+
+
+@pytest.mark.parametrize("completions, answers, funcs, weights", [
+    ([GOOD], [14], ["correctness", "format"], [1.0]),          # a function without a weight
+    ([GOOD], [14], ["correctness"], [1.0, 0.5]),               # a weight without a function
+    ([GOOD, GOOD], [14], ["correctness"], [1.0]),              # a completion without an answer
+])
+def test_mismatched_counts_raise_instead_of_dropping(completions, answers, funcs, weights):
+    with pytest.raises(ValueError, match="one weight per reward function and one answer"):
+        compute_rewards(completions, answers, funcs, weights)
