@@ -67,17 +67,15 @@ def tracin_backward(model, optimizer, rollouts, val_batch, cfg):
     from the hooks, influence_i = <g_i, G>, the selection, and the selected rollouts' summed
     gradient written into .grad from the hooks' buffers (no 4th pass). G: the gradient of the
     validation loss, normalised as grpo_loss does (1/n_val for 'grpo'; g_i carries its 1/n too).
-    cfg['tracin_influence']: 'summed', G from ONE ordinary backward of the validation loss, then
-    <g_i, G> per layer, O(T d r) per rollout; 'matrix', the row sums of the [N, N_val] matrix of
-    captured validation rows (the same up to rounding). A non-finite influence makes the loss NaN
-    (update() skips the step). Under torchrun each rank captures and sums its rows; the selection
-    sees every rank's influence. -> (loss stats, influence (N,), keep (N,) bool)."""
+    'summed' influence: G from ONE ordinary backward, then <g_i, G>, O(T d r) per rollout; 'matrix':
+    row sums of the [N, N_val] matrix of captured validation rows (equal up to rounding). A
+    non-finite influence makes the loss NaN (update() skips the step). Under torchrun each rank
+    captures its rows; the selection sees every rank's influence. -> (stats, influence, keep)."""
     matrix = cfg["tracin_influence"] == "matrix"
     batch = rank_part(rollouts, cfg["micro_batch_size"])  # this rank's rows (all in one process)
-    # The capture (ghost.GhostHooks): a forward hook on every lora_A keeps each sample's x and
-    # h = A x, tensor hooks keep the output gradients gA = dL/dh and gB = dL/d(B h). While the split
-    # is 'train' the LoRA weights need no grad: the backward forms no .grad (the batch's summed
-    # gradient, which nobody reads). ghost_mode makes optimizer.step() raise: no weight changes.
+    # The capture (ghost.GhostHooks): lora_A's forward hook keeps each sample's x and h = A x,
+    # tensor hooks the output gradients gA = dL/dh, gB = dL/d(B h); the split 'train' forms no
+    # .grad (the summed gradient nobody reads). ghost_mode: optimizer.step() raises, no update.
     with install_ghost_hooks(model) as hooks, ghost_mode(optimizer):
         with phase("grad_capture_train"):  # passes 3 and 2 and the backward: per-sample factors
             stats = policy_backward(model, batch, cfg, cfg["beta"])
@@ -100,15 +98,13 @@ def tracin_backward(model, optimizer, rollouts, val_batch, cfg):
         keep = select_rollouts(influence, cfg["tracin_selection"], cfg["tracin_topk_frac"])  # (N,)
         mine = distributed.shard(len(keep))  # this rank's rows of the whole batch's selection
         subset_gradients(model, train_grads, keep[mine])  # the kept rollouts' summed gradient
-        # every LoRA layer's per-sample gradients (and G, or the val buffers)
-        del train_grads, val_grads
+        del train_grads, val_grads  # every LoRA layer's per-sample gradients; G or val's buffers
     return stats, influence, keep
 
 
 def informative_rows(batch, cfg):
-    """The validation rows that can move G: without a KL term a row of advantage 0 ('pg': a group
-    that scored alike) has zero gradient, so its passes are skipped. The batch's counts stay the
-    divisors, G unchanged ('bnpo', per micro-batch, keeps all; one row stays, so every .grad is)."""
+    """Validation rows that can move G: without KL an advantage-0 row has zero gradient, skipped;
+    the batch's counts stay the divisors ('bnpo' keeps all; one row stays: every .grad exists)."""
     keep = batch.advantages != 0
     if cfg["loss_type"] == "bnpo" or bool(keep.all()):
         return batch
