@@ -11,7 +11,7 @@ import subprocess
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPTS = ["countdown.sh", "countdown_defect.sh", "defect.sh", "audit.sh"]
+SCRIPTS = ["countdown.sh", "countdown_defect.sh", "countdown_hack.sh", "defect.sh", "audit.sh"]
 FAKE = r"""#!/usr/bin/env bash
 { printf 'CALL'; printf ' <%s>' "$@"; echo; } >> "$CALLS"
 out=""
@@ -92,6 +92,24 @@ def test_an_out_with_a_space_stays_one_argument(fake, tmp_path):
     assert os.path.isfile(os.path.join(out, "summary.md"))
 
 
+def test_the_hack_script_trains_every_method_on_the_hackable_verifier(fake, tmp_path):
+    """Three runs per seed, each on the claim verifier with the exact reward at weight 0; TracIn 'pg'
+    on 4 validation prompts; the tables over every run, in the order grpo, pg, nll."""
+    out = str(tmp_path / "hack")
+    r, calls = fake("countdown_hack.sh", OUT=out, SEEDS="5 6")
+    assert r.returncode == 0, r.stderr
+    assert [c.split("<--out_dir=")[1] for c in calls] == \
+        [f"{out}/{k}_s{s}>" for s in (5, 6) for k in ("grpo", "pg", "nll")]
+    hack = "<--reward_funcs=('countdown_claim', 'think_format', 'countdown')> " \
+           "<--reward_weights=(1.0, 0.1, 0.0)> <--beta=0.0>"
+    assert all(hack in c for c in calls)
+    assert all(("<--tracin_val_loss=pg> <--tracin_val_batch_size=4>" in c) == ("/pg_" in c)
+               for c in calls)
+    assert all(("config/countdown_grpo.py" in c) == ("/grpo_" in c) for c in calls)
+    summary = open(os.path.join(out, "summary.md")).read()
+    assert "countdown_hack.sh, commit" in summary and "| table |" in summary
+
+
 @pytest.mark.parametrize("script", SCRIPTS)
 @pytest.mark.parametrize("key, value, said", [
     ("SEEDS", "1 2 x", '"x" is not a whole number'), ("SEEDS", "  ", "SEEDS is empty"),
@@ -104,7 +122,7 @@ def test_an_out_with_a_space_stays_one_argument(fake, tmp_path):
     ("THREADS", "", 'THREADS="" is not allowed'), ("OUT", "-x", "starts with '-'")])
 def test_bad_arguments_are_refused_before_any_work(fake, tmp_path, script, key, value, said):
     uses = {"countdown.sh": ("SEED", "OUT"), "countdown_defect.sh": ("SEEDS", "THREADS", "OUT"),
-            "defect.sh": ("SEEDS", "THREADS", "OUT"),
+            "countdown_hack.sh": ("SEEDS", "THREADS", "OUT"), "defect.sh": ("SEEDS", "THREADS", "OUT"),
             "audit.sh": ("SEEDS", "THREADS", "OUT")}[script]
     if key not in uses:
         pytest.skip(f"{script} takes no {key}")
