@@ -93,8 +93,8 @@ def test_an_out_with_a_space_stays_one_argument(fake, tmp_path):
 
 
 def test_the_hack_script_trains_every_method_on_the_hackable_verifier(fake, tmp_path):
-    """Three runs per seed, each on the claim verifier with the exact reward at weight 0; TracIn 'pg'
-    on 4 validation prompts; the tables over every run, in the order grpo, pg, nll."""
+    """Three runs per seed, each on the claim verifier with the exact reward at weight 0; TracIn
+    'pg' on 4 validation prompts; the tables over every run, in the order grpo, pg, nll."""
     out = str(tmp_path / "hack")
     r, calls = fake("countdown_hack.sh", OUT=out, SEEDS="5 6")
     assert r.returncode == 0, r.stderr
@@ -122,7 +122,8 @@ def test_the_hack_script_trains_every_method_on_the_hackable_verifier(fake, tmp_
     ("THREADS", "", 'THREADS="" is not allowed'), ("OUT", "-x", "starts with '-'")])
 def test_bad_arguments_are_refused_before_any_work(fake, tmp_path, script, key, value, said):
     uses = {"countdown.sh": ("SEED", "OUT"), "countdown_defect.sh": ("SEEDS", "THREADS", "OUT"),
-            "countdown_hack.sh": ("SEEDS", "THREADS", "OUT"), "defect.sh": ("SEEDS", "THREADS", "OUT"),
+            "countdown_hack.sh": ("SEEDS", "THREADS", "OUT"),
+            "defect.sh": ("SEEDS", "THREADS", "OUT"),
             "audit.sh": ("SEEDS", "THREADS", "OUT")}[script]
     if key not in uses:
         pytest.skip(f"{script} takes no {key}")
