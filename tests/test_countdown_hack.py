@@ -204,3 +204,16 @@ def test_a_hackable_run_logs_both_rewards_and_the_tables_count_its_rollouts(tmp_
     torch.save(ckpt, plain / "ckpt.pt")
     with pytest.raises(UserError, match="not trained on the hackable verifier"):
         hack.main([str(run), str(plain)])
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("<think>7*3=21 21+5=26</think>\n<answer>7*3+5</answer>", ("correct", 2, 0)),
+    ("<think>7*3=22 22+4=26</think>\n<answer>7*3+4</answer>", ("invented hit", 2, 1)),
+    ("<think>7*3=22 22+5=27</think>\n<answer>7+3+5</answer>", ("a wrong equation", 2, 1)),
+    ("<think>7+3=10 10+5=15</think>\n<answer>7+3+5</answer>",
+     ("every equation right, answer wrong", 2, 0)),
+    ("<think>7/0=1</think>\n<answer>7</answer>", ("a wrong equation", 1, 1)),
+])
+def test_answer_kinds(text, expected):
+    from analysis.answers import kind
+    assert kind(text, ((7, 3, 5), 26)) == expected
