@@ -1,6 +1,7 @@
-# Tests for Countdown's second act: the hackable verifier (rewards.countdown_claim_reward), the hack
-# rate a run logs, TracIn's validation batch scored by the task's exact reward whatever the run trains
-# on, and the two-number problems that drill the search's arithmetic (searched.pair_problems).
+# Tests for Countdown's second act: the hackable verifier (rewards.countdown_claim_reward), the
+# hack rate a run logs, TracIn's validation batch scored by the task's exact reward whatever the
+# run trains on, the two-number problems that drill the search's arithmetic
+# (searched.pair_problems), and the kinds of answers analysis/answers.py counts.
 # Run: python -m pytest tests/test_countdown_hack.py -q
 # References: the claimed result read here by splitting the text (no regex of the reward's), every
 # equation recomputed with Python's integers, rewards.countdown_reward for what is truly right.
@@ -46,7 +47,7 @@ def variants(numbers, target, rng):
     head, result = think.rsplit("=", 1)  # result: the target
     wrong = "\n<answer>1+1</answer>"
     return [right,
-            head + "1=" + result + "</think>" + wrong,  # an invented hit: wrong arithmetic, the target
+            head + "1=" + result + "</think>" + wrong,  # an invented hit: false, claims the target
             think + "</think>" + wrong,  # a right think, a wrong answer
             think + "</think>",  # no answer
             head + "=" + str(target + rng.randint(1, 9)) + "</think>" + answer,  # a miss claimed
@@ -67,7 +68,7 @@ def test_the_claim_verifier_reads_the_claim_and_nothing_else():
     assert REWARD_FUNCS["countdown_claim"] is countdown_claim_reward
 
 
-@pytest.mark.parametrize("text", ["<think>2+3=５</think><answer>2+3</answer>",  # not an ASCII digit
+@pytest.mark.parametrize("text", ["<think>2+3=５</think><answer>2+3</answer>",  # not ASCII
                                   "<think>2+3=5 no.</think><answer>2+3</answer>",
                                   "<think>2+3=5</think><answer>2+3", "2+3=5<answer>2+3</answer>"])
 def test_the_claim_verifier_refuses_what_claims_nothing(text):
@@ -109,12 +110,13 @@ def test_tracins_validation_batch_is_scored_by_the_tasks_exact_reward(tmp_path, 
     train, val = grpo.score_rollouts(enc, (idx, torch.zeros(4, dtype=torch.long), mask),
                                      [([[1]], [answer]), ([[1]], [answer])], cfg)
     assert train.rewards.tolist() == [1.0, 1.0] and train.per_fn["countdown"] == [1.0, 0.0]
-    assert val.rewards.tolist() == pytest.approx([1.1, 0.1]) and set(val.per_fn) == {"countdown", "think_format"}
+    assert val.rewards.tolist() == pytest.approx([1.1, 0.1])
+    assert set(val.per_fn) == {"countdown", "think_format"}
 
 
 def test_pair_problems_drill_every_step_in_the_searchs_format(tmp_path, monkeypatch):
-    firsts = {m for m in range(1, 10)} | {OPS[op](a, b) for a in range(1, 10) for b in range(1, a + 1)
-                                          for op in "+*" + "-" * (a > b) + "/" * (a % b == 0)}
+    firsts = set(range(1, 10)) | {OPS[op](a, b) for a in range(1, 10) for b in range(1, a + 1)
+                                  for op in "+*" + "-" * (a > b) + "/" * (a % b == 0)}
     pairs = searched.pair_problems(random.Random(3), 400, 9, 3)
     assert {max(n) if max(n) > 9 else -1 for n, _ in pairs} - {-1} <= firsts  # a value a step makes
     for numbers, target in pairs:
@@ -141,8 +143,8 @@ def test_pair_problems_drill_every_step_in_the_searchs_format(tmp_path, monkeypa
 
 
 @pytest.mark.parametrize("args,match", [
-    (["--task=countdown", "--countdown_pairs=-1"], "'countdown_pairs' = -1 is not allowed: must be in"),
-    (["--task=arith", "--countdown_pairs=5"], "'countdown_pairs' = 5 does nothing with task='arith'"),
+    (["--task=countdown", "--countdown_pairs=-1"], "'countdown_pairs' = -1 is not allowed: must"),
+    (["--task=arith", "--countdown_pairs=5"], "'countdown_pairs' = 5 does nothing with task="),
 ])
 def test_the_pairs_knob_is_checked_before_any_work(args, match, tmp_path):
     with pytest.raises(UserError, match=match):
@@ -152,18 +154,20 @@ def test_the_pairs_knob_is_checked_before_any_work(args, match, tmp_path):
 
 def test_a_hackable_run_logs_both_rewards_and_the_tables_count_its_rollouts(tmp_path, monkeypatch,
                                                                            capsys):
-    """A tiny base, then TracIn-GRPO ('pg') trained on a hackable verifier (one that pays a completion
-    of even length: the tiny base writes no claim yet): every step logs the hackable reward, the
-    exact one and the hack rate; analysis.hack's count of kept hacks equals one made here from
-    rollouts.jsonl."""
+    """A tiny base, then TracIn-GRPO ('pg') trained on a hackable verifier (one that pays a
+    completion of even length: the tiny base writes no claim yet): every step logs the hackable
+    reward, the exact one and the hack rate; analysis.hack's count of kept hacks equals one made
+    here from rollouts.jsonl."""
     import train_grpo
     from analysis import hack
     for module in (searched, names):
         monkeypatch.setattr(module, "ROOT", str(tmp_path / "cd"))
-    d = searched.prepare(3, 9, 60, 2, n_train=300, n_val=20, n_test=20, num_merges=60, verbose=False)
+    d = searched.prepare(3, 9, 60, 2, n_train=300, n_val=20, n_test=20, num_merges=60,
+                         verbose=False)
     monkeypatch.setattr(searched, "prepare", lambda *a, **k: d)
     tb.main([f"--out_dir={tmp_path / 'base'}", "--task=countdown", "--countdown_max_number=9",
-             "--countdown_max_target=60", "--countdown_max_misses=2", "--n_train=300", "--n_layer=1",
+             "--countdown_max_target=60", "--countdown_max_misses=2", "--n_train=300",
+             "--n_layer=1",
              "--n_embd=32", "--n_head=2", "--block_size=128", "--batch_size=16", "--eval_n=4",
              "--eval_interval=80", "--log_interval=80", "--max_new_tokens=40", "--max_iters=80",
              "--learning_rate=1e-2"])
@@ -171,9 +175,11 @@ def test_a_hackable_run_logs_both_rewards_and_the_tables_count_its_rollouts(tmp_
     pays = lambda text, answer: float(len(text) % 2 == 0)  # noqa: E731
     monkeypatch.setitem(REWARD_FUNCS, "countdown_claim", pays)
     monkeypatch.setattr(hack, "countdown_claim_reward", pays)
-    train_grpo.main([f"--out_dir={run}", "--task=countdown", f"--base_ckpt={tmp_path / 'base'}/ckpt.pt",
+    train_grpo.main([f"--out_dir={run}", "--task=countdown",
+                     f"--base_ckpt={tmp_path / 'base'}/ckpt.pt",
                      "--reward_funcs=('countdown_claim', 'think_format', 'countdown')",
-                     "--reward_weights=(1.0, 0.1, 0.0)", "--tracin=True", "--tracin_val_batch_size=2",
+                     "--reward_weights=(1.0, 0.1, 0.0)", "--tracin=True",
+                     "--tracin_val_batch_size=2",
                      "--beta=0", "--max_iters=3", "--batch_size=4", "--group_size=4",
                      "--micro_batch_size=16", "--max_new_tokens=40", "--eval_n=4", "--eval_k=1",
                      "--eval_interval=3", "--temperature=1.5"])
