@@ -37,8 +37,11 @@ USAGE = "analysis.hack takes run directories and --out=FILE.png"
 
 
 def method(cfg):
-    """GRPO, TracIn pg or TracIn nll, from the run's saved config."""
-    return f"TracIn {cfg['tracin_val_loss']}" if cfg.get("tracin") else "GRPO"
+    """GRPO, or TracIn with its validation loss and batch ('TracIn pg, 4 val'), from the run's
+    saved config."""
+    if not cfg.get("tracin"):
+        return "GRPO"
+    return f"TracIn {cfg['tracin_val_loss']}, {cfg['tracin_val_batch_size']} val"
 
 
 def mean(xs):
@@ -113,14 +116,15 @@ def make_figure(runs):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, axes = plt.subplots(1, len(PANELS), figsize=(5 * len(PANELS), 3.8))
-    colors, seen = {"GRPO": "tab:red", "TracIn pg": "tab:blue", "TracIn nll": "tab:green"}, set()
+    colors, seen = {"GRPO": "tab:red", "TracIn pg": "tab:blue", "TracIn nll": "tab:green"}, {}
     for d, (log, cfg, _) in runs.items():
-        name = method(cfg)
+        name = method(cfg)  # one colour per validation loss, one more per other batch size
+        color = seen.get(name) or colors.pop(name.split(",")[0], None) or f"C{len(seen) + 4}"
         for ax, (key, _) in zip(axes, PANELS):
             pts = [s for s in log if key in s]
             ax.plot([p["iter"] for p in pts], moving_average([p[key] for p in pts], SMOOTH), "-",
-                    color=colors.get(name), alpha=0.8, label=None if name in seen else name)
-        seen.add(name)
+                    color=color, alpha=0.8, label=None if name in seen else name)
+        seen[name] = color
     for ax, (_, title) in zip(axes, PANELS):
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("step")

@@ -201,7 +201,7 @@ def test_a_hackable_run_logs_both_rewards_and_the_tables_count_its_rollouts(tmp_
     capsys.readouterr()
     hack.main([str(run)])
     table = capsys.readouterr().out
-    assert f"| {kept} of {n_hack} (" in table and "TracIn pg" in table
+    assert f"| {kept} of {n_hack} (" in table and "TracIn pg, 2 val" in table
     plain = tmp_path / "plain"  # the same run, as if trained on the exact reward: refused
     plain.mkdir()
     (plain / "log.jsonl").write_text((run / "log.jsonl").read_text())
