@@ -26,6 +26,13 @@ def chars(completion, answer):  # conftest's chars_reward, at module level so th
     return len(completion) / 10
 
 
+def task_pays_chars(tasks):
+    """TracIn's 'pg' validation batch is scored by the task's own rewards (data/tasks.TASKS): here the
+    runs' (test_train_grpo.run), so that a tiny model's validation groups differ and G is not 0."""
+    tasks["arith"] = {**tasks["arith"], "rewards": ("correctness", "format", "chars"),
+                      "weights": (1.0, 0.5, 1.0)}
+
+
 # the spawned processes import this file afresh: they run in float32 too, as conftest's float32_runs does
 tg.defaults["dtype"] = train_base.defaults["dtype"] = "float32"
 
@@ -47,6 +54,8 @@ def worker(rank, world, port, argv, spy):
     import tracin
     from scale import compiled
     rewards.REWARD_FUNCS["chars"] = chars
+    from data.tasks import TASKS
+    task_pays_chars(TASKS)
     seen = {"rows": [], "all_reduce": [], "compiled_steps": 0}
     decode = compiled.CompiledDecode.__call__
     def compiled_step(self, *a):  # noqa: E306
@@ -169,10 +178,14 @@ def test_bnpo_counts_every_ranks_micro_batches(tiny_setup, tmp_path, chars_rewar
 @pytest.mark.parametrize("extra", [("--tracin_val_loss=nll",), ("--tracin_val_loss=nll", "--tracin_selection=topk"),
                                    ("--tracin_val_loss=pg", "--tracin_selection=topk", "--tracin_topk_frac=0.3"),
                                    ("--tracin_val_loss=pg", "--tracin_influence=matrix")])
-def test_tracin_in_two_processes_keeps_the_single_process_rollouts(tiny_setup, tmp_path, chars_reward, extra):
+def test_tracin_in_two_processes_keeps_the_single_process_rollouts(tiny_setup, tmp_path, chars_reward, extra,
+                                                                   monkeypatch):
     """Each rank scores its rollouts against the all-reduced validation gradient of its share of the
     validation rows ('matrix': of every validation row); the kept set (a global top-k threshold too) and the
     update are those of one process."""
+    from data.tasks import TASKS
+    monkeypatch.setitem(TASKS, "arith", dict(TASKS["arith"]))
+    task_pays_chars(TASKS)  # as each rank's worker does
     one, two = tmp_path / "one", tmp_path / "two"
     args = ("--max_iters=3", "--tracin=True", "--tracin_val_batch_size=2", *extra)
     run(tiny_setup, one, *args)
