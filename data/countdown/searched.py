@@ -136,9 +136,9 @@ def prepare(n_numbers=3, max_number=12, max_target=100, max_misses=3, n_train=20
                  "answer": [numbers, target]} for numbers, target in part for s in seeds]
     splits = {"test": rows(problems[:n_test], [seed]), "val": rows(problems[n_test:n_test + n_val], [seed]),
               "train": rows(problems[n_test + n_val:], range(seed, seed + variants))}
-    # after the problems: the tokenizer below is trained on the first 5000 rows, the same with pairs
-    splits["train"] += rows(pair_problems(random.Random(seed), pairs, max_number, n_numbers), [seed])
     merges = train_bpe([prompt_text(r["question"]) + r["solution"] for r in splits["train"][:5000]], num_merges)
+    # after the tokenizer, which is learned from the problems' rows alone: the same with pairs
+    splits["train"] += rows(pair_problems(random.Random(seed), pairs, max_number, n_numbers), [seed])
     enc = build_encoding(merges, "countdown")
     meta = {"task": "countdown", "n_numbers": n_numbers, "max_number": max_number, "max_target": max_target,
             "max_misses": max_misses, "num_merges": num_merges, "seed": seed, "variants": variants,
