@@ -19,7 +19,8 @@ from sample import encode_prompt
 MODEL_KNOBS = ("n_layer", "n_head", "n_embd", "block_size", "bias")
 DATA_KNOBS = ("task", "n_train", "task_steps", "task_min_steps", "task_max_operand", "task_ops",
               "task_noise", "countdown_numbers", "countdown_max_number", "countdown_max_target",
-              "countdown_max_misses", "countdown_variants", "countdown_pairs")
+              "countdown_max_misses", "countdown_variants", "countdown_pairs",
+              "countdown_check")
 
 
 def check_resume(cfg, ckpt, path):

@@ -1,7 +1,8 @@
 # Tests for Countdown's second act: the hackable verifier (rewards.countdown_claim_reward), the
 # hack rate a run logs, TracIn's validation batch scored by the task's exact reward whatever the
 # run trains on, the two-number problems that drill the search's arithmetic
-# (searched.pair_problems), and the kinds of answers analysis/answers.py counts.
+# (searched.pair_problems), the check format (each try's result beside the target), and the
+# kinds of answers analysis/answers.py counts.
 # Run: python -m pytest tests/test_countdown_hack.py -q
 # References: the claimed result read here by splitting the text (no regex of the reward's), every
 # equation recomputed with Python's integers, rewards.countdown_reward for what is truly right.
@@ -142,11 +143,50 @@ def test_pair_problems_drill_every_step_in_the_searchs_format(tmp_path, monkeypa
     assert "--pairs=25" in names.searched_rebuild_command(drilled)
 
 
+def test_the_check_format_sets_each_tries_result_beside_the_target(tmp_path, monkeypatch):
+    """countdown_check: every try ends "<its result> vs <target>", a miss then " no.", the hit
+    then </think>; the same tries as without it, the same rewards, and the claim is the last
+    equation's result, not the number beside it."""
+    rng = random.Random(5)
+    for numbers, target, _, _ in draw_distinct(rng, 60, 3, 3, 10, 100):
+        plain, n = searched_solution(numbers, target, 3, 7)
+        text, m = searched_solution(numbers, target, 3, 7, check=True)
+        assert m == n and text.replace(f" vs {target}", "") == plain
+        tries = text.split("</think>")[0].removeprefix("<think>").split(" no. ")
+        assert len(tries) == n + 1
+        for i, t in enumerate(tries):
+            steps, beside = t.rsplit(" vs ", 1)
+            result = int(steps.rsplit("=", 1)[1])
+            assert int(beside) == target and (result == target) == (i == n)
+        assert countdown_reward(text, [numbers, target]) == 1.0
+        assert countdown_claim_reward(text, [numbers, target]) == 1.0
+        bad = text.replace(f"={target} vs {target}</think>", f"={target + 1} vs {target}</think>")
+        assert countdown_claim_reward(bad, [numbers, target]) == 0.0
+        liar = text.replace(f"={target} vs {target}</think>", f"={target + 1} vs {target + 1}"
+                            "</think>")  # the number beside is not a claim
+        assert countdown_claim_reward(liar, [numbers, target]) == 0.0
+    for module in (searched, names):
+        monkeypatch.setattr(module, "ROOT", str(tmp_path))
+    plain = searched.prepare(3, 9, 60, 2, n_train=30, n_val=5, n_test=5, num_merges=20,
+                             verbose=False)
+    checked = searched.prepare(3, 9, 60, 2, n_train=30, n_val=5, n_test=5, num_merges=20,
+                               check=True, verbose=False)
+    assert checked == plain + "_c1"
+    rows = load_split(checked, "train")
+    assert [r["answer"] for r in rows] == [r["answer"] for r in load_split(plain, "train")]
+    assert all(" vs " in r["solution"] for r in rows)
+    assert json.load(open(os.path.join(checked, "meta.json")))["check"] is True
+    assert names.searched_rebuild_command(checked).endswith("--check=True")
+    assert "--check" not in names.searched_rebuild_command(plain)
+
+
 @pytest.mark.parametrize("args,match", [
+    (["--task=countdown", "--countdown_check=1"], "'countdown_check' expects bool, got 1"),
+    (["--task=arith", "--countdown_check=True"], "'countdown_check' = True does nothing with"),
     (["--task=countdown", "--countdown_pairs=-1"], "'countdown_pairs' = -1 is not allowed: must"),
     (["--task=arith", "--countdown_pairs=5"], "'countdown_pairs' = 5 does nothing with task="),
 ])
-def test_the_pairs_knob_is_checked_before_any_work(args, match, tmp_path):
+def test_the_pairs_and_check_knobs_are_checked_before_any_work(args, match, tmp_path):
     with pytest.raises(UserError, match=match):
         tb.main([f"--out_dir={tmp_path / 'b'}", *args])
     assert not os.path.exists(tmp_path / "b")

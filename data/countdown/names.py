@@ -13,9 +13,9 @@ DEFAULTS = dict(n_train=20000, n_val=500, n_test=500, min_numbers=3, max_numbers
                 seed=1337, out=None)  # out None: data_dir_for(knobs)
 SEARCHED_DEFAULTS = dict(n_numbers=3, max_number=12, max_target=100, max_misses=3, n_train=20000,
                          n_val=500, n_test=500, num_merges=300, seed=1337, variants=1,
-                         pairs=0)
+                         pairs=0, check=False)
 NAME_KNOBS = (("n_train", "t"), ("n_val", "v"), ("n_test", "e"), ("num_merges", "b"), ("seed", "r"),
-              ("variants", "k"), ("pairs", "p"))
+              ("variants", "k"), ("pairs", "p"), ("check", "c"))
 
 
 def data_dir_for(n_train=20000, n_val=500, n_test=500, min_numbers=3, max_numbers=4, max_number=99,
@@ -29,10 +29,11 @@ def data_dir_for(n_train=20000, n_val=500, n_test=500, min_numbers=3, max_number
 
 
 def searched_dir_for(n_numbers=3, max_number=12, max_target=100, max_misses=3, root=None, **extra):
-    """searched.py's directory (under root, default ROOT); the split sizes, merges, seed and
-    variants are in the name when not the default."""
+    """searched.py's directory (under root, default ROOT); the split sizes, merges, seed,
+    variants, pairs and check are in the name when not the default (check=True as _c1)."""
     name = f"search_n{n_numbers}_m{max_number}_x{max_target}_s{max_misses}"
-    name += "".join(f"_{letter}{extra[k]}" for k, letter in NAME_KNOBS
+    name += "".join(f"_{letter}{int(extra[k]) if isinstance(extra[k], bool) else extra[k]}"
+                    for k, letter in NAME_KNOBS
                     if extra.get(k, SEARCHED_DEFAULTS[k]) != SEARCHED_DEFAULTS[k])
     return os.path.join(root or ROOT, name)
 
@@ -68,7 +69,7 @@ def rebuild_command(data_dir, meta=None):
 
 def searched_rebuild_command(data_dir):
     """searched.py's command that builds data_dir again, from the knobs its name records."""
-    m = re.fullmatch(r"search_n(\d+)_m(\d+)_x(\d+)_s(\d+)((?:_[tvebrkp]\d+)*)",
+    m = re.fullmatch(r"search_n(\d+)_m(\d+)_x(\d+)_s(\d+)((?:_[tvebrkpc]\d+)*)",
                      os.path.basename(os.path.normpath(data_dir)))
     if not m:
         return "python data/countdown/searched.py with the knobs of the base that was trained on it"
@@ -76,8 +77,9 @@ def searched_rebuild_command(data_dir):
                      map(int, m.groups()[:4])))
     letters = {letter: k for k, letter in NAME_KNOBS}
     knobs.update({letters[x[0]]: int(x[1:]) for x in m[5].split("_")[1:]})
+    knobs["check"] = bool(knobs.get("check"))  # "_c1": a bool knob, written as 1
     made = searched_dir_for(**knobs)
     where = "" if os.path.abspath(data_dir) == made else \
         f" (it writes {made}: move it to {data_dir})"
-    args = [shlex.quote(f"--{k}={v}") for k, v in knobs.items()]
+    args = [shlex.quote(f"--{k}={v}") for k, v in knobs.items() if k != "check" or v]
     return " ".join(["python data/countdown/searched.py"] + args) + where

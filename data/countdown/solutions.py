@@ -77,9 +77,12 @@ def problem_rng(numbers, target, seed):
     return random.Random(f"{seed}:{','.join(map(str, numbers))}:{target}")
 
 
-def searched_solution(numbers, target, max_misses=3, seed=0):
+def searched_solution(numbers, target, max_misses=3, seed=0, check=False):
     """(solution text, number of misses shown): 0..max_misses distinct tries that miss the target, then
-    one that makes it. None if no try makes the target (never for data/countdown/prepare.py's problems)."""
+    one that makes it. None if no try makes the target (never for data/countdown/prepare.py's problems).
+    check: every try sets its result beside the target ("70-5=65 vs 43 no.", "50-7=43 vs 43</think>"),
+    so that the decision to go on or stop compares two neighbouring numbers, not one written far back
+    in the question."""
     tries = all_tries(numbers)
     hits = [t for t in tries if t[0] == target]
     if not hits:
@@ -87,5 +90,6 @@ def searched_solution(numbers, target, max_misses=3, seed=0):
     rng = problem_rng(numbers, target, seed)
     misses = [t for t in tries if t[0] != target]
     shown = rng.sample(misses, min(len(misses), rng.randint(0, max_misses))) + [rng.choice(hits)]
-    think = " no. ".join(" ".join(steps) for _, _, steps in shown)
+    beside = f" vs {target}" if check else ""
+    think = " no. ".join(" ".join(steps) + beside for _, _, steps in shown)
     return f"<think>{think}</think>\n<answer>{shown[-1][1]}</answer>", len(shown) - 1
