@@ -11,22 +11,16 @@
 # OUT this script did not make is refused.
 cd "$(dirname "$0")/.."
 source experiments/common.sh
-THREADS=${THREADS:-1}
+settings 1 "1 2 3 4 5" out/audit
 RUNS=${RUNS:-out/cmpC}
-OUT=${OUT:-out/audit}
-SEEDS=${SEEDS:-"1 2 3 4 5"}
 VARIANT_RUN=${VARIANT_RUN:-grpo_s3}
-check_int THREADS "$THREADS" 1
-check_ints SEEDS "$SEEDS"
 check_name RUNS "$RUNS"
-read -ra seeds <<< "$SEEDS"
 [ -d "$RUNS" ] || fail "RUNS=$RUNS is not a directory: give the OUT of experiments/defect.sh," \
   "e.g. RUNS=out/cmpC"
 [[ "$VARIANT_RUN" =~ ^(grpo|nll|pg)_s[0-9]+$ ]] \
   || fail "VARIANT_RUN=\"$VARIANT_RUN\" is not allowed: give a run of experiments/defect.sh," \
     "e.g. VARIANT_RUN=grpo_s3"
-own_out
-export OMP_NUM_THREADS=$THREADS MKL_NUM_THREADS=$THREADS
+start
 audit() {  # audit RUN NAME ARGS...: one audit, its JSON only; one already written is kept
   local run=$1 name=$2
   shift 2

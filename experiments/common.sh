@@ -41,6 +41,19 @@ check_name() {  # check_name NAME VALUE: a path or name given in the environment
     || fail "$1=\"$2\" starts with '-', which a script would read as an option: give a path"
 }
 
+settings() {  # settings THREADS SEEDS OUT: the script's defaults, each unless given in the
+  # environment; the thread count and the seeds checked, the seeds read into the array `seeds`
+  THREADS=${THREADS:-$1} SEEDS=${SEEDS:-$2} OUT=${OUT:-$3}
+  check_int THREADS "$THREADS" 1
+  check_ints SEEDS "$SEEDS"
+  read -ra seeds <<< "$SEEDS"
+}
+
+start() {  # after every check: OUT taken (own_out), every run's thread count fixed
+  own_out
+  export OMP_NUM_THREADS=$THREADS MKL_NUM_THREADS=$THREADS
+}
+
 own_out() {  # OUT new (made now), or made by this script before (its runs go on); else refused
   check_name OUT "$OUT"
   local mark="$OUT/.made_by"

@@ -14,14 +14,8 @@
 # (experiments/common.sh).
 cd "$(dirname "$0")/.."
 source experiments/common.sh
-THREADS=${THREADS:-1}
-OUT=${OUT:-out/cd_defect}
-SEEDS=${SEEDS:-"1 2 3"}
-check_int THREADS "$THREADS" 1
-check_ints SEEDS "$SEEDS"
-read -ra seeds <<< "$SEEDS"
-own_out
-export OMP_NUM_THREADS=$THREADS MKL_NUM_THREADS=$THREADS
+settings 1 "1 2 3" out/cd_defect
+start
 common=(--defect_frac=0.2 --beta=0.0 --eval_k=1)
 runs=()
 for S in "${seeds[@]}"; do

@@ -15,14 +15,8 @@
 # (experiments/common.sh). The figure needs matplotlib (pip install matplotlib).
 cd "$(dirname "$0")/.."
 source experiments/common.sh
-THREADS=${THREADS:-1}
-OUT=${OUT:-out/cd_hack}
-SEEDS=${SEEDS:-"1 2 3"}
-check_int THREADS "$THREADS" 1
-check_ints SEEDS "$SEEDS"
-read -ra seeds <<< "$SEEDS"
-own_out
-export OMP_NUM_THREADS=$THREADS MKL_NUM_THREADS=$THREADS
+settings 1 "1 2 3" out/cd_hack
+start
 hack=("--reward_funcs=('countdown_claim', 'think_format', 'countdown')"
       "--reward_weights=(1.0, 0.1, 0.0)" --beta=0.0 --eval_k=1 --eval_interval=50)
 runs=()

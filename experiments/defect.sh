@@ -14,14 +14,8 @@
 # where it stopped (experiments/common.sh); an OUT this script did not make is refused.
 cd "$(dirname "$0")/.."
 source experiments/common.sh
-THREADS=${THREADS:-2}
-OUT=${OUT:-out/cmpC}
-SEEDS=${SEEDS:-"1 2 3 4 5"}
-check_int THREADS "$THREADS" 1
-check_ints SEEDS "$SEEDS"
-read -ra seeds <<< "$SEEDS"
-own_out
-export OMP_NUM_THREADS=$THREADS MKL_NUM_THREADS=$THREADS
+settings 2 "1 2 3 4 5" out/cmpC
+start
 common=(--defect_frac=0.2 --eval_interval=25 --eval_k=1)
 nll=(--tracin_val_batch_size=16 --tracin_val_loss=nll)
 pg=(--tracin_val_batch_size=16 --tracin_val_loss=pg)
