@@ -1,8 +1,8 @@
 # Tests for Countdown's second act: the hackable verifier (rewards.countdown_claim_reward), the
 # hack rate a run logs, TracIn's validation batch scored by the task's exact reward whatever the
 # run trains on, the two-number problems that drill the search's arithmetic
-# (searched.pair_problems), the check format (each try's result beside the target), and the
-# kinds of answers analysis/answers.py counts.
+# (searched.pair_problems), the check format (each try's result beside the target), the ordered
+# search, and the kinds of answers analysis/answers.py counts.
 # Run: python -m pytest tests/test_countdown_hack.py -q
 # References: the claimed result read here by splitting the text (no regex of the reward's), every
 # equation recomputed with Python's integers, rewards.countdown_reward for what is truly right.
@@ -180,7 +180,32 @@ def test_the_check_format_sets_each_tries_result_beside_the_target(tmp_path, mon
     assert "--check" not in names.searched_rebuild_command(plain)
 
 
+def test_an_ordered_search_walks_the_tries_forward_to_the_first_hit(tmp_path, monkeypatch):
+    """countdown_ordered: every shown try is a distinct step of all_tries' order, later than the
+    one before it, the last the first try that makes the target; the text otherwise as before."""
+    from data.countdown.solutions import all_tries
+    rng = random.Random(9)
+    for numbers, target, _, _ in draw_distinct(rng, 80, 3, 3, 10, 100):
+        order = [" ".join(steps) for _, _, steps in all_tries(numbers)]
+        first = next(i for i, (v, _, _) in enumerate(all_tries(numbers)) if v == target)
+        for seed in range(3):
+            text, n = searched_solution(numbers, target, 3, seed, ordered=True)
+            tries = text.split("</think>")[0].removeprefix("<think>").split(" no. ")
+            at = [order.index(t) for t in tries]  # the first place a try's text stands
+            assert at == sorted(set(at)) and at[-1] == first and len(at) == n + 1 <= 4
+            assert countdown_reward(text, [numbers, target]) == 1.0
+            checked, _ = searched_solution(numbers, target, 3, seed, check=True, ordered=True)
+            assert checked.replace(f" vs {target}", "") == text
+    for module in (searched, names):
+        monkeypatch.setattr(module, "ROOT", str(tmp_path))
+    made = searched.prepare(3, 9, 60, 2, n_train=30, n_val=5, n_test=5, num_merges=20,
+                            check=True, ordered=True, verbose=False)
+    assert made.endswith("_c1_o1")
+    assert names.searched_rebuild_command(made).endswith("--check=True --ordered=True")
+
+
 @pytest.mark.parametrize("args,match", [
+    (["--task=countdown", "--countdown_ordered=2"], "'countdown_ordered' expects bool, got 2"),
     (["--task=countdown", "--countdown_check=1"], "'countdown_check' expects bool, got 1"),
     (["--task=arith", "--countdown_check=True"], "'countdown_check' = True does nothing with"),
     (["--task=countdown", "--countdown_pairs=-1"], "'countdown_pairs' = -1 is not allowed: must"),

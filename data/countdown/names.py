@@ -13,9 +13,10 @@ DEFAULTS = dict(n_train=20000, n_val=500, n_test=500, min_numbers=3, max_numbers
                 seed=1337, out=None)  # out None: data_dir_for(knobs)
 SEARCHED_DEFAULTS = dict(n_numbers=3, max_number=12, max_target=100, max_misses=3, n_train=20000,
                          n_val=500, n_test=500, num_merges=300, seed=1337, variants=1,
-                         pairs=0, check=False)
+                         pairs=0, check=False, ordered=False)
 NAME_KNOBS = (("n_train", "t"), ("n_val", "v"), ("n_test", "e"), ("num_merges", "b"), ("seed", "r"),
-              ("variants", "k"), ("pairs", "p"), ("check", "c"))
+              ("variants", "k"), ("pairs", "p"), ("check", "c"),
+              ("ordered", "o"))
 
 
 def data_dir_for(n_train=20000, n_val=500, n_test=500, min_numbers=3, max_numbers=4, max_number=99,
@@ -30,7 +31,7 @@ def data_dir_for(n_train=20000, n_val=500, n_test=500, min_numbers=3, max_number
 
 def searched_dir_for(n_numbers=3, max_number=12, max_target=100, max_misses=3, root=None, **extra):
     """searched.py's directory (under root, default ROOT); the split sizes, merges, seed,
-    variants, pairs and check are in the name when not the default (check=True as _c1)."""
+    variants, pairs, check and ordered are in the name when not the default (True as 1)."""
     name = f"search_n{n_numbers}_m{max_number}_x{max_target}_s{max_misses}"
     name += "".join(f"_{letter}{int(extra[k]) if isinstance(extra[k], bool) else extra[k]}"
                     for k, letter in NAME_KNOBS
@@ -69,7 +70,7 @@ def rebuild_command(data_dir, meta=None):
 
 def searched_rebuild_command(data_dir):
     """searched.py's command that builds data_dir again, from the knobs its name records."""
-    m = re.fullmatch(r"search_n(\d+)_m(\d+)_x(\d+)_s(\d+)((?:_[tvebrkpc]\d+)*)",
+    m = re.fullmatch(r"search_n(\d+)_m(\d+)_x(\d+)_s(\d+)((?:_[tvebrkpco]\d+)*)",
                      os.path.basename(os.path.normpath(data_dir)))
     if not m:
         return "python data/countdown/searched.py with the knobs of the base that was trained on it"
@@ -77,9 +78,10 @@ def searched_rebuild_command(data_dir):
                      map(int, m.groups()[:4])))
     letters = {letter: k for k, letter in NAME_KNOBS}
     knobs.update({letters[x[0]]: int(x[1:]) for x in m[5].split("_")[1:]})
-    knobs["check"] = bool(knobs.get("check"))  # "_c1": a bool knob, written as 1
+    for k in ("check", "ordered"):  # "_c1": a bool knob, written as 1
+        knobs[k] = bool(knobs.get(k))
     made = searched_dir_for(**knobs)
     where = "" if os.path.abspath(data_dir) == made else \
         f" (it writes {made}: move it to {data_dir})"
-    args = [shlex.quote(f"--{k}={v}") for k, v in knobs.items() if k != "check" or v]
+    args = [shlex.quote(f"--{k}={v}") for k, v in knobs.items() if v is not False]
     return " ".join(["python data/countdown/searched.py"] + args) + where

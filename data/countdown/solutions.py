@@ -77,19 +77,26 @@ def problem_rng(numbers, target, seed):
     return random.Random(f"{seed}:{','.join(map(str, numbers))}:{target}")
 
 
-def searched_solution(numbers, target, max_misses=3, seed=0, check=False):
+def searched_solution(numbers, target, max_misses=3, seed=0, check=False, ordered=False):
     """(solution text, number of misses shown): 0..max_misses distinct tries that miss the target, then
     one that makes it. None if no try makes the target (never for data/countdown/prepare.py's problems).
     check: every try sets its result beside the target ("70-5=65 vs 43 no.", "50-7=43 vs 43</think>"),
     so that the decision to go on or stop compares two neighbouring numbers, not one written far back
-    in the question."""
+    in the question.
+    ordered: the hit is the first in all_tries' order, the misses tries before it, in that order (a
+    search that walks the tries forward, skipping some): the next try always lies further on."""
     tries = all_tries(numbers)
     hits = [t for t in tries if t[0] == target]
     if not hits:
         return None
     rng = problem_rng(numbers, target, seed)
-    misses = [t for t in tries if t[0] != target]
-    shown = rng.sample(misses, min(len(misses), rng.randint(0, max_misses))) + [rng.choice(hits)]
+    if ordered:  # the first hit in order; misses among the tries before it, kept in order
+        first = next(i for i, t in enumerate(tries) if t[0] == target)
+        picked = sorted(rng.sample(range(first), min(first, rng.randint(0, max_misses))))
+        shown = [tries[i] for i in picked] + [tries[first]]
+    else:
+        misses = [t for t in tries if t[0] != target]
+        shown = rng.sample(misses, min(len(misses), rng.randint(0, max_misses))) + [rng.choice(hits)]
     beside = f" vs {target}" if check else ""
     think = " no. ".join(" ".join(steps) + beside for _, _, steps in shown)
     return f"<think>{think}</think>\n<answer>{shown[-1][1]}</answer>", len(shown) - 1
