@@ -2,6 +2,8 @@
 # (data/countdown/solutions.py): 3 numbers from 1..10, targets up to 100. 29.8 % greedy after about 5 minutes
 # on a 2-core CPU (docs/experiments.md, Countdown from scratch): GRPO has room to gain.
 # python train_base.py config/countdown_base.py
+# With --countdown_check=True --countdown_ordered=True --max_new_tokens=128 --block_size=160 (each try
+# beside the target, tries walked in order): 39.6 %, and GRPO gains 5-11 points (docs/experiments.md).
 out_dir = "out/countdown_base"
 task = "countdown"
 countdown_numbers = 3
