@@ -15,8 +15,7 @@ SEARCHED_DEFAULTS = dict(n_numbers=3, max_number=12, max_target=100, max_misses=
                          n_val=500, n_test=500, num_merges=300, seed=1337, variants=1,
                          pairs=0, check=False, ordered=False)
 NAME_KNOBS = (("n_train", "t"), ("n_val", "v"), ("n_test", "e"), ("num_merges", "b"), ("seed", "r"),
-              ("variants", "k"), ("pairs", "p"), ("check", "c"),
-              ("ordered", "o"))
+              ("variants", "k"), ("pairs", "p"), ("check", "c"), ("ordered", "o"))
 
 
 def data_dir_for(n_train=20000, n_val=500, n_test=500, min_numbers=3, max_numbers=4, max_number=99,
