@@ -76,11 +76,11 @@ def searched_rebuild_command(data_dir):
     knobs = dict(zip(("n_numbers", "max_number", "max_target", "max_misses"),
                      map(int, m.groups()[:4])))
     letters = {letter: k for k, letter in NAME_KNOBS}
-    knobs.update({letters[x[0]]: int(x[1:]) for x in m[5].split("_")[1:]})
-    for k in ("check", "ordered"):  # "_c1": a bool knob, written as 1
-        knobs[k] = bool(knobs.get(k))
+    for x in m[5].split("_")[1:]:  # a bool knob (its default False) is written as 1: "_c1"
+        k = letters[x[0]]
+        knobs[k] = bool(int(x[1:])) if isinstance(SEARCHED_DEFAULTS[k], bool) else int(x[1:])
     made = searched_dir_for(**knobs)
     where = "" if os.path.abspath(data_dir) == made else \
         f" (it writes {made}: move it to {data_dir})"
-    args = [shlex.quote(f"--{k}={v}") for k, v in knobs.items() if v is not False]
+    args = [shlex.quote(f"--{k}={v}") for k, v in knobs.items()]
     return " ".join(["python data/countdown/searched.py"] + args) + where

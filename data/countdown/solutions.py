@@ -91,7 +91,7 @@ def searched_solution(numbers, target, max_misses=3, seed=0, check=False, ordere
         return None
     rng = problem_rng(numbers, target, seed)
     if ordered:  # the first hit in order; misses among the tries before it, kept in order
-        first = next(i for i, t in enumerate(tries) if t[0] == target)
+        first = tries.index(hits[0])  # hits keep all_tries' order
         picked = sorted(rng.sample(range(first), min(first, rng.randint(0, max_misses))))
         shown = [tries[i] for i in picked] + [tries[first]]
     else:
