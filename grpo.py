@@ -208,9 +208,10 @@ class Rollouts:
         """Rows `rows` (a slice or a bool mask) for passes 3 and 2, dividing the loss by the WHOLE
         batch's counts (batch_counts, or this part's own whole-batch counts; `counts` overrides), so
         that the parts' gradients add up to the batch's."""
-        take = lambda t: None if t is None else t[rows]  # noqa: E731
+        def take(t):  # a bool mask goes to each field's device (advantages stay on the CPU)
+            return None if t is None else t[rows.to(t.device) if torch.is_tensor(rows) else rows]
         whole = self.counts or batch_counts(self.mask)
-        return Rollouts(self.idx[rows], self.pad_left[rows], self.mask[rows], self.advantages[rows],
+        return Rollouts(take(self.idx), take(self.pad_left), take(self.mask), take(self.advantages),
                         ref_logp=take(self.ref_logp), old_logp=take(self.old_logp),
                         counts={**whole, **counts})
 

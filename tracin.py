@@ -109,7 +109,7 @@ def informative_rows(batch, cfg):
     if cfg["loss_type"] == "bnpo" or bool(keep.all()):
         return batch
     keep[0] |= not keep.any()
-    return batch.part(keep.to(batch.idx.device))
+    return batch.part(keep)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -256,7 +256,7 @@ def bench_influence(cfg):
                 t_vmap, vm = timed(lambda: vmap_products(model, batch, T, n_tr), dev, cfg["repeats"])
             vmap_txt = f"vmap {t_vmap * 1000:.0f} ms (err {rel_err(vm, ref):.1e})"
         except Exception as e:  # vmap cannot trace every op; say so instead of failing the bench
-            vmap_txt = f"vmap failed: {type(e).__name__}"
+            vmap_txt = f"vmap failed: {type(e).__name__}: {(str(e).splitlines() or [''])[0][:90]}"
         ratio = t_loop / t_hooks
         rows.append((f"influence T={T}", f"{n_tr} train x {n_va} val: hooks {t_hooks * 1000:.0f} ms, loop "
                      f"{t_loop * 1000:.0f} ms, {vmap_txt}; hooks max rel err vs loop {err:.1e}",

@@ -80,9 +80,11 @@ def check_device(device, dtype="float32"):
         if not torch.cuda.is_available():
             raise UserError(f"device={device!r} but torch.cuda.is_available() is False on this machine "
                             f"(torch {torch.__version__}); use --device=cpu, or install a CUDA build of torch")
-        if torch.device(device).index is not None and torch.device(device).index >= torch.cuda.device_count():
+        index = torch.device(device).index  # None for plain 'cuda': the current GPU, left as it is
+        if index is not None and index >= torch.cuda.device_count():
             raise UserError(f"device={device!r} but this machine has {torch.cuda.device_count()} GPU(s)")
-        torch.cuda.set_device(device)
+        if index is not None:  # set_device refuses a name without an index
+            torch.cuda.set_device(device)
     dtype = resolve_dtype(device, dtype)
     return dtype, torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=dtype == "bfloat16")
 

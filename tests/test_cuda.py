@@ -1,8 +1,6 @@
-import tracin
 # GPU checks: the same independent references as the CPU tests, on CUDA (bf16 autocast where the
 # scripts use it). Skipped without a GPU, so CI (CPU only) skips the whole file; on a GPU machine:
 #   python -m pytest -q tests/test_cuda.py
-# Not yet run on a GPU (docs/performance.md).
 import json
 
 import pytest
@@ -16,6 +14,8 @@ from bench import run as bench
 import grpo
 from model import load_checkpoint
 from sample import generate
+import tracin
+from test_distributed import task_pays_chars  # the 'pg' validation reward varies for a random model
 from test_train_grpo import run  # the CPU tests' small train_grpo.py run (tiny_setup: conftest)
 
 
@@ -53,10 +53,27 @@ def test_quick_bench_on_cuda(tmp_path):
     assert rows[names.index("throughput")][4] in ("met", "MISSED")
 
 
+def test_a_part_of_the_rollouts_takes_each_field_where_it_lives():
+    """The advantages stay on the CPU, the tokens go to the GPU: a bool mask on either device takes
+    the rows the same mask takes on the CPU (TracIn's informative validation rows, its kept set)."""
+    g = torch.Generator().manual_seed(0)
+    idx, pad, mask = torch.randint(0, 9, (6, 5), generator=g), torch.zeros(6, dtype=torch.long), torch.ones(6, 3)
+    adv = torch.tensor([0.0, 1.0, -1.0, 0.0, 0.5, -0.5])
+    want = grpo.Rollouts(idx, pad, mask, adv).part(adv != 0)
+    for rows in (adv != 0, (adv != 0).cuda()):
+        got = grpo.Rollouts(idx.cuda(), pad.cuda(), mask.cuda(), adv).part(rows)
+        assert got.advantages.device.type == "cpu" and got.idx.is_cuda
+        for a, b in ((got.idx, want.idx), (got.mask, want.mask), (got.advantages, want.advantages)):
+            assert torch.equal(a.cpu(), b)
+
+
 @pytest.mark.parametrize("extra", [[], ["--tracin=True", "--tracin_val_loss=nll", "--beta=0.0"],
                                    ["--tracin=True", "--tracin_val_loss=pg", "--beta=0.0"]])
-def test_grpo_runs_on_cuda_bf16(tiny_setup, tmp_path, extra):
+def test_grpo_runs_on_cuda_bf16(tiny_setup, tmp_path, extra, monkeypatch):
     """Three GRPO steps on CUDA under bf16 autocast: finite losses, the adapter changes, memory logged."""
+    from data.tasks import TASKS
+    monkeypatch.setitem(TASKS, "arith", dict(TASKS["arith"]))
+    task_pays_chars(TASKS)
     out = tmp_path / "run"
     run(tiny_setup, out, "--device=cuda", "--max_iters=3", *extra)
     steps = [json.loads(l) for l in open(out / "log.jsonl")][1:]
@@ -76,7 +93,6 @@ def test_resume_a_cpu_run_on_cuda(tiny_setup, tmp_path, capsys):
 
 def test_posthoc_attribution_on_cuda_equals_cpu(tmp_path):
     """find_critical_samples with the model on CUDA (float32): the same scores as on the CPU."""
-    import attribution
     from test_tracin import ByteEnc, make_model, posthoc_setup
     m = make_model()
     paths, _, train, test = posthoc_setup(tmp_path, m)

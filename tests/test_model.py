@@ -333,6 +333,18 @@ def test_check_device_without_cuda_says_what_to_do(device):
         device_module.check_device(device)
 
 
+@pytest.mark.parametrize("device", ["cuda", "cuda:0", "cuda:1"])
+def test_check_device_makes_an_indexed_gpu_current(device, monkeypatch):
+    """Plain 'cuda' leaves the current GPU as it is: torch.cuda.set_device refuses a name without an
+    index (its own rule, torch._utils._get_device_index, stands in for the GPU here)."""
+    current = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda d: current.append(torch._utils._get_device_index(d)))
+    dtype, _ = device_module.check_device(device, "float32")
+    assert dtype == "float32" and current == ([] if device == "cuda" else [int(device[-1])])
+
+
 @pytest.mark.parametrize("dtype", ["float16", "bf16", "int8"])
 def test_check_device_refuses_dtypes_without_a_loss_scaler(dtype):
     with pytest.raises(UserError, match="bfloat16"):
