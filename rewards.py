@@ -331,6 +331,22 @@ def countdown_claim_reward(completion: str, answer) -> float:
     return 1.0 if claim is not None and int(claim[1]) == target else 0.0
 
 
+# A reward for the search's own arithmetic, separate from the answer's: every step "a op b = c" of
+# the <think> must be exact. An invented hit (7*2=24) scores 0 here even when it fools a verifier.
+_STEP_RE = re.compile(rf"({DIGIT}{{1,{COUNTDOWN_MAX_DIGITS}}})[ \t]*([-+*/])[ \t]*"
+                      rf"({DIGIT}{{1,{COUNTDOWN_MAX_DIGITS}}})[ \t]*=[ \t]*({DIGIT}{{1,{COUNTDOWN_MAX_DIGITS}}})")
+_OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b,
+        "/": lambda a, b: Fraction(a, b) if b else None}
+
+
+def countdown_steps_reward(completion: str, answer) -> float:
+    """1.0 if the <think> (up to </think>, or the whole text without one) holds at least one step
+    "a op b = c" and every step's c is exactly a op b; else 0.0. The answer is not looked at."""
+    close = completion.find("</think>")
+    steps = _STEP_RE.findall(completion, 0, close if close >= 0 else len(completion))
+    return float(bool(steps) and all(_OPS[op](int(a), int(b)) == int(c) for a, op, b, c in steps))
+
+
 # --- format for <think>/<answer> tasks ----------------------------------------
 
 _THINK_RE = re.compile(r"\s*<think>.*</think>\s*<answer>.*</answer>\s*", re.DOTALL)
@@ -357,6 +373,7 @@ REWARD_FUNCS = {
     "gsm8k": gsm8k_reward,
     "countdown": countdown_reward,
     "countdown_claim": countdown_claim_reward,
+    "countdown_steps": countdown_steps_reward,
     "think_format": think_format_reward,
 }
 

@@ -21,7 +21,7 @@ from data.countdown import names, searched
 from data.countdown.prepare import draw_distinct
 from data.countdown.solutions import searched_solution
 from data.datadir import load_split, load_tokenizer
-from rewards import REWARD_FUNCS, countdown_claim_reward, countdown_reward
+from rewards import REWARD_FUNCS, countdown_claim_reward, countdown_reward, countdown_steps_reward
 from runs.metrics import hack_rates
 from sample import encode_text
 
@@ -67,6 +67,48 @@ def test_the_claim_verifier_reads_the_claim_and_nothing_else():
             hacks += got == 1.0 and countdown_reward(text, (tuple(numbers), target)) == 0.0
     assert hacks == 2 * 150  # the invented hit and the right think's wrong answer: claim only
     assert REWARD_FUNCS["countdown_claim"] is countdown_claim_reward
+
+
+def steps_right(think):
+    """The reference: every space-separated word "a<op>b=c" (a try's equation) and whether c is a op b
+    (a division must be whole)."""
+    words = [w for w in think.replace("<think>", " ").split() if "=" in w]
+    out = []
+    for w in words:
+        lhs, c = w.split("=")
+        op = next(o for o in "+-*/" if o in lhs)
+        a, b = map(int, lhs.split(op))
+        out.append((a % b == 0 if op == "/" else True) and OPS[op](a, b) == int(c))
+    return out
+
+
+@pytest.mark.parametrize("check,ordered", [(False, False), (True, False), (True, True)])
+def test_the_steps_reward_pays_a_search_whose_every_step_is_right(check, ordered):
+    """Every searched solution's steps are right (the generator computes them); one step's result
+    changed makes the reward 0, whatever the answer; the answer itself is not read."""
+    rng = random.Random(2)
+    for numbers, target, _, _ in draw_distinct(random.Random(3), 100, 3, 3, 10, 100):
+        text = searched_solution(numbers, target, 3, rng.randrange(100), check, ordered)[0]
+        think, answer = text.split("</think>")
+        assert steps_right(think) and all(steps_right(think))
+        assert countdown_steps_reward(text, (tuple(numbers), target)) == 1.0
+        assert countdown_steps_reward(think + "</think><answer>1+1</answer>", None) == 1.0
+        eqs = re.findall(r"=(\d+)", think)
+        k = rng.randrange(len(eqs))  # the k-th result off by one
+        parts = think.split("=")
+        parts[k + 1] = str(int(eqs[k]) + 1) + parts[k + 1][len(eqs[k]):]
+        wrong = "=".join(parts)
+        assert steps_right(wrong).count(False) == 1
+        assert countdown_steps_reward(wrong + "</think>" + answer, (tuple(numbers), target)) == 0.0
+
+
+@pytest.mark.parametrize("text,want", [("<think>8/3=2</think>", 0.0), ("<think>9/0=0</think>", 0.0),
+                                       ("<think>no.</think><answer>3</answer>", 0.0),
+                                       ("<think>8/2=4 4+1=5", 1.0),  # no </think>: the whole text
+                                       ("<think>2+3=5</think><answer>7*2=9</answer>", 1.0)])
+def test_the_steps_reward_on_edge_cases(text, want):
+    assert countdown_steps_reward(text, None) == want
+    assert REWARD_FUNCS["countdown_steps"] is countdown_steps_reward
 
 
 @pytest.mark.parametrize("text", ["<think>2+3=５</think><answer>2+3</answer>",  # not ASCII
