@@ -339,12 +339,19 @@ _OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * 
         "/": lambda a, b: Fraction(a, b) if b else None}
 
 
-def countdown_steps_reward(completion: str, answer) -> float:
-    """1.0 if the <think> (up to </think>, or the whole text without one) holds at least one step
-    "a op b = c" and every step's c is exactly a op b; else 0.0. The answer is not looked at."""
+def think_steps(completion: str) -> list:
+    """Each step "a op b = c" of the <think> (up to </think>, or the whole text without one), in
+    order: True where c is exactly a op b (a division must come out whole)."""
     close = completion.find("</think>")
     steps = _STEP_RE.findall(completion, 0, close if close >= 0 else len(completion))
-    return float(bool(steps) and all(_OPS[op](int(a), int(b)) == int(c) for a, op, b, c in steps))
+    return [_OPS[op](int(a), int(b)) == int(c) for a, op, b, c in steps]
+
+
+def countdown_steps_reward(completion: str, answer) -> float:
+    """1.0 if the <think> holds at least one step and every one is right; else 0.0. The answer is
+    not looked at."""
+    steps = think_steps(completion)
+    return float(bool(steps) and all(steps))
 
 
 # --- format for <think>/<answer> tasks ----------------------------------------

@@ -11,32 +11,27 @@ base (train_base.py's ckpt.pt) or a GRPO run's adapter on its base, each answer 
 
     python -m analysis.answers CKPT [--n=200]
 
-Also the share of all the <think>'s equations that are false (each recomputed here).
+Also the share of all the <think>'s equations that are false (rewards.think_steps).
 """
 # configurator first: a Ctrl-C during the slow imports below (torch) is one line, not a traceback
 from configurator import UserError, cli_main
-import re
-from fractions import Fraction
 
 import torch
 
 from analysis.plot import split_args
 from data.tasks import load_task_split
 from model import load_checkpoint
-from rewards import countdown_claim_reward, countdown_reward
+from rewards import countdown_claim_reward, countdown_reward, think_steps
 from runs.loading import load_base, load_policy
 from sample import decode_completions, encode_prompt, generate, stop_tokens
 
-EQUATION = re.compile(r"(\d+)([-+*/])(\d+)=(\d+)")
 KINDS = ("correct", "invented hit", "a wrong equation", "every equation right, answer wrong")
-OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b,
-       "/": lambda a, b: Fraction(a, b) if b else None}
 
 
 def kind(text, answer):
     """(the answer's kind, equations in its <think>, of which false)."""
-    found = EQUATION.findall(text.split("</think>")[0])
-    false = sum(OPS[op](int(a), int(b)) != int(c) for a, op, b, c in found)
+    found = think_steps(text)  # True / False per equation
+    false = found.count(False)
     if countdown_reward(text, answer) == 1.0:
         return KINDS[0], len(found), false
     if countdown_claim_reward(text, answer) == 1.0:
