@@ -333,8 +333,8 @@ def countdown_claim_reward(completion: str, answer) -> float:
 
 # A reward for the search's own arithmetic, separate from the answer's: every step "a op b = c" of
 # the <think> must be exact. An invented hit (7*2=24) scores 0 here even when it fools a verifier.
-_STEP_RE = re.compile(rf"({DIGIT}{{1,{COUNTDOWN_MAX_DIGITS}}})[ \t]*([-+*/])[ \t]*"
-                      rf"({DIGIT}{{1,{COUNTDOWN_MAX_DIGITS}}})[ \t]*=[ \t]*({DIGIT}{{1,{COUNTDOWN_MAX_DIGITS}}})")
+_NUMBER = rf"({DIGIT}{{1,{COUNTDOWN_MAX_DIGITS}}})"
+_STEP_RE = re.compile(rf"{_NUMBER}[ \t]*([-+*/])[ \t]*{_NUMBER}[ \t]*=[ \t]*{_NUMBER}")
 _OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b,
         "/": lambda a, b: Fraction(a, b) if b else None}
 

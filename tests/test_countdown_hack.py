@@ -70,7 +70,7 @@ def test_the_claim_verifier_reads_the_claim_and_nothing_else():
 
 
 def steps_right(think):
-    """The reference: every space-separated word "a<op>b=c" (a try's equation) and whether c is a op b
+    """The reference: each space-separated word "a<op>b=c" (a try's equation), whether c is a op b
     (a division must be whole)."""
     words = [w for w in think.replace("<think>", " ").split() if "=" in w]
     out = []

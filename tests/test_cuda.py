@@ -57,7 +57,8 @@ def test_a_part_of_the_rollouts_takes_each_field_where_it_lives():
     """The advantages stay on the CPU, the tokens go to the GPU: a bool mask on either device takes
     the rows the same mask takes on the CPU (TracIn's informative validation rows, its kept set)."""
     g = torch.Generator().manual_seed(0)
-    idx, pad, mask = torch.randint(0, 9, (6, 5), generator=g), torch.zeros(6, dtype=torch.long), torch.ones(6, 3)
+    idx, mask = torch.randint(0, 9, (6, 5), generator=g), torch.ones(6, 3)
+    pad = torch.zeros(6, dtype=torch.long)
     adv = torch.tensor([0.0, 1.0, -1.0, 0.0, 0.5, -0.5])
     want = grpo.Rollouts(idx, pad, mask, adv).part(adv != 0)
     for rows in (adv != 0, (adv != 0).cuda()):

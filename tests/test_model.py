@@ -340,7 +340,8 @@ def test_check_device_makes_an_indexed_gpu_current(device, monkeypatch):
     current = []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
-    monkeypatch.setattr(torch.cuda, "set_device", lambda d: current.append(torch._utils._get_device_index(d)))
+    index_of = torch._utils._get_device_index  # what set_device runs first: it raises on 'cuda'
+    monkeypatch.setattr(torch.cuda, "set_device", lambda d: current.append(index_of(d)))
     dtype, _ = device_module.check_device(device, "float32")
     assert dtype == "float32" and current == ([] if device == "cuda" else [int(device[-1])])
 
