@@ -108,6 +108,7 @@ def test_reward_funcs_registry():
         "countdown": rewards.countdown_reward,
         "think_format": rewards.think_format_reward,
         "countdown_claim": rewards.countdown_claim_reward,
+        "countdown_steps": rewards.countdown_steps_reward,
     }
 
 
