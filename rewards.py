@@ -333,18 +333,21 @@ def countdown_claim_reward(completion: str, answer) -> float:
 
 # A reward for the search's own arithmetic, separate from the answer's: every step "a op b = c" of
 # the <think> must be exact. An invented hit (7*2=24) scores 0 here even when it fools a verifier.
-_NUMBER = rf"({DIGIT}{{1,{COUNTDOWN_MAX_DIGITS}}})"
-_STEP_RE = re.compile(rf"{_NUMBER}[ \t]*([-+*/])[ \t]*{_NUMBER}[ \t]*=[ \t]*{_NUMBER}")
+# whole numbers only (no digit before or after): 1*100000=1000000 is one false step, not a true prefix
+_STEP_RE = re.compile(rf"(?<!{DIGIT})({DIGIT}+)[ \t]*([-+*/])[ \t]*({DIGIT}+)[ \t]*=[ \t]*({DIGIT}+)"
+                      rf"(?!{DIGIT})")
 _OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b,
         "/": lambda a, b: Fraction(a, b) if b else None}
 
 
 def think_steps(completion: str) -> list:
     """Each step "a op b = c" of the <think> (up to </think>, or the whole text without one), in
-    order: True where c is exactly a op b (a division must come out whole)."""
+    order: True where c is exactly a op b (a division must come out whole); a number longer than
+    COUNTDOWN_MAX_DIGITS makes its step False, unread (int() of a huge string is slow)."""
     close = completion.find("</think>")
     steps = _STEP_RE.findall(completion, 0, close if close >= 0 else len(completion))
-    return [_OPS[op](int(a), int(b)) == int(c) for a, op, b, c in steps]
+    return [max(map(len, (a, b, c))) <= COUNTDOWN_MAX_DIGITS and _OPS[op](int(a), int(b)) == int(c)
+            for a, op, b, c in steps]
 
 
 def countdown_steps_reward(completion: str, answer) -> float:

@@ -105,7 +105,10 @@ def test_the_steps_reward_pays_a_search_whose_every_step_is_right(check, ordered
 @pytest.mark.parametrize("text,want", [("<think>8/3=2</think>", 0.0), ("<think>9/0=0</think>", 0.0),
                                        ("<think>no.</think><answer>3</answer>", 0.0),
                                        ("<think>8/2=4 4+1=5", 1.0),  # no </think>: the whole text
-                                       ("<think>2+3=5</think><answer>7*2=9</answer>", 1.0)])
+                                       ("<think>2+3=5</think><answer>7*2=9</answer>", 1.0),
+                                       ("<think>1*100000=1000000</think>", 0.0),  # not a prefix
+                                       ("<think>2+3=5 " + "9" * 5000 + "+1=1</think>", 0.0),
+                                       ("<think>12+5=17 3*4=12x</think>", 1.0)])
 def test_the_steps_reward_on_edge_cases(text, want):
     assert countdown_steps_reward(text, None) == want
     assert REWARD_FUNCS["countdown_steps"] is countdown_steps_reward
