@@ -76,7 +76,8 @@ def test_grpo_runs_on_cuda_bf16(tiny_setup, tmp_path, extra, monkeypatch):
     monkeypatch.setitem(TASKS, "arith", dict(TASKS["arith"]))
     task_pays_chars(TASKS)
     out = tmp_path / "run"
-    run(tiny_setup, out, "--device=cuda", "--max_iters=3", *extra)
+    # bf16 named: conftest makes float32 every test's default dtype
+    run(tiny_setup, out, "--device=cuda", "--dtype=bfloat16", "--max_iters=3", *extra)
     steps = [json.loads(l) for l in open(out / "log.jsonl")][1:]
     assert not any(s["skipped"] for s in steps) and steps[-1]["mem_max_alloc_mb"] > 0
     lora = load_checkpoint(str(out / "ckpt.pt"))["lora"]
