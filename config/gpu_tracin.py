@@ -2,7 +2,7 @@
 # if out/gpu_base is missing) on 3-step problems; 16 prompts x 8 samples per step, validation
 # gradient from 32 clean reference solutions per step.
 # python train_grpo.py config/gpu_tracin.py
-# Not yet run on a GPU: only its pipeline has been smoke-run on CPU (docs/experiments.md).
+# On one H100: 200 steps in 93 s, greedy test accuracy 10.8 -> 100.0 % (docs/experiments.md).
 out_dir = "out/gpu_tracin"
 base_ckpt = "out/gpu_base/ckpt.pt"
 base_config = "config/gpu_base.py"
