@@ -59,6 +59,7 @@ countdown_variants = 1      # searched solutions per training problem (each with
 countdown_pairs = 0         # two-number problems added to the training rows: the search's arithmetic
 countdown_check = False     # every try sets its result beside the target: "70-5=65 vs 43 no."
 countdown_ordered = False   # the tries walked in one fixed order, some skipped, to the first hit
+countdown_closest = False   # each try's last step the one that comes closest to the target
 # model
 n_layer = 4
 n_head = 4

@@ -249,9 +249,51 @@ def test_an_ordered_search_walks_the_tries_forward_to_the_first_hit(tmp_path, mo
     assert names.searched_rebuild_command(made).endswith("--check=True --ordered=True")
 
 
+def last_steps(v, c):
+    """Every value one step makes of v and c, written out: the reference for countdown_closest."""
+    big, small = max(v, c), min(v, c)
+    return [v + c, v * c] + ([big - small] if big > small else []) + \
+        ([big // small] if big % small == 0 else [])
+
+
+def test_a_closest_search_ends_each_try_in_its_nearest_last_step(tmp_path, monkeypatch):
+    """countdown_closest: a try per first step, walked forward; its last step the one nearest the
+    target of every step left (recomputed here), the last try the first first step that can hit."""
+    from data.countdown.solutions import all_tries
+    rng = random.Random(11)
+    for numbers, target, _, _ in draw_distinct(rng, 80, 3, 3, 10, 100):
+        firsts = list(dict.fromkeys(steps[0] for _, _, steps in all_tries(numbers)))
+        def rest(step):  # the number the first step leaves, and the value it makes
+            a, b = map(int, re.split(r"[-+*/]", step.split("=")[0]))
+            left = list(numbers)
+            left.remove(a), left.remove(b)
+            return left[0], int(step.split("=")[1])
+        hits = [f for f in firsts if target in last_steps(*reversed(rest(f)))]
+        for seed in range(3):
+            text, n = searched_solution(numbers, target, 3, seed, check=True, ordered=True,
+                                        closest=True)
+            tries = text.split("</think>")[0].removeprefix("<think>").split(" no. ")
+            at = [firsts.index(t.split(" ")[0]) for t in tries]
+            assert at == sorted(set(at)) and firsts[at[-1]] == hits[0] and len(at) == n + 1 <= 4
+            for t in tries:
+                first, last = t.split(" vs ")[0].split(" ")
+                c, v = rest(first)
+                near = min(abs(x - target) for x in last_steps(v, c))
+                assert abs(int(last.split("=")[1]) - target) == near
+            assert countdown_reward(text, [numbers, target]) == 1.0
+    for module in (searched, names):
+        monkeypatch.setattr(module, "ROOT", str(tmp_path))
+    made = searched.prepare(3, 9, 60, 2, n_train=30, n_val=5, n_test=5, num_merges=20,
+                            check=True, ordered=True, closest=True, verbose=False)
+    assert made.endswith("_c1_o1_n1")
+    assert json.load(open(os.path.join(made, "meta.json")))["closest"] is True
+    assert names.searched_rebuild_command(made).endswith("--ordered=True --closest=True")
+
+
 @pytest.mark.parametrize("args,match", [
     (["--task=countdown", "--countdown_ordered=2"], "'countdown_ordered' expects bool, got 2"),
     (["--task=countdown", "--countdown_check=1"], "'countdown_check' expects bool, got 1"),
+    (["--task=countdown", "--countdown_closest=1"], "'countdown_closest' expects bool, got 1"),
     (["--task=arith", "--countdown_check=True"], "'countdown_check' = True does nothing with"),
     (["--task=countdown", "--countdown_pairs=-1"], "'countdown_pairs' = -1 is not allowed: must"),
     (["--task=arith", "--countdown_pairs=5"], "'countdown_pairs' = 5 does nothing with task="),
