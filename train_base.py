@@ -60,6 +60,7 @@ countdown_pairs = 0         # two-number problems added to the training rows: th
 countdown_check = False     # every try sets its result beside the target: "70-5=65 vs 43 no."
 countdown_ordered = False   # the tries walked in one fixed order, some skipped, to the first hit
 countdown_closest = False   # each try's last step the one that comes closest to the target
+countdown_give_up = 0.0     # share of training solutions that stop at their last miss (RL's room)
 # model
 n_layer = 4
 n_head = 4

@@ -20,7 +20,7 @@ MODEL_KNOBS = ("n_layer", "n_head", "n_embd", "block_size", "bias")
 DATA_KNOBS = ("task", "n_train", "task_steps", "task_min_steps", "task_max_operand", "task_ops",
               "task_noise", "countdown_numbers", "countdown_max_number", "countdown_max_target",
               "countdown_max_misses", "countdown_variants", "countdown_pairs",
-              "countdown_check", "countdown_ordered", "countdown_closest")
+              "countdown_check", "countdown_ordered", "countdown_closest", "countdown_give_up")
 
 
 def check_resume(cfg, ckpt, path):

@@ -290,10 +290,47 @@ def test_a_closest_search_ends_each_try_in_its_nearest_last_step(tmp_path, monke
     assert names.searched_rebuild_command(made).endswith("--ordered=True --closest=True")
 
 
+def test_a_search_that_gives_up_answers_its_last_miss(tmp_path, monkeypatch):
+    """countdown_give_up: the same search without its hit, ending " no.", its answer the last miss
+    (a wrong answer, by its value computed here); a solution without a miss is left as it is; only
+    that share of the TRAINING rows, never val or test."""
+    rng = random.Random(13)
+    for numbers, target, _, _ in draw_distinct(rng, 60, 3, 3, 10, 100):
+        for seed in range(3):
+            kw = dict(check=True, ordered=True, closest=seed > 0)
+            full, n = searched_solution(numbers, target, 3, seed, **kw)
+            text, m = searched_solution(numbers, target, 3, seed, **kw, give_up=True)
+            if n == 0:
+                assert (text, m) == (full, 0)
+                continue
+            think, answer = full.split("</think>")[0], text.split("<answer>")[1]
+            assert text.split("</think>")[0] == think.rsplit(" no. ", 1)[0] + " no." and m == n
+            last = think.rsplit(" no. ", 2)[-2].split(" vs ")[0].rsplit("=", 1)[1]
+            assert eval(answer.removesuffix("</answer>")) == int(last) != target
+            assert countdown_reward(text, [numbers, target]) == 0.0
+    for module in (searched, names):
+        monkeypatch.setattr(module, "ROOT", str(tmp_path))
+    kw = dict(n_train=200, n_val=20, n_test=20, num_merges=20, check=True, ordered=True,
+              verbose=False)
+    plain = searched.prepare(3, 9, 60, 3, **kw)
+    slipped = searched.prepare(3, 9, 60, 3, **kw, give_up=0.5)
+    assert slipped == plain + "_g0.5"
+    assert names.searched_rebuild_command(slipped).endswith("--ordered=True --give_up=0.5")
+    for split in ("val", "test"):
+        assert load_split(slipped, split) == load_split(plain, split)
+    pairs = list(zip(load_split(plain, "train"), load_split(slipped, "train")))
+    gave_up = [b for a, b in pairs if a != b]
+    missed = [a for a, _ in pairs if " no. " in a["solution"]]
+    assert all(b["solution"].endswith(" no.</think>\n<answer>" + b["solution"].split("<answer>")[1])
+               for b in gave_up)
+    assert 0.35 < len(gave_up) / len(missed) < 0.65  # about half of the rows that can give up
+
+
 @pytest.mark.parametrize("args,match", [
     (["--task=countdown", "--countdown_ordered=2"], "'countdown_ordered' expects bool, got 2"),
     (["--task=countdown", "--countdown_check=1"], "'countdown_check' expects bool, got 1"),
     (["--task=countdown", "--countdown_closest=1"], "'countdown_closest' expects bool, got 1"),
+    (["--task=countdown", "--countdown_give_up=1.5"], "'countdown_give_up' = 1.5 is not allowed"),
     (["--task=arith", "--countdown_check=True"], "'countdown_check' = True does nothing with"),
     (["--task=countdown", "--countdown_pairs=-1"], "'countdown_pairs' = -1 is not allowed: must"),
     (["--task=arith", "--countdown_pairs=5"], "'countdown_pairs' = 5 does nothing with task="),

@@ -13,10 +13,10 @@ DEFAULTS = dict(n_train=20000, n_val=500, n_test=500, min_numbers=3, max_numbers
                 seed=1337, out=None)  # out None: data_dir_for(knobs)
 SEARCHED_DEFAULTS = dict(n_numbers=3, max_number=12, max_target=100, max_misses=3, n_train=20000,
                          n_val=500, n_test=500, num_merges=300, seed=1337, variants=1,
-                         pairs=0, check=False, ordered=False, closest=False)
+                         pairs=0, check=False, ordered=False, closest=False, give_up=0.0)
 NAME_KNOBS = (("n_train", "t"), ("n_val", "v"), ("n_test", "e"), ("num_merges", "b"), ("seed", "r"),
               ("variants", "k"), ("pairs", "p"), ("check", "c"), ("ordered", "o"),
-              ("closest", "n"))
+              ("closest", "n"), ("give_up", "g"))
 
 
 def data_dir_for(n_train=20000, n_val=500, n_test=500, min_numbers=3, max_numbers=4, max_number=99,
@@ -31,7 +31,7 @@ def data_dir_for(n_train=20000, n_val=500, n_test=500, min_numbers=3, max_number
 
 def searched_dir_for(n_numbers=3, max_number=12, max_target=100, max_misses=3, root=None, **extra):
     """searched.py's directory (under root, default ROOT); the split sizes, merges, seed,
-    variants, pairs, check, ordered and closest are in the name when not the default (True as 1)."""
+    variants, pairs, check, ordered, closest and give_up are in the name when not the default (True as 1)."""
     name = f"search_n{n_numbers}_m{max_number}_x{max_target}_s{max_misses}"
     name += "".join(f"_{letter}{int(extra[k]) if isinstance(extra[k], bool) else extra[k]}"
                     for k, letter in NAME_KNOBS
@@ -70,7 +70,7 @@ def rebuild_command(data_dir, meta=None):
 
 def searched_rebuild_command(data_dir):
     """searched.py's command that builds data_dir again, from the knobs its name records."""
-    m = re.fullmatch(r"search_n(\d+)_m(\d+)_x(\d+)_s(\d+)((?:_[tvebrkpcon]\d+)*)",
+    m = re.fullmatch(r"search_n(\d+)_m(\d+)_x(\d+)_s(\d+)((?:_[tvebrkpcon]\d+|_g[\d.]+)*)",
                      os.path.basename(os.path.normpath(data_dir)))
     if not m:
         return "python data/countdown/searched.py with the knobs of the base that was trained on it"
@@ -79,7 +79,8 @@ def searched_rebuild_command(data_dir):
     letters = {letter: k for k, letter in NAME_KNOBS}
     for x in m[5].split("_")[1:]:  # a bool knob (its default False) is written as 1: "_c1"
         k = letters[x[0]]
-        knobs[k] = bool(int(x[1:])) if isinstance(SEARCHED_DEFAULTS[k], bool) else int(x[1:])
+        kind = type(SEARCHED_DEFAULTS[k])  # give_up a float: "_g0.5"
+        knobs[k] = bool(int(x[1:])) if kind is bool else kind(x[1:])
     made = searched_dir_for(**knobs)
     where = "" if os.path.abspath(data_dir) == made else \
         f" (it writes {made}: move it to {data_dir})"

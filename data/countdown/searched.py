@@ -39,7 +39,8 @@ QUESTION = TEMPLATE.split(" You can")[0]
 BASE_KEYS = {"n_numbers": "countdown_numbers", "max_number": "countdown_max_number",
              "max_target": "countdown_max_target", "max_misses": "countdown_max_misses",
              "variants": "countdown_variants", "pairs": "countdown_pairs", "check": "countdown_check",
-             "ordered": "countdown_ordered", "closest": "countdown_closest", "n_train": "n_train"}
+             "ordered": "countdown_ordered", "closest": "countdown_closest",
+             "give_up": "countdown_give_up", "n_train": "n_train"}
 
 
 def data_dir_for(n_numbers=3, max_number=12, max_target=100, max_misses=3, **extra):
@@ -48,7 +49,8 @@ def data_dir_for(n_numbers=3, max_number=12, max_target=100, max_misses=3, **ext
 
 
 def check_knobs(n_numbers, max_number, max_target, max_misses, n_train, n_val, n_test, num_merges,
-                variants=1, keys=None, pairs=0, check=False, ordered=False, closest=False):
+                variants=1, keys=None, pairs=0, check=False, ordered=False, closest=False,
+                give_up=0.0):
     """Before any work: a one-line UserError naming the first knob out of range (as the user typed
     it: keys maps a knob to its config key), its value and what is allowed; every size at most what
     the knobs can produce (distinct problems, distinct searched solutions), MAX_ROWS rows in all."""
@@ -67,7 +69,8 @@ def check_knobs(n_numbers, max_number, max_target, max_misses, n_train, n_val, n
              ("pairs", pairs, 0 <= pairs <= MAX_ROWS // 2, f"in [0, {MAX_ROWS // 2}]"),
              ("check", check, isinstance(check, bool), "True or False"),
              ("ordered", ordered, isinstance(ordered, bool), "True or False"),
-             ("closest", closest, isinstance(closest, bool), "True or False")]
+             ("closest", closest, isinstance(closest, bool), "True or False"),
+             ("give_up", give_up, 0 <= give_up <= 1, "in [0, 1]")]
     for name, value, ok, allowed in rules:
         if not ok:
             raise knob_error(name, value, allowed, keys)
@@ -105,20 +108,21 @@ def pair_problems(rng, n, max_number, n_numbers):
 
 def prepare(n_numbers=3, max_number=12, max_target=100, max_misses=3, n_train=20000, n_val=500, n_test=500,
             num_merges=300, seed=1337, variants=1, verbose=True, keys=None, pairs=0, check=False,
-            ordered=False, closest=False):
+            ordered=False, closest=False, give_up=0.0):
     """Build the data and tokenizer for these knobs if missing or damaged; return the directory.
     variants: each training problem is written this many times, each with its own searched solution
     (other misses, possibly another hit): a base learns to search and compute rather than recall one
     trace. pairs: that many two-number training problems added (pair_problems): the arithmetic of
     every step a search can take, in the search's own format. check: every try sets its result
     beside the target; ordered: the tries walked in order; closest: each try's last step the one
-    nearest the target (all three: solutions.searched_solution).
+    nearest the target (all three: solutions.searched_solution). give_up: that share of the
+    TRAINING solutions stop at their last miss and answer it (as arith's noise: RL's room).
     keys: {knob: config key} for errors (train_base.py passes BASE_KEYS)."""
     check_knobs(n_numbers, max_number, max_target, max_misses, n_train, n_val, n_test, num_merges,
-                variants, keys, pairs, check, ordered, closest)
+                variants, keys, pairs, check, ordered, closest, give_up)
     out = data_dir_for(n_numbers, max_number, max_target, max_misses, n_train=n_train, n_val=n_val,
                        n_test=n_test, num_merges=num_merges, seed=seed, variants=variants, pairs=pairs,
-                       check=check, ordered=ordered, closest=closest)
+                       check=check, ordered=ordered, closest=closest, give_up=give_up)
     check_out(out, "countdown", "data directory", "remove it or change a knob")  # never someone else's directory
     meta_path = os.path.join(out, "meta.json")
     if os.path.exists(meta_path):
@@ -138,13 +142,15 @@ def prepare(n_numbers=3, max_number=12, max_target=100, max_misses=3, n_train=20
                          f"{key('n_numbers')}={n_numbers}, {key('max_number')}={max_number}, "
                          f"{key('max_target')}={max_target}, not {n_total} with n_val and n_test; "
                          f"or raise {key('max_number')} or {key('max_target')}", keys)
-    def rows(part, seeds):
+    slips = random.Random(seed + 1)  # which training solutions give up (drawn in row order)
+
+    def rows(part, seeds, share=0.0):
         return [{"question": QUESTION.format(numbers=numbers, target=target),
                  "solution": searched_solution(numbers, target, max_misses, s, check, ordered,
-                                               closest)[0],
+                                               closest, share > 0 and slips.random() < share)[0],
                  "answer": [numbers, target]} for numbers, target in part for s in seeds]
     splits = {"test": rows(problems[:n_test], [seed]), "val": rows(problems[n_test:n_test + n_val], [seed]),
-              "train": rows(problems[n_test + n_val:], range(seed, seed + variants))}
+              "train": rows(problems[n_test + n_val:], range(seed, seed + variants), give_up)}
     merges = train_bpe([prompt_text(r["question"]) + r["solution"] for r in splits["train"][:5000]], num_merges)
     # after the tokenizer, which is learned from the problems' rows alone: the same with pairs
     splits["train"] += rows(pair_problems(random.Random(seed), pairs, max_number, n_numbers), [seed])
@@ -153,6 +159,7 @@ def prepare(n_numbers=3, max_number=12, max_target=100, max_misses=3, n_train=20
             "max_misses": max_misses, "num_merges": num_merges, "seed": seed, "variants": variants,
             **({"pairs": pairs} if pairs else {}), **({"check": True} if check else {}),
             **({"ordered": True} if ordered else {}), **({"closest": True} if closest else {}),
+            **({"give_up": give_up} if give_up else {}),
             "vocab_size": enc.n_vocab,
             "eot_token": enc.eot_token, "sizes": {k: len(v) for k, v in splits.items()}}
     write_task_dir(out, "countdown", splits, meta, {"tokenizer.json": tokenizer_json("countdown", merges)})

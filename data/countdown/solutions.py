@@ -78,7 +78,7 @@ def problem_rng(numbers, target, seed):
 
 
 def searched_solution(numbers, target, max_misses=3, seed=0, check=False, ordered=False,
-                      closest=False):
+                      closest=False, give_up=False):
     """(solution text, number of misses shown): 0..max_misses distinct tries that miss the target, then
     one that makes it. None if no try makes the target (never for data/countdown/prepare.py's problems).
     check: every try sets its result beside the target ("70-5=65 vs 43 no.", "50-7=43 vs 43</think>"),
@@ -88,7 +88,9 @@ def searched_solution(numbers, target, max_misses=3, seed=0, check=False, ordere
     search that walks the tries forward, skipping some): the next try always lies further on.
     closest: one try per way of taking all steps but the last, ending in the last step that comes
     closest to the target (the first such): a search that chooses its last step by the target
-    instead of trying each (for 3 numbers, 12 tries at most instead of 48)."""
+    instead of trying each (for 3 numbers, 12 tries at most instead of 48).
+    give_up: a search that stops at its last miss and answers it (a wrong answer), when it shows
+    a miss at all; the slip a base is taught on purpose, so that RL has something to remove."""
     tries = all_tries(numbers)
     if closest:  # per prefix of steps, the try nearest the target; a dict keeps all_tries' order
         best = {}
@@ -108,6 +110,10 @@ def searched_solution(numbers, target, max_misses=3, seed=0, check=False, ordere
     else:
         misses = [t for t in tries if t[0] != target]
         shown = rng.sample(misses, min(len(misses), rng.randint(0, max_misses))) + [rng.choice(hits)]
+    if give_up and len(shown) > 1:  # the hit left out: the last miss ends the search
+        shown = shown[:-1]
     beside = f" vs {target}" if check else ""
     think = " no. ".join(" ".join(steps) + beside for _, _, steps in shown)
-    return f"<think>{think}</think>\n<answer>{shown[-1][1]}</answer>", len(shown) - 1
+    think += " no." if shown[-1][0] != target else ""  # a search that gave up
+    return f"<think>{think}</think>\n<answer>{shown[-1][1]}</answer>", \
+        len(shown) - (shown[-1][0] == target)
