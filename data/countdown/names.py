@@ -31,7 +31,8 @@ def data_dir_for(n_train=20000, n_val=500, n_test=500, min_numbers=3, max_number
 
 def searched_dir_for(n_numbers=3, max_number=12, max_target=100, max_misses=3, root=None, **extra):
     """searched.py's directory (under root, default ROOT); the split sizes, merges, seed,
-    variants, pairs, check, ordered, closest and give_up are in the name when not the default (True as 1)."""
+    variants, pairs, check, ordered, closest and give_up are in the name when not the default
+    (True as 1)."""
     name = f"search_n{n_numbers}_m{max_number}_x{max_target}_s{max_misses}"
     name += "".join(f"_{letter}{int(extra[k]) if isinstance(extra[k], bool) else extra[k]}"
                     for k, letter in NAME_KNOBS
