@@ -14,7 +14,7 @@ the same column P and the cache advances one column per step for all rows):
              pad_left = (2, 0)      completion_mask = (1 1 1 1 0), (1 1 1 1 1)
 """
 # configurator first: a Ctrl-C during the slow imports below (torch) is one line, not a traceback
-from configurator import UserError, check, check_positive, configure, cli_main
+from configurator import UserError, check, check_finite, check_positive, configure, cli_main
 import torch
 
 from data.datadir import load_split
@@ -190,6 +190,7 @@ defaults = dict(
 def main(argv):
     cfg = configure(defaults, argv)
     check(cfg, "ckpt", cfg["ckpt"] != "", "give a checkpoint, e.g. --ckpt=out/grpo/ckpt.pt")
+    check_finite(cfg)  # no NaN / Inf temperature, a seed torch.manual_seed takes
     check_positive(cfg, "num_questions", "num_samples", "max_new_tokens")
     check(cfg, "temperature", cfg["temperature"] == 0 or cfg["temperature"] >= MIN_TEMPERATURE,
           f"must be 0 (greedy) or >= {MIN_TEMPERATURE}: logits / temperature overflows below it")

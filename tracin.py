@@ -17,6 +17,8 @@ summed over the checkpoints (TracInCP).
 """
 # configurator first: a Ctrl-C during the slow imports below (torch) is one line, not a traceback
 from configurator import UserError, cli_main
+import math
+
 import torch
 
 from ghost import (compute_ghost_inner_product_matrix, ghost_mode, install_ghost_hooks,
@@ -165,14 +167,38 @@ def trapezoid_steps(iters):
     return [(s[i + 2] - s[i]) / 2 for i in range(len(iters))] if len(iters) > 1 else [1.0]
 
 
+def is_row(s, vocab_size):
+    """Whether rollout_batch can lay s out: a dict of 'prompt' (text), 'completion_tokens' (1+ ids
+    below vocab_size), 'completion_mask' (as long) and a finite 'advantage'."""
+    get = s.get if isinstance(s, dict) else lambda key: None
+    toks, mask, adv = get("completion_tokens"), get("completion_mask"), get("advantage")
+    return (isinstance(get("prompt"), str) and isinstance(toks, list) and len(toks) > 0
+            and all(type(t) is int and 0 <= t < vocab_size for t in toks)
+            and isinstance(mask, list) and len(mask) == len(toks)
+            and type(adv) in (int, float) and math.isfinite(adv))
+
+
 def check_attribution_inputs(model, checkpoints, train_samples, test_samples, mode, learning_rates,
-                             checkpoint_steps, layer_filter):
+                             checkpoint_steps, layer_filter, counts, temperature):
     """find_critical_samples' arguments, checked before any work."""
     if mode not in ("simple", "full", "memory_efficient"):
         raise UserError(f"mode must be 'simple', 'full' or 'memory_efficient', got {mode!r}")
+    if isinstance(checkpoints, (str, dict)):  # one path's letters, one state dict's keys
+        raise UserError(f"checkpoints: give a list (of paths or state dicts), not one {checkpoints!r:.60}")
     if not (checkpoints and train_samples and test_samples):
         raise UserError(f"{'no checkpoints' if not checkpoints else 'nothing'} to attribute over: "
                         "give at least one checkpoint, one training rollout and one test sample")
+    for name, rows in (("train_samples", train_samples), ("test_samples", test_samples)):
+        i = next((i for i, s in enumerate(rows) if not is_row(s, model.config.vocab_size)), None)
+        if i is not None:
+            raise UserError(f"{name}[{i}] is not a rollout: give a dict of 'prompt' (text), "
+                            f"'completion_tokens' (1+ ids below {model.config.vocab_size}), "
+                            "'completion_mask' (as long) and a finite 'advantage'")
+    for name, (n, least) in counts.items():  # n_probe (None: all), micro_batch, top_k
+        if n is not None and (type(n) is not int or n < least):
+            raise UserError(f"{name} must be an integer >= {least}, got {n!r}")
+    if not temperature >= 0:  # NaN too
+        raise UserError(f"temperature must be >= 0 (the run's; 0: greedy), got {temperature!r}")
     for name, per in (("learning rates", learning_rates), ("checkpoint_steps", checkpoint_steps)):
         if per is not None and len(per) != len(checkpoints):
             raise UserError(f"{len(checkpoints)} checkpoints but {len(per)} {name}")
@@ -214,8 +240,9 @@ def find_critical_samples(model, checkpoints, train_samples, test_samples, enc,
     Captum; trapezoid_steps(iters)). temperature: the run's. n_probe: that many rollouts, evenly
     spaced. normalize: also cosine_score, w_t <g_i, G_t> / (||g_i|| ||G_t||), G_t = sum_j g_test_j;
     self_influence: also w_t ||g_i||^2. Train/eval flag, LoRA weights, .grad: restored on return."""
+    counts = {"n_probe": (n_probe, 0), "micro_batch": (micro_batch, 1), "top_k": (top_k, 0)}
     check_attribution_inputs(model, checkpoints, train_samples, test_samples, mode, learning_rates,
-                             checkpoint_steps, layer_filter)
+                             checkpoint_steps, layer_filter, counts, temperature)
     if mode == "simple":
         checkpoints, learning_rates, checkpoint_steps = checkpoints[-1:], [1.0], None
     if n_probe and n_probe < len(train_samples):
@@ -236,17 +263,25 @@ def find_critical_samples(model, checkpoints, train_samples, test_samples, enc,
     model.eval()  # dropout off: deterministic scores; no gradient checkpointing (hooks need that)
     try:
         for t, ckpt in enumerate(checkpoints):
+            name = ckpt if isinstance(ckpt, str) else f"{t} (of {len(checkpoints)})"
             state = load_checkpoint(ckpt) if isinstance(ckpt, str) else ckpt
-            load_lora_state_dict(model, state["lora"] if "lora" in state else state)
-            w = learning_rates[t] if learning_rates is not None else float(state.get("lr", 1.0))
-            w *= checkpoint_steps[t] if checkpoint_steps is not None else 1.0  # w_t = eta_t k_t
+            try:
+                load_lora_state_dict(model, state["lora"] if "lora" in state else state)
+            except UserError as e:  # named: one checkpoint of many (a base's, another run's)
+                raise UserError(f"checkpoint {name}: {e}") from None
+            eta = learning_rates[t] if learning_rates is not None else state.get("lr", 1.0)
+            k = checkpoint_steps[t] if checkpoint_steps is not None else 1.0
             del state  # its adapter and optimizer state: one checkpoint in memory at a time
+            if not all(isinstance(x, (int, float)) and math.isfinite(x) for x in (eta, k)):
+                raise UserError(f"checkpoint {name}: learning rate {eta!r}, steps {k!r}: give "
+                                "finite numbers (learning_rates, checkpoint_steps)")
+            w = float(eta * k)  # w_t = eta_t k_t
             inner, tr_sq, te_sq = hook_products(model, train_chunks, test_chunks, temperature,
                                                 layer_filter)
             if not torch.isfinite(inner).all():
-                raise UserError(f"NaN/Inf gradient inner products at checkpoint {t}: its adapter "
+                raise UserError(f"NaN/Inf gradient inner products at checkpoint {name}: its adapter "
                                 "or the rollouts give non-finite gradients; leave it out")
-            weights.append(float(w))
+            weights.append(w)
             contrib.append(w * inner)  # w_t <g_i, G_t>, G_t = sum_j g_test_j: (n,)
             cosine += [contrib[-1] / (tr_sq * te_sq).sqrt().clamp(min=1e-12)] if normalize else []
             selfinf += [w * tr_sq] if self_influence else []  # w_t ||g_i||^2

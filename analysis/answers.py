@@ -41,7 +41,7 @@ def kind(text, answer):
 
 def main(argv):
     paths, opts = split_args(argv, {"n": "200"}, "analysis.answers takes CKPT and --n=N")
-    if len(paths) != 1 or not opts["n"].isdigit() or int(opts["n"]) < 1:
+    if len(paths) != 1 or not opts["n"].isdecimal() or int(opts["n"]) < 1:
         raise UserError("usage: python -m analysis.answers CKPT [--n=200] (a Countdown base's "
                         "ckpt.pt or a GRPO run's; N >= 1 test problems)")
     ckpt = load_checkpoint(paths[0])

@@ -19,6 +19,7 @@ import json
 import os
 import re
 import shlex
+import sys
 
 from analysis.outputs import check_new_file, has_mark
 from analysis.audit import LOSSES, audit, greedy_answers, summary_lines
@@ -26,6 +27,7 @@ from analysis.plot import has_matplotlib, plot_influence
 from analysis.report import write_report
 from data.tasks import load_task_split
 from model import load_checkpoint
+from runs.metrics import record_problem
 from runs.rundir import read_jsonl, run_files, run_lock, unused_out_dir, write_json
 from sample import encode_prompt, encode_text, stop_tokens
 from runs.loading import load_policy
@@ -58,16 +60,17 @@ defaults = dict(
 )
 
 
-def load_rollouts(path, enc):
+def load_rollouts(path, enc, vocab_size=None):
     """Every recorded rollout with nonzero advantage (zero advantage = zero gradient = zero influence).
-    A malformed line (e.g. cut off by a crash) is skipped with a warning naming it."""
+    A malformed line (e.g. cut off by a crash) or record (record_problem; vocab_size: the model's,
+    default the tokenizer's) is skipped with a warning naming it."""
     if not os.path.exists(path):
         raise UserError(f"no recorded rollouts at {path}: was this run made by train_grpo.py?")
     samples, stops = [], stop_tokens(enc)
-    keys = ("iter", "prompts", "answers", "completion_tokens", "completion_mask", "rewards", "advantages")
     for n, r in enumerate(read_jsonl(path), 1):
-        if any(k not in r for k in keys) or not r["prompts"]:
-            print(f"warning: {path}: record {n} lacks {[k for k in keys if k not in r] or 'prompts'}; skipped")
+        problem = record_problem(r, min(vocab_size or enc.n_vocab, enc.n_vocab))
+        if problem:
+            print(f"warning: {path}: record {n} {problem}; skipped", file=sys.stderr)
             continue
         G = len(r["rewards"]) // len(r["prompts"])
         for j, (toks, m) in enumerate(zip(r["completion_tokens"], r["completion_mask"])):
@@ -171,6 +174,9 @@ def check_fits(cfg, model, enc, questions):
     named by where it came from."""
     completion = len(encode_text(enc, cfg["completion"])) if cfg["completion"] else 1
     room = model.config.block_size - 1 - completion
+    if room < 1:  # no question could fit: the answer is what is too long
+        raise UserError(f"--completion is {completion} tokens: with end-of-text and a question of at least "
+                        f"one token it must fit the model's context of {model.config.block_size}; shorten it")
     for where, question in questions:
         n = len(encode_prompt(enc, question))
         if n > room:
@@ -253,7 +259,7 @@ def main(argv):
     check_choice(cfg, "mode", ("simple", "full", "memory_efficient"))
     check(cfg, "audit", cfg["audit"] >= 0, "must be >= 0 (N > 0: audit the first N wrong test answers; 0: off)")
     check_choice(cfg, "audit_loss", LOSSES)
-    check(cfg, "n_probe", cfg["n_probe"] is None or (isinstance(cfg["n_probe"], int) and cfg["n_probe"] >= 0),
+    check(cfg, "n_probe", cfg["n_probe"] is None or (type(cfg["n_probe"]) is int and cfg["n_probe"] >= 0),
           "must be an integer >= 0 (0: every rollout)")
     cfg["n_probe"] = (0 if cfg["audit"] else 512) if cfg["n_probe"] is None else cfg["n_probe"]
     check(cfg, "top_k", cfg["top_k"] >= 1, "must be >= 1")
@@ -276,7 +282,7 @@ def main(argv):
         run_cfg = load_checkpoint(ckpts[-1]).get("config", {})
         temperature = run_cfg.get("temperature", 1.0)
         temperature = temperature if temperature > 0 else 1.0  # greedy sampling: plain log-probs
-        train = load_rollouts(os.path.join(run, "rollouts.jsonl"), enc)
+        train = load_rollouts(os.path.join(run, "rollouts.jsonl"), enc, model.config.vocab_size)
         if cfg["audit"]:
             audited = run_audit(cfg, model, enc, data_dir, run_cfg, ckpts, iters, train, temperature, json_path)
         for _, question in questions:

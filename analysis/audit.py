@@ -24,7 +24,7 @@ Measured on experiment C's runs in docs/experiments.md (the advantage alone rank
 import numpy as np
 
 from tracin import find_critical_samples, nll_row, trapezoid_steps
-from configurator import UserError
+from configurator import UserError, cli_main
 from rewards import REWARD_FUNCS
 from sample import encode_prompt, encode_text, generate, stop_tokens
 from data.tasks import TASKS
@@ -190,3 +190,12 @@ def summary_lines(a):
                      f"{m['top_1pct']:.1%} | top 5 % {m['top_5pct']:.1%} | top 10 % {m['top_10pct']:.1%} "
                      f"defective-rewarded, base rate {m['base_rate']:.1%} ({m['n_targets']} of {m['n']})")
     return lines
+
+
+def main(argv):
+    raise UserError("the audit is an option of the attribution: python -m analysis.attribute "
+                    "--out_dir=RUN --audit=N")
+
+
+if __name__ == "__main__":  # not a command of its own
+    cli_main(main)

@@ -19,7 +19,8 @@ import textwrap
 import torch
 
 from analysis.outputs import check_new_file, figure_format, has_mark, save_figure
-from analysis.plot import SMOOTH, has_matplotlib, kind, load_log, moving_average, split_args
+from analysis.plot import (SMOOTH, has_matplotlib, kind, load_log, moving_average, run_labels,
+                           split_args)
 from data.tasks import TASKS, load_task_split
 from lora import disable_lora
 from model import load_checkpoint
@@ -55,7 +56,7 @@ def greedy_answers(run_dirs, n_problems, base_ckpt=""):
     problems of the runs' task, answered greedily by the base (every adapter off) and by each run's
     last adapter. base_ckpt: the runs' base where it is now, if it moved."""
     columns, problems, base_of, tasks = {}, None, None, []
-    for d in run_dirs:
+    for d, label in zip(run_dirs, run_labels(run_dirs)):
         ckpt = load_checkpoint(final_ckpt(d))
         if base_of is not None and ckpt.get("base_identity", {}).get("tensors") != base_of:
             raise UserError(f"{d} was trained on another base than {run_dirs[0]}: the figure shows one base")
@@ -81,14 +82,14 @@ def greedy_answers(run_dirs, n_problems, base_ckpt=""):
         if not columns:
             with disable_lora(model):  # the base as every run started from it (B = 0 at step 0)
                 columns["base (step 0)"] = answer()
-        columns[f"{os.path.basename(os.path.normpath(d))} (step {ckpt['iter_num']})"] = answer()
+        columns[f"{label} (step {ckpt['iter_num']})"] = answer()
     return problems, columns, REWARD_FUNCS[TASKS[task]["correct"]], task
 
 
 def make_figure(run_dirs, n_problems, base_ckpt=""):
     from matplotlib import colormaps
     from matplotlib.figure import Figure
-    logs = [(os.path.basename(os.path.normpath(d)), load_log(d)) for d in run_dirs]
+    logs = [(label, load_log(d)) for d, label in zip(run_dirs, run_labels(run_dirs))]
     problems, columns, correct, task = greedy_answers(run_dirs, n_problems, base_ckpt)
     fig = Figure(figsize=(16, 4.5 + 1.3 * len(problems)), dpi=100, layout="constrained")
     top, bottom = fig.subfigures(2, 1, height_ratios=[4, 1.3 * len(problems)])
@@ -141,7 +142,7 @@ def main(argv):
     if not run_dirs:
         raise UserError("no run directory given; usage: python -m analysis.countdown_demo RUN_DIR [RUN_DIR ...] "
                         "[--out=countdown.png] [--problems=3] [--base_ckpt=PATH]")
-    if not opts["problems"].isdigit() or not 1 <= int(opts["problems"]) <= 8:
+    if not opts["problems"].isdecimal() or not 1 <= int(opts["problems"]) <= 8:
         raise UserError(f"--problems={opts['problems']}: give a whole number from 1 to 8")
     figure_format(opts["out"], "out")  # checked before any model runs
     check_new_file(opts["out"], "--out", written_here, "analysis.countdown_demo")

@@ -16,6 +16,7 @@ per run, one colour per method. --out is never a file this script did not write.
 # configurator first: a Ctrl-C during the slow imports below (torch) is one line, not a traceback
 from configurator import UserError, cli_main
 import os
+import sys
 
 import torch
 
@@ -25,6 +26,7 @@ from data.datadir import load_tokenizer
 from data.tasks import resolve_data_dir
 from model import load_checkpoint
 from rewards import countdown_claim_reward, countdown_reward
+from runs.metrics import record_problem
 from runs.rundir import read_jsonl
 from sample import decode_completions
 
@@ -70,7 +72,13 @@ def load_run(run_dir):
 def kept_counts(run_dir, enc):
     """{'hack'/'right'/'other': [rollouts, kept, sum of influence]} over rollouts.jsonl."""
     counts = {k: [0, 0, 0.0] for k in ("hack", "right", "other")}
-    for line in read_jsonl(os.path.join(run_dir, "rollouts.jsonl")):
+    path = os.path.join(run_dir, "rollouts.jsonl")
+    for n, line in enumerate(read_jsonl(path), 1):
+        problem = record_problem(line, enc.n_vocab)
+        if problem or "selected" not in line or "influence" not in line:
+            print(f"warning: {path}: record {n} {problem or 'lacks selected or influence'}; skipped",
+                  file=sys.stderr)
+            continue
         group = len(line["completion_tokens"]) // len(line["answers"])
         texts = decode_completions(enc, torch.tensor(line["completion_tokens"]),
                                    torch.tensor(line["completion_mask"]))

@@ -108,6 +108,9 @@ def save_figure(fig, path, mark, ours, writer, key="out"):
     tmp = file_beside(path, f".{fmt}")
     try:
         fig.savefig(tmp, format=fmt, metadata=mark_metadata(fmt, mark))
+    except OSError as e:  # a full disk: named by the figure's path, not the temporary file's
+        os.remove(tmp)
+        raise OSError(e.errno, f"{e.strerror or e} (writing the figure)", path) from None
     except BaseException:
         os.remove(tmp)
         raise

@@ -19,6 +19,7 @@ Needs matplotlib, which requirements.txt leaves optional: pip install matplotlib
 from configurator import UserError, cli_main
 import json
 import os
+import sys
 
 from analysis.outputs import check_new_file, figure_format, has_mark, save_figure
 from runs.rundir import read_jsonl
@@ -58,7 +59,8 @@ def load_log(run_dir):
     log = []
     for line in read_jsonl(path):
         if not isinstance(line.get("iter"), int) or not isinstance(line.get("elapsed"), (int, float)):
-            print(f"warning: {path}: a line without iter and elapsed; skipped ({json.dumps(line)[:60]})")
+            print(f"warning: {path}: a line without iter and elapsed; skipped ({json.dumps(line)[:60]})",
+                  file=sys.stderr)
         else:
             log.append(line)
     if not log:
@@ -70,6 +72,10 @@ def load_log(run_dir):
                             f"one file? Each run needs its own --out_dir")
         seen.add(line["iter"])
     return log
+
+
+def is_number(x):
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
 def moving_average(ys, w):
@@ -98,7 +104,8 @@ def make_figure(runs):
     for (label, log), k in zip(runs, kinds):
         color, style = next(shades[k]), KINDS[k][1]
         for r, (key, _) in enumerate(rows):
-            pts = [l for l in log if key in l]
+            # a number only: null (sampling gave NaN/Inf: no rollouts) or a hand-edited string is no point
+            pts = [l for l in log if is_number(l.get(key))]
             for c, (xkey, _) in enumerate(COLS):
                 ax, xs, ys = axes[r][c], [l[xkey] for l in pts], [l[key] for l in pts]
                 if key == "test/accuracy":  # a handful of evaluations: markers, the step-0 one included
@@ -137,11 +144,15 @@ def has_matplotlib():
 
 def summed_scores(results):
     """Every scored rollout once, its TracIn score summed over the results (find_critical_samples' dicts of
-    one run: 'index' names the same rollout in each)."""
-    entries = {e["index"]: {**e, "tracin_score": 0.0} for e in results[0]["scores"]}
+    one run and one n_probe: the same rollouts, in the same order, in each; any other mix is refused)."""
+    key = lambda e: (e.get("index"), e.get("iter"), e.get("prompt"), e.get("completion"))  # noqa: E731
+    entries = {key(e): {**e, "tracin_score": 0.0} for e in results[0]["scores"]}
     for res in results:
+        if sorted(map(key, res["scores"]), key=repr) != sorted(entries, key=repr):
+            raise UserError("the attributions score different rollouts (another run, or another n_probe): "
+                            "sum only the attributions of one run made with the same --n_probe")
         for e in res["scores"]:
-            entries[e["index"]]["tracin_score"] += e["tracin_score"]
+            entries[key(e)]["tracin_score"] += e["tracin_score"]
     return list(entries.values())
 
 
@@ -196,13 +207,19 @@ def plot_influence(results, out_path, title, top_k=3, ours=written_by_plot):
     return save_figure(fig, out_path, INFLUENCE_MARK, ours, "analysis.plot or tracin.py")
 
 
+def run_labels(run_dirs):
+    """A label per run: its directory's name, or the paths as given where two runs share a name; the
+    same run given twice is refused (its lines would hide each other)."""
+    if len({os.path.realpath(d) for d in run_dirs}) < len(run_dirs):
+        raise UserError("a run directory is given twice: give each run once")
+    labels = [os.path.basename(os.path.normpath(d)) for d in run_dirs]
+    return labels if len(set(labels)) == len(labels) else list(run_dirs)
+
+
 def plot_runs(run_dirs, out_path="plot.png", labels=None):
     """Draw the runs in run_dirs into out_path (its extension names the format); returns out_path.
     A file there is replaced only if analysis/plot.py drew it."""
-    if labels is None:  # the directory names, or the paths as given where two runs share a name
-        labels = [os.path.basename(os.path.normpath(d)) for d in run_dirs]
-        if len(set(labels)) < len(labels):
-            labels = list(run_dirs)
+    labels = run_labels(run_dirs) if labels is None else labels
     if len(labels) != len(run_dirs):
         raise UserError(f"--labels has {len(labels)} names for {len(run_dirs)} run directories: give one per run")
     fig = make_figure([(label, load_log(d)) for label, d in zip(labels, run_dirs)])

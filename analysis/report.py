@@ -11,6 +11,7 @@ import os
 import unicodedata
 
 from analysis.outputs import file_beside, put_in_place
+from configurator import UserError, cli_main
 
 CSS = """
 body { font: 14px/1.4 sans-serif; max-width: 1100px; margin: 1em auto; color: #111; }
@@ -218,3 +219,12 @@ def write_report(path, sections, meta, audit=None, ours=lambda path: True):
         os.remove(tmp)
         raise
     put_in_place(tmp, path, ours, "tracin.py")
+
+
+def main(argv):
+    raise UserError("the report is written by the attribution: python -m analysis.attribute "
+                    "--out_dir=RUN --question=\"...\" (its --html=PATH)")
+
+
+if __name__ == "__main__":  # not a command of its own
+    cli_main(main)

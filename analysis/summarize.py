@@ -9,11 +9,11 @@ rate and selection precision (TracIn runs with a planted defect). A run with no 
 (interrupted before the first one) shows '-' for the accuracies and does not count for the equal wall time.
 """
 from configurator import UserError, cli_main
-from analysis.plot import load_log  # the same checks on a run directory (analysis/plot.py imports matplotlib only to draw)
+from analysis.plot import is_number, load_log  # the same checks on a run directory (plot imports matplotlib only to draw)
 
 
 def mean(xs):
-    xs = [x for x in xs if x is not None]
+    xs = [x for x in xs if is_number(x)]  # null (no rollouts that step) or a hand-edited string: left out
     return sum(xs) / len(xs) if xs else None
 
 

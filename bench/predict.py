@@ -177,7 +177,7 @@ def main(argv):
     for a in argv:
         if a.startswith("--prompt_len="):
             v = a.split("=", 1)[1]
-            if not v.isdigit() or int(v) < 1:
+            if not v.isdecimal() or int(v) < 1:
                 raise UserError(f"{a}: give the longest prompt as a whole number of tokens >= 1")
             prompt_len = int(v)
         else:

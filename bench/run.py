@@ -67,7 +67,7 @@ from bench.half import bench_half
 from bench.memory import bench_memory, bench_throughput
 from bench.posthoc import bench_posthoc
 from bench.step import bench_model, bench_rewards, bench_step_cost, check_step_tokens, timed
-from configurator import UserError, check, cli_main, configure
+from configurator import UserError, check, check_finite, cli_main, configure
 from data.tasks import PROJECT
 from ghost import compute_ghost_inner_product_matrix, install_ghost_hooks
 from grpo import completion_logprobs, grpo_loss, selective_log_softmax
@@ -284,7 +284,8 @@ def is_shape(s, n):
 
 def check_knobs(cfg):
     """Sizes and counts must be positive; the mem_ ones and thr_repeats may be 0 ('by device'); shapes nested
-    as their defaults; every bench model's context at most MAX_CONTEXT."""
+    as their defaults; every bench model's context at most MAX_CONTEXT; numbers finite, the seed 64-bit."""
+    check_finite(cfg)
     for k, v in cfg.items():
         if isinstance(v, int) and not isinstance(v, bool) and k != "seed":
             auto = k.startswith("mem_") or k == "thr_repeats"

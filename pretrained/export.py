@@ -98,6 +98,10 @@ def claimed(path, key):
     meanwhile is refused."""
     import fcntl
     parent, name = os.path.split(os.path.abspath(path))
+    # the folders made for it, deepest first: removed again if nothing is written
+    made, d = [], parent
+    while not os.path.isdir(d):
+        made, d = made + [d], os.path.dirname(d)
     os.makedirs(parent, exist_ok=True)
     lock = os.path.join(parent, f".{name}.export.lock")
     while True:
@@ -123,6 +127,11 @@ def claimed(path, key):
     finally:
         os.remove(lock)  # removed while still held, so that no one takes a lock on it as it goes
         os.close(fd)
+        for d in made if not os.path.exists(path) else []:
+            try:
+                os.rmdir(d)
+            except OSError:  # something else was put there meanwhile: left as it is
+                break
 
 
 class Terminated(BaseException):
@@ -138,6 +147,8 @@ def _terminate(signum, frame):
 def main(argv):
     cfg = configure(defaults, argv)
     run, path = run_and_checkpoint(cfg)
+    if not os.path.isfile(path):  # before any lock or folder is made: a mistyped run leaves nothing
+        load_checkpoint(path)  # its one-line error: not found, or a directory
     # refused before any lock is taken or file written
     adapter_dir, merged_dir, _ = output_dirs(cfg, run)
     try:
@@ -191,6 +202,11 @@ def export(cfg, path, adapter_dir, merged_dir, replaced):
     source = {"ckpt": os.path.abspath(path), "iter": ckpt.get("iter_num"), "base": os.path.abspath(base)}
     said = f"iter {source['iter']} of {path}"
     model, _, _ = load_policy(path, base_ckpt=base)  # base + adapter, checked against the base's identity
+    bad = next((n for n, p in model.named_parameters()
+                if ".lora_" in n and not p.isfinite().all()), None)
+    if bad is not None:  # peft and transformers would load it without a word
+        raise UserError(f"{path}: LoRA weight {bad} holds NaN/Inf (the run diverged), so it is "
+                        f"not exported: give an earlier checkpoint, --ckpt=RUN/ckpt_NNNNNN.pt")
     again = lambda d: " (replacing an earlier export)" if d in replaced else ""  # noqa: E731
     with written(adapter_dir, "adapter_dir"):
         r, alpha = run_cfg["lora_r"], run_cfg["lora_alpha"]

@@ -2,6 +2,8 @@
 What a GRPO step writes down: one log.jsonl line (TRL's metric names), one rollouts.jsonl line (what
 post-hoc TracIn, tracin.py, attributes to) and one console line.
 """
+import math
+
 import torch
 
 from rewards import HACKABLE, pop_counts
@@ -58,6 +60,34 @@ def rollout_record(questions, answers, rollouts, cfg):
             "advantages": rollouts.advantages.tolist(),
             **({"influence": rollouts.influence.tolist(), "selected": rollouts.selected.tolist()}
                if cfg["tracin"] else {})}
+
+
+RECORD_KEYS = ("iter", "prompts", "answers", "completion_tokens", "completion_mask", "rewards", "advantages")
+
+
+def record_problem(r, vocab_size):
+    """Why a rollouts.jsonl record cannot be read back (None: it can), as rollout_record writes it:
+    P prompts and answers, N = G P rollouts, each with token ids below vocab_size and a 0/1 mask."""
+    missing = [k for k in RECORD_KEYS if k not in r]
+    if missing or not r["prompts"]:
+        return f"lacks {missing or 'prompts'}"
+    if type(r["iter"]) is not int or not all(isinstance(r[k], list) for k in RECORD_KEYS[1:]):
+        return "has an iter that is not a whole number, or a field that is not a list"
+    P, N = len(r["prompts"]), len(r["rewards"])
+    lengths = [len(r[k]) for k in ("completion_tokens", "completion_mask", "advantages")]
+    optional = [len(r[k]) == n for k, n in (("defective", P), ("selected", N), ("influence", N)) if k in r]
+    if len(r["answers"]) != P or N % P or any(n != N for n in lengths) or not all(optional):
+        return "has lists of mismatched lengths"
+    number = lambda x: isinstance(x, (int, float)) and not isinstance(x, bool)
+    if not (all(isinstance(p, str) for p in r["prompts"]) and all(map(number, r["rewards"]))
+            and all(number(a) and math.isfinite(a) for a in r["advantages"])):  # rewards: NaN unscored
+        return "has a prompt that is not text, a reward that is not a number or an advantage that is not finite"
+    token = lambda t: isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab_size
+    for toks, m in zip(r["completion_tokens"], r["completion_mask"]):
+        if not (isinstance(toks, list) and isinstance(m, list) and len(toks) == len(m)
+                and all(map(token, toks)) and all(x in (0, 1) for x in m)):
+            return f"has a completion that is not token ids below {vocab_size} with a 0/1 mask of its length"
+    return None
 
 
 def print_step(log, cfg, lr):

@@ -13,6 +13,7 @@ import json
 import os
 import re
 import shlex
+import sys
 import tempfile
 from contextlib import contextmanager
 
@@ -238,7 +239,8 @@ def read_jsonl(path):
                     raise ValueError("not a JSON object")
             except ValueError as e:
                 cut = "" if line.endswith("\n") else " (cut off: written during a crash?)"
-                print(f"warning: {path} line {n} is not valid JSON{cut}; skipped ({str(e)[:60]})")
+                print(f"warning: {path} line {n} is not valid JSON{cut}; skipped ({str(e)[:60]})",
+                      file=sys.stderr)  # stdout may be a table (summarize > table.md)
                 continue
             rows.append(row)
     return rows
@@ -247,7 +249,8 @@ def read_jsonl(path):
 def write_atomic(path, text, what="the task data"):
     """Write via a temporary file and a rename: an interrupted write never leaves a half file under
     path. A failed write (a full disk) removes the temporary file and names path. The project's one
-    text write of this kind (task data, a resumed run's JSONL; checkpoints: model.save_checkpoint)."""
+    text write of this kind (task data, a resumed run's JSONL, post-hoc results' JSON;
+    checkpoints: model.save_checkpoint)."""
     tmp = f"{path}.{os.getpid()}.tmp"
     try:
         with open(tmp, "w") as f:
@@ -281,6 +284,6 @@ def finite_or_none(obj):
 def write_json(path, obj, replacing_note):
     """obj as indented JSON at path (undefined metrics as null); says so, and what it replaced."""
     again = os.path.exists(path)
-    with open(path, "w") as f:
-        json.dump(finite_or_none(obj), f, indent=1, allow_nan=False)
+    text = json.dumps(finite_or_none(obj), indent=1, allow_nan=False)
+    write_atomic(path, text, "a JSON result")  # a full disk keeps the earlier file whole
     print(f"wrote {path}" + (f" (replacing {replacing_note})" if again else ""))

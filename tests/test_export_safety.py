@@ -211,3 +211,26 @@ def test_the_refusal_names_a_users_files_in_an_earlier_export(hf_run, tmp_path, 
     assert all(name in shown for name in sorted(users)[:8]), shown
     if len(users) + len(own) > 8:
         assert f"and {len(users) + len(own) - 8} more" in shown
+
+
+def test_a_refused_export_leaves_no_folder_behind(hf_run, tmp_path):
+    """A mistyped run is refused before any folder is made; a checkpoint refused after the outputs
+    were claimed (NaN weights) leaves none of the folders made for them (before: an empty typo_run/,
+    and h/a/b/ of --adapter_dir=h/a/b/c)."""
+    import shutil
+    from model import load_checkpoint, save_checkpoint
+    _, run = hf_run
+    with pytest.raises(UserError, match="checkpoint not found"):
+        export.main([f"--out_dir={tmp_path}/typo_run"])
+    assert os.listdir(tmp_path) == []
+    copy = str(tmp_path / "run")
+    shutil.copytree(run, copy)
+    ckpt = load_checkpoint(f"{copy}/ckpt_000001.pt")
+    next(iter(ckpt["lora"].values())).fill_(float("nan"))  # a diverged run
+    save_checkpoint(ckpt, f"{copy}/ckpt_000001.pt")
+    before = tree(str(tmp_path))
+    with pytest.raises(UserError, match=r"ckpt_000001.pt: LoRA weight .* holds NaN/Inf") as e:
+        export.main([f"--ckpt={copy}/ckpt_000001.pt", f"--adapter_dir={tmp_path}/a/b/c",
+                     "--merged=True", f"--merged_dir={tmp_path}/m"])
+    assert "\n" not in str(e.value)
+    assert tree(str(tmp_path)) == before  # no adapter, no merged model, no a/ nor a/b/, no lock

@@ -14,6 +14,7 @@ import tracin
 from configurator import UserError
 from grpo import update
 from lora import lora_parameters
+from model import load_checkpoint, save_checkpoint
 from test_influence_summed import as_batch, cfg, world  # noqa: F401 (world: the fixture)
 from test_tracin import VAL_ADV, TRAIN_ADV, ByteEnc, make_model, posthoc_setup
 
@@ -67,10 +68,15 @@ def test_posthoc_refuses_one_non_finite_inner_product(tmp_path):
     paths, _, train, test = posthoc_setup(tmp_path, m)
     ok = tracin.find_critical_samples(m, paths, train, test, ByteEnc(), mode="memory_efficient")
     assert all(math.isfinite(s["tracin_score"]) for s in ok["scores"])
-    train[1]["advantage"] = float("nan")  # this rollout's gradient is NaN, the others' are not
+    bad = load_checkpoint(paths[1])
+    next(iter(bad["lora"].values()))[0, 0] = float("nan")  # one weight of one adapter
+    save_checkpoint(bad, paths[1])
     with pytest.raises(UserError, match="NaN/Inf") as e:
         tracin.find_critical_samples(m, paths, train, test, ByteEnc(), mode="memory_efficient")
-    assert "\n" not in str(e.value) and "checkpoint" in str(e.value)
+    assert "\n" not in str(e.value) and f"checkpoint {paths[1]}" in str(e.value)
+    train[1]["advantage"] = float("nan")  # a NaN advantage: refused by name before any work
+    with pytest.raises(UserError, match=r"train_samples\[1\] is not a rollout"):
+        tracin.find_critical_samples(m, paths[:1], train, test, ByteEnc())
 
 
 def test_a_nan_advantage_makes_only_its_own_inner_product_nan(tmp_path):

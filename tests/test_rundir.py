@@ -68,7 +68,7 @@ def test_read_jsonl_drops_a_cut_off_line(tmp_path, capsys):
     p = tmp_path / "log.jsonl"
     p.write_text('{"iter": 1}\n{"iter": 2}\nnot json\n{"iter": 3}\n{"iter": 4, "rew')
     assert [r["iter"] for r in rundir.read_jsonl(str(p))] == [1, 2, 3]
-    out = capsys.readouterr().out
+    out = capsys.readouterr().err
     assert "line 3 is not valid JSON" in out and "line 5 is not valid JSON (cut off" in out
 
 

@@ -73,9 +73,11 @@ def test_malformed_lines_are_skipped_with_a_warning(tmp_path, capsys):
     run = write(tmp_path / "run", [EVAL0, '{"iter": 1, "elap', {"iter": 2, "elapsed": 2.0, "step_seconds": 2.0},
                                    "", {"iter": 3, "elapsed": 3.0, "step_seconds": 1.0, "test/accuracy": 0.6}])
     summarize.main([run])
-    out = capsys.readouterr().out.splitlines()
-    assert any("log.jsonl line 2 is not valid JSON" in l for l in out)
-    assert any("log.jsonl line 4 is not valid JSON" in l for l in out)
+    said = capsys.readouterr()
+    out, err = said.out.splitlines(), said.err.splitlines()
+    assert any("log.jsonl line 2 is not valid JSON" in l for l in err)
+    assert any("log.jsonl line 4 is not valid JSON" in l for l in err)
+    assert not any("warning" in l for l in out)  # stdout is the table alone
     row = [c.strip() for c in out[-1].split("|")[1:-1]]
     assert row[1:5] == ["0.400", "0.600 (3)", "0.600 (3)", "1.50"]
 

@@ -32,6 +32,8 @@
 #       self-influences written out from those gradients; snapshots of the model's state.
 #   test_trapezoid_steps                  hand-computed weights.
 #   test_posthoc_unknown_mode_*           UserError by hand, before any work.
+import re
+
 import pytest
 import torch
 
@@ -568,6 +570,50 @@ def test_posthoc_errors(world, tmp_path):
             tracin.find_critical_samples(m, paths, tr, te, enc)
     with pytest.raises(UserError, match="layer_filter"):
         tracin.find_critical_samples(m, paths, train, test, enc, layer_filter="nothing")
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(checkpoints="ckpt_000002.pt"), "checkpoints: give a list"),
+    (dict(n_probe=-1), "n_probe must be an integer >= 0, got -1"),
+    (dict(n_probe=True), "n_probe must be an integer"),
+    (dict(micro_batch=0), "micro_batch must be an integer >= 1"),
+    (dict(top_k=-2), "top_k must be an integer >= 0"),
+    (dict(temperature=float("nan")), "temperature must be >= 0"),
+    (dict(temperature=-1.0), "temperature must be >= 0"),
+    (dict(test=[{"prompt": "x", "completion_tokens": [], "completion_mask": [],
+                 "advantage": 1.0}]), r"test_samples\[0\] is not a rollout"),
+    (dict(test=[{"prompt": "x"}]), r"test_samples\[0\] is not a rollout"),
+    (dict(train=[None]), r"train_samples\[0\] is not a rollout"),
+    (dict(train=[{"prompt": "x", "completion_tokens": [3, 10 ** 6], "completion_mask": [1, 1],
+                  "advantage": 1.0}]), r"train_samples\[0\] is not a rollout: .*ids below"),
+    (dict(train=[{"prompt": "x", "completion_tokens": [3, 4], "completion_mask": [1],
+                  "advantage": 1.0}]), r"train_samples\[0\]"),
+    (dict(train=[{"prompt": "x", "completion_tokens": [3], "completion_mask": [1],
+                  "advantage": float("nan")}]), r"train_samples\[0\]"),
+    (dict(learning_rates=[0.1, float("nan"), 0.1]), r"checkpoint .*ckpt_000001.pt: learning rate nan"),
+    (dict(learning_rates=["a"] * 3), r"checkpoint .*ckpt_000000.pt: learning rate 'a'"),
+    (dict(checkpoint_steps=[1.0, 1.0, float("inf")]), r"ckpt_000002.pt: learning rate .*, steps inf"),
+])
+def test_posthoc_bad_arguments_are_one_line_errors_before_any_score(world, tmp_path, kw, match):
+    """Each wrong argument is refused by name (never a traceback from inside torch, nor a NaN score);
+    the model's weights, flag and .grad come back as they were."""
+    m = world[0]
+    paths, _, train, test = posthoc_setup(tmp_path, m)
+    before = {k: v.clone() for k, v in m.state_dict().items()}
+    args = dict(checkpoints=paths, train=train, test=test)
+    args.update({k: kw.pop(k) for k in list(kw) if k in args})
+    with pytest.raises(UserError, match=match):
+        tracin.find_critical_samples(m, args["checkpoints"], args["train"], args["test"], ByteEnc(),
+                                     **kw)
+    assert all(torch.equal(v, m.state_dict()[k]) for k, v in before.items())
+
+
+def test_posthoc_a_checkpoint_that_does_not_fit_is_named(world, tmp_path):
+    m = world[0]
+    paths, _, train, test = posthoc_setup(tmp_path, m)
+    save_checkpoint({"model": {"w": torch.zeros(2)}}, paths[1])  # a base's checkpoint among them
+    with pytest.raises(UserError, match=f"checkpoint {re.escape(paths[1])}: LoRA weights do not fit"):
+        tracin.find_critical_samples(m, paths, train, test, ByteEnc())
 
 
 def test_posthoc_cli_errors(tmp_path):

@@ -98,7 +98,7 @@ def test_cli_skips_a_cut_off_rollouts_line(run, spy, capsys):
     with open(path, "a") as f:
         f.write(lines[-1][:40])  # a crash cut the last line off mid-write
     main(run)
-    assert f"line {len(lines) + 1} is not valid JSON (cut off" in capsys.readouterr().out
+    assert f"line {len(lines) + 1} is not valid JSON (cut off" in capsys.readouterr().err
     assert attribute.load_rollouts(str(path), enc) == whole
 
 
@@ -109,7 +109,7 @@ def test_rollouts_record_without_its_keys_is_skipped(run, capsys):
     lines = path.read_text().splitlines(keepends=True)
     path.write_text(lines[0] + '{"iter": 7, "prompts": ["q"]}\n' + "".join(lines[1:]))
     assert attribute.load_rollouts(str(path), enc) == whole
-    assert "record 2 lacks" in capsys.readouterr().out
+    assert "record 2 lacks" in capsys.readouterr().err
 
 
 def _enc(run):

@@ -1,0 +1,154 @@
+# The tools around a run given damaged or mistaken input: a rollouts.jsonl record that is JSON but not
+# what rollout_record writes (skipped by name, the good ones kept), attributions of different rollouts
+# summed into one figure (refused), a log value that is null or text (left out, never a crash), a full
+# disk during a JSON result (the earlier file kept whole), two runs of one name, a seed beyond 64 bits.
+# References: records written out by hand, the good record's rollouts read alone, the bytes of the
+# earlier file. Run: python -m pytest -q tests/test_tool_inputs.py
+import errno
+import json
+
+import pytest
+
+from analysis import attribute, audit, plot, report, summarize
+from configurator import UserError
+from runs import rundir
+from runs.metrics import record_problem
+from test_analysis_parts import ENC, EOT, entry, result
+
+GOOD = {"iter": 3, "prompts": ["P0", "P1"], "answers": [1, 2],
+        "completion_tokens": [list(b"ab") + [EOT], list(b"c") + [EOT, EOT], list(b"de") + [EOT],
+                              list(b"fg") + [EOT]],
+        "completion_mask": [[1, 1, 1], [1, 1, 0], [1, 1, 1], [1, 1, 1]],
+        "rewards": [1.0, float("nan"), 0.5, 0.0], "advantages": [0.7, 0.0, 0.5, -0.5]}
+
+
+def damaged(**changes):
+    rec = json.loads(json.dumps(GOOD))
+    for k, v in changes.items():
+        if v is None and k in rec:
+            del rec[k]
+        else:
+            rec[k] = v
+    return rec
+
+
+BAD = [
+    (dict(rewards=[]), "mismatched lengths"),
+    (dict(advantages=[0.7, 0.0, 0.5]), "mismatched lengths"),
+    (dict(answers=[1]), "mismatched lengths"),
+    (dict(selected=[True]), "mismatched lengths"),
+    (dict(prompts="P0P1"), "not a list"),
+    (dict(iter="one"), "iter that is not a whole number"),
+    (dict(advantages=[0.7, None, 0.5, -0.5]), "advantage that is not finite"),
+    (dict(advantages=[float("nan")] * 4), "advantage that is not finite"),
+    (dict(rewards=["a", "b", "c", "d"]), "reward that is not a number"),
+    (dict(prompts=["P0", 5]), "prompt that is not text"),
+    (dict(completion_tokens=[[99999, 1, 2], [1, 2, 3], [1, 2, 3], [1, 2, 3]]), "token ids below 257"),
+    (dict(completion_tokens=[[-5, 1, 2], [1, 2, 3], [1, 2, 3], [1, 2, 3]]), "token ids below"),
+    (dict(completion_tokens=[[1.5, 1, 2], [1, 2, 3], [1, 2, 3], [1, 2, 3]]), "token ids below"),
+    (dict(completion_mask=[[1, 1], [1, 1, 0], [1, 1, 1], [1, 1, 1]]), "mask of its length"),
+    (dict(completion_mask=["abc", [1, 1, 0], [1, 1, 1], [1, 1, 1]]), "mask of its length"),
+    (dict(answers=None), "lacks ['answers']"),
+]
+
+
+@pytest.mark.parametrize("changes, said", BAD)
+def test_a_record_that_is_json_but_not_a_rollout_record_is_skipped_by_name(tmp_path, capsys, changes,
+                                                                           said):
+    path = tmp_path / "rollouts.jsonl"
+    path.write_text(json.dumps(GOOD) + "\n")
+    alone = attribute.load_rollouts(str(path), ENC)
+    assert len(alone) == 3  # the three nonzero advantages (a NaN reward: unscored, still read)
+    path.write_text(json.dumps(damaged(**changes)) + "\n" + json.dumps(GOOD) + "\n")
+    assert attribute.load_rollouts(str(path), ENC) == alone
+    err = capsys.readouterr().err
+    assert f"{path}: record 1 " in err and said in err and "record 2" not in err
+
+
+def test_the_record_check_passes_what_a_run_writes():
+    assert record_problem(GOOD, 257) is None
+    assert record_problem({**GOOD, "selected": [True] * 4, "influence": [0.1] * 4,
+                           "defective": [False, True]}, 257) is None
+    assert "below 3" in record_problem(GOOD, 3)  # the model's vocabulary bounds the ids
+
+
+def test_attributions_of_different_rollouts_are_not_summed(tmp_path):
+    a = result([entry(0, 1.0), entry(1, -1.0)])
+    assert [e["tracin_score"] for e in plot.summed_scores([a, a])] == [2.0, -2.0]
+    other = result([entry(0, 1.0), {**entry(1, -1.0), "completion": "another rollout"}])
+    fewer = result([entry(0, 1.0)])
+    for b in (other, fewer):
+        with pytest.raises(UserError, match="score different rollouts"):
+            plot.summed_scores([a, b])
+        with pytest.raises(UserError, match="score different rollouts"):
+            plot.summed_scores([b, a])
+
+
+def write_log(run, lines):
+    run.mkdir()
+    (run / "log.jsonl").write_text("".join(json.dumps(l) + "\n" for l in lines))
+    return str(run)
+
+
+def test_null_or_text_log_values_are_left_out_of_the_figure_and_the_table(tmp_path, capsys):
+    """A step whose sampling gave NaN/Inf logs reward null; a hand edit may leave text."""
+    steps = [{"iter": i, "elapsed": float(i), "reward": r, "step_seconds": s, "selection_rate": 0.5}
+             for i, (r, s) in enumerate([(0.2, 1.0), (None, 1.0), (0.4, "x"), (0.6, 3.0)], 1)]
+    run = write_log(tmp_path / "r", [{"iter": 0, "elapsed": 0.0, "test/accuracy": 0.1}, *steps])
+    fig = plot.make_figure([("r", plot.load_log(run))])
+    per_step = [list(l.get_ydata()) for ax in fig.axes for l in ax.get_lines()
+                if l.get_label() == "_per step"]
+    assert [0.2, 0.4, 0.6] in per_step  # the reward, the null step left out
+    summarize.main([run])
+    row = [c.strip() for c in capsys.readouterr().out.strip().splitlines()[-1].split("|")[1:-1]]
+    assert row[4] == "1.67"  # (1 + 1 + 3) / 3: the text value left out, not a crash
+
+
+def test_two_runs_of_one_name_keep_their_paths_and_one_run_twice_is_refused(tmp_path):
+    a, b = tmp_path / "x" / "nll", tmp_path / "y" / "nll"
+    assert plot.run_labels([str(tmp_path / "x" / "a"), str(b)]) == ["a", "nll"]
+    assert plot.run_labels([str(a), str(b)]) == [str(a), str(b)]
+    a.mkdir(parents=True)
+    with pytest.raises(UserError, match="given twice"):
+        plot.run_labels([str(a), str(tmp_path / "x" / ".." / "x" / "nll")])
+
+
+def test_a_full_disk_keeps_the_earlier_json_whole_and_names_it(tmp_path, monkeypatch):
+    path = tmp_path / "a.json"
+    rundir.write_json(str(path), {"scores": [1.0, 2.0]}, "it")
+    earlier = path.read_bytes()
+    real_open = open
+
+    class FullDisk:  # writes a few bytes, then the disk is full
+        def __init__(self, name, mode="r", *a, **k):
+            self.f = real_open(name, mode, *a, **k)
+
+        def write(self, text):
+            self.f.write(text[:5])
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.f.close()
+    monkeypatch.setattr(rundir, "open", FullDisk, raising=False)
+    with pytest.raises(OSError, match="No space left on device") as e:
+        rundir.write_json(str(path), {"scores": [3.0] * 1000}, "it")
+    assert e.value.filename == str(path)
+    assert path.read_bytes() == earlier and sorted(p.name for p in tmp_path.iterdir()) == ["a.json"]
+
+
+@pytest.mark.parametrize("module, command", [(audit, "--audit=N"), (report, "--html=PATH")])
+def test_parts_of_the_attribution_run_alone_say_which_command_runs_them(module, command):
+    with pytest.raises(UserError, match=f"python -m analysis.attribute .*{command}"):
+        module.main([])
+
+
+@pytest.mark.parametrize("arg, key", [("--seed=100000000000000000000000", "seed"),
+                                      ("--temperature=inf", "temperature")])
+def test_sample_refuses_a_number_torch_cannot_take_before_loading(tmp_path, arg, key):
+    """Before: an OverflowError from torch.manual_seed; an infinite temperature sampled noise."""
+    import sample
+    with pytest.raises(UserError, match=f"'{key}' = .* is not allowed"):
+        sample.main([f"--ckpt={tmp_path}/none.pt", arg])  # refused before the missing file is read
