@@ -204,9 +204,14 @@ def main(argv):
     if cfg["init_from"] == "resume":  # the saved run's config; only what argv gives overrides it
         path = os.path.join(cfg["out_dir"], "ckpt.pt")
         ckpt = load_checkpoint(path)
-        if "lora" in ckpt or "model_args" not in ckpt or "model" not in ckpt:
-            raise UserError(f"{path} is not a train_base.py checkpoint (a GRPO run's?): give the "
-                            f"out_dir of the base to resume")
+        kinds = dict(model=dict, model_args=dict, config=dict, optimizer=dict, rng=dict,
+                     iter_num=int, data_dir=str)
+        if not isinstance(ckpt, dict) or "lora" in ckpt \
+                or any(not isinstance(ckpt.get(k, "" if k == "data_dir" else None), t)
+                       for k, t in kinds.items()) \
+                or not isinstance(ckpt["rng"].get("torch"), torch.Tensor):
+            raise UserError(f"{path} is not a train_base.py checkpoint (a GRPO run's, or changed "
+                            f"since): give the out_dir of the base to resume")
         cfg = configure(defaults, argv, saved=ckpt.get("config", {}))
         check_resume(cfg, ckpt, path)
     validate(cfg)
@@ -236,7 +241,8 @@ def setup(cfg, ckpt):
                           metrics={} if ckpt is None else ckpt.get("metrics", {}))
     with distributed.main_first():  # rank 0 writes any missing task data, the others then read it
         run.data_dir, run.enc = task_files(cfg, ckpt)
-    check_task_data(run.data_dir, cfg["task"])  # another task's rows put in its place: refused
+    # another task's rows put in its place: refused
+    check_task_data(run.data_dir, cfg["task"], resuming=ckpt is not None)
     splits = {s: load_split(run.data_dir, s) for s in ("train", "val", "test")}
     run.data_fingerprint = data_fingerprint(run.data_dir)  # checkpoints record it
     if ckpt is not None:
@@ -273,7 +279,11 @@ def setup(cfg, ckpt):
                                        {"params": no_decay, "weight_decay": 0.0}],
                                       lr=cfg["learning_rate"], betas=(cfg["beta1"], cfg["beta2"]))
     if ckpt is not None:
-        run.optimizer.load_state_dict(ckpt["optimizer"])
+        try:
+            run.optimizer.load_state_dict(ckpt["optimizer"])
+        except (ValueError, KeyError, TypeError) as e:  # groups or sizes of another model
+            raise UserError(f"{ckpt_path}: its optimizer state does not fit the model ({e}); "
+                            "train a new base with another --out_dir") from None
     return run
 
 

@@ -56,7 +56,14 @@ def from_config(cfg, data_dir, encode, block_size, train_split):
     levels = parse_levels(cfg["curriculum"])
     if not levels:
         return None, None
-    c = Curriculum(levels, read_meta(data_dir)["ops"], cfg["curriculum_threshold"], cfg["curriculum_window"])
+    try:  # the operators of the run's data: a data/gsm_synth directory's meta.json says them
+        ops, why = read_meta(data_dir).get("ops"), "names no operators ('ops')"
+    except (OSError, ValueError) as e:
+        ops, why = None, f"cannot be read ({getattr(e, 'strerror', None) or e})"
+    if not (isinstance(ops, str) and ops and set(ops) <= set("+-*/")):
+        raise UserError(f"curriculum: {data_dir}/meta.json {why}: a curriculum draws arith problems, "
+                        "so it needs a data/gsm_synth directory (python data/gsm_synth/prepare.py)")
+    c = Curriculum(levels, ops, cfg["curriculum_threshold"], cfg["curriculum_window"])
     c.check_fits(lambda q: len(encode(q)), block_size - cfg["max_new_tokens"])
     return c, c.test_set(cfg["eval_n"], {e["question"] for e in train_split})
 

@@ -76,7 +76,7 @@ def _read(d, name, read):
     try:
         with open(os.path.join(d, name), errors="replace") as f:
             return read(f)
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # RecursionError: JSON nested too deep
         return None
 
 
@@ -111,26 +111,41 @@ def evidence(d):
     meta = _read(d, "meta.json", json.load)
     if isinstance(meta, dict) and (meta.get("task") in TASKS or isinstance(meta.get("vocab_size"), int)):
         said.append(("meta.json", (meta.get("task") or "arith",)))
-    row = _read(d, "train.jsonl", lambda f: json.loads(f.readline()))
-    answer = row.get("answer") if isinstance(row, dict) else None
-    if isinstance(answer, list):
-        said.append(("train.jsonl", ("countdown",)))
-    elif isinstance(answer, int) and not isinstance(answer, bool):
-        said.append(("train.jsonl", ("arith", "gsm8k")))
+    for split in SPLITS:  # each split's: a test.jsonl of another task copied in is seen
+        row = _read(d, f"{split}.jsonl", lambda f: json.loads(f.readline()))
+        form = answer_form(row.get("answer")) if isinstance(row, dict) else None
+        if form:
+            said.append((f"{split}.jsonl", ANSWER_TASKS[form]))
     return said
+
+
+ANSWER_TASKS = {"number": ("arith", "gsm8k"), "countdown": ("countdown",)}
+
+
+def answer_form(answer):
+    """'number' (arith, gsm8k: a whole number), 'countdown' ([numbers, target], whole numbers) or
+    None (neither: no task of this project scores it)."""
+    whole = lambda x: type(x) is int  # noqa: E731 (not a bool, not a float)
+    if whole(answer):
+        return "number"
+    if isinstance(answer, list) and len(answer) == 2 and isinstance(answer[0], list) \
+            and answer[0] and all(map(whole, answer[0])) and whole(answer[1]):
+        return "countdown"
+    return None
 
 
 def marked_task(d):
     """The task a prepare.py recorded in d (.task, or an older meta.json), or None if none did."""
     for name, tasks in evidence(d):
-        if name != "train.jsonl":
+        if not name.endswith(".jsonl"):
             return tasks[0]
     return None
 
 
-def check_task_data(d, task):
+def check_task_data(d, task, resuming=False):
     """A run's data directory must hold its task's data, by every file that says (a missing directory is
-    named, with the command that builds it, when its files are read)."""
+    named, with the command that builds it, when its files are read). resuming: the run cannot change
+    its task, so the fix is the data, not --task."""
     if not d or not os.path.isdir(d):
         return
     check_marker(d, f"remove {d} and build it again with: {rebuild_command(d)}")
@@ -142,6 +157,10 @@ def check_task_data(d, task):
         how = ", ".join(f"{name}: {' or '.join(tasks)}" for name, tasks in said)
         raise UserError(f"data_dir {d} holds files of different tasks ({how}): build it again with "
                         f"python {PREPARE[task]}, or give another data_dir")
+    if resuming:
+        raise UserError(f"data_dir {d} holds {' or '.join(agreed)} data, not the {task} data the run was "
+                        f"trained on (replaced since?): build that again there (python {PREPARE[task]}, "
+                        f"with the run's knobs), or train a new run with another --out_dir")
     raise UserError(f"data_dir {d} holds {' or '.join(agreed)} data, not {task}'s: give --task={agreed[0]}, or a "
                     f"{task} data directory (python {PREPARE[task]} makes one)")
 
@@ -172,8 +191,11 @@ def mark(out, task):
 
 def write_task_dir(out, task, splits, meta, files=None):
     """Write a task's data directory: its mark, each split as <split>.jsonl (one JSON row a line), the other
-    files ({name: text}, e.g. tokenizer.json), then meta.json LAST: a directory holding it is complete."""
+    files ({name: text}, e.g. tokenizer.json), then meta.json LAST: a directory holding it is complete.
+    A stale meta.json goes first, only now: a build refused before writing leaves the directory whole."""
     mark(out, task)
+    if os.path.lexists(os.path.join(out, "meta.json")):
+        os.remove(os.path.join(out, "meta.json"))  # until the rebuild is complete, it is incomplete
     for split, rows in splits.items():
         write_atomic(os.path.join(out, f"{split}.jsonl"), "".join(json.dumps(r) + "\n" for r in rows))
     for name, text in (files or {}).items():
@@ -187,7 +209,7 @@ def read_json(path):
     with open(path) as f:
         try:
             return json.load(f)
-        except ValueError as e:
+        except (ValueError, RecursionError) as e:
             raise ValueError(f"not valid JSON ({e})") from None
 
 
@@ -201,16 +223,24 @@ def read_tokenizer(path):
 
 
 def read_split(path):
-    """The problems in a split file; OSError or ValueError (naming the line) if it is missing or damaged."""
-    rows = []
+    """The problems in a split file; OSError or ValueError (naming the line) if it is missing or damaged:
+    each a question and a solution (text) and an answer of one form for the whole split (answer_form)."""
+    rows, forms = [], set()
     with open(path) as f:
         for n, line in enumerate(f, 1):
             try:
                 row = json.loads(line)
-            except ValueError:
+            except (ValueError, RecursionError):  # RecursionError: nested too deep
                 row = None
-            if not isinstance(row, dict) or not all(k in row for k in FIELDS):
-                raise ValueError(f"line {n} is not a problem (a JSON object with {', '.join(FIELDS)})")
+            if not isinstance(row, dict) or not all(k in row for k in FIELDS) \
+                    or not (isinstance(row["question"], str) and isinstance(row["solution"], str)):
+                raise ValueError(f"line {n} is not a problem (a JSON object with {', '.join(FIELDS)}, "
+                                 "the first two text)")
+            forms.add(answer_form(row["answer"]))
+            if None in forms or len(forms) > 1:
+                raise ValueError(f"line {n}'s answer {json.dumps(row['answer'])[:40]} is not "
+                                 + ("a whole number, nor [numbers, target]" if None in forms else
+                                    "of the form of the lines above (another task's problem)"))
             rows.append(row)
     if not rows:
         raise ValueError("it holds no problem")

@@ -21,6 +21,10 @@ check_name RUNS "$RUNS"
   || fail "VARIANT_RUN=\"$VARIANT_RUN\" is not allowed: give a run of experiments/defect.sh," \
     "e.g. VARIANT_RUN=grpo_s3"
 start
+for run in "$VARIANT_RUN" $(for S in "${seeds[@]}"; do echo "grpo_s$S nll_s$S pg_s$S"; done); do
+  [ -d "$RUNS/$run" ] || fail "RUNS=$RUNS holds no run $run: give the OUT of" \
+    "experiments/defect.sh run with these SEEDS, e.g. RUNS=out/cmpC"
+done
 audit() {  # audit RUN NAME ARGS...: one audit, its JSON only; one already written is kept
   local run=$1 name=$2
   shift 2
@@ -36,8 +40,8 @@ for layers in attn mlp h.3.; do
   audit "$VARIANT_RUN" "layers_$layers" --audit=16 --layer_filter="$layers"
 done
 for kind in nll pg; do for S in "${seeds[@]}"; do audit "${kind}_s$S" audit16 --audit=16; done; done
-{
+table() {
   provenance
   python experiments/audit_table.py "$OUT"/*.json
-} > "$OUT/summary.md"
-cat "$OUT/summary.md"
+}
+summary table

@@ -12,6 +12,12 @@ fail() {  # one line on stderr, exit status 2 (as the Python scripts' refusals)
   exit 2
 }
 
+# no arguments: every setting is a variable of the environment, checked below
+[ $# -eq 0 ] || fail "$SCRIPT takes no arguments (given: $*): settings go in the environment," \
+  "e.g. SEEDS=\"1 2\" OUT=out/x bash $SCRIPT"
+command -v python > /dev/null \
+  || fail "no python on PATH: activate the environment the requirements are installed in"
+
 is_int() {  # is_int VALUE [MIN]: a whole number from MIN (0) to 999999999, as Python reads it
   [[ "$1" =~ ^(0|[1-9][0-9]{0,8})$ ]] && [ "$1" -ge "${2:-0}" ]
 }
@@ -96,6 +102,17 @@ train_run() {
 
 json_done() {  # json_done FILE: a JSON file written to its end (its last byte closes it)
   [ -s "$1" ] && [ "$(tail -c 1 "$1")" = "}" ]
+}
+
+summary() {  # summary CMD...: CMD's output becomes $OUT/summary.md, replaced only by a whole one
+  local tmp="$OUT/.summary.md.tmp"
+  if ! "$@" > "$tmp"; then
+    rm -f "$tmp"
+    fail "the summary of $OUT was not written ($1 failed: its error is above);" \
+      "$OUT/summary.md is left as it was"
+  fi
+  mv "$tmp" "$OUT/summary.md"
+  cat "$OUT/summary.md"
 }
 
 provenance() {  # the first lines of a summary: script, commit, date, threads, torch, CPU

@@ -17,7 +17,7 @@ check_int SEED "$SEED"
 own_out
 train_run "$OUT/grpo" config/countdown_grpo.py --seed="$SEED"
 train_run "$OUT/tracin" config/countdown_tracin.py --seed="$SEED"
-python -m analysis.summarize "$OUT/grpo" "$OUT/tracin" | tee "$OUT/summary.md"
+summary python -m analysis.summarize "$OUT/grpo" "$OUT/tracin"
 if python -c "import matplotlib" 2>/dev/null; then
   python -m analysis.countdown_demo "$OUT/grpo" "$OUT/tracin" --out="$OUT/countdown.png"
 else

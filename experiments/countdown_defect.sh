@@ -23,8 +23,8 @@ for S in "${seeds[@]}"; do
   train_run "$OUT/nll_s$S" config/countdown_tracin.py --seed="$S" "${common[@]}"
 done
 for kind in grpo nll; do for S in "${seeds[@]}"; do runs+=("$OUT/${kind}_s$S"); done; done
-{
+table() {
   provenance
   python -m analysis.summarize "${runs[@]}"
-} > "$OUT/summary.md"
-cat "$OUT/summary.md"
+}
+summary table

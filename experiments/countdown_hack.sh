@@ -33,8 +33,8 @@ if python -c "import matplotlib" 2>/dev/null; then
 else
   echo "matplotlib not installed: no figure (pip install matplotlib)"
 fi
-{
+table() {
   provenance
   python -m analysis.hack "${runs[@]}" "${figure[@]}"
-} > "$OUT/summary.md"
-cat "$OUT/summary.md"
+}
+summary table

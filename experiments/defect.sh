@@ -26,11 +26,11 @@ for S in "${seeds[@]}"; do
 done
 runs=()
 for kind in grpo nll pg; do for S in "${seeds[@]}"; do runs+=("$OUT/${kind}_s$S"); done; done
-{
+table() {
   provenance
   python -m analysis.summarize "${runs[@]}"
-} > "$OUT/summary.md"
-cat "$OUT/summary.md"
+}
+summary table
 if python -c "import matplotlib" 2>/dev/null; then
   shown=("${seeds[@]:0:3}")
   dirs=() labels=()

@@ -26,7 +26,7 @@ case "$1" in
     mkdir -p "$out" && touch "$out/ckpt.pt" ;;
   tracin.py) echo '{"result": {}}' | tr -d '\n' > "$json" ;;
   -c) case "$2" in *matplotlib*) exit 1;; *) echo "2.x";; esac ;;
-  *) echo "| table |" ;;
+  *) if [ -n "${FAIL_TABLE:-}" ]; then echo "table failed" >&2; exit 1; fi; echo "| table |" ;;
 esac
 """
 
@@ -154,7 +154,8 @@ def test_an_out_this_script_did_not_make_is_refused(fake, tmp_path, script):
 
 def test_audit_keeps_the_audits_already_written(fake, tmp_path):
     runs, out = tmp_path / "cmp C", tmp_path / "audit out"
-    runs.mkdir()
+    for run in ("grpo_s1", "grpo_s2", "nll_s1", "nll_s2", "pg_s1", "pg_s2"):
+        (runs / run).mkdir(parents=True)
     r, calls = fake("audit.sh", RUNS=str(runs), OUT=str(out), SEEDS="1 2", VARIANT_RUN="grpo_s2")
     assert r.returncode == 0, r.stderr
     assert len(calls) == 2 + 2 + 2 + 3 + 4 and f"<--out_dir={runs}/grpo_s1>" in calls[0]
@@ -178,3 +179,52 @@ def test_defect_writes_its_figure_into_out_not_over_the_readme_asset(fake, tmp_p
     script = open(os.path.join(ROOT, "experiments", "defect.sh")).read()
     assert '--out="$OUT/tracin_vs_grpo.png"' in script
     assert "assets/tracin_vs_grpo.png --" not in script
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_an_argument_is_refused_settings_go_in_the_environment(fake, tmp_path, script):
+    """Before: `bash experiments/defect.sh 7 8` started the whole experiment, the 7 and 8 unread."""
+    (tmp_path / "runs").mkdir()
+    r = subprocess.run(["bash", os.path.join(ROOT, "experiments", script), "7", "8"],
+                       env={**os.environ, "OUT": str(tmp_path / "o"), "RUNS": str(tmp_path / "runs")},
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and r.stderr.startswith(f"error: experiments/{script} takes no "
+                                                     "arguments (given: 7 8)"), r.stderr
+    assert len(r.stderr.splitlines()) == 1 and not os.path.exists(tmp_path / "o")
+
+
+def test_without_python_on_the_path_nothing_is_made(tmp_path):
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    for tool in ("dirname", "basename"):  # what the scripts run before their checks
+        os.symlink(subprocess.run(["which", tool], capture_output=True, text=True).stdout.strip(),
+                   tools / tool)
+    r = subprocess.run(["/bin/bash", os.path.join(ROOT, "experiments", "defect.sh")],
+                       env={"PATH": str(tools), "OUT": str(tmp_path / "o")}, capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 2 and r.stderr.startswith("error: no python on PATH"), r.stderr
+    assert len(r.stderr.splitlines()) == 1 and not os.path.exists(tmp_path / "o")
+
+
+@pytest.mark.parametrize("script", ["defect.sh", "countdown.sh", "countdown_defect.sh"])
+def test_a_failed_table_keeps_the_summary_written_before(fake, tmp_path, script):
+    out = tmp_path / "o"
+    r, _ = fake(script, OUT=str(out), SEEDS="1")
+    assert r.returncode == 0, r.stderr
+    before = (out / "summary.md").read_text()
+    assert "| table |" in before
+    r, _ = fake(script, OUT=str(out), SEEDS="1", FAIL_TABLE="1")
+    assert r.returncode == 2 and "summary.md is left as it was" in r.stderr.splitlines()[-1]
+    assert (out / "summary.md").read_text() == before
+    assert sorted(os.listdir(out)) == sorted(n for n in os.listdir(out) if not n.endswith(".tmp"))
+
+
+def test_audit_names_a_run_its_runs_directory_lacks(fake, tmp_path):
+    runs = tmp_path / "runs"
+    for run in ("grpo_s1", "nll_s1", "grpo_s3"):
+        (runs / run).mkdir(parents=True)
+    r, calls = fake("audit.sh", RUNS=str(runs), OUT=str(tmp_path / "o"), SEEDS="1")
+    assert r.returncode == 2 and not calls
+    assert r.stderr.strip() == (f"error: RUNS={runs} holds no run pg_s1: give the OUT of "
+                                "experiments/defect.sh run with these SEEDS, e.g. RUNS=out/cmpC")
+

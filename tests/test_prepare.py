@@ -252,7 +252,8 @@ def test_interrupted_rebuild_is_rebuilt_next_time(data_dirs, tmp_path, monkeypat
         m.setattr(prep, "train_bpe", lambda *a: (_ for _ in ()).throw(KeyboardInterrupt))  # Ctrl-C mid-build
         with pytest.raises(KeyboardInterrupt):
             prepare(**KNOBS, root=root)
-    assert not os.path.exists(os.path.join(d, "meta.json"))  # not marked complete
+    # nothing was written before the build was complete: the directory is as it was, still damaged
+    assert os.path.exists(os.path.join(d, "meta.json")) and open(os.path.join(d, "val.jsonl")).read() == ""
     assert prepare(**KNOBS, root=root) == d
     assert same_files(d, data_dirs[1])
 

@@ -178,6 +178,10 @@ def prepare(n_train=20000, n_val=500, n_test=500, min_numbers=3, max_numbers=4, 
     check_knobs(n_train, n_val, n_test, min_numbers, max_numbers, max_number)
     out = str(out) if out else data_dir_for(n_train, n_val, n_test, min_numbers, max_numbers, max_number, seed)
     check_out(out, "countdown")  # never a directory someone else made, nor another task's data
+    if os.path.exists(os.path.join(out, "tokenizer.json")):  # searched.py's Countdown data: its own
+        raise UserError(f"out {out} holds Countdown data with searched solutions and a tokenizer "
+                        "(data/countdown/searched.py), which a base may be trained on: it is not "
+                        "replaced by prepare.py's; give another --out")
     sizes = {"train": n_train, "val": n_val, "test": n_test}
     knobs = dict(min_numbers=min_numbers, max_numbers=max_numbers, max_number=max_number, max_target=MAX_TARGET,
                  seed=seed, sizes=sizes)
@@ -187,7 +191,6 @@ def prepare(n_train=20000, n_val=500, n_test=500, min_numbers=3, max_numbers=4, 
         if problem is None:
             return out
         print(f"warning: {out} is damaged or stale ({problem}): building it again")
-        os.remove(meta_path)  # until the rebuild is complete, the directory is marked incomplete
     if verbose:
         print(f"preparing Countdown task data in {out} ...")
     n_total = n_train + n_val + n_test

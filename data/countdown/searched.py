@@ -130,7 +130,6 @@ def prepare(n_numbers=3, max_number=12, max_target=100, max_misses=3, n_train=20
         if problem is None:
             return out
         print(f"warning: {out} is damaged ({problem}): building it again")
-        os.remove(meta_path)  # until the rebuild is complete, the directory is marked incomplete
     if verbose:
         print(f"preparing Countdown data with searched solutions in {out} ...")
     n_total = n_train + n_val + n_test

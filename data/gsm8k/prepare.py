@@ -98,8 +98,9 @@ def read_gsm8k(path, role):
             continue  # the newline at the end of the file
         try:
             obj = json.loads(raw.decode("utf-8-sig"))  # -sig: a byte-order mark some editors write is no error
-        except ValueError as e:  # also a UnicodeDecodeError
-            why = f"{e.msg}, column {e.colno}" if isinstance(e, json.JSONDecodeError) else e
+        except (ValueError, RecursionError) as e:  # also a UnicodeDecodeError; nesting too deep
+            why = f"{e.msg}, column {e.colno}" if isinstance(e, json.JSONDecodeError) else \
+                "nested too deep" if isinstance(e, RecursionError) else e
             raise bad(f"not a line of JSON ({why}; a truncated download?)", n) from None
         if not isinstance(obj, dict) or not all(isinstance(obj.get(k), str) for k in ("question", "answer")):
             raise bad("not a GSM8K problem (a JSON object with text fields 'question' and 'answer')", n)
@@ -166,7 +167,6 @@ def prepare(train_file=DEFAULTS["train_file"], test_file=DEFAULTS["test_file"], 
         if problem is None:
             return out
         print(f"warning: {out} is damaged or stale ({problem}): building it again")
-        os.remove(meta_path)  # until the rebuild is complete, the directory is marked incomplete
     if verbose:
         print(f"preparing GSM8K task data in {out} ...")
         for path, lines, why in ((train_file, train_skipped, "whose final answer is not a whole number"),

@@ -167,6 +167,8 @@ def prepare(steps=2, max_operand=20, ops="+-", noise=0.0, n_train=20000, n_val=5
     reward can teach it to finish. Validation and test solutions are always clean.
     keys: {knob: config key} for errors (train_base.py's task_steps for steps)."""
     check_knobs(steps, max_operand, ops, noise, n_train, n_val, n_test, min_steps, keys)
+    if not num_merges >= 0:  # (a name with _b-1 would not parse back into its knobs)
+        raise knob_error("num_merges", num_merges, ">= 0", keys)
     min_steps = 0 if min_steps == steps else min_steps  # the same data as the default: the same directory
     data_dir = data_dir_for(steps, max_operand, ops, noise, root, n_train=n_train, n_val=n_val, n_test=n_test,
                             num_merges=num_merges, seed=seed, min_steps=min_steps)
@@ -177,7 +179,6 @@ def prepare(steps=2, max_operand=20, ops="+-", noise=0.0, n_train=20000, n_val=5
         if problem is None:
             return data_dir
         print(f"warning: {data_dir} is damaged ({problem}): building it again")
-        os.remove(meta_path)  # until the rebuild is complete, the directory is marked incomplete
     if verbose:
         print(f"preparing task data in {data_dir} ...")
     rng = random.Random(seed)
