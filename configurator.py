@@ -47,6 +47,16 @@ if _started_here(sys.argv[0]) and signal.getsignal(signal.SIGINT) is signal.defa
     signal.signal(signal.SIGINT, _interrupted_while_starting)
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a job scheduler, `kill`) under cli_main: the run ends as after Ctrl-C (its last
+    checkpoint kept, the command that resumes it said, its lock let go), exit status 143."""
+
+
+def _terminate(signum, frame):
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second one must not cut the clean-up short
+    raise Terminated()
+
+
 class UserError(ValueError):
     """A mistake in the user's input (config, checkpoint, prompt...).
     Scripts print it as one line: `error: ...` and exit 2."""
@@ -64,7 +74,7 @@ def read_config_file(path):
     ns = {}
     try:
         exec(code, ns)
-    except Exception as e:  # NameError, ZeroDivisionError, ...: name the file's own line, not ours
+    except (Exception, SystemExit) as e:  # NameError, sys.exit(): name the file's own line, not ours
         frames = traceback.extract_tb(e.__traceback__)
         line = [f.lineno for f in frames if f.filename == path][-1:] or ["?"]
         raise UserError(f"config file {path}, line {line[0]}: {type(e).__name__}: {e}") from None
@@ -226,6 +236,14 @@ def cli_main(main, argv=None):
     Ctrl-C one line and exit status 130 (128 + SIGINT)."""
     if signal.getsignal(signal.SIGINT) is _interrupted_while_starting:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+    # SIGTERM as Ctrl-C, in one process (torchrun's workers keep its own handling)
+    on_term = signal.getsignal(signal.SIGTERM) == signal.SIG_DFL and \
+        os.environ.get("WORLD_SIZE", "1") == "1"
+    try:
+        if on_term:
+            signal.signal(signal.SIGTERM, _terminate)
+    except ValueError:  # not the main thread (called as a function): SIGTERM stays as it is
+        on_term = False
     try:
         main(sys.argv[1:] if argv is None else argv)
         if _distributed() is not None:
@@ -240,13 +258,19 @@ def cli_main(main, argv=None):
         sys.stderr.write(f"error: {_rank_prefix()}{where}{e.strerror or e}\n")
         _exit(2)
     except KeyboardInterrupt as e:
-        print(f"interrupted: {e}" if str(e) else "interrupted (Ctrl-C)", file=sys.stderr)
-        _exit(130)
+        term = on_term and signal.getsignal(signal.SIGTERM) == signal.SIG_IGN  # _terminate ran
+        what = "terminated (SIGTERM)" if term else "interrupted"
+        print(f"{what}: {e}" if str(e) and not isinstance(e, Terminated) else
+              what if term else "interrupted (Ctrl-C)", file=sys.stderr)
+        _exit(143 if term else 130)
     except Exception:  # a crash under torchrun: its traceback, then end at once (see _exit)
         if _distributed() is None or _distributed().world_size() == 1:
             raise
         traceback.print_exc()
         _exit(1)
+    finally:
+        if on_term:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def _distributed():

@@ -352,11 +352,14 @@ def load_checkpoint(path, map_location="cpu"):
         what = next((v for k, v in kinds.items() if os.path.isfile(f"{path}/{k}")), "a directory")
         raise UserError(f"{path} is {what}, not a checkpoint file")
     try:
-        return torch.load(path, map_location=map_location, weights_only=True)
+        ckpt = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as e:
         first_line = (str(e).splitlines() or [""])[0][:120]
         raise UserError(f"checkpoint {path} is corrupt or not a checkpoint "
                         f"({type(e).__name__}: {first_line})") from None
+    if not isinstance(ckpt, dict):  # a bare tensor or list saved with torch.save
+        raise UserError(f"{path} holds a {type(ckpt).__name__}, not a checkpoint (a dict)")
+    return ckpt
 
 
 def model_from_checkpoint(ckpt, path="checkpoint", **overrides):

@@ -38,7 +38,7 @@ from lora import apply_lora, lora_parameters, lora_state_dict, load_lora_state_d
 from scale.device import check_device, memory_stats
 from model import CheckpointWriteError, load_checkpoint, save_checkpoint
 from runs.base import base_identity, check_same_base, resolve_base
-from checks.grpo_knobs import validate
+from checks.grpo_knobs import check_rewards_read, validate
 from runs.rundir import refuse_existing_run, rewind, run_lock, stop_note
 from data.tasks import planted_answer, portable_path, resolve_data_dir
 from data.datadir import bound_data, check_task_data
@@ -173,6 +173,7 @@ def prepare_base(cfg, out, resume):
     if resume is not None:
         check_same_base(resume, os.path.join(out, "ckpt.pt"), identity, cfg["base_ckpt"])
     check_task_data(data_dir, cfg["task"])  # the one actually read (a base checkpoint's, a default)
+    check_rewards_read(cfg, splits["train"][0]["answer"])  # every reward reads the task's answers
     longest, split, line = max((len(encode_prompt(enc, e["question"])), s, n + 1)
                                for s, rows in splits.items() for n, e in enumerate(rows))
     block, question = model.config.block_size, splits[split][line - 1]["question"]
@@ -194,9 +195,11 @@ def main(argv):
     if cfg["init_from"] == "resume":  # the saved run's config; only what argv gives overrides it
         check(cfg, "out_dir", cfg["out_dir"] != "", "give the directory of the run to resume")
         resume = load_checkpoint(os.path.join(cfg["out_dir"], "ckpt.pt"))
-        if "lora" not in resume or "base_ckpt" not in resume:
-            raise UserError(f"{cfg['out_dir']}/ckpt.pt is not a train_grpo.py checkpoint "
-                            "(a base model's?): give the out_dir of the GRPO run to resume")
+        kinds = dict(lora=dict, base_ckpt=str, config=dict, optimizer=dict, rng=dict, iter_num=int,
+                     train_seconds=(int, float))
+        if any(not isinstance(resume.get(k), t) for k, t in kinds.items()):
+            raise UserError(f"{cfg['out_dir']}/ckpt.pt is not a train_grpo.py checkpoint (a base "
+                            "model's, or changed since): give the out_dir of the GRPO run to resume")
         saved = {"base_ckpt": resume["base_ckpt"], **resume.get("config", {})}
         saved["data_dir"] = resolve_data_dir(saved.get("data_dir", ""))  # recorded project-relative
         cfg = configure(defaults, argv, saved=saved)  # a new --base_ckpt must hold the same weights
@@ -261,10 +264,14 @@ class Run:
 
     def restore(self, resume):
         load_lora_state_dict(self.model, resume["lora"])
-        self.optimizer.load_state_dict(resume["optimizer"])
+        try:
+            self.optimizer.load_state_dict(resume["optimizer"])
+            self.rng.setstate(resume["rng"]["python"])
+        except (ValueError, KeyError, TypeError) as e:  # another model's groups, a damaged state
+            raise UserError(f"{self.out}/ckpt.pt: its optimizer or random state does not fit "
+                            f"({type(e).__name__}: {e}); resume another run") from None
         self.iter_num = self.last_ckpt = resume["iter_num"]
         self.elapsed_before = resume["train_seconds"]
-        self.rng.setstate(resume["rng"]["python"])
         if self.curriculum:  # one given only now, or with fewer levels, starts at its first level
             self.curriculum.load_state_dict(resume.get("curriculum"), verbose=distributed.is_main())
         here = self.generator.device.type

@@ -25,6 +25,10 @@ def validate(cfg):
     check(cfg, "out_dir", cfg["out_dir"] != "", "give a directory, e.g. --out_dir=out/grpo")
     check_finite(cfg, "grad_clip")
     check(cfg, "base_ckpt", cfg["base_ckpt"] != "", "give the base checkpoint, e.g. --base_ckpt=out/base/ckpt.pt")
+    base_dir = os.path.dirname(cfg["base_ckpt"]) if cfg["base_ckpt"].endswith(".pt") else cfg["base_ckpt"]
+    check(cfg, "out_dir", os.path.realpath(cfg["out_dir"]) != os.path.realpath(base_dir or "."),
+          f"is the base's directory: the run's ckpt.pt would replace {cfg['base_ckpt']} (or the model's "
+          "files); give another directory, e.g. --out_dir=out/grpo")
     check_choice(cfg, "init_from", ("base", "resume"))
     check_positive(cfg, "batch_size", "micro_batch_size", "max_new_tokens", "learning_rate", "grad_clip",
                    "log_interval", "eval_interval", "eval_n", "eval_k", "ckpt_interval", "max_skipped_steps",
@@ -79,11 +83,16 @@ def validate(cfg):
           "must be 'arith' or 'countdown' with a planted defect (data/tasks.planted_answer)")
     check_task_data(cfg["data_dir"], cfg["task"])  # (and a resumed run's: another task's data put in its place)
     cfg["reward_funcs"], cfg["reward_weights"] = funcs, weights = task_rewards(cfg)  # () = the task's
-    check(cfg, "reward_funcs", len(funcs) > 0 and all(f in REWARD_FUNCS for f in funcs) and len(set(funcs)) == len(funcs),
+    names = all(isinstance(f, str) and f in REWARD_FUNCS for f in funcs)  # (a nested list: no name)
+    check(cfg, "reward_funcs", len(funcs) > 0 and names and len(set(funcs)) == len(funcs),
           f"a non-empty list of distinct names from {sorted(REWARD_FUNCS)}")
-    check(cfg, "reward_weights", len(weights) == len(funcs) and all(
-          isinstance(w, (int, float)) and not isinstance(w, bool) and math.isfinite(w) for w in weights),
+    numbers = all(isinstance(w, (int, float)) and not isinstance(w, bool) and math.isfinite(w)
+                  for w in weights)
+    check(cfg, "reward_weights", len(weights) == len(funcs) and numbers,
           f"one finite number per reward function ({len(funcs)}: {', '.join(funcs)})")
+    # rewards lie in [-1, 1]: the weighted sum, and its square in the group's std, must fit a float32
+    check(cfg, "reward_weights", sum(abs(w) for w in weights) <= 1e18,
+          "must add up (in absolute value) to at most 1e18: a larger reward overflows float32")
     check(cfg, "lora_targets", len(cfg["lora_targets"]) > 0, "name at least one layer, e.g. ('c_attn',)")
     if cfg["compile"]:  # torch.compile and a C++ compiler where it runs on CPU (scale/compiled.py)
         compiled.check_compile(cfg["device"])
@@ -97,3 +106,15 @@ def base_task(base_ckpt, base_config):
     if os.path.isfile(base_ckpt):
         return load_checkpoint(base_ckpt).get("config", {}).get("task", "arith")
     return read_config_file(base_config).get("task", "arith") if os.path.isfile(base_config) else "arith"
+
+
+def check_rewards_read(cfg, answer):
+    """Each reward function must read this task's answers (`answer`, one of them, is tried): one that
+    cannot (countdown's on an arith number) would score nothing, every step, without a word."""
+    for name in cfg["reward_funcs"]:
+        try:
+            REWARD_FUNCS[name]("", answer)
+        except Exception as e:  # noqa: BLE001 (whatever it raises, it raises at every step)
+            raise UserError(f"config key 'reward_funcs': {name} cannot score the {cfg['task']} task's "
+                            f"answers ({type(e).__name__}: {str(e)[:80]}); give this task's, e.g. "
+                            f"{TASKS[cfg['task']]['rewards']}") from None
