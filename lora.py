@@ -69,7 +69,11 @@ def apply_lora(model, r=8, alpha=16, dropout=0.0, targets=("c_attn", "c_proj", "
     for name in names:
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name)
-        setattr(parent, child, LoRALinear(getattr(parent, child), r, alpha, dropout))
+        try:
+            setattr(parent, child, LoRALinear(getattr(parent, child), r, alpha, dropout))
+        except (RuntimeError, MemoryError) as e:  # A, B: r x (d_in + d_out) numbers a layer
+            raise UserError(f"cannot allocate a LoRA adapter of rank r={r} on {name}: "
+                            f"{(str(e).splitlines() or [''])[0][:160]}; lower it") from None
     return names
 
 

@@ -28,8 +28,8 @@ from data.gsm_synth.prepare import TEMPLATES
 from scale.device import check_device
 from model import CheckpointWriteError, load_checkpoint, save_checkpoint
 from rewards import REWARD_FUNCS
-from checks.base_knobs import (build_model, check_eval_cache, check_loads, check_resume,
-                              check_same_data)
+from checks.base_knobs import (build_model, check_batch, check_eval_cache, check_loads,
+                              check_resume, check_same_data)
 from runs.rundir import run_lock, stop_note
 from sample import (NonFiniteLogits, decode_completions, encode_prompt, encode_text, generate,
                     stop_tokens)
@@ -253,6 +253,7 @@ def setup(cfg, ckpt):
     if longest > cfg["block_size"]:
         raise UserError(f"training sequences reach {longest} tokens "
                         f"but block_size={cfg['block_size']}")
+    check_batch(cfg, longest, run.enc.n_vocab)  # its logits fit the memory
     longest = max(len(encode_prompt(run.enc, e["question"])) for e in run.test)
     if longest + cfg["max_new_tokens"] > cfg["block_size"]:  # now, not at the first evaluation
         raise UserError(f"config key 'max_new_tokens' = {cfg['max_new_tokens']} is not allowed: "

@@ -38,7 +38,7 @@ from lora import apply_lora, lora_parameters, lora_state_dict, load_lora_state_d
 from scale.device import check_device, memory_stats
 from model import CheckpointWriteError, load_checkpoint, save_checkpoint
 from runs.base import base_identity, check_same_base, resolve_base
-from checks.grpo_knobs import check_rewards_read, validate
+from checks.grpo_knobs import check_rewards_read, check_sampling_cache, validate
 from runs.rundir import refuse_existing_run, rewind, run_lock, stop_note
 from data.tasks import planted_answer, portable_path, resolve_data_dir
 from data.datadir import bound_data, check_task_data
@@ -186,6 +186,7 @@ def prepare_base(cfg, out, resume):
                         f"the longest question, {longest} tokens at {where}, + max_new_tokens "
                         f"must fit the base's context of {block}: give at most {block - longest}, "
                         "or remove that question")
+    check_sampling_cache(cfg, model, longest, train_base.EVAL_BATCH)  # before iteration 0
     return model, identity, data_dir, enc, splits
 
 

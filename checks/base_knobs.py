@@ -55,16 +55,17 @@ def check_same_data(ckpt, path, data_dir, enc, fingerprint):
 def build_model(args, device, ckpt, path):
     """The GPT of model_args (or the checkpoint's, with its weights) on device. Too large to
     allocate is one line naming the knob to lower: block_size when its position table
-    (block_size x n_embd) is the largest part, else n_layer or n_embd. Weights that alone exceed
-    the memory there are refused before any is allocated (n_layer=10**9 would take minutes to
-    fail, and a machine that overcommits memory may kill the process instead)."""
+    (block_size x n_embd) is the largest part, else n_layer or n_embd. Weights whose training
+    state (weights, gradients, AdamW's two moments: 16 bytes a float32 parameter) exceeds the
+    memory there are refused before any is allocated (n_layer=10**9 would take minutes to fail,
+    and a machine that overcommits memory may kill the process instead)."""
     L, n, block = args["n_layer"], args["n_embd"], args["block_size"]
-    need = 4 * (12 * L * n * n + (args.get("vocab_size", 0) + block) * n)  # float32, at least
+    need = 16 * (12 * L * n * n + (args.get("vocab_size", 0) + block) * n)  # at least
     have = memory_of(device)
     try:
         if have and need > have:
-            raise MemoryError(f"its weights alone take {need / 2 ** 30:.3g} GiB of the "
-                              f"{have / 2 ** 30:.3g} GiB there")
+            raise MemoryError(f"its weights, gradients and AdamW state take {need / 2 ** 30:.3g} "
+                              f"GiB of the {have / 2 ** 30:.3g} GiB there")
         model = GPT(GPTConfig(**args)) if ckpt is None else \
             model_from_checkpoint(ckpt, path, dropout=args["dropout"])
         return model.to(device)
@@ -85,13 +86,31 @@ def memory_of(device):
     return have
 
 
+def check_batch(cfg, longest, vocab_size):
+    """A training batch's logits (batch_size x its longest sequence x vocab, float32: the largest
+    activation) must fit the memory there: refused before iteration 0, not at it with a traceback
+    (or the kernel's kill)."""
+    need, have = 4 * cfg["batch_size"] * longest * vocab_size, memory_of(cfg["device"])
+    if have and need > have:
+        raise UserError(f"config key 'batch_size' = {cfg['batch_size']} is not allowed: a batch's "
+                        f"logits ({cfg['batch_size']} x {longest} tokens x {vocab_size}) take "
+                        f"{need / 2 ** 30:.3g} GiB of the {have / 2 ** 30:.3g} GiB there; lower it")
+
+
 def check_eval_cache(model, enc, test, cfg, batch):
-    """The evaluation's KV cache (batch rows x the longest test prompt + max_new_tokens, every
-    layer) is allocated once before iteration 0: too large is one line then, not a traceback
-    after training. One larger than the memory there is refused without trying (build_model)."""
+    """The evaluation's KV cache (batch rows x the longest test prompt + max_new_tokens), checked
+    before iteration 0 by check_kv_cache."""
     rows = min(batch, len(test))
     length = max(len(encode_prompt(enc, e["question"])) for e in test) + cfg["max_new_tokens"]
-    c, p, have = model.config, next(model.parameters()), memory_of(cfg["device"])
+    check_kv_cache(model, rows, length, cfg["device"], "the evaluation's",
+                   "lower max_new_tokens (or eval_n, n_layer, n_embd)")
+
+
+def check_kv_cache(model, rows, length, device, what, fix):
+    """A KV cache of rows x length positions, every layer, is allocated once before iteration 0:
+    too large is one line then (`what` names whose, `fix` what to lower), not a traceback after
+    training. One larger than the memory there is refused without trying (build_model)."""
+    c, p, have = model.config, next(model.parameters()), memory_of(device)
     width = (c.n_kv_head or c.n_head) * (c.n_embd // c.n_head)  # a layer's keys at one position
     try:
         with model.amp:
@@ -104,9 +123,8 @@ def check_eval_cache(model, enc, test, cfg, batch):
             cache = model.new_cache(rows, length)
         del cache  # only whether it fits was in question
     except (RuntimeError, MemoryError) as e:
-        raise UserError(f"cannot allocate the evaluation's KV cache ({rows} rows x {length} "
-                        f"positions x {model.config.n_layer} layers on {cfg['device']}): "
-                        f"{first_line(e)}; lower max_new_tokens (or eval_n, n_layer, n_embd)"
+        raise UserError(f"cannot allocate {what} KV cache ({rows} rows x {length} positions x "
+                        f"{model.config.n_layer} layers on {device}): {first_line(e)}; {fix}"
                         ) from None
 
 

@@ -9,6 +9,7 @@ import os
 
 from configurator import UserError, check, check_adam_lr, check_choice, check_finite, \
     check_nonnegative, check_positive, read_config_file
+from checks.base_knobs import check_kv_cache
 from data.curriculum import most_test_problems, parse_levels
 from data.datadir import check_task_data
 from data.tasks import TASKS, task_rewards
@@ -118,3 +119,16 @@ def check_rewards_read(cfg, answer):
             raise UserError(f"config key 'reward_funcs': {name} cannot score the {cfg['task']} task's "
                             f"answers ({type(e).__name__}: {str(e)[:80]}); give this task's, e.g. "
                             f"{TASKS[cfg['task']]['rewards']}") from None
+
+
+def check_sampling_cache(cfg, model, longest, eval_batch):
+    """Sampling's KV cache, this process's rollouts (or TracIn 'pg' validation rollouts, or an
+    evaluation chunk's eval_k samples each, if more) x the longest prompt + max_new_tokens,
+    allocated once before iteration 0."""
+    pg = cfg["tracin"] and cfg["tracin_val_loss"] == "pg"
+    rows = max(cfg["batch_size"], cfg["tracin_val_batch_size"] if pg else 0) * cfg["group_size"]
+    rows = max(rows // distributed.launched_world_size(),
+               min(eval_batch, cfg["eval_n"]) * cfg["eval_k"])
+    check_kv_cache(model, rows, longest + cfg["max_new_tokens"], cfg["device"], "sampling's",
+                   "lower batch_size (or tracin_val_batch_size) x group_size, or eval_k "
+                   "(or max_new_tokens)")

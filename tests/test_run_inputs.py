@@ -108,3 +108,31 @@ def test_sigterm_ends_a_run_as_ctrl_c_does(tiny_setup, tmp_path):
     last = err.strip().splitlines()[-1]
     assert last.startswith("terminated (SIGTERM): ") and "--init_from=resume" in last, err
     assert not os.path.exists(out / "run.lock") and os.path.exists(out / "ckpt.pt")
+
+
+@pytest.mark.parametrize("arg, said", [
+    ("--group_size=100000000", "cannot allocate sampling's KV cache .*lower batch_size"),
+    ("--eval_k=10000000", "cannot allocate sampling's KV cache"),
+    ("--tracin=True --tracin_val_loss=pg --tracin_val_batch_size=100000000",
+     "cannot allocate sampling's KV cache"),
+    ("--lora_r=1000000000000", "cannot allocate a LoRA adapter of rank r=1000000000000"),
+])
+def test_sizes_beyond_the_memory_are_refused_before_iteration_0(tiny_setup, tmp_path, arg, said):
+    """Before: a traceback from the allocator after the first files were written, or a run that
+    never finished its first step."""
+    with pytest.raises(UserError, match=said):
+        tg.main([f"--base_ckpt={tiny_setup}", f"--out_dir={tmp_path / 'r'}", *arg.split()])
+    assert not os.path.exists(tmp_path / "r" / "ckpt_000000.pt")
+
+
+def test_a_base_batch_beyond_the_memory_is_refused_before_iteration_0(tmp_path, monkeypatch):
+    import train_base
+    from data.datadir import load_tokenizer
+    from data.gsm_synth.prepare import prepare
+    from test_base_resume import ARGS
+    d = prepare(steps=1, max_operand=5, ops="+", n_train=200, n_val=10, n_test=10, num_merges=20,
+                verbose=False, root=str(tmp_path / "data"))
+    monkeypatch.setattr(train_base, "load_task", lambda cfg, verbose=True: (d, load_tokenizer(d)))
+    with pytest.raises(UserError, match="'batch_size' = 100000000 is not allowed: a batch's logits"):
+        train_base.main([f"--out_dir={tmp_path / 'b'}", *ARGS, "--batch_size=100000000"])
+    assert not os.path.exists(tmp_path / "b" / "ckpt.pt")

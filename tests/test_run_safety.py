@@ -173,7 +173,7 @@ def test_cut_off_log_line_does_not_block_resume(tiny_setup, tmp_path, capsys):
         with open(out / name, "a") as f:
             f.write('{"iter": 3, "rewa')                          # a crash in the middle of a write
     tg.main([f"--out_dir={out}", "--init_from=resume", "--max_iters=3"])
-    assert "cut off" in capsys.readouterr().out
+    assert "cut off" in capsys.readouterr().err
     assert [json.loads(line)["iter"] for line in open(out / "rollouts.jsonl")] == [1, 2, 3]
 
 
