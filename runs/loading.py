@@ -76,7 +76,10 @@ def ensure_base(base_ckpt, base_config, device, train_base, resuming=False):
     if not base_ckpt.endswith(".pt"):  # a model directory: downloaded by the user, never at run time
         raise UserError(f"model directory {base_ckpt} not found: download it once with huggingface-cli download "
                         f"ORG/MODEL --local-dir {base_ckpt} (README: Use a pretrained model)")
-    where = os.path.join(read_config_file(base_config).get("out_dir", train_base.defaults["out_dir"]), "ckpt.pt")
+    where = read_config_file(base_config).get("out_dir", train_base.defaults["out_dir"])
+    if not isinstance(where, str) or not where:
+        raise UserError(f"base_config {base_config}: out_dir = {where!r} is not a directory's path")
+    where = os.path.join(where, "ckpt.pt")
     out_dir = os.path.dirname(base_ckpt) or "."
     # train_base.py writes out_dir/ckpt.pt: a base_ckpt of another name is then given as that file
     train = f"python train_base.py {shlex.quote(base_config)} --out_dir={shlex.quote(out_dir)}" + (
@@ -90,7 +93,10 @@ def ensure_base(base_ckpt, base_config, device, train_base, resuming=False):
     if distributed.launched():  # every rank would train its own copy into the same file
         raise UserError(f"base_ckpt {base_ckpt} not found; train it first, in one process: {train}")
     print(f"base model not found at {base_ckpt}: training it first with {base_config}")
-    train_base.main([base_config, f"--out_dir={out_dir}", f"--device={device}"])
+    try:
+        train_base.main([base_config, f"--out_dir={out_dir}", f"--device={device}"])
+    except UserError as e:  # a knob of the base's config file: named as such
+        raise UserError(f"training the base with base_config {base_config}: {e}") from None
 
 
 def load_frozen_base(base_ckpt, grad_checkpoint=False, data_dir="", dtype="float32", task="arith"):

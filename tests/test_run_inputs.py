@@ -136,3 +136,18 @@ def test_a_base_batch_beyond_the_memory_is_refused_before_iteration_0(tmp_path, 
     with pytest.raises(UserError, match="'batch_size' = 100000000 is not allowed: a batch's logits"):
         train_base.main([f"--out_dir={tmp_path / 'b'}", *ARGS, "--batch_size=100000000"])
     assert not os.path.exists(tmp_path / "b" / "ckpt.pt")
+
+
+@pytest.mark.parametrize("text, said", [
+    ("out_dir = 5\n", r"base_config .*b.py: out_dir = 5 is not a directory's path"),
+    ("n_head = 3\n", r"training the base with base_config .*b.py: config key 'n_embd'"),
+])
+def test_a_base_config_at_fault_is_named(tmp_path, monkeypatch, text, said):
+    """The base a fresh run trains first (runs/loading.ensure_base): its config file is named."""
+    conf = tmp_path / "b.py"
+    out = tmp_path / "base"
+    conf.write_text(f"out_dir = {str(out)!r}\nmax_iters = 1\n{text}")
+    with pytest.raises(UserError, match=said):
+        tg.main([f"--base_config={conf}", f"--base_ckpt={out}/ckpt.pt",
+                 f"--out_dir={tmp_path / 'r'}"])
+    assert not os.path.exists(out / "ckpt.pt") and not os.path.exists(tmp_path / "r")
