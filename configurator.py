@@ -74,7 +74,7 @@ def read_config_file(path):
     ns = {}
     try:
         exec(code, ns)
-    except (Exception, SystemExit) as e:  # NameError, sys.exit(): name the file's own line, not ours
+    except (Exception, SystemExit) as e:  # NameError, sys.exit(): the file's own line, not ours
         frames = traceback.extract_tb(e.__traceback__)
         line = [f.lineno for f in frames if f.filename == path][-1:] or ["?"]
         raise UserError(f"config file {path}, line {line[0]}: {type(e).__name__}: {e}") from None
@@ -260,8 +260,8 @@ def cli_main(main, argv=None):
     except KeyboardInterrupt as e:
         term = on_term and signal.getsignal(signal.SIGTERM) == signal.SIG_IGN  # _terminate ran
         what = "terminated (SIGTERM)" if term else "interrupted"
-        print(f"{what}: {e}" if str(e) and not isinstance(e, Terminated) else
-              what if term else "interrupted (Ctrl-C)", file=sys.stderr)
+        print(f"{what}: {e}" if str(e) else what if term else "interrupted (Ctrl-C)",
+              file=sys.stderr)
         _exit(143 if term else 130)
     except Exception:  # a crash under torchrun: its traceback, then end at once (see _exit)
         if _distributed() is None or _distributed().world_size() == 1:

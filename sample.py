@@ -19,7 +19,7 @@ import torch
 
 from data.datadir import load_split
 from data.tasks import task_data
-from runs.loading import load_policy
+from runs.loading import load_policy, nonfinite_weight
 from scale.device import check_device
 
 
@@ -201,7 +201,7 @@ def main(argv):
           "give --start (raw text) or --question, not both")
     model, enc, data_dir = load_policy(cfg["ckpt"], cfg["device"], merge=True,
                                        base_ckpt=cfg["base_ckpt"])
-    bad = next((n for n, p in model.named_parameters() if not torch.isfinite(p).all()), None)
+    bad = nonfinite_weight(model)
     if bad is not None:  # every logit would be NaN: say which weight, not a traceback from sampling
         raise UserError(f"{cfg['ckpt']}: weight {bad} holds NaN/Inf, "
                         "so the model cannot be sampled: "

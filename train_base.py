@@ -205,10 +205,9 @@ def main(argv):
         path = os.path.join(cfg["out_dir"], "ckpt.pt")
         ckpt = load_checkpoint(path)
         kinds = dict(model=dict, model_args=dict, config=dict, optimizer=dict, rng=dict,
-                     iter_num=int, data_dir=str)
-        if not isinstance(ckpt, dict) or "lora" in ckpt \
-                or any(not isinstance(ckpt.get(k, "" if k == "data_dir" else None), t)
-                       for k, t in kinds.items()) \
+                     iter_num=int)
+        if "lora" in ckpt or any(not isinstance(ckpt.get(k), t) for k, t in kinds.items()) \
+                or not isinstance(ckpt.get("data_dir", ""), str) \
                 or not isinstance(ckpt["rng"].get("torch"), torch.Tensor):
             raise UserError(f"{path} is not a train_base.py checkpoint (a GRPO run's, or changed "
                             f"since): give the out_dir of the base to resume")

@@ -45,7 +45,7 @@ from data.datadir import bound_data, check_task_data
 from sample import NonFiniteLogits, encode_prompt
 from tracin import reference_solutions, tracin_backward
 import train_base
-from runs.loading import ensure_base, load_frozen_base
+from runs.loading import ensure_base, load_frozen_base, nonfinite_weight
 from train_base import evaluate, get_lr
 
 # -----------------------------------------------------------------------------
@@ -399,8 +399,7 @@ class Run:
                 no_signal.after_step(log, verbose=distributed.is_main())
                 skipped_in_a_row = skipped_in_a_row + 1 if log["skipped"] else 0
                 if skipped_in_a_row >= cfg["max_skipped_steps"]:
-                    base_bad = next((n for n, p in self.model.named_parameters()
-                                     if ".lora_" not in n and not torch.isfinite(p).all()), None)
+                    base_bad = nonfinite_weight(self.model, adapter=False)
                     skipped = f"{skipped_in_a_row} steps in a row skipped ({log['skip_reason']})"
                     if base_bad is not None:  # no lr helps a base that is NaN/Inf before training
                         raise UserError(f"{skipped}: the base model's weight {base_bad} "

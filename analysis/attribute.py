@@ -19,7 +19,6 @@ import json
 import os
 import re
 import shlex
-import sys
 
 from analysis.outputs import check_new_file, has_mark
 from analysis.audit import LOSSES, audit, greedy_answers, summary_lines
@@ -27,8 +26,8 @@ from analysis.plot import has_matplotlib, plot_influence
 from analysis.report import write_report
 from data.tasks import load_task_split
 from model import load_checkpoint
-from runs.metrics import record_problem
-from runs.rundir import read_jsonl, run_files, run_lock, unused_out_dir, write_json
+from runs.metrics import read_records
+from runs.rundir import run_files, run_lock, unused_out_dir, write_json
 from sample import encode_prompt, encode_text, stop_tokens
 from runs.loading import load_policy
 from scale.device import check_device
@@ -67,11 +66,7 @@ def load_rollouts(path, enc, vocab_size=None):
     if not os.path.exists(path):
         raise UserError(f"no recorded rollouts at {path}: was this run made by train_grpo.py?")
     samples, stops = [], stop_tokens(enc)
-    for n, r in enumerate(read_jsonl(path), 1):
-        problem = record_problem(r, min(vocab_size or enc.n_vocab, enc.n_vocab))
-        if problem:
-            print(f"warning: {path}: record {n} {problem}; skipped", file=sys.stderr)
-            continue
+    for r in read_records(path, min(vocab_size or enc.n_vocab, enc.n_vocab)):
         G = len(r["rewards"]) // len(r["prompts"])
         for j, (toks, m) in enumerate(zip(r["completion_tokens"], r["completion_mask"])):
             if r["advantages"][j] == 0:

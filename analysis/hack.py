@@ -16,7 +16,6 @@ per run, one colour per method. --out is never a file this script did not write.
 # configurator first: a Ctrl-C during the slow imports below (torch) is one line, not a traceback
 from configurator import UserError, cli_main
 import os
-import sys
 
 import torch
 
@@ -26,8 +25,7 @@ from data.datadir import load_tokenizer
 from data.tasks import resolve_data_dir
 from model import load_checkpoint
 from rewards import countdown_claim_reward, countdown_reward
-from runs.metrics import record_problem
-from runs.rundir import read_jsonl
+from runs.metrics import read_records
 from sample import decode_completions
 
 EDGE = 25  # steps averaged at the start and at the end
@@ -73,12 +71,7 @@ def kept_counts(run_dir, enc):
     """{'hack'/'right'/'other': [rollouts, kept, sum of influence]} over rollouts.jsonl."""
     counts = {k: [0, 0, 0.0] for k in ("hack", "right", "other")}
     path = os.path.join(run_dir, "rollouts.jsonl")
-    for n, line in enumerate(read_jsonl(path), 1):
-        problem = record_problem(line, enc.n_vocab)
-        if problem or "selected" not in line or "influence" not in line:
-            print(f"warning: {path}: record {n} {problem or 'lacks selected or influence'}; skipped",
-                  file=sys.stderr)
-            continue
+    for line in read_records(path, enc.n_vocab, needs=("selected", "influence")):
         group = len(line["completion_tokens"]) // len(line["answers"])
         texts = decode_completions(enc, torch.tensor(line["completion_tokens"]),
                                    torch.tensor(line["completion_mask"]))

@@ -147,8 +147,9 @@ def summed_scores(results):
     one run and one n_probe: the same rollouts, in the same order, in each; any other mix is refused)."""
     key = lambda e: (e.get("index"), e.get("iter"), e.get("prompt"), e.get("completion"))  # noqa: E731
     entries = {key(e): {**e, "tracin_score": 0.0} for e in results[0]["scores"]}
+    scored = sorted(entries, key=repr)
     for res in results:
-        if sorted(map(key, res["scores"]), key=repr) != sorted(entries, key=repr):
+        if sorted(map(key, res["scores"]), key=repr) != scored:
             raise UserError("the attributions score different rollouts (another run, or another n_probe): "
                             "sum only the attributions of one run made with the same --n_probe")
         for e in res["scores"]:

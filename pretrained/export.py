@@ -30,7 +30,7 @@ from lora import LoRALinear, merge_lora
 from model import load_checkpoint
 from runs.base import resolve_base
 from runs.rundir import run_lock
-from runs.loading import load_policy
+from runs.loading import load_policy, nonfinite_weight
 
 defaults = dict(
     out_dir="",          # the train_grpo.py run; '' = the directory of --ckpt, or else out/grpo
@@ -202,8 +202,7 @@ def export(cfg, path, adapter_dir, merged_dir, replaced):
     source = {"ckpt": os.path.abspath(path), "iter": ckpt.get("iter_num"), "base": os.path.abspath(base)}
     said = f"iter {source['iter']} of {path}"
     model, _, _ = load_policy(path, base_ckpt=base)  # base + adapter, checked against the base's identity
-    bad = next((n for n, p in model.named_parameters()
-                if ".lora_" in n and not p.isfinite().all()), None)
+    bad = nonfinite_weight(model, adapter=True)
     if bad is not None:  # peft and transformers would load it without a word
         raise UserError(f"{path}: LoRA weight {bad} holds NaN/Inf (the run diverged), so it is "
                         f"not exported: give an earlier checkpoint, --ckpt=RUN/ckpt_NNNNNN.pt")

@@ -66,6 +66,13 @@ def load_policy(ckpt_path, device="cpu", merge=False, base_ckpt=""):
     return model.to(device).eval(), enc, data_dir
 
 
+def nonfinite_weight(model, adapter=None):
+    """The name of the first weight holding NaN/Inf, or None; adapter True: the LoRA weights only,
+    False: the base's only, None: every one."""
+    return next((n for n, p in model.named_parameters()
+                 if adapter in (None, ".lora_" in n) and not torch.isfinite(p).all()), None)
+
+
 def ensure_base(base_ckpt, base_config, device, train_base, resuming=False):
     """For train_grpo.py: train the base model with base_config if base_ckpt is missing and is where
     base_config puts it (a fresh clone). Any other missing base is an error, never a silent long

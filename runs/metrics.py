@@ -3,11 +3,13 @@ What a GRPO step writes down: one log.jsonl line (TRL's metric names), one rollo
 post-hoc TracIn, tracin.py, attributes to) and one console line.
 """
 import math
+import sys
 
 import torch
 
 from rewards import HACKABLE, pop_counts
 from data.tasks import TASKS
+from runs.rundir import read_jsonl
 
 
 def step_log(rollouts, result, cfg, cache=None):
@@ -65,10 +67,23 @@ def rollout_record(questions, answers, rollouts, cfg):
 RECORD_KEYS = ("iter", "prompts", "answers", "completion_tokens", "completion_mask", "rewards", "advantages")
 
 
-def record_problem(r, vocab_size):
+def read_records(path, vocab_size, needs=()):
+    """The records of a rollouts.jsonl that can be read back (record_problem); any other is skipped
+    with a warning naming it. needs: keys a reader needs beyond RECORD_KEYS (a TracIn run's)."""
+    records = []
+    for n, r in enumerate(read_jsonl(path), 1):
+        problem = record_problem(r, vocab_size, needs)
+        if problem:
+            print(f"warning: {path}: record {n} {problem}; skipped", file=sys.stderr)
+        else:
+            records.append(r)
+    return records
+
+
+def record_problem(r, vocab_size, needs=()):
     """Why a rollouts.jsonl record cannot be read back (None: it can), as rollout_record writes it:
     P prompts and answers, N = G P rollouts, each with token ids below vocab_size and a 0/1 mask."""
-    missing = [k for k in RECORD_KEYS if k not in r]
+    missing = [k for k in (*RECORD_KEYS, *needs) if k not in r]
     if missing or not r["prompts"]:
         return f"lacks {missing or 'prompts'}"
     if type(r["iter"]) is not int or not all(isinstance(r[k], list) for k in RECORD_KEYS[1:]):
