@@ -25,7 +25,8 @@ from configurator import UserError
 from data.tasks import TASKS
 from lora import disable_lora, folded_for_sampling, lora_parameters
 from rewards import compute_rewards
-from sample import decode_completions, encode_prompt, generate, pad_prompts, stop_tokens
+from data.prompts import decode_completions, encode_prompt, stop_tokens
+from model import generate, pad_prompts
 from scale import distributed
 
 

@@ -12,13 +12,18 @@ A GPT in the nanoGPT mould (GPT-2 names: wte, wpe, c_attn, c_proj, c_fc, lm_head
   - the families of real checkpoints as a few switches (GPTConfig.arch and below): GPT-2 is
     this GPT with biases and tanh GELU; Qwen2 and Llama swap LayerNorm for RMSNorm, learned
     positions for RoPE, GELU for SwiGLU, and may share key/value heads (grouped-query attention),
-plus GPT.from_pretrained (a local Hugging Face directory, read with safetensors) and checkpoint I/O
-(atomic writes, weights_only loads, one-line errors).
+and `generate`, GRPO's pass 1: batched KV-cache sampling that returns token ids and a completion
+mask, never logits. Layout of a batch (prompts of different lengths are left-padded, so every
+completion starts at the same column P and the cache advances one column per step for all rows):
+
+    row 0:  [pad pad q q q q | c c c EOT pad]
+    row 1:  [q q q q q q     | c c c c   c  ]
+             pad_left = (2, 0)      completion_mask = (1 1 1 1 0), (1 1 1 1 1)
+
+Loading a Hugging Face directory lives in pretrained/hf.py (from_pretrained), checkpoint files in
+runs/checkpoint.py: this file is the model alone.
 """
-import hashlib
-import io
 import math
-import os
 from contextlib import nullcontext
 from dataclasses import dataclass
 
@@ -28,8 +33,6 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint as activation_checkpoint
 
 from configurator import UserError
-from pretrained.hf import (hf_config_args, hf_layer_count, hf_tensors, read_hf_config,
-                           read_hf_weights)
 
 
 @dataclass
@@ -42,7 +45,7 @@ class GPTConfig:
     dropout: float = 0.0
     bias: bool = False
     grad_checkpoint: bool = False  # recompute each block's activations in backward
-    # family switches: the defaults are the tiny GPT; GPT.from_pretrained sets them from config.json
+    # family switches: the defaults are the tiny GPT; pretrained/hf.from_pretrained sets them from config.json
     arch: str = "gpt2"          # 'gpt2': LayerNorm, learned positions, GELU MLP, one fused c_attn;
                                 # 'llama' (Qwen2 too): RMSNorm, RoPE, SwiGLU MLP, q/k/v/o_proj
     n_kv_head: int = 0          # grouped-query attention: n_kv_head key/value heads (0 = n_head)
@@ -240,6 +243,12 @@ class GPT(nn.Module):
         elif isinstance(module, nn.Embedding):
             torch.nn.init.normal_(module.weight, mean=0.0, std=0.02)
 
+    def load_weights(self, sd):
+        """Take sd's tensors as the parameters (assign: no copy), the head tied to wte again."""
+        self.load_state_dict(sd, assign=True)
+        if self.config.tie_head:  # assign made two Parameters of one tensor: make them one again
+            self.lm_head.weight = self.transformer.wte.weight
+
     def num_params(self):
         wpe = self.transformer.wpe.weight.numel() if "wpe" in self.transformer else 0
         return sum(p.numel() for p in self.parameters()) - wpe
@@ -291,113 +300,114 @@ class GPT(nn.Module):
         # contiguous: on a strided slice the head copies its (V, C) weight per row (bf16: 10x)
         return self.lm_head(x[:, -(keep_last or 1):].contiguous()), None  # (B, keep_last, V)
 
-    @classmethod
-    def from_pretrained(cls, path, dtype=torch.float32):
-        """nanoGPT's name: a GPT-2, Qwen2 or Llama-family model from a local Hugging Face directory
-        (config.json + model.safetensors, or shards named in model.safetensors.index.json), its
-        weights kept in `dtype`. Nothing is downloaded: fetch the directory first (README)."""
-        config = GPTConfig(**hf_config_args(read_hf_config(path), path))
-        held = hf_layer_count(path)
-        # checked before building n_layer blocks (fewer: an unexpected tensor, below)
-        if config.n_layer > held:
-            key = "n_layer" if config.arch == "gpt2" else "num_hidden_layers"
-            raise UserError(f"{path}/config.json: {key} = {config.n_layer}, but the weights hold "
-                            f"{held} layers: config.json and the weights do not belong together")
-        with torch.device("meta"):  # no memory yet: each tensor comes once, straight from the file
-            model = cls(config)
-        shapes = {k: v.shape for k, v in model.state_dict().items()}
-        if config.tie_head:  # the head is wte's weight (a file may still carry a copy: skipped)
-            del shapes["lm_head.weight"]
-        sd = read_hf_weights(path, config.arch, shapes, dtype)
-        if config.tie_head:
-            sd["lm_head.weight"] = sd["transformer.wte.weight"]
-        model.load_state_dict(sd, assign=True)  # the loaded tensors become the parameters: no copy
-        if config.tie_head:  # assign made two Parameters of one tensor: make them one again
-            model.lm_head.weight = model.transformer.wte.weight
-        return model.eval()
-
 
 # ---------------------------------------------------------------------------------------------
-# checkpoint I/O shared by every script
+# PASS 1: sampling
 
-class CheckpointWriteError(UserError):
-    """A checkpoint that could not be written (disk full, read-only): a training loop adds where
-    it can go on from."""
-
-
-def save_checkpoint(obj, path):
-    """Write atomically: a crash mid-write leaves the previous file intact, never half a file."""
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = path + ".tmp"
-    buf = io.BytesIO()
-    torch.save(obj, buf)  # in memory first: saving to a full disk reports "unexpected pos", not why
-    try:
-        with open(tmp, "wb") as f:
-            f.write(buf.getbuffer())
-        os.replace(tmp, path)  # atomic rename on POSIX and Windows
-    except OSError as e:  # disk full, read-only, ...: the OS's own reason
-        raise CheckpointWriteError(f"cannot write checkpoint {path}: {e.strerror or e}") from None
-    finally:
-        if os.path.exists(tmp):  # failed or interrupted (Ctrl-C) mid-write: no half file left
-            os.remove(tmp)
+class NonFiniteLogits(FloatingPointError):
+    """The model produced NaN/Inf logits while sampling: its weights have diverged."""
 
 
-def load_checkpoint(path, map_location="cpu"):
-    """torch.load with weights_only=True (no arbitrary code), with one-line errors."""
-    if not os.path.exists(path):
-        raise UserError(f"checkpoint not found: {path}")
-    if os.path.isdir(path):  # torch.load's IsADirectoryError would read as a corrupt file
-        kinds = {"config.json": "a Hugging Face model directory",
-                 "ckpt.pt": f"a run directory (its checkpoint: {path}/ckpt.pt)"}
-        what = next((v for k, v in kinds.items() if os.path.isfile(f"{path}/{k}")), "a directory")
-        raise UserError(f"{path} is {what}, not a checkpoint file")
-    try:
-        ckpt = torch.load(path, map_location=map_location, weights_only=True)
-    except Exception as e:
-        first_line = (str(e).splitlines() or [""])[0][:120]
-        raise UserError(f"checkpoint {path} is corrupt or not a checkpoint "
-                        f"({type(e).__name__}: {first_line})") from None
-    if not isinstance(ckpt, dict):  # a bare tensor or list saved with torch.save
-        raise UserError(f"{path} holds a {type(ckpt).__name__}, not a checkpoint (a dict)")
-    return ckpt
+def pad_prompts(prompts, pad_id, device):
+    """Left-pad token lists into one (B, P) tensor; returns (idx, pad_left)."""
+    if not prompts or any(len(p) == 0 for p in prompts):
+        raise UserError("every prompt must have at least one token (got an empty prompt)")
+    P = max(len(p) for p in prompts)
+    idx = torch.full((len(prompts), P), pad_id, dtype=torch.long)
+    for i, p in enumerate(prompts):
+        idx[i, P - len(p):] = torch.tensor(p, dtype=torch.long)
+    pad_left = torch.tensor([P - len(p) for p in prompts], dtype=torch.long)
+    return idx.to(device), pad_left.to(device)
 
 
-def model_from_checkpoint(ckpt, path="checkpoint", **overrides):
-    """Build a GPT from a base checkpoint's model_args and weights; a mismatch is a clear error."""
-    if "lora" in ckpt:  # a GRPO run's: an adapter, not a model
-        raise UserError(f"{path} is a train_grpo.py checkpoint (a LoRA adapter on the base "
-                        f"{ckpt.get('base_ckpt')}), not a base model: "
-                        f"give a base, e.g. the one it was trained on")
-    if "model_args" not in ckpt or "model" not in ckpt:
-        raise UserError(f"{path} is not a base model checkpoint (no model_args/model)")
-    args = {**ckpt["model_args"], **overrides}
-    try:
-        model = GPT(GPTConfig(**args))
-    except (TypeError, AssertionError) as e:
-        raise UserError(f"{path} has model_args this GPT cannot build ({e})") from None
-    sd = {k.removeprefix("_orig_mod."): v for k, v in ckpt["model"].items()}
-    try:
-        model.load_state_dict(sd)
-    except RuntimeError as e:
-        lines = str(e).splitlines()
-        raise UserError(f"{path} does not match the GPT architecture {ckpt['model_args']}: "
-                        f"{lines[1].strip() if len(lines) > 1 else e}") from None
-    return model
+# the smallest temperature > 0 taken: logits / temperature, and the log-probs' gradients that
+# carry 1 / temperature, must stay far inside float32 (3.4e38); below it sampling is greedy anyway
+MIN_TEMPERATURE = 1e-4
 
 
-def base_fingerprint(path, model):
-    """sha256 (16 hex digits) of every tensor's name, dtype, shape and bytes: two bases of the same
-    shape but other weights (retrained, another seed) get different fingerprints. A Hugging Face
-    directory's are the tensors as its files store them, whatever dtype they were loaded in."""
-    if os.path.isdir(path):
-        return tensors_fingerprint(hf_tensors(path))
-    return tensors_fingerprint(model.state_dict().items())
+def sample_next(logits, temperature, top_k, top_p, generator, u=None):
+    """logits (N, V) of the last position only -> next token ids (N,), by inverse CDF from ONE
+    uniform u_i per row (from `generator` unless given): the first token whose cumulative
+    probability exceeds u_i. A row depends on its u_i only: processes sample as one process."""
+    if temperature == 0:
+        return logits.argmax(dim=-1)                      # greedy
+    logits = logits.float() / temperature                 # float32 under bf16 (see scale/device.py)
+    if top_k is not None and top_k < logits.size(-1):
+        kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None and top_p < 1.0:                 # nucleus: smallest set with mass >= top_p
+        sorted_logits, order = torch.sort(logits, descending=True, dim=-1)
+        cum = sorted_logits.softmax(-1).cumsum(-1)
+        drop = cum - sorted_logits.softmax(-1) >= top_p   # tokens entirely beyond the nucleus
+        drop[:, 0] = False                                # the likeliest token stays, for any top_p
+        logits = logits.masked_fill(torch.zeros_like(drop).scatter(-1, order, drop), float("-inf"))
+    cdf = logits.softmax(dim=-1).cumsum(-1)
+    if u is None:
+        u = torch.rand(cdf.size(0), generator=generator, device=cdf.device)
+    nxt = torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(-1), right=True).squeeze(-1)
+    return nxt.clamp_(max=cdf.size(-1) - 1)  # right=True never lands on a zero-probability token
 
 
-def tensors_fingerprint(named_tensors):
-    h = hashlib.sha256()
-    for k, t in sorted(named_tensors, key=lambda kv: kv[0]):
-        t = t.detach().cpu().contiguous()
-        h.update(f"{k}|{t.dtype}|{tuple(t.shape)}|".encode())
-        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
-    return h.hexdigest()[:16]
+@torch.no_grad()  # pass 1 needs no graph: no activations are stored for backward
+def generate(model, prompts, max_new_tokens, eot_id, num_samples=1, temperature=1.0,
+             top_k=None, top_p=None, seed=None, generator=None, check_every=None, vocab_size=None,
+             u=None, decode=None):
+    """prompts: token-id lists, `num_samples` completions each; eot_id: the end id or a tuple (the
+    first pads); ids >= vocab_size are never drawn. -> (idx (N, P + T), pad_left (N,), completion
+    mask (N, T), 1 up to and including end-of-text), N = B * num_samples, laid out as the module
+    docstring shows; only the last position's logits (N, V) ever exist, none are returned. u
+    (max_new_tokens, N): a uniform per row and step (sample_next). decode: compile's one-column
+    step (scale/compiled.CompiledDecode), None: the model's forward with the cache."""
+    device = next(model.parameters()).device
+    eot_ids = eot_id if isinstance(eot_id, (tuple, list)) else [eot_id]
+    stops = torch.tensor(eot_ids, device=device, dtype=torch.long)
+    eot_id = int(stops[0]) if len(stops) else 0  # the padding id; () = nothing stops a row
+    check_every = check_every or (8 if device.type == "cuda" else 1)  # see "all rows done?" below
+    idx, pad_left = pad_prompts(prompts, eot_id, device)
+    (B, P), N = idx.shape, len(prompts) * num_samples
+    L = P + max_new_tokens  # the cache's columns
+    if max_new_tokens < 1:
+        raise UserError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
+    if L > model.config.block_size:
+        raise UserError(f"prompt of {P} tokens + max_new_tokens={max_new_tokens} exceeds the "
+                        f"context of {model.config.block_size} tokens; shorten either")
+    if generator is None and seed is not None:
+        generator = torch.Generator(device=device).manual_seed(seed)
+    if u is None and temperature > 0:
+        u = torch.rand(max_new_tokens, N, generator=generator, device=device)  # (S, N)
+    if u is not None and tuple(u.shape) != (max_new_tokens, N):
+        raise ValueError(f"u must be (max_new_tokens, rows) = ({max_new_tokens}, {N}), "
+                         f"got {tuple(u.shape)}")
+    was_training = model.training
+    model.eval()
+    cache = model.new_cache(B, decode.cache_len(L) if decode else L, pad_left)  # compiled: bucketed
+    logits, _ = model(idx, cache=cache)                   # prefill once per prompt: (B, 1, V)
+    cache.repeat_interleave(num_samples)                  # share the prefill among the samples
+    logits = logits[:, -1].repeat_interleave(num_samples, dim=0)   # (N, V)
+    out = torch.full((N, max_new_tokens), eot_id, dtype=torch.long, device=device)
+    done = torch.zeros(N, dtype=torch.bool, device=device)
+    nonfinite = torch.zeros(N, dtype=torch.bool, device=device)
+    for t in range(max_new_tokens):
+        nonfinite |= ~torch.isfinite(logits).all(-1)  # NaN/Inf: no host sync; raised at the end
+        u_t = None if u is None else u[t]
+        nxt = sample_next(logits[:, :vocab_size], temperature, top_k, top_p, generator, u_t)
+        del logits                                        # the only logits alive, kept by nothing
+        nxt = nxt.masked_fill(done, eot_id)               # finished rows only emit padding
+        out[:, t] = nxt
+        done |= torch.isin(nxt, stops)
+        # all rows done? bool() waits for the device: on a GPU, asking every step would stall the
+        # kernel queue once per token, so there we ask every 8 steps (at most 7 wasted at the end)
+        if t + 1 == max_new_tokens or (t % check_every == check_every - 1 and bool(done.all())):
+            break
+        # one new column for every row: the model's forward, or the compiled step (same arithmetic)
+        logits = decode(nxt[:, None], cache) if decode else model(nxt[:, None], cache=cache)[0]
+        logits = logits[:, -1]
+    model.train(was_training)
+    if bool(nonfinite.any()):
+        raise NonFiniteLogits(f"NaN/Inf logits in {int(nonfinite.sum())} of {N} sampled rows")
+    # mask: 1 up to and including the first end-of-text of each row
+    is_eot = torch.isin(out[:, :t + 1], stops).long()
+    mask = ((is_eot.cumsum(1) - is_eot) == 0).long()      # 0 strictly after the first EOT
+    T = int(mask.sum(0).nonzero().max()) + 1              # drop columns no row reached, all padding
+    return torch.cat([idx.repeat_interleave(num_samples, dim=0), out[:, :T]], dim=1), \
+        pad_left.repeat_interleave(num_samples), mask[:, :T]

@@ -1,170 +1,22 @@
 """
-Batched KV-cache sampling: GRPO's pass 1. Returns token ids and a completion mask, never logits.
+Sample from a model on the command line, as nanoGPT's sample.py: a base checkpoint, a GRPO run
+(its adapter on its base, folded in) or a Hugging Face directory. The sampling itself is
+model.generate (GRPO's pass 1); the prompt format is data/prompts.py.
 
     python sample.py --ckpt=out/base/ckpt.pt --question="Mia has 3 apples. ..." --num_samples=4
     python sample.py --ckpt=out/grpo/ckpt.pt          # a GRPO run: LoRA applied on its base model
     python sample.py --ckpt=models/qwen2.5-0.5b-instruct --temperature=0 \
         --start="The capital of France"               # a Hugging Face directory; --start: raw text
-
-Layout of a batch (prompts of different lengths are left-padded, so every completion starts at
-the same column P and the cache advances one column per step for all rows):
-
-    row 0:  [pad pad q q q q | c c c EOT pad]
-    row 1:  [q q q q q q     | c c c c   c  ]
-             pad_left = (2, 0)      completion_mask = (1 1 1 1 0), (1 1 1 1 1)
 """
 # configurator first: a Ctrl-C during the slow imports below (torch) is one line, not a traceback
 from configurator import UserError, check, check_finite, check_positive, configure, cli_main
-import torch
 
 from data.datadir import load_split
+from data.prompts import encode_prompt, decode_completions, stop_tokens
 from data.tasks import task_data
+from model import MIN_TEMPERATURE, NonFiniteLogits, generate
 from runs.loading import load_policy, nonfinite_weight
 from scale.device import check_device
-
-
-def encode_text(enc, text):
-    """Token ids of any text. A string that spells a special token ("<|endoftext|>") is encoded as
-    the plain characters it is, never as the special token: a question cannot end its own prompt."""
-    return enc.encode(text, disallowed_special=())
-
-
-# an instruct model's user turn asks for the format in words (the tiny GPT learned it from examples)
-CHAT_INSTRUCTION = "\nWrite one equation per line, then the answer on a last line as '#### N'."
-
-
-def encode_prompt(enc, question):
-    """The prompt's ids; an instruct model's tokenizer (`chat` set) makes the question and
-    CHAT_INSTRUCTION (or enc.instruction: data/tasks.py) the user turn, then the assistant's
-    header."""
-    if getattr(enc, "chat", None):
-        return enc.encode_chat(question + getattr(enc, "instruction", CHAT_INSTRUCTION))
-    return encode_text(enc, question + "\n")  # the tiny GPT's format (data/gsm_synth: prompt_text)
-
-
-class NonFiniteLogits(FloatingPointError):
-    """The model produced NaN/Inf logits while sampling: its weights have diverged."""
-
-
-def pad_prompts(prompts, pad_id, device):
-    """Left-pad token lists into one (B, P) tensor; returns (idx, pad_left)."""
-    if not prompts or any(len(p) == 0 for p in prompts):
-        raise UserError("every prompt must have at least one token (got an empty prompt)")
-    P = max(len(p) for p in prompts)
-    idx = torch.full((len(prompts), P), pad_id, dtype=torch.long)
-    for i, p in enumerate(prompts):
-        idx[i, P - len(p):] = torch.tensor(p, dtype=torch.long)
-    pad_left = torch.tensor([P - len(p) for p in prompts], dtype=torch.long)
-    return idx.to(device), pad_left.to(device)
-
-
-# the smallest temperature > 0 taken: logits / temperature, and the log-probs' gradients that
-# carry 1 / temperature, must stay far inside float32 (3.4e38); below it sampling is greedy anyway
-MIN_TEMPERATURE = 1e-4
-
-
-def sample_next(logits, temperature, top_k, top_p, generator, u=None):
-    """logits (N, V) of the last position only -> next token ids (N,), by inverse CDF from ONE
-    uniform u_i per row (from `generator` unless given): the first token whose cumulative
-    probability exceeds u_i. A row depends on its u_i only: processes sample as one process."""
-    if temperature == 0:
-        return logits.argmax(dim=-1)                      # greedy
-    logits = logits.float() / temperature                 # float32 under bf16 (see scale/device.py)
-    if top_k is not None and top_k < logits.size(-1):
-        kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if top_p is not None and top_p < 1.0:                 # nucleus: smallest set with mass >= top_p
-        sorted_logits, order = torch.sort(logits, descending=True, dim=-1)
-        cum = sorted_logits.softmax(-1).cumsum(-1)
-        drop = cum - sorted_logits.softmax(-1) >= top_p   # tokens entirely beyond the nucleus
-        drop[:, 0] = False                                # the likeliest token stays, for any top_p
-        logits = logits.masked_fill(torch.zeros_like(drop).scatter(-1, order, drop), float("-inf"))
-    cdf = logits.softmax(dim=-1).cumsum(-1)
-    if u is None:
-        u = torch.rand(cdf.size(0), generator=generator, device=cdf.device)
-    nxt = torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(-1), right=True).squeeze(-1)
-    return nxt.clamp_(max=cdf.size(-1) - 1)  # right=True never lands on a zero-probability token
-
-
-@torch.no_grad()  # pass 1 needs no graph: no activations are stored for backward
-def generate(model, prompts, max_new_tokens, eot_id, num_samples=1, temperature=1.0,
-             top_k=None, top_p=None, seed=None, generator=None, check_every=None, vocab_size=None,
-             u=None, decode=None):
-    """prompts: token-id lists, `num_samples` completions each; eot_id: the end id or a tuple (the
-    first pads); ids >= vocab_size are never drawn. -> (idx (N, P + T), pad_left (N,), completion
-    mask (N, T), 1 up to and including end-of-text), N = B * num_samples, laid out as the module
-    docstring shows; only the last position's logits (N, V) ever exist, none are returned. u
-    (max_new_tokens, N): a uniform per row and step (sample_next). decode: compile's one-column
-    step (scale/compiled.CompiledDecode), None: the model's forward with the cache."""
-    device = next(model.parameters()).device
-    eot_ids = eot_id if isinstance(eot_id, (tuple, list)) else [eot_id]
-    stops = torch.tensor(eot_ids, device=device, dtype=torch.long)
-    eot_id = int(stops[0]) if len(stops) else 0  # the padding id; () = nothing stops a row
-    check_every = check_every or (8 if device.type == "cuda" else 1)  # see "all rows done?" below
-    idx, pad_left = pad_prompts(prompts, eot_id, device)
-    (B, P), N = idx.shape, len(prompts) * num_samples
-    L = P + max_new_tokens  # the cache's columns
-    if max_new_tokens < 1:
-        raise UserError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
-    if L > model.config.block_size:
-        raise UserError(f"prompt of {P} tokens + max_new_tokens={max_new_tokens} exceeds the "
-                        f"context of {model.config.block_size} tokens; shorten either")
-    if generator is None and seed is not None:
-        generator = torch.Generator(device=device).manual_seed(seed)
-    if u is None and temperature > 0:
-        u = torch.rand(max_new_tokens, N, generator=generator, device=device)  # (S, N)
-    if u is not None and tuple(u.shape) != (max_new_tokens, N):
-        raise ValueError(f"u must be (max_new_tokens, rows) = ({max_new_tokens}, {N}), "
-                         f"got {tuple(u.shape)}")
-    was_training = model.training
-    model.eval()
-    cache = model.new_cache(B, decode.cache_len(L) if decode else L, pad_left)  # compiled: bucketed
-    logits, _ = model(idx, cache=cache)                   # prefill once per prompt: (B, 1, V)
-    cache.repeat_interleave(num_samples)                  # share the prefill among the samples
-    logits = logits[:, -1].repeat_interleave(num_samples, dim=0)   # (N, V)
-    out = torch.full((N, max_new_tokens), eot_id, dtype=torch.long, device=device)
-    done = torch.zeros(N, dtype=torch.bool, device=device)
-    nonfinite = torch.zeros(N, dtype=torch.bool, device=device)
-    for t in range(max_new_tokens):
-        nonfinite |= ~torch.isfinite(logits).all(-1)  # NaN/Inf: no host sync; raised at the end
-        u_t = None if u is None else u[t]
-        nxt = sample_next(logits[:, :vocab_size], temperature, top_k, top_p, generator, u_t)
-        del logits                                        # the only logits alive, kept by nothing
-        nxt = nxt.masked_fill(done, eot_id)               # finished rows only emit padding
-        out[:, t] = nxt
-        done |= torch.isin(nxt, stops)
-        # all rows done? bool() waits for the device: on a GPU, asking every step would stall the
-        # kernel queue once per token, so there we ask every 8 steps (at most 7 wasted at the end)
-        if t + 1 == max_new_tokens or (t % check_every == check_every - 1 and bool(done.all())):
-            break
-        # one new column for every row: the model's forward, or the compiled step (same arithmetic)
-        logits = decode(nxt[:, None], cache) if decode else model(nxt[:, None], cache=cache)[0]
-        logits = logits[:, -1]
-    model.train(was_training)
-    if bool(nonfinite.any()):
-        raise NonFiniteLogits(f"NaN/Inf logits in {int(nonfinite.sum())} of {N} sampled rows")
-    # mask: 1 up to and including the first end-of-text of each row
-    is_eot = torch.isin(out[:, :t + 1], stops).long()
-    mask = ((is_eot.cumsum(1) - is_eot) == 0).long()      # 0 strictly after the first EOT
-    T = int(mask.sum(0).nonzero().max()) + 1              # drop columns no row reached, all padding
-    return torch.cat([idx.repeat_interleave(num_samples, dim=0), out[:, :T]], dim=1), \
-        pad_left.repeat_interleave(num_samples), mask[:, :T]
-
-
-def stop_tokens(enc):
-    """The ids that end a completion: a Hugging Face tokenizer's end-of-sequence ids (maybe none,
-    see pretrained/tokenizer.py), else end-of-text."""
-    return tuple(getattr(enc, "stop_tokens", (enc.eot_token,)))
-
-
-def decode_completions(enc, idx, mask):
-    """Text of each completion, end-of-text and padding removed. idx: (N, P+T), mask: (N, T)."""
-    T, stops = mask.size(1), stop_tokens(enc)
-    texts = []
-    for row, m in zip(idx[:, -T:].tolist(), mask.tolist()):
-        toks = [t for t, keep in zip(row, m) if keep and t not in stops]
-        texts.append(enc.decode(toks))
-    return texts
 
 
 # -----------------------------------------------------------------------------

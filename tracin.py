@@ -11,23 +11,22 @@ Only rollouts with positive influence (or the top fraction) are trained on,
 and their update is summed from the same per-sample gradients (no extra forward or backward).
 
 Post-hoc (find_critical_samples;
-its command line: python -m analysis.attribute, or python tracin.py):
+its command line: python -m analysis.attribute):
 every recorded rollout scored by its influence on a test answer,
 summed over the checkpoints (TracInCP).
 """
 # configurator first: a Ctrl-C during the slow imports below (torch) is one line, not a traceback
-from configurator import UserError, cli_main
+from configurator import UserError
 import math
 
 import torch
 
 from ghost import (compute_ghost_inner_product_matrix, ghost_mode, install_ghost_hooks,
                    per_sample_grads, subset_gradients, summed_gradient, summed_inner_products)
-from sample import encode_text
+from data.prompts import encode_text
 from grpo import (Rollouts, completion_logprobs, phase, policy_backward, rank_part,
                   rollout_batch)
 from lora import LoRALinear, load_lora_state_dict, lora_state_dict
-from model import load_checkpoint
 from scale import distributed
 
 
@@ -167,6 +166,106 @@ def trapezoid_steps(iters):
     return [(s[i + 2] - s[i]) / 2 for i in range(len(iters))] if len(iters) > 1 else [1.0]
 
 
+def find_critical_samples(model, checkpoints, train_samples, test_samples, enc,
+                          mode="memory_efficient", learning_rates=None, layer_filter=None,
+                          n_probe=None, top_k=5, temperature=1.0, micro_batch=64,
+                          normalize=False, self_influence=False, checkpoint_steps=None,
+                          load=None):
+    """Score training rollouts by their influence on test samples,
+        TracInCP(z_test, z_i) = sum_t w_t <g_test(theta_t), g_i(theta_t)>,  w_t = eta_t k_t,
+    over checkpoints (GRPO checkpoints' paths, or state dicts, holding 'lora' and 'lr').
+    eta_t: learning_rates, default each checkpoint's 'lr'. k_t, the training steps checkpoint t
+    stands for: checkpoint_steps, default trapezoid_steps of the checkpoints' 'iter_num' (1 each
+    where one is missing: Captum's TracInCP, which weighs by the learning rate alone).
+    mode: 'simple' (the last checkpoint, w = 1), 'full' (all loaded first), 'memory_efficient'
+    (one at a time). load: reads a path (default: torch.load, weights only).
+    temperature: the run's. n_probe: that many rollouts, evenly spaced. normalize: also
+    cosine_score, w_t <g_i, G_t> / (||g_i|| ||G_t||), G_t = sum_j g_test_j; self_influence: also
+    w_t ||g_i||^2. Train/eval flag, LoRA weights, .grad: restored on return."""
+    counts = {"n_probe": (n_probe, 0), "micro_batch": (micro_batch, 1), "top_k": (top_k, 0)}
+    check_attribution_inputs(model, checkpoints, train_samples, test_samples, mode,
+                             learning_rates, checkpoint_steps, layer_filter, counts, temperature)
+    load = load or read_checkpoint
+    if mode == "simple":
+        checkpoints, learning_rates, checkpoint_steps = checkpoints[-1:], [1.0], [1.0]
+    n = len(train_samples)
+    if n_probe and n_probe < n:
+        train_samples = [train_samples[i * n // n_probe] for i in range(n_probe)]
+    # micro-batches laid out once for every checkpoint, each padded to its own longest row only
+    # (rollouts are recorded step by step: neighbours share their step's completion length)
+    device = next(model.parameters()).device
+    train_chunks, test_chunks = ([rollout_batch(enc, rows[s:s + micro_batch], device)
+                                  for s in range(0, len(rows), micro_batch)]
+                                 for rows in (train_samples, test_samples))
+    # 'full': every checkpoint in memory first; 'memory_efficient' loads each in turn, once
+    if mode == "full":
+        checkpoints = [load(c) if isinstance(c, str) else c for c in checkpoints]
+    # per checkpoint: eta_t, its iteration, <g_i, G_t> (n,), ||g_i||^2 (n,), ||G_t||^2
+    etas, iters, products = [], [], []
+    # put back in `finally`: the train/eval flag, LoRA weights, .grad (hook_products sets None)
+    was_training, own_lora = model.training, lora_state_dict(model)
+    grads = [(p, p.grad) for p in model.parameters()]
+    model.eval()  # dropout off: deterministic scores; no gradient checkpointing (hooks need that)
+    try:
+        for t, ckpt in enumerate(checkpoints):
+            name = ckpt if isinstance(ckpt, str) else f"{t} (of {len(checkpoints)})"
+            state = load(ckpt) if isinstance(ckpt, str) else ckpt
+            try:
+                load_lora_state_dict(model, state["lora"] if "lora" in state else state)
+            except UserError as e:  # named: one checkpoint of many (a base's, another run's)
+                raise UserError(f"checkpoint {name}: {e}") from None
+            eta = learning_rates[t] if learning_rates is not None else state.get("lr", 1.0)
+            k = checkpoint_steps[t] if checkpoint_steps is not None else 1.0
+            iters.append(state.get("iter_num"))
+            del state  # its adapter and optimizer state: one checkpoint in memory at a time
+            if not all(isinstance(x, (int, float)) and math.isfinite(x) for x in (eta, k)):
+                raise UserError(f"checkpoint {name}: learning rate {eta!r}, steps {k!r}: give "
+                                "finite numbers (learning_rates, checkpoint_steps)")
+            products.append(hook_products(model, train_chunks, test_chunks, temperature,
+                                          layer_filter))
+            if not torch.isfinite(products[-1][0]).all():
+                raise UserError(f"NaN/Inf gradient inner products at checkpoint {name}: its "
+                                "adapter or the rollouts give non-finite gradients; leave it out")
+            etas.append(float(eta))
+    finally:
+        load_lora_state_dict(model, own_lora)
+        for p, g in grads:
+            p.grad = g
+        model.train(was_training)
+    # w_t = eta_t k_t, once every checkpoint's iteration is known
+    weights = [eta * k for eta, k in zip(etas, checkpoint_steps or step_weights(iters))]
+    contrib = [w * inner for w, (inner, _, _) in zip(weights, products)]  # w_t <g_i, G_t>
+    cosine = [c / (tr_sq * te_sq).sqrt().clamp(min=1e-12)
+              for c, (_, tr_sq, te_sq) in zip(contrib, products)] if normalize else []
+    selfinf = [w * tr_sq for w, (_, tr_sq, _) in zip(weights, products)] \
+        if self_influence else []  # w_t ||g_i||^2
+    return attribution_result(train_samples, contrib, cosine, selfinf, mode, weights, top_k)
+
+
+def step_weights(iters):
+    """k_t: trapezoid_steps over the checkpoints' iterations when every one holds an increasing
+    'iter_num' (a GRPO run's do), else 1 each."""
+    known = all(type(s) is int for s in iters)
+    if known and all(a < b for a, b in zip(iters, iters[1:])):
+        return trapezoid_steps(iters)
+    return [1.0] * len(iters)
+
+
+def read_checkpoint(path):
+    """A checkpoint file's dict, read with weights_only=True (no code in it runs); the command
+    line passes runs/checkpoint.load_checkpoint, whose errors say more."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:
+        raise UserError(f"checkpoint {path} cannot be read ({type(e).__name__})") from None
+    if not isinstance(state, dict):
+        raise UserError(f"checkpoint {path} holds a {type(state).__name__}, not a dict")
+    return state
+
+
+# ---------------------------------------------------------------------------------------------
+# find_critical_samples' arguments checked before any work, and its result dictionary
+
 def is_row(s, vocab_size):
     """Whether rollout_batch can lay s out: a dict of 'prompt' (text), 'completion_tokens' (1+ ids
     below vocab_size), 'completion_mask' (as long) and a finite 'advantage'."""
@@ -229,71 +328,6 @@ def attribution_result(train_samples, contrib, cosine, selfinf, mode, weights, t
             "max_influence_score": scores.max().item()}
 
 
-def find_critical_samples(model, checkpoints, train_samples, test_samples, enc,
-                          mode="memory_efficient", learning_rates=None, layer_filter=None,
-                          n_probe=None, top_k=5, temperature=1.0, micro_batch=64,
-                          normalize=False, self_influence=False, checkpoint_steps=None):
-    """Score training rollouts by their influence on test samples, sum_t w_t <g_test, g_train>
-    over checkpoints (GRPO checkpoints' paths, or state dicts, holding 'lora' and 'lr'). mode:
-    'simple' (the last, weight 1), 'full' (all loaded first), 'memory_efficient' (one at a time).
-    w_t = eta_t k_t: learning_rates eta_t (default: each 'lr'), checkpoint_steps k_t (None: 1, as
-    Captum; trapezoid_steps(iters)). temperature: the run's. n_probe: that many rollouts, evenly
-    spaced. normalize: also cosine_score, w_t <g_i, G_t> / (||g_i|| ||G_t||), G_t = sum_j g_test_j;
-    self_influence: also w_t ||g_i||^2. Train/eval flag, LoRA weights, .grad: restored on return."""
-    counts = {"n_probe": (n_probe, 0), "micro_batch": (micro_batch, 1), "top_k": (top_k, 0)}
-    check_attribution_inputs(model, checkpoints, train_samples, test_samples, mode, learning_rates,
-                             checkpoint_steps, layer_filter, counts, temperature)
-    if mode == "simple":
-        checkpoints, learning_rates, checkpoint_steps = checkpoints[-1:], [1.0], None
-    if n_probe and n_probe < len(train_samples):
-        train_samples = [train_samples[i * len(train_samples) // n_probe] for i in range(n_probe)]
-    # micro-batches laid out once for every checkpoint, each padded to its own longest row only
-    # (rollouts are recorded step by step: neighbours share their step's completion length)
-    device = next(model.parameters()).device
-    train_chunks, test_chunks = ([rollout_batch(enc, rows[s:s + micro_batch], device)
-                                  for s in range(0, len(rows), micro_batch)]
-                                 for rows in (train_samples, test_samples))
-    # 'full': every checkpoint in memory first; 'memory_efficient' loads each in turn, once
-    if mode == "full":
-        checkpoints = [load_checkpoint(c) if isinstance(c, str) else c for c in checkpoints]
-    weights, contrib, cosine, selfinf = [], [], [], []  # per checkpoint: w_t, (n,) float64 each
-    # put back in `finally`: the train/eval flag, LoRA weights, .grad (hook_products sets None)
-    was_training, own_lora = model.training, lora_state_dict(model)
-    grads = [(p, p.grad) for p in model.parameters()]
-    model.eval()  # dropout off: deterministic scores; no gradient checkpointing (hooks need that)
-    try:
-        for t, ckpt in enumerate(checkpoints):
-            name = ckpt if isinstance(ckpt, str) else f"{t} (of {len(checkpoints)})"
-            state = load_checkpoint(ckpt) if isinstance(ckpt, str) else ckpt
-            try:
-                load_lora_state_dict(model, state["lora"] if "lora" in state else state)
-            except UserError as e:  # named: one checkpoint of many (a base's, another run's)
-                raise UserError(f"checkpoint {name}: {e}") from None
-            eta = learning_rates[t] if learning_rates is not None else state.get("lr", 1.0)
-            k = checkpoint_steps[t] if checkpoint_steps is not None else 1.0
-            del state  # its adapter and optimizer state: one checkpoint in memory at a time
-            if not all(isinstance(x, (int, float)) and math.isfinite(x) for x in (eta, k)):
-                raise UserError(f"checkpoint {name}: learning rate {eta!r}, steps {k!r}: give "
-                                "finite numbers (learning_rates, checkpoint_steps)")
-            w = float(eta * k)  # w_t = eta_t k_t
-            inner, tr_sq, te_sq = hook_products(model, train_chunks, test_chunks, temperature,
-                                                layer_filter)
-            if not torch.isfinite(inner).all():
-                raise UserError(f"NaN/Inf gradient inner products at checkpoint {name}: its adapter "
-                                "or the rollouts give non-finite gradients; leave it out")
-            weights.append(w)
-            contrib.append(w * inner)  # w_t <g_i, G_t>, G_t = sum_j g_test_j: (n,)
-            cosine += [contrib[-1] / (tr_sq * te_sq).sqrt().clamp(min=1e-12)] if normalize else []
-            selfinf += [w * tr_sq] if self_influence else []  # w_t ||g_i||^2
-    finally:
-        load_lora_state_dict(model, own_lora)
-        for p, g in grads:
-            p.grad = g
-        model.train(was_training)
-    return attribution_result(train_samples, contrib, cosine, selfinf, mode, weights, top_k)
-
-
-if __name__ == "__main__":  # the post-hoc command line lives with the other tools that read runs:
-    # run as `python -m analysis.attribute` (by name: no import back into tracin)
-    import runpy
-    runpy.run_module("analysis.attribute", run_name="__main__", alter_sys=True)
+if __name__ == "__main__":  # the post-hoc command line reads a run directory: analysis/
+    raise SystemExit("post-hoc TracIn's command line: python -m analysis.attribute "
+                     "--out_dir=RUN --question=...")

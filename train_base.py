@@ -26,13 +26,13 @@ from scale import distributed
 from data.datadir import check_task_data, data_fingerprint, load_split, load_tokenizer
 from data.gsm_synth.prepare import TEMPLATES
 from scale.device import check_device
-from model import CheckpointWriteError, load_checkpoint, save_checkpoint
+from runs.checkpoint import CheckpointWriteError, load_checkpoint, save_checkpoint
 from rewards import REWARD_FUNCS
 from checks.base_knobs import (build_model, check_batch, check_eval_cache, check_loads,
                               check_resume, check_same_data)
 from runs.rundir import run_lock, stop_note
-from sample import (NonFiniteLogits, decode_completions, encode_prompt, encode_text, generate,
-                    stop_tokens)
+from model import NonFiniteLogits, generate
+from data.prompts import decode_completions, encode_prompt, encode_text, stop_tokens
 from data.tasks import TASKS, base_data, check_base_knobs, portable_path, resolve_data_dir
 
 # -----------------------------------------------------------------------------

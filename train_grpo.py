@@ -36,13 +36,14 @@ from grpo import TIMES, grpo_updates, make_rollouts, update
 from runs.metrics import NoSignal, print_step, rollout_record, step_log
 from lora import apply_lora, lora_parameters, lora_state_dict, load_lora_state_dict
 from scale.device import check_device, memory_stats
-from model import CheckpointWriteError, load_checkpoint, save_checkpoint
+from runs.checkpoint import CheckpointWriteError, load_checkpoint, save_checkpoint
 from runs.base import base_identity, check_same_base, resolve_base
 from checks.grpo_knobs import check_rewards_read, check_sampling_cache, validate
 from runs.rundir import refuse_existing_run, rewind, run_lock, stop_note
 from data.tasks import planted_answer, portable_path, resolve_data_dir
 from data.datadir import bound_data, check_task_data
-from sample import NonFiniteLogits, encode_prompt
+from model import NonFiniteLogits
+from data.prompts import encode_prompt
 from tracin import reference_solutions, tracin_backward
 import train_base
 from runs.loading import ensure_base, load_frozen_base, nonfinite_weight

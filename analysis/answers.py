@@ -20,10 +20,11 @@ import torch
 
 from analysis.plot import split_args
 from data.tasks import load_task_split
-from model import load_checkpoint
+from runs.checkpoint import load_checkpoint
 from rewards import countdown_claim_reward, countdown_reward, think_steps
 from runs.loading import load_base, load_policy
-from sample import decode_completions, encode_prompt, generate, stop_tokens
+from data.prompts import decode_completions, encode_prompt, stop_tokens
+from model import generate
 
 KINDS = ("correct", "invented hit", "a wrong equation", "every equation right, answer wrong")
 

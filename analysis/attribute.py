@@ -4,7 +4,6 @@ Post-hoc TracIn on a finished run: which training rollouts helped or hurt the mo
     python -m analysis.attribute --out_dir=out/tracin --question="Mia has 3 apples. ..."
     python -m analysis.attribute --out_dir=out/tracin --questions_file=qs.txt   # one per line; HTML: --html=PATH
     python -m analysis.attribute --out_dir=out/tracin --audit=16   # which rollouts taught 16 wrong test answers
-    (python tracin.py ... runs the same command)
 
 The method is tracin.find_critical_samples (TracInCP over the run's checkpoints); this file reads the run
 directory (checkpoints, rollouts.jsonl), answers the question greedily with the final model, prints the
@@ -25,13 +24,13 @@ from analysis.audit import LOSSES, audit, greedy_answers, summary_lines
 from analysis.plot import has_matplotlib, plot_influence
 from analysis.report import write_report
 from data.tasks import load_task_split
-from model import load_checkpoint
+from runs.checkpoint import load_checkpoint
 from runs.metrics import read_records
 from runs.rundir import run_files, run_lock, unused_out_dir, write_json
-from sample import encode_prompt, encode_text, stop_tokens
+from data.prompts import encode_prompt, encode_text, stop_tokens
 from runs.loading import load_policy
 from scale.device import check_device
-from tracin import find_critical_samples, nll_row, trapezoid_steps
+from tracin import find_critical_samples, nll_row
 
 # ---------------------------------------------------------------------------------------------
 # CLI: which training rollouts of a finished run helped or hurt the model's answer to a question?
@@ -141,7 +140,7 @@ MARKS = (b"<title>TracIn attribution report", b"TracIn influence figure")  # rep
 
 
 def written_here(path):
-    """Whether the file at path is one tracin.py wrote (a report, a figure, an attribution or audit JSON)."""
+    """Whether the file at path is one analysis.attribute wrote (a report, a figure, an attribution or audit JSON)."""
     try:
         if has_mark(path, MARKS):
             return True
@@ -154,13 +153,13 @@ def written_here(path):
 
 def check_output_path(cfg, key, suffix, named=True):
     """An output path: the right suffix (never a run's own file), a directory that exists and takes a file,
-    and, where the path was named on the command line, no file there but one tracin.py wrote."""
+    and, where the path was named on the command line, no file there but one analysis.attribute wrote."""
     path = cfg[key]
     check(cfg, key, not path or path.endswith(suffix), f"must end in {suffix} (it is written, so never a run's "
           "own file)")
-    # a default path (not named) is this run's own: replaced, as tracin.py replaces what it wrote
+    # a default path (not named) is this run's own: replaced, as this command replaces what it wrote
     if path:
-        check_new_file(path, key, written_here if named else lambda p: True, "tracin.py")
+        check_new_file(path, key, written_here if named else lambda p: True, "analysis.attribute")
 
 
 def check_fits(cfg, model, enc, questions):
@@ -202,7 +201,7 @@ def attribute(cfg, model, enc, ckpts, iters, train, temperature, question):
     res = find_critical_samples(model, ckpts, train, test, enc, mode=cfg["mode"],
                                 layer_filter=cfg["layer_filter"] or None, n_probe=cfg["n_probe"] or None,
                                 top_k=cfg["top_k"], temperature=temperature, normalize=cfg["normalize"],
-                                self_influence=cfg["self_influence"], checkpoint_steps=trapezoid_steps(iters))
+                                self_influence=cfg["self_influence"], load=load_checkpoint)
     res.update(question=question, completion=enc.decode(completion))
     return res
 

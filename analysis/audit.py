@@ -1,5 +1,5 @@
 """
-What went wrong, and which training rollouts taught it: tracin.py --audit=N.
+What went wrong, and which training rollouts taught it: analysis.attribute --audit=N.
 
     python tracin.py --out_dir=out/cmpC/grpo_s3 --audit=16
 
@@ -23,10 +23,12 @@ Measured on experiment C's runs in docs/experiments.md (the advantage alone rank
 """
 import numpy as np
 
-from tracin import find_critical_samples, nll_row, trapezoid_steps
+from tracin import find_critical_samples, nll_row
 from configurator import UserError, cli_main
 from rewards import REWARD_FUNCS
-from sample import encode_prompt, encode_text, generate, stop_tokens
+from data.prompts import encode_prompt, encode_text, stop_tokens
+from model import generate
+from runs.checkpoint import load_checkpoint
 from data.tasks import TASKS
 
 FRACS = (0.01, 0.05, 0.10)  # the top fractions whose target share is reported
@@ -170,7 +172,7 @@ def audit(model, enc, checkpoints, iters, train, examples, n, task, max_new_toke
         raise UserError(f"the final model answers all {answered} test problems right: nothing to audit")
     train = trained_rollouts(train)
     res = find_critical_samples(model, checkpoints, train, audit_tests(enc, wrong, loss), enc,
-                                checkpoint_steps=trapezoid_steps(iters), **kw)
+                                load=load_checkpoint, **kw)
     labels = defect_targets(res["scores"])  # each entry carries its rollout's flag and advantage
     return {"audit": n, "loss": loss, "iters": list(iters), "n_answered": answered, "n_scored": res["num_train_samples"],
             "wrong": [{k: w[k] for k in ("question", "answer", "completion")} for w in wrong],

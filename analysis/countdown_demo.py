@@ -23,9 +23,10 @@ from analysis.plot import (SMOOTH, has_matplotlib, kind, load_log, moving_averag
                            split_args)
 from data.tasks import TASKS, load_task_split
 from lora import disable_lora
-from model import load_checkpoint
+from runs.checkpoint import load_checkpoint
 from rewards import REWARD_FUNCS
-from sample import decode_completions, encode_prompt, generate, stop_tokens
+from data.prompts import decode_completions, encode_prompt, stop_tokens
+from model import generate
 from runs.loading import load_policy
 
 PANELS = [("reward", "reward (moving average)"), ("test/accuracy", "greedy test accuracy"),

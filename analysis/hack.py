@@ -23,10 +23,10 @@ from analysis.outputs import check_new_file, figure_format, has_mark, save_figur
 from analysis.plot import SMOOTH, has_matplotlib, load_log, moving_average, split_args
 from data.datadir import load_tokenizer
 from data.tasks import resolve_data_dir
-from model import load_checkpoint
+from runs.checkpoint import load_checkpoint
 from rewards import countdown_claim_reward, countdown_reward
 from runs.metrics import read_records
-from sample import decode_completions
+from data.prompts import decode_completions
 
 EDGE = 25  # steps averaged at the start and at the end
 MARK = "reward hacking figure by analysis.hack"

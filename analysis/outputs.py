@@ -1,5 +1,5 @@
 """
-The files a user names for the analysis scripts to write (tracin.py's --html / --figure, plot.py's
+The files a user names for the analysis scripts to write (analysis.attribute's --html / --figure, plot.py's
 and countdown_demo.py's --out): never a file someone else made.
 
     check_new_file(path, key, ours, writer)    # before any work: new, or one ours(path) recognises

@@ -205,7 +205,7 @@ def plot_influence(results, out_path, title, top_k=3, ours=written_by_plot):
     """Write influence_figure of the summed scores of `results` to out_path; returns out_path. A
     file there is replaced only where ours(out_path) says a script of this project wrote it."""
     fig = influence_figure(summed_scores(results), title, top_k)
-    return save_figure(fig, out_path, INFLUENCE_MARK, ours, "analysis.plot or tracin.py")
+    return save_figure(fig, out_path, INFLUENCE_MARK, ours, "analysis.plot or analysis.attribute")
 
 
 def run_labels(run_dirs):
@@ -254,7 +254,7 @@ def main(argv):
     jsons = [a for a in run_dirs if a.endswith(".json")]
     if jsons:
         if len(jsons) < len(run_dirs) or opts["labels"]:
-            raise UserError("give either run directories or tracin.py's JSON files (no --labels), not both")
+            raise UserError("give either run directories or analysis.attribute's JSON files (no --labels), not both")
         results = [load_attribution(f) for f in jsons]
         title = results[0][1] if len(results) == 1 else f"TracIn scores summed over {len(results)} attributions"
         print(f"wrote {plot_influence([r for r, _ in results], opts['out'], title)}")
@@ -270,10 +270,10 @@ def load_attribution(path):
         with open(path) as f:
             obj = json.load(f)
     except (OSError, ValueError) as e:
-        raise UserError(f"{path}: not a readable JSON file ({e}); give a tracin_*.json that tracin.py wrote") from None
+        raise UserError(f"{path}: not a readable JSON file ({e}); give a tracin_*.json that analysis.attribute wrote") from None
     res = obj.get("result", obj) if isinstance(obj, dict) else None
     if not isinstance(res, dict) or not isinstance(res.get("scores"), list) or not res["scores"]:
-        raise UserError(f"{path} holds no TracIn scores: give a tracin_*.json or tracin_audit.json that tracin.py wrote")
+        raise UserError(f"{path} holds no TracIn scores: give a tracin_*.json or tracin_audit.json that analysis.attribute wrote")
     title = obj.get("question") or f"audit of {len(obj.get('wrong', []))} wrong answers"
     return res, title
 

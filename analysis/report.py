@@ -1,5 +1,5 @@
 """
-A self-contained HTML page of post-hoc TracIn attributions (tracin.py --html=...): one section per
+A self-contained HTML page of post-hoc TracIn attributions (analysis.attribute --html=...): one section per
 question, with its most helpful and most harmful rollouts and each checkpoint's share of the influence.
 
 One file, inline CSS only: no script, no external stylesheet, font or image, so it opens offline,
@@ -152,7 +152,7 @@ def detection_rows(detection):
 
 
 def audit_section(a, meta):
-    """tracin.py --audit=N: the model's wrong test answers, the rollouts ranked by their influence summed over
+    """analysis.attribute --audit=N: the model's wrong test answers, the rollouts ranked by their influence summed over
     them, and, where a defect was planted, how well that ranking finds it (analysis/audit.py)."""
     res = a["result"]
     loss = ("each wrong answer&#39;s negative log-likelihood" if a["loss"] == "wrong" else
@@ -198,7 +198,7 @@ def write_report(path, sections, meta, audit=None, ours=lambda path: True):
     sections: [{'question', 'completion', 'correct' (True/False/None = unknown), 'result'
     (find_critical_samples' dict)}]; with more than one, a summary comes first.
     meta: {'run', 'mode', 'n_probe', 'layer_filter', 'top_k', 'checkpoints' (names, oldest first)}.
-    audit: audit.audit's dict (tracin.py --audit=N), shown first."""
+    audit: audit.audit's dict (analysis.attribute --audit=N), shown first."""
     results = [s["result"] for s in sections] + ([audit["result"]] if audit else [])
     meta = {**meta, "defect": any("defective" in e for r in results for e in r["scores"])}
     what = (f"an audit of {len(audit['wrong'])} wrong test answers and " if audit else "") + f"{len(sections)} question(s)"
@@ -218,7 +218,7 @@ def write_report(path, sections, meta, audit=None, ours=lambda path: True):
     except BaseException:
         os.remove(tmp)
         raise
-    put_in_place(tmp, path, ours, "tracin.py")
+    put_in_place(tmp, path, ours, "analysis.attribute")
 
 
 def main(argv):

@@ -39,8 +39,8 @@ from bench.half import halved
 from bench.memory import lora_gpt, project_grpo_step, step_inputs
 from lora import folded_for_sampling
 from lora import lora_parameters
-from model import GPT
-from sample import generate
+from pretrained.hf import from_pretrained
+from model import generate
 from configurator import UserError
 from scale.compiled import CompiledDecode, check_compile
 
@@ -168,7 +168,7 @@ def hf_pair(n_layer, n_head, width, vocab, block, dtype, seed, tmp):
     hf = GPT2LMHeadModel(GPT2Config(n_layer=n_layer, n_head=n_head, n_embd=width, vocab_size=vocab,
                                     n_positions=block, bos_token_id=0, eos_token_id=0)).eval()
     hf.save_pretrained(tmp)
-    return hf.to(dtype), GPT.from_pretrained(tmp, dtype).eval()
+    return hf.to(dtype), from_pretrained(tmp, dtype).eval()
 
 
 def bench_vs_generate(cfg):

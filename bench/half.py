@@ -16,7 +16,7 @@ import train_grpo
 from bench.memory import lora_gpt, project_grpo_step, step_inputs
 from lora import lora_parameters
 from scale.device import bf16_is_fast
-from sample import generate
+from model import generate
 
 
 def halved(model):

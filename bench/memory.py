@@ -29,7 +29,7 @@ from scale.compiled import CompiledDecode
 import train_grpo
 from lora import apply_lora, folded_for_sampling, lora_modules, lora_parameters
 from model import GPT, GPTConfig
-from sample import generate
+from model import generate
 
 MB = 1024 ** 2
 

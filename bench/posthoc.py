@@ -28,8 +28,9 @@ from bench.memory import lora_gpt
 from bench.step import task_setup, timed
 from grpo import completion_logprobs, rollout_batch
 from lora import load_lora_state_dict, lora_state_dict
-from model import load_checkpoint, save_checkpoint
-from sample import encode_prompt, encode_text, generate
+from runs.checkpoint import load_checkpoint, save_checkpoint
+from data.prompts import encode_prompt, encode_text
+from model import generate
 
 
 class MeanLogProb(nn.Module):

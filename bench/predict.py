@@ -29,7 +29,8 @@ import torch
 
 from bench.memory import memory_variant, predicted_memory
 from lora import apply_lora, lora_parameters
-from model import GPT, GPTConfig, load_checkpoint
+from model import GPT, GPTConfig
+from runs.checkpoint import load_checkpoint
 from pretrained.hfconfig import hf_config_args, read_json
 from checks.grpo_knobs import validate
 from scale.device import bf16_is_fast, check_device_name, check_dtype

@@ -74,8 +74,8 @@ from grpo import completion_logprobs, grpo_loss, selective_log_softmax
 from lora import apply_lora
 from scale.compiled import check_compile
 from scale.device import check_device
-from sample import generate
-from model import load_checkpoint, model_from_checkpoint
+from model import generate
+from runs.checkpoint import load_checkpoint, model_from_checkpoint
 import train_base
 from runs.loading import ensure_base
 

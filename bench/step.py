@@ -27,9 +27,10 @@ from configurator import UserError
 from data.tasks import task_rewards
 from data.datadir import load_split, load_tokenizer
 from data.gsm_synth.prepare import ROOT, prepare
-from sample import encode_prompt
+from data.prompts import encode_prompt
 from lora import apply_lora, lora_parameters
-from model import GPT, GPTConfig, load_checkpoint, model_from_checkpoint
+from model import GPT, GPTConfig
+from runs.checkpoint import load_checkpoint, model_from_checkpoint
 from runs.metrics import step_log
 from grpo import policy_backward
 from tracin import reference_solutions

@@ -11,9 +11,10 @@ import os
 import torch
 
 from configurator import UserError
-from model import GPT, CheckpointWriteError, GPTConfig, model_from_checkpoint
+from model import GPT, GPTConfig
+from runs.checkpoint import CheckpointWriteError, model_from_checkpoint
 from data.datadir import changed_data
-from sample import encode_prompt
+from data.prompts import encode_prompt
 
 # what a resumed run may not change: the weights' shapes, the knobs that pick its data and tokenizer
 MODEL_KNOBS = ("n_layer", "n_head", "n_embd", "block_size", "bias")

@@ -14,9 +14,9 @@ from data.curriculum import most_test_problems, parse_levels
 from data.datadir import check_task_data
 from data.tasks import TASKS, task_rewards
 from grpo import LOSS_TYPES
-from model import load_checkpoint
+from runs.checkpoint import load_checkpoint
 from rewards import REWARD_FUNCS
-from sample import MIN_TEMPERATURE
+from model import MIN_TEMPERATURE
 from scale import compiled, distributed
 
 

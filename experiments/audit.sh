@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The audit of experiment C's runs (tracin.py --audit, analysis/audit.py): for each run of
+# The audit of experiment C's runs (analysis.attribute --audit, analysis/audit.py): for each run of
 # experiments/defect.sh, the first 16 wrong greedy test answers, every trained rollout ranked by its
 # summed TracIn influence on them, and how well that finds the planted defect's rewarded rollouts;
 # the contrast test loss on the standard runs; variants on one run (more wrong answers,
@@ -30,7 +30,7 @@ audit() {  # audit RUN NAME ARGS...: one audit, its JSON only; one already writt
   shift 2
   local json="$OUT/${run}__$name.json"
   if json_done "$json"; then echo "== $json: written before, kept"; return; fi
-  python tracin.py --out_dir="$RUNS/$run" --out_json="$json" --html= --figure= "$@" | tail -4
+  python -m analysis.attribute --out_dir="$RUNS/$run" --out_json="$json" --html= --figure= "$@" | tail -4
 }
 for S in "${seeds[@]}"; do audit "grpo_s$S" audit16 --audit=16; done
 for S in "${seeds[@]}"; do audit "grpo_s$S" contrast16 --audit=16 --audit_loss=contrast; done

@@ -1,5 +1,5 @@
 """
-The tables of experiments/audit.sh from its audit JSONs (tracin.py --audit --out_json=...): how well each
+The tables of experiments/audit.sh from its audit JSONs (python -m analysis.attribute --audit --out_json=...): how well each
 ranking finds the planted defect's rewarded rollouts, and the same TracIn ranking with the checkpoints
 weighted otherwise, computed from the per-checkpoint contributions w_t <g_i, G_t> the JSON holds:
 

@@ -27,7 +27,7 @@ from contextlib import ExitStack, contextmanager
 
 from pretrained.hf import EXPORT_MARK, check_out, hf_dtype, save_peft_adapter, save_pretrained
 from lora import LoRALinear, merge_lora
-from model import load_checkpoint
+from runs.checkpoint import load_checkpoint
 from runs.base import resolve_base
 from runs.rundir import run_lock
 from runs.loading import load_policy, nonfinite_weight

@@ -4,7 +4,7 @@ Hugging Face model directories, in and out, with no transformers import:
   - one table from module names here to a checkpoint's tensor names (HF_RENAME),
   - the safetensors file or shards holding the weights,
   - out: a run's adapter as a peft adapter directory, the merged model as a model directory.
-GPT.from_pretrained (model.py) reads with these.
+from_pretrained (below) reads with these.
 """
 import json
 import os
@@ -16,7 +16,8 @@ import torch
 import torch.nn as nn
 
 from configurator import UserError
-from pretrained.hfconfig import config_dtype, hf_config_args, read_json  # noqa: F401 (hf_config_args: model.py's)
+from model import GPT, GPTConfig
+from pretrained.hfconfig import config_dtype, hf_config_args, read_json
 
 
 # module and tensor names here -> a Hugging Face checkpoint's, replaced in this order (GPT-2: the same)
@@ -137,6 +138,30 @@ def read_hf_weights(path, arch, shapes, dtype):
 
 # ---------------------------------------------------------------------------------------------
 # out: what other tools read
+
+def from_pretrained(path, dtype=torch.float32):
+    """nanoGPT's GPT.from_pretrained: a GPT-2, Qwen2 or Llama-family model from a local
+    Hugging Face directory (config.json + model.safetensors, or shards named in
+    model.safetensors.index.json), its weights kept in `dtype`.
+    Nothing is downloaded: fetch the directory first (README)."""
+    config = GPTConfig(**hf_config_args(read_hf_config(path), path))
+    held = hf_layer_count(path)
+    # checked before building n_layer blocks (fewer: an unexpected tensor, below)
+    if config.n_layer > held:
+        key = "n_layer" if config.arch == "gpt2" else "num_hidden_layers"
+        raise UserError(f"{path}/config.json: {key} = {config.n_layer}, but the weights hold "
+                        f"{held} layers: config.json and the weights do not belong together")
+    with torch.device("meta"):  # no memory yet: each tensor comes once, straight from the file
+        model = GPT(config)
+    shapes = {k: v.shape for k, v in model.state_dict().items()}
+    if config.tie_head:  # the head is wte's weight (a file may still carry a copy: skipped)
+        del shapes["lm_head.weight"]
+    sd = read_hf_weights(path, config.arch, shapes, dtype)
+    if config.tie_head:
+        sd["lm_head.weight"] = sd["transformer.wte.weight"]
+    model.load_weights(sd)  # the loaded tensors become the parameters: no copy
+    return model.eval()
+
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
                    "merges.txt", "generation_config.json", "chat_template.jinja")

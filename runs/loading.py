@@ -13,7 +13,8 @@ from configurator import UserError, read_config_file
 from data.datadir import load_tokenizer
 from data.tasks import load_task_split, resolve_data_dir, set_instruction, task_data
 from lora import apply_lora, load_lora_state_dict, merge_lora
-from model import GPT, base_fingerprint, load_checkpoint, model_from_checkpoint
+from pretrained.hf import from_pretrained
+from runs.checkpoint import base_fingerprint, load_checkpoint, model_from_checkpoint
 from pretrained.tokenizer import load_hf_tokenizer
 from runs.base import base_identity, check_same_base, resolve_base
 from scale import distributed
@@ -32,7 +33,7 @@ def load_base(path, data_dir="", dtype=torch.float32, ckpt=None, **overrides):
                             f"{path} was trained on its own task data ({own}): leave data_dir ''")
         model = model_from_checkpoint(ckpt, path, **overrides)
         return model, load_tokenizer(own), own
-    model, enc = GPT.from_pretrained(path, dtype), load_hf_tokenizer(path)
+    model, enc = from_pretrained(path, dtype), load_hf_tokenizer(path)
     for k, v in overrides.items():  # read by forward (grad_checkpoint); dropout is 0 already
         setattr(model.config, k, v)
     if enc.n_vocab > model.config.vocab_size:

@@ -70,7 +70,7 @@ def tiny_setup(tmp_path_factory):
     """Path of a random 1-layer base checkpoint on a tiny task (for whole train_grpo.py runs)."""
     from data.datadir import load_tokenizer
     from data.gsm_synth.prepare import prepare
-    from model import save_checkpoint
+    from runs.checkpoint import save_checkpoint
     root = tmp_path_factory.mktemp("data")
     data_dir = prepare(steps=1, max_operand=5, ops="+", n_train=300, n_val=20, n_test=20, num_merges=20,
                        verbose=False, root=str(root))

@@ -80,7 +80,7 @@ def test_a_default_output_path_may_replace_a_file_a_named_one_may_not(tmp_path):
     path = tmp_path / "tracin_report.html"
     path.write_text("the user's own page")
     attribute.check_output_path({"html": str(path)}, "html", ".html", named=False)
-    with pytest.raises(UserError, match="exists and was not written by tracin.py"):
+    with pytest.raises(UserError, match="exists and was not written by analysis.attribute"):
         attribute.check_output_path({"html": str(path)}, "html", ".html", named=True)
     path.write_text("<!DOCTYPE html>\n<html><head><title>TracIn attribution report</title>")
     attribute.check_output_path({"html": str(path)}, "html", ".html", named=True)

@@ -6,7 +6,7 @@ import pytest
 
 from analysis import attribute
 from configurator import UserError, cli_main
-from sample import encode_prompt
+from data.prompts import encode_prompt
 from runs.loading import load_policy
 from test_tracin_cli import grpo_dir, run  # noqa: F401 (fixtures: a tiny finished GRPO run, copied per test)
 

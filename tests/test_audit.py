@@ -1,4 +1,4 @@
-# Tests for the audit (tracin.py --audit=N, analysis/audit.py) and the influence figure (plot.influence_figure).
+# Tests for the audit (analysis.attribute --audit=N, analysis/audit.py) and the influence figure (plot.influence_figure).
 # Run: python -m pytest tests/test_audit.py -q
 #
 # Independent references, each written out here: the AUC as a count over every (target, other) pair; the
@@ -19,9 +19,10 @@ from analysis import plot
 from runs import rundir
 import tracin
 from configurator import UserError, cli_main
-from model import load_checkpoint
+from runs.checkpoint import load_checkpoint
 from rewards import REWARD_FUNCS
-from sample import decode_completions, encode_prompt, generate, stop_tokens
+from data.prompts import decode_completions, encode_prompt, stop_tokens
+from model import generate
 from runs.loading import load_policy
 from data.tasks import load_task_split
 from test_report import Page
@@ -227,7 +228,7 @@ def test_a_file_tracin_did_not_write_is_never_overwritten(run, tmp_path, monkeyp
             cli_main(attribute.main, [f"--out_dir={run}", "--audit=2", f"--{key}={mine}"])
         err = capsys.readouterr().err
         assert e.value.code == 2 and err.count("\n") == 1
-        assert err == f"error: {key} {mine} exists and was not written by tracin.py: it is never overwritten; " \
+        assert err == f"error: {key} {mine} exists and was not written by analysis.attribute: it is never overwritten; " \
                       "remove it, or give another path\n"
         assert mine.read_text() == '{"my": "notes"}'
     with pytest.raises(UserError, match="cannot write figure /proc/x.png: "):

@@ -18,7 +18,7 @@ import train_grpo  # noqa: E402
 from analysis import attribute  # noqa: E402
 from configurator import UserError  # noqa: E402
 from hf_dirs import make_dir, write_config  # noqa: E402
-from model import load_checkpoint, save_checkpoint  # noqa: E402
+from runs.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
 from pretrained import export  # noqa: E402
 import runs.loading  # noqa: E402
 import sample  # noqa: E402
@@ -225,7 +225,7 @@ def test_a_grpo_checkpoint_or_a_directory_given_as_a_base_is_named(trained, tmp_
         with pytest.raises(UserError) as e:
             bench([f"--base_ckpt={given}", "--rows=step_cost"])
         assert words in str(e.value) and "corrupt" not in str(e.value), str(e.value)
-    from model import load_checkpoint as load
+    from runs.checkpoint import load_checkpoint as load
     for given, words in ((b, "is a Hugging Face model directory, not a checkpoint file"),
                          (run, "is a run directory (its checkpoint: ")):
         with pytest.raises(UserError, match=words.replace("(", r"\(")):

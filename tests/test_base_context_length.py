@@ -11,7 +11,9 @@ import pytest
 import torch
 
 from configurator import UserError
-from model import GPT, GPTConfig, base_fingerprint, tensors_fingerprint
+from model import GPT, GPTConfig
+from pretrained.hf import from_pretrained
+from runs.checkpoint import base_fingerprint, tensors_fingerprint
 from runs.base import base_identity, check_same_base
 
 LLAMA = dict(arch="llama", block_size=64, vocab_size=50, n_layer=2, n_head=4, n_kv_head=2,
@@ -78,16 +80,16 @@ def test_a_hugging_face_base_with_another_max_position_embeddings(tmp_path):
     from hf_dirs import make_dir, write_config
     path = str(tmp_path / "qwen")
     make_dir(path, "qwen2", positions=256)
-    saved = GPT.from_pretrained(path)
+    saved = from_pretrained(path)
     ckpt = {"base_fingerprint": base_fingerprint(path, saved)}
     ckpt["base_identity"] = base_identity(ckpt["base_fingerprint"], saved, ENC)
     write_config(path, max_position_embeddings=512)
-    now = GPT.from_pretrained(path)
+    now = from_pretrained(path)
     assert now.config.block_size == 512
     assert dataclasses.replace(now.config, block_size=256) == saved.config
     check_same_base(ckpt, "run/ckpt.pt", base_identity(base_fingerprint(path, now), now, ENC), path)
     write_config(path, rms_norm_eps=1e-2)
-    moved = GPT.from_pretrained(path)
+    moved = from_pretrained(path)
     with pytest.raises(UserError, match="norm_eps"):
         found = base_identity(base_fingerprint(path, moved), moved, ENC)
         check_same_base(ckpt, "run/ckpt.pt", found, path)

@@ -14,7 +14,7 @@ from configurator import UserError, check_finite
 from data.datadir import load_split, load_tokenizer
 from data.gsm_synth.prepare import prepare
 from model import GPT
-from sample import encode_prompt
+from data.prompts import encode_prompt
 
 ARGS = ["--n_layer=1", "--n_embd=16", "--n_head=2", "--block_size=96", "--batch_size=4",
         "--eval_n=4", "--eval_interval=2", "--log_interval=2", "--max_new_tokens=6",

@@ -15,7 +15,8 @@ import train_base as tb
 from configurator import UserError
 from data.datadir import load_tokenizer
 from data.gsm_synth.prepare import prepare
-from model import CheckpointWriteError, load_checkpoint, model_from_checkpoint, save_checkpoint
+from runs.checkpoint import (CheckpointWriteError, load_checkpoint, model_from_checkpoint,
+                             save_checkpoint)
 
 ARGS = ["--n_layer=1", "--n_embd=16", "--n_head=2", "--block_size=96", "--batch_size=4",
         "--eval_n=2", "--eval_interval=2", "--log_interval=2", "--max_new_tokens=6",

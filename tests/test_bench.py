@@ -22,7 +22,7 @@ import rewards
 from configurator import UserError
 from grpo import completion_logprobs, grpo_loss
 from lora import disable_lora, lora_parameters
-from sample import generate
+from model import generate
 
 
 def test_quick_bench_rows(capsys, tmp_path):

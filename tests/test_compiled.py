@@ -17,12 +17,11 @@ import pytest
 import torch
 
 import grpo
-import sample
 from configurator import UserError
 from conftest import TINY
 from lora import apply_lora, folded_for_sampling, lora_parameters
 from model import GPT, GPTConfig
-from sample import generate
+from model import generate, pad_prompts
 from scale import compiled
 
 pytestmark = pytest.mark.skipif(not any(shutil.which(c) for c in ("g++", "c++", "clang++")),
@@ -116,7 +115,7 @@ def test_sampled_tokens_are_the_eager_tokens_for_the_same_uniforms(fresh):
 def decode_steps(model, with_compile):
     """Prefill PROMPTS (each twice: generate's rows, so its graph serves), then feed NEW - 1 given tokens one
     column at a time: every step's logits (ROWS, NEW, V)."""
-    idx, pad_left = sample.pad_prompts([p for p in PROMPTS for _ in range(2)], 0, "cpu")
+    idx, pad_left = pad_prompts([p for p in PROMPTS for _ in range(2)], 0, "cpu")
     feed = torch.randint(1, 50, (ROWS, NEW), generator=torch.Generator().manual_seed(2))
     decode = compiled.CompiledDecode(model, "cpu") if with_compile else None
     with torch.no_grad(), folded_for_sampling(model):

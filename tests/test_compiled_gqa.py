@@ -11,7 +11,7 @@ import torch
 
 from conftest import TINY
 from model import GPT, GPTConfig
-from sample import pad_prompts
+from model import pad_prompts
 from scale import compiled
 
 pytestmark = pytest.mark.skipif(not any(shutil.which(c) for c in ("g++", "c++", "clang++")),

@@ -40,8 +40,8 @@ import tracin
 import train_grpo as tg
 from conftest import build_gpt
 from lora import apply_lora, load_lora_state_dict, lora_parameters
-from model import load_checkpoint
-from sample import generate, sample_next
+from runs.checkpoint import load_checkpoint
+from model import generate, sample_next
 from test_tracin import ByteEnc, make_model, posthoc_setup
 
 pytestmark = pytest.mark.filterwarnings("ignore:There is a performance drop")

@@ -26,9 +26,9 @@ from data.countdown.prepare import draw_distinct
 from data.countdown.solutions import all_tries, searched_solution
 from data.datadir import load_split, load_tokenizer
 from data.tasks import load_task_split, planted_answer
-from model import load_checkpoint
+from runs.checkpoint import load_checkpoint
 from rewards import countdown_reward, think_format_reward
-from sample import encode_prompt, encode_text
+from data.prompts import encode_prompt, encode_text
 
 OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
 

@@ -9,7 +9,8 @@ import pytest
 from analysis import countdown_demo
 from configurator import UserError
 from data.tasks import load_task_split
-from sample import decode_completions, encode_prompt, generate, stop_tokens
+from data.prompts import decode_completions, encode_prompt, stop_tokens
+from model import generate
 from runs.loading import load_policy
 from test_train_grpo import run as grpo_run
 

@@ -23,7 +23,7 @@ from data.countdown.solutions import searched_solution
 from data.datadir import load_split, load_tokenizer
 from rewards import REWARD_FUNCS, countdown_claim_reward, countdown_reward, countdown_steps_reward
 from runs.metrics import hack_rates
-from sample import encode_text
+from data.prompts import encode_text
 
 OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b,
        "/": lambda a, b: a // b}

@@ -12,8 +12,8 @@ pytestmark = [pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a 
 
 from bench import run as bench
 import grpo
-from model import load_checkpoint
-from sample import generate
+from runs.checkpoint import load_checkpoint
+from model import generate
 import tracin
 from test_distributed import task_pays_chars  # the 'pg' validation reward varies for a random model
 from test_train_grpo import run  # the CPU tests' small train_grpo.py run (tiny_setup: conftest)

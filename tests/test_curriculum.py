@@ -12,7 +12,7 @@ import torch
 import rewards
 from configurator import UserError
 from data.curriculum import Curriculum, parse_levels
-from model import load_checkpoint
+from runs.checkpoint import load_checkpoint
 from test_prepare import check_arithmetic, operations
 from test_train_grpo import run
 

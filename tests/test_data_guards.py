@@ -28,7 +28,7 @@ from data.countdown.solutions import all_tries, max_solutions, max_tries, search
 from data.curriculum import parse_levels
 from data.gsm8k import prepare as gsm8k
 from data.gsm_synth import prepare as synth
-from model import load_checkpoint, save_checkpoint
+from runs.checkpoint import load_checkpoint, save_checkpoint
 from checks.grpo_knobs import validate as validate_grpo
 from test_task_data import TEST, TRAIN, write_gsm8k
 from test_train_grpo import run

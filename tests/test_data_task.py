@@ -90,7 +90,8 @@ def test_resume_refuses_data_replaced_by_another_tasks(made, tmp_path, chars_rew
     """A tiny arith run; then Countdown's splits and meta.json are copied into its data directory (what
     a countdown prepare into it used to do): the resume is refused before it trains."""
     import torch
-    from model import GPT, GPTConfig, save_checkpoint
+    from model import GPT, GPTConfig
+    from runs.checkpoint import save_checkpoint
     data = str(tmp_path / "data")
     shutil.copytree(made["arith"], data)
     enc = datadir.load_tokenizer(data)

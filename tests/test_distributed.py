@@ -15,8 +15,8 @@ import torch.multiprocessing as mp
 import train_base
 import train_grpo as tg
 from scale.distributed import finish  # each worker ends with it, as configurator.cli_main does under torchrun
-from sample import encode_prompt
-from model import load_checkpoint
+from data.prompts import encode_prompt
+from runs.checkpoint import load_checkpoint
 from test_train_grpo import run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -226,7 +226,7 @@ def evaluate_in_chunks(base):
     """train_base.evaluate over the 20 test problems in chunks of 3 (7 chunks: 4 on rank 0, 3 on rank 1)."""
     import train_base as tb
     from data.datadir import load_split, load_tokenizer
-    from model import model_from_checkpoint
+    from runs.checkpoint import model_from_checkpoint
     ck = load_checkpoint(base)
     model, enc = model_from_checkpoint(ck).eval(), load_tokenizer(ck["data_dir"])
     examples = [{**e, "answer": i % 3} for i, e in enumerate(load_split(ck["data_dir"], "test"))]

@@ -24,7 +24,7 @@ case "$1" in
       echo "interrupted" >&2; exit 130
     fi
     mkdir -p "$out" && touch "$out/ckpt.pt" ;;
-  tracin.py) echo '{"result": {}}' | tr -d '\n' > "$json" ;;
+  -m) case "$2" in analysis.attribute) echo '{"result": {}}' | tr -d '\n' > "$json" ;; esac ;;
   -c) case "$2" in *matplotlib*) exit 1;; *) echo "2.x";; esac ;;
   *) if [ -n "${FAIL_TABLE:-}" ]; then echo "table failed" >&2; exit 1; fi; echo "| table |" ;;
 esac
@@ -45,7 +45,7 @@ def fake(tmp_path):
         r = subprocess.run(["bash", os.path.join(ROOT, "experiments", script)], env=e,
                            capture_output=True, text=True, timeout=60)
         return r, [line for line in calls.read_text().splitlines() if "train_grpo.py" in line or
-                   "tracin.py" in line]
+                   "analysis.attribute" in line]
     return run
 
 

@@ -218,7 +218,7 @@ def test_a_refused_export_leaves_no_folder_behind(hf_run, tmp_path):
     were claimed (NaN weights) leaves none of the folders made for them (before: an empty typo_run/,
     and h/a/b/ of --adapter_dir=h/a/b/c)."""
     import shutil
-    from model import load_checkpoint, save_checkpoint
+    from runs.checkpoint import load_checkpoint, save_checkpoint
     _, run = hf_run
     with pytest.raises(UserError, match="checkpoint not found"):
         export.main([f"--out_dir={tmp_path}/typo_run"])

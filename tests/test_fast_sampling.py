@@ -12,7 +12,7 @@ import torch
 from conftest import TINY, build_gpt
 from lora import apply_lora, disable_lora, folded_for_sampling, lora_parameters
 from model import GPT, GPTConfig
-from sample import generate
+from model import generate
 
 FAMILIES = {"gpt2": {}, "llama": dict(arch="llama", n_kv_head=1, n_inner=48, rope_theta=500.0, norm_eps=1e-6)}
 

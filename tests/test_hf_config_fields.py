@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from configurator import UserError
-from model import GPT
+from pretrained.hf import from_pretrained
 from pretrained.hf import hf_dtype
 from pretrained.hfconfig import config_dtype, hf_config_args
 
@@ -35,7 +35,7 @@ def test_an_odd_head_size_is_refused(tmp_path, family, hidden, heads):
     assert "\n" not in str(e.value) and "even" in str(e.value)
     path = write(tmp_path / "odd", **fields)
     with pytest.raises(UserError, match="num_attention_heads"):  # before any weight is looked for
-        GPT.from_pretrained(path)
+        from_pretrained(path)
 
 
 def test_an_even_head_size_is_taken():

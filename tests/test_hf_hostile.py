@@ -18,7 +18,8 @@ from safetensors.torch import load_file, save_file  # noqa: E402
 
 from configurator import UserError  # noqa: E402
 from hf_dirs import make_dir, write_config  # noqa: E402
-from model import GPT  # noqa: E402
+
+from pretrained.hf import from_pretrained  # noqa: E402
 from pretrained import tokenizer as tk  # noqa: E402
 from pretrained.hf import hf_dtype  # noqa: E402
 
@@ -99,7 +100,7 @@ def test_every_config_field_of_a_wrong_type_or_range_is_one_line_naming_it(dirs,
     config[key] = value
     with open(f"{d}/config.json", "w") as f:
         json.dump(config, f)  # NaN / Infinity as Python's json writes them (and reads them back)
-    one_line_error(lambda: GPT.from_pretrained(d), f"{d}/config.json", key, repr(value))
+    one_line_error(lambda: from_pretrained(d), f"{d}/config.json", key, repr(value))
 
 
 @pytest.mark.parametrize("changes,key", [
@@ -116,14 +117,14 @@ def test_every_config_field_of_a_wrong_type_or_range_is_one_line_naming_it(dirs,
 def test_inconsistent_llama_configs_are_refused_by_name(dirs, tmp_path, changes, key):
     d = copy_of(dirs["llama"], tmp_path / "d")
     write_config(d, **changes)
-    one_line_error(lambda: GPT.from_pretrained(d), key)
+    one_line_error(lambda: from_pretrained(d), key)
 
 
 @pytest.mark.parametrize("changes,key", [(dict(n_head=3), "n_head"), (dict(n_head=128), "n_head")])
 def test_inconsistent_gpt2_configs_are_refused_by_name(dirs, tmp_path, changes, key):
     d = copy_of(dirs["gpt2"], tmp_path / "d")
     write_config(d, **changes)
-    one_line_error(lambda: GPT.from_pretrained(d), key)
+    one_line_error(lambda: from_pretrained(d), key)
 
 
 @pytest.mark.parametrize("family", ["gpt2", "llama"])
@@ -135,10 +136,10 @@ def test_a_layer_count_the_weights_do_not_hold_is_refused_before_building(dirs, 
     key = "n_layer" if family == "gpt2" else "num_hidden_layers"
     write_config(d, **{key: n})
     t = time.time()
-    one_line_error(lambda: GPT.from_pretrained(d), f"{key} = {n}, but the weights hold 2 layers")
+    one_line_error(lambda: from_pretrained(d), f"{key} = {n}, but the weights hold 2 layers")
     assert time.time() - t < 30
     write_config(d, **{key: 1})  # fewer: the first tensor of layer 1 is named
-    one_line_error(lambda: GPT.from_pretrained(d), "unexpected tensor", ".1.")
+    one_line_error(lambda: from_pretrained(d), "unexpected tensor", ".1.")
 
 
 def test_accepted_edge_values_compute_what_transformers_computes(dirs, tmp_path):
@@ -147,7 +148,7 @@ def test_accepted_edge_values_compute_what_transformers_computes(dirs, tmp_path)
     from transformers import AutoModelForCausalLM
     d = copy_of(dirs["llama"], tmp_path / "d")
     write_config(d, rope_parameters={"rope_type": "default", "rope_theta": 50000}, rms_norm_eps=1e-2, torch_dtype="float32", dtype=None, tie_word_embeddings=False)
-    ours, theirs = GPT.from_pretrained(d), AutoModelForCausalLM.from_pretrained(d).eval()
+    ours, theirs = from_pretrained(d), AutoModelForCausalLM.from_pretrained(d).eval()
     assert ours.config.rope_theta == 50000.0 and ours.config.norm_eps == 1e-2 and not ours.config.tie_head
     x = torch.randint(0, 300, (2, 9), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
@@ -165,7 +166,7 @@ def test_deeply_nested_json_is_one_line(dirs, tmp_path, name, nesting):
     d = copy_of(dirs["llama"], tmp_path / "d")
     with open(f"{d}/{name}", "w") as f:
         f.write(NESTINGS[nesting](200_000))
-    load = (lambda: GPT.from_pretrained(d)) if name == "config.json" else (lambda: tk.load_hf_tokenizer(d))
+    load = (lambda: from_pretrained(d)) if name == "config.json" else (lambda: tk.load_hf_tokenizer(d))
     one_line_error(load, f"{d}/{name}", "nested too deeply")
 
 
@@ -174,7 +175,7 @@ def test_deeply_nested_safetensors_index_is_one_line(dirs, tmp_path):
     os.remove(f"{d}/model.safetensors")
     with open(f"{d}/model.safetensors.index.json", "w") as f:
         f.write(NESTINGS["object"](200_000))
-    one_line_error(lambda: GPT.from_pretrained(d), "model.safetensors.index.json", "nested too deeply")
+    one_line_error(lambda: from_pretrained(d), "model.safetensors.index.json", "nested too deeply")
 
 
 @pytest.mark.parametrize("dtype", [torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64, torch.bool])
@@ -185,7 +186,7 @@ def test_a_weight_of_an_integer_dtype_is_named_not_cast(dirs, tmp_path, dtype, f
     name = sorted(sd)[len(sd) // 2]
     sd[name] = (sd[name] * 100).to(dtype)
     save_file(sd, f"{d}/model.safetensors")
-    one_line_error(lambda: GPT.from_pretrained(d), name, str(dtype).removeprefix("torch."))
+    one_line_error(lambda: from_pretrained(d), name, str(dtype).removeprefix("torch."))
 
 
 # ----------------------------------------------------------------------------------------------

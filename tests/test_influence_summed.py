@@ -25,7 +25,7 @@ import tracin
 import train_grpo
 from grpo import Rollouts, policy_backward
 from lora import load_lora_state_dict, lora_parameters
-from model import load_checkpoint
+from runs.checkpoint import load_checkpoint
 from test_tracin import (LAYERS, TRAIN_ADV, TRAIN_PROMPTS, VAL_ADV, VAL_PROMPTS, ByteEnc, capture_both, flat,
                          func_per_sample_grads, make_batch, make_model, posthoc_setup)
 

@@ -11,7 +11,7 @@ import torch
 from conftest import TINY
 from lora import apply_lora, disable_lora, folded_for_sampling, lora_modules
 from model import GPT, GPTConfig
-from sample import generate
+from model import generate
 
 PROMPTS = [[3, 4, 5], [6, 7], [8, 9, 10, 11]]
 FAMILIES = {"gpt2": {}, "llama": dict(arch="llama", n_kv_head=1, n_inner=48)}

@@ -20,8 +20,9 @@ import torch
 from scale import device as device_module
 import model as model_module
 from configurator import UserError
-from model import GPT, GPTConfig, load_checkpoint, model_from_checkpoint, save_checkpoint
-from sample import generate
+from model import GPT, GPTConfig
+from runs.checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint
+from model import generate
 
 PROMPTS = [[7], [5, 17, 3], [8, 1, 44, 23, 9, 30, 2, 11, 7, 12], [13, 26, 39, 4, 0, 41]]
 

@@ -10,7 +10,8 @@ import torch
 
 from hf_dirs import make_dir, write_config
 from lora import apply_lora, merge_lora
-from model import GPT, RMSNorm
+from model import RMSNorm
+from pretrained.hf import from_pretrained
 
 transformers = pytest.importorskip("transformers", reason="transformers is the test-only reference (.ci/run)")
 
@@ -30,7 +31,7 @@ def test_merged_gpt2_export_computes_in_transformers_what_the_adapter_does(gpt2_
     """Every Conv1D layer (c_attn, attn.c_proj, c_fc, mlp.c_proj; the square c_proj too, where a missing
     transpose keeps the shape) adapted, merged, written and read back by transformers: the same logits."""
     from pretrained.hf import save_pretrained
-    model = GPT.from_pretrained(gpt2_dir)
+    model = from_pretrained(gpt2_dir)
     apply_lora(model, r=4, alpha=8, targets=("c_attn", "c_proj", "c_fc"))
     with torch.no_grad():
         for n, p in model.named_parameters():
@@ -64,8 +65,8 @@ def test_a_non_default_norm_epsilon_is_the_one_used(tmp_path, family, key):
         for eps in (0.3, 0.02, 1e-3):
             write_config(path, **{key: eps})
             theirs = transformers.AutoModelForCausalLM.from_pretrained(path).eval()(x).logits
-            ours = GPT.from_pretrained(path)(x, keep_last=10)[0]
-            assert GPT.from_pretrained(path).config.norm_eps == eps
+            ours = from_pretrained(path)(x, keep_last=10)[0]
+            assert from_pretrained(path).config.norm_eps == eps
             if eps >= 0.02:
                 assert rel(theirs, default) > 1e-3, eps  # this epsilon changes the function
             assert rel(ours, theirs) <= 1e-5, eps

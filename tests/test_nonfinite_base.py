@@ -8,8 +8,9 @@ import pytest
 import torch
 
 import sample
+from model import NonFiniteLogits
 from configurator import UserError, cli_main
-from model import load_checkpoint, save_checkpoint
+from runs.checkpoint import load_checkpoint, save_checkpoint
 
 pytestmark = pytest.mark.filterwarnings("ignore:There is a performance drop")
 BAD = [float("nan"), float("inf"), -float("inf")]
@@ -63,7 +64,7 @@ def test_a_model_directory_with_a_non_finite_weight_is_one_line(tmp_path, capsys
 
 def test_non_finite_logits_from_finite_weights_are_one_line(tiny_setup, monkeypatch, capsys):
     def overflow(*a, **k):
-        raise sample.NonFiniteLogits("NaN/Inf logits in 2 of 2 sampled rows")
+        raise NonFiniteLogits("NaN/Inf logits in 2 of 2 sampled rows")
     monkeypatch.setattr(sample, "generate", overflow)
     err = refused(capsys, [f"--ckpt={tiny_setup}", "--question=Mia has 2 pears.", "--max_new_tokens=4"])
     assert "NaN/Inf logits in 2 of 2 sampled rows" in err

@@ -14,7 +14,7 @@ import tracin
 from configurator import UserError
 from grpo import update
 from lora import lora_parameters
-from model import load_checkpoint, save_checkpoint
+from runs.checkpoint import load_checkpoint, save_checkpoint
 from test_influence_summed import as_batch, cfg, world  # noqa: F401 (world: the fixture)
 from test_tracin import VAL_ADV, TRAIN_ADV, ByteEnc, make_model, posthoc_setup
 

@@ -195,7 +195,7 @@ def attribution_json(path, scores, audit=False):
 
 
 def test_influence_figure_from_tracin_json(tmp_path, monkeypatch, capsys):
-    """analysis/plot.py draws the slide figure again from tracin.py's JSON files (an attribution, an audit): the
+    """analysis/plot.py draws the slide figure again from analysis.attribute's JSON files (an attribution, an audit): the
     points are the scores summed per rollout over the files, the title the question."""
     pytest.importorskip("matplotlib")
     one = attribution_json(tmp_path / "a.json", [1.0, -2.0, 0.5])
@@ -219,7 +219,7 @@ def test_bad_tracin_json_is_one_line(tmp_path, content, message):
     bad.write_text(content)
     with pytest.raises(UserError, match=message):
         plot.main([str(bad), f"--out={tmp_path / 'x.png'}"])
-    with pytest.raises(UserError, match="either run directories or tracin.py's JSON files"):
+    with pytest.raises(UserError, match="either run directories or analysis.attribute's JSON files"):
         plot.main([str(bad), str(tmp_path), f"--out={tmp_path / 'x.png'}"])
     assert not (tmp_path / "x.png").exists()
 

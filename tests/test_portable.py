@@ -90,7 +90,7 @@ def test_a_second_copy_reads_its_own_data(two_copies):
     shutil.rmtree(f"{a}/data/gsm_synth")  # reading A's data now fails
     r = python(b, "train_grpo.py", "--out_dir=out/grpo", "--init_from=resume", "--max_iters=2")
     assert r.returncode == 0 and "resuming out/grpo at iter 1" in r.stdout, r.stderr
-    r = python(b, "tracin.py", "--out_dir=out/grpo", f"--question={ours}", "--n_probe=2")  # its model loads
+    r = python(b, "-m", "analysis.attribute", "--out_dir=out/grpo", f"--question={ours}", "--n_probe=2")  # its model loads
     assert r.returncode == 0 or "nothing to attribute" in r.stderr, r.stderr  # (tied rewards: no rollout to score)
 
 

@@ -19,7 +19,8 @@ from analysis import attribute
 from configurator import UserError  # noqa: E402
 from hf_dirs import make_dir, write_config  # noqa: E402
 from model import GPT  # noqa: E402
-from sample import generate  # noqa: E402
+from pretrained.hf import from_pretrained  # noqa: E402
+from model import generate  # noqa: E402
 from pretrained.tokenizer import load_hf_tokenizer  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -48,7 +49,7 @@ def rel(a, b):
 @pytest.mark.parametrize("name", CASES)
 def test_logits_equal_transformers(dirs, name):
     path, hf, _ = dirs[name]
-    model = GPT.from_pretrained(path)
+    model = from_pretrained(path)
     if name == "qwen2":
         assert len([f for f in os.listdir(path) if f.endswith(".safetensors")]) > 1  # really sharded
     assert model.config.tie_head == CASES[name].get("tied", True)
@@ -65,7 +66,7 @@ def test_left_padded_rows_equal_transformers_with_an_attention_mask(dirs, name):
     """Padding: positions restart at 0 on each row's first real token (learned or rotary), as
     transformers' generate computes them from the attention mask."""
     path, hf, _ = dirs[name]
-    model = GPT.from_pretrained(path)
+    model = from_pretrained(path)
     x = torch.randint(0, hf.config.vocab_size, (3, 12), generator=torch.Generator().manual_seed(2))
     pad_left = torch.tensor([0, 3, 7])
     am = (torch.arange(12)[None] >= pad_left[:, None]).long()
@@ -79,7 +80,7 @@ def test_left_padded_rows_equal_transformers_with_an_attention_mask(dirs, name):
 @pytest.mark.parametrize("name", CASES)
 def test_kv_cache_greedy_equals_transformers_generate(dirs, name):
     path, hf, tok = dirs[name]
-    model, enc = GPT.from_pretrained(path), load_hf_tokenizer(path)
+    model, enc = from_pretrained(path), load_hf_tokenizer(path)
     padded = list(range(enc.n_vocab, hf.config.vocab_size))  # rows beyond the tokenizer: never sampled
     assert padded
     for text in ["Mia has 12 apples", "How many? 3+4="]:
@@ -93,7 +94,7 @@ def test_kv_cache_greedy_equals_transformers_generate(dirs, name):
 
 def test_padded_vocabulary_rows_are_never_drawn(dirs):
     path, hf, _ = dirs["llama"]
-    model, enc = GPT.from_pretrained(path), load_hf_tokenizer(path)
+    model, enc = from_pretrained(path), load_hf_tokenizer(path)
     with torch.no_grad():  # make the padded rows the most likely tokens by far
         model.lm_head.weight[enc.n_vocab:] = model.lm_head.weight[:1] * 50
     idx, _, _ = generate(model, [[5, 6, 7]] * 4, 8, enc.stop_tokens, temperature=1.0, seed=0)
@@ -106,7 +107,7 @@ def test_padded_vocabulary_rows_are_never_drawn(dirs):
 
 def test_bf16_loading_stays_bf16(dirs):
     path, hf, _ = dirs["qwen2"]
-    model = GPT.from_pretrained(path, dtype=torch.bfloat16)
+    model = from_pretrained(path, dtype=torch.bfloat16)
     assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
     x = torch.randint(0, 300, (2, 9))
     with torch.no_grad():
@@ -128,7 +129,7 @@ def test_config_errors_are_one_line(tmp_path, dirs):
         json.dump(json.load(open(f"{path}/config.json")), open(d / "config.json", "w"))
         write_config(str(d), **changes)
         with pytest.raises(UserError, match=match) as e:
-            GPT.from_pretrained(str(d))
+            from_pretrained(str(d))
         assert "\n" not in str(e.value)
 
     fails("model_type 'mistral' is not supported", model_type="mistral")
@@ -139,9 +140,9 @@ def test_config_errors_are_one_line(tmp_path, dirs):
     fails("hidden_act = 'gelu' is not allowed", hidden_act="gelu")
     fails(r"model\.layers\.0\.self_attn\.k_proj\.weight has shape", num_key_value_heads=4)
     with pytest.raises(UserError, match="no config.json"):
-        GPT.from_pretrained(str(tmp_path))
+        from_pretrained(str(tmp_path))
     with pytest.raises(UserError, match="model directory not found"):
-        GPT.from_pretrained(str(tmp_path / "nowhere"))
+        from_pretrained(str(tmp_path / "nowhere"))
 
 
 def test_weight_file_errors_name_the_tensor(tmp_path, dirs):
@@ -155,7 +156,7 @@ def test_weight_file_errors_name_the_tensor(tmp_path, dirs):
         if tensors is not None:
             save_file(tensors, str(d / "model.safetensors"))
         with pytest.raises(UserError, match=match):
-            GPT.from_pretrained(str(d))
+            from_pretrained(str(d))
 
     fails(r"missing tensor transformer\.h\.1\.mlp\.c_fc\.bias", {k: v for k, v in sd.items() if k != "transformer.h.1.mlp.c_fc.bias"})
     fails("unexpected tensor transformer.h.2.ln_1.weight", {**sd, "transformer.h.2.ln_1.weight": torch.ones(64)})
@@ -167,14 +168,14 @@ def test_weight_file_errors_name_the_tensor(tmp_path, dirs):
         os.symlink(f"{src}/config.json", d / "config.json")
         (d / "model.safetensors").write_bytes(damage)
         with pytest.raises(UserError, match="model.safetensors is not a readable safetensors file.*download it again"):
-            GPT.from_pretrained(str(d))
+            from_pretrained(str(d))
     # GPT-2 files written without the "transformer." prefix load too (older checkpoints)
     d = tmp_path / "noprefix"
     os.makedirs(d)
     os.symlink(f"{src}/config.json", d / "config.json")
     save_file({k.removeprefix("transformer."): v for k, v in sd.items()}, str(d / "model.safetensors"))
     x = torch.randint(0, 300, (1, 8))
-    assert torch.equal(GPT.from_pretrained(str(d))(x)[0], GPT.from_pretrained(src)(x)[0])
+    assert torch.equal(from_pretrained(str(d))(x)[0], from_pretrained(src)(x)[0])
 
 
 @pytest.mark.parametrize("name", ["gpt2", "qwen2", "llama"])
@@ -225,14 +226,14 @@ def run(dirs, tmp_path_factory):
 
 
 def test_grpo_run_on_a_directory_uses_its_chat_format_and_records_the_base(run, dirs):
-    from sample import CHAT_INSTRUCTION
+    from data.prompts import CHAT_INSTRUCTION
     path, _, tok = dirs["qwen2"]
     ckpt = torch.load(f"{run}/ckpt.pt", weights_only=True)
     assert ckpt["base_ckpt"] == path and len(ckpt["base_fingerprint"]) == 16
     assert any(v.abs().sum() > 0 for k, v in ckpt["lora"].items() if "lora_B" in k)  # it trained
     from runs.loading import load_policy
     _, enc, _ = load_policy(f"{run}/ckpt.pt")
-    from sample import encode_prompt
+    from data.prompts import encode_prompt
     q = "Mia has 2 pears. How many?"
     want = tok.apply_chat_template([{"role": "user", "content": q + CHAT_INSTRUCTION}], add_generation_prompt=True,
                                    tokenize=True, return_dict=True)["input_ids"]
@@ -266,7 +267,7 @@ def test_exported_adapter_gives_the_projects_logits_in_peft(run, dirs):
         assert rel(mine, AutoModelForCausalLM.from_pretrained(dirs["qwen2"][0])(x).logits) > 1e-3  # it moved
         assert rel(mine, peft_model(x).logits) <= 1e-5
         merged_hf = AutoModelForCausalLM.from_pretrained(f"{run}/merged")(x).logits
-        merged_ours = GPT.from_pretrained(f"{run}/merged")(x, keep_last=15)[0]
+        merged_ours = from_pretrained(f"{run}/merged")(x, keep_last=15)[0]
     assert rel(merged_hf, mine) <= 1e-5 and rel(merged_ours, mine) <= 1e-5
     export.main([f"--out_dir={run}"])  # its own earlier export is replaced; a user's file is not
     open(f"{run}/peft_adapter/notes.txt", "w").close()
@@ -303,7 +304,7 @@ def test_a_run_directory_given_as_a_model_directory_is_named(tmp_path):
     os.makedirs(tmp_path / "run")
     open(tmp_path / "run" / "ckpt.pt", "w").close()
     with pytest.raises(UserError, match=r"is a run directory.*give its checkpoint"):
-        GPT.from_pretrained(str(tmp_path / "run"))
+        from_pretrained(str(tmp_path / "run"))
 
 
 def test_export_refuses_a_run_on_the_tiny_base(tiny_setup, tmp_path, chars_reward):

@@ -1,4 +1,4 @@
-# Tests for the HTML attribution report (analysis/report.py, tracin.py --html / --questions_file) on a real tiny
+# Tests for the HTML attribution report (analysis/report.py, analysis.attribute --html / --questions_file) on a real tiny
 # train_grpo.py run with planted defects. Run: python -m pytest tests/test_report.py -q
 #
 # Independent references: Python's own html.parser reads the page back (tags, attributes and text as a
@@ -13,7 +13,7 @@ import pytest
 
 import tracin
 from configurator import UserError, cli_main
-from model import load_checkpoint
+from runs.checkpoint import load_checkpoint
 from test_tracin_cli import tiny_run
 
 pytestmark = pytest.mark.filterwarnings("ignore:There is a performance drop")

@@ -93,7 +93,7 @@ def test_the_report_never_replaces_a_file_that_is_not_its_own(tmp_path):
     write_report(str(path), *args, ours=written_here)  # its own: replaced
     assert written_here(str(path))
     path.write_text("<html>a user's page</html>")
-    with pytest.raises(UserError, match="was not written by tracin.py: it is left as it is"):
+    with pytest.raises(UserError, match="was not written by analysis.attribute: it is left as it is"):
         write_report(str(path), *args, ours=written_here)
     assert path.read_text() == "<html>a user's page</html>"
     assert os.listdir(tmp_path) == ["report.html"]

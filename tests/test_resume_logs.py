@@ -21,7 +21,7 @@ from analysis import plot
 from analysis import summarize
 import train_grpo as tg
 from configurator import Interrupted, UserError
-from model import load_checkpoint
+from runs.checkpoint import load_checkpoint
 from test_train_grpo import run
 
 pytestmark = pytest.mark.usefixtures("chars_reward")

@@ -15,7 +15,7 @@ import torch
 
 import train_grpo as tg
 from configurator import UserError
-from model import load_checkpoint
+from runs.checkpoint import load_checkpoint
 from test_train_grpo import run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -10,11 +10,12 @@ import torch
 
 import runs.loading
 import sample
+from model import NonFiniteLogits, generate, sample_next
 import train_base as tb
 import grpo
 import train_grpo as tg
 from configurator import Interrupted, UserError
-from model import load_checkpoint, save_checkpoint
+from runs.checkpoint import load_checkpoint, save_checkpoint
 from test_train_grpo import run
 
 pytestmark = pytest.mark.usefixtures("chars_reward")
@@ -140,8 +141,8 @@ def test_nonfinite_logits_skip_steps_then_stop(tiny_setup, tmp_path, monkeypatch
 def test_generate_reports_nonfinite_logits(tiny_gpt):
     with torch.no_grad():
         tiny_gpt.lm_head.weight[3, 0] = float("nan")
-    with pytest.raises(sample.NonFiniteLogits, match="NaN/Inf logits"):
-        sample.generate(tiny_gpt, [[1, 2, 3]], 4, eot_id=0, num_samples=2, seed=0)
+    with pytest.raises(NonFiniteLogits, match="NaN/Inf logits"):
+        generate(tiny_gpt, [[1, 2, 3]], 4, eot_id=0, num_samples=2, seed=0)
     assert not tiny_gpt.training
 
 
@@ -195,7 +196,7 @@ def test_sample_cli_knobs(tiny_setup, arg, key):
 def test_top_p_tiny_keeps_the_most_likely_token():
     logits = torch.randn(64, 50)
     for top_p in (1e-12, 1e-3):
-        got = sample.sample_next(logits, 1.0, None, top_p, torch.Generator().manual_seed(0))
+        got = sample_next(logits, 1.0, None, top_p, torch.Generator().manual_seed(0))
         assert torch.equal(got, logits.argmax(-1))
 
 
@@ -385,7 +386,7 @@ def test_base_full_disk_names_the_command_that_goes_on(base_args, tmp_path, monk
 
 def test_a_skipped_evaluation_logs_no_nan_accuracy(tiny_setup, tmp_path, monkeypatch, capsys):
     def broken(*a, **k):
-        raise sample.NonFiniteLogits("NaN/Inf logits in 1 of 4 sampled rows")
+        raise NonFiniteLogits("NaN/Inf logits in 1 of 4 sampled rows")
     monkeypatch.setattr(tg, "evaluate", broken)
     run(tiny_setup, tmp_path / "r", "--max_iters=1")
     logs = [json.loads(line) for line in open(tmp_path / "r" / "log.jsonl")]

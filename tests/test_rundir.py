@@ -1,4 +1,4 @@
-# Tests for runs/rundir.py (run directories), model.base_fingerprint and configurator.cli_main. Run: python -m pytest tests/test_rundir.py -q
+# Tests for runs/rundir.py (run directories), runs/checkpoint.base_fingerprint and configurator.cli_main. Run: python -m pytest tests/test_rundir.py -q
 # References: real processes for the lock (a live `sleep` holds it, a finished one left it stale),
 # files written by hand for the JSONL readers, and weights changed by one element for the fingerprint.
 import json
@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-import model
+from runs.checkpoint import save_checkpoint, tensors_fingerprint
 from runs import base, rundir
 from configurator import Interrupted, UserError, cli_main
 
@@ -82,14 +82,14 @@ def test_truncate_jsonl_keeps_the_resumed_steps_only(tmp_path):
 
 def test_fingerprint_sees_one_changed_weight():
     sd = {"a.weight": torch.randn(4, 3), "b": torch.arange(5), "h": torch.randn(2).to(torch.bfloat16)}
-    fp = model.tensors_fingerprint(sd.items())
-    assert fp == model.tensors_fingerprint({k: v.clone() for k, v in reversed(list(sd.items()))}.items())  # order-free
+    fp = tensors_fingerprint(sd.items())
+    assert fp == tensors_fingerprint({k: v.clone() for k, v in reversed(list(sd.items()))}.items())  # order-free
     changed = {k: v.clone() for k, v in sd.items()}
     changed["a.weight"][2, 1] += 1e-3
-    assert model.tensors_fingerprint(changed.items()) != fp
-    assert model.tensors_fingerprint({**sd, "h": sd["h"].float()}.items()) != fp   # same values, another dtype
+    assert tensors_fingerprint(changed.items()) != fp
+    assert tensors_fingerprint({**sd, "h": sd["h"].float()}.items()) != fp   # same values, another dtype
     with pytest.raises(UserError, match=r"another base than base.pt holds now \(changed: its weights"):
-        base.check_same_base({"base_fingerprint": fp}, "run/ckpt.pt", model.tensors_fingerprint(changed.items()), "base.pt")
+        base.check_same_base({"base_fingerprint": fp}, "run/ckpt.pt", tensors_fingerprint(changed.items()), "base.pt")
     base.check_same_base({"base_fingerprint": fp}, "run/ckpt.pt", fp, "base.pt")
 
 
@@ -136,7 +136,7 @@ def test_full_disk_is_one_line_with_the_os_reason(tmp_path, monkeypatch):
         return real_open("/dev/full", mode, *a, **k) if str(path).endswith(".tmp") else real_open(path, mode, *a, **k)
     monkeypatch.setattr(builtins, "open", full_disk)
     with pytest.raises(UserError, match=f"cannot write checkpoint {tmp_path}/c.pt: No space left on device"):
-        model.save_checkpoint({"w": torch.zeros(1000)}, str(tmp_path / "c.pt"))
+        save_checkpoint({"w": torch.zeros(1000)}, str(tmp_path / "c.pt"))
     assert os.listdir(tmp_path) == []
 
 

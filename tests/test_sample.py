@@ -15,7 +15,8 @@ import pytest
 import torch
 
 from configurator import UserError
-from sample import decode_completions, generate, pad_prompts, sample_next
+from data.prompts import decode_completions
+from model import generate, pad_prompts, sample_next
 
 PROMPTS = [[5, 17, 3], [8, 1, 44, 23, 9, 30, 2, 11, 7], [42], [13, 26, 39, 4, 0]]
 NEVER = 49   # an end-of-text id that sharp_gpt does not emit for PROMPTS within 20 steps (checked)

@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from model import GPT, GPTConfig
-from sample import generate, sample_next, stop_tokens
+from model import generate, sample_next
+from data.prompts import stop_tokens
 
 
 def bigram_gpt(f):

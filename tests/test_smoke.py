@@ -41,7 +41,7 @@ def task_dir(task, tmp_path):
 
 @pytest.mark.parametrize("task", ["gsm8k", "countdown"])
 def test_smoke_config_runs_every_path(task, model_dir, tmp_path, chars_reward, capsys):
-    from sample import encode_prompt
+    from data.prompts import encode_prompt
     from runs.loading import load_policy
     from data.tasks import TASKS
     data, run = task_dir(task, tmp_path), str(tmp_path / "run")

@@ -14,7 +14,7 @@ import train_grpo
 from configurator import UserError
 from conftest import build_gpt
 from grpo import completion_logprobs
-from sample import MIN_TEMPERATURE
+from model import MIN_TEMPERATURE
 
 
 @pytest.mark.parametrize("temperature", ["1e-30", "1e-45", "1e-05"])

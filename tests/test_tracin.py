@@ -44,8 +44,9 @@ import ghost
 import tracin
 from configurator import UserError
 from lora import apply_lora, disable_lora, load_lora_state_dict, lora_parameters, lora_state_dict
-from model import GPT, GPTConfig, load_checkpoint, save_checkpoint
-from sample import generate
+from model import GPT, GPTConfig
+from runs.checkpoint import load_checkpoint, save_checkpoint
+from model import generate
 from grpo import completion_logprobs, grpo_loss
 
 # functorch notes that SDPA has no batching rule on CPU (a slower fallback): not a test concern
@@ -527,7 +528,7 @@ def test_posthoc_full_equals_loop_over_checkpoints(world, tmp_path):
                                         self_influence=True)
     # reference: plain autograd over checkpoints and samples
     from lora import load_lora_state_dict
-    from model import load_checkpoint
+    from runs.checkpoint import load_checkpoint
     tb, sb = tracin.rollout_batch(enc, train, "cpu"), tracin.rollout_batch(enc, test, "cpu")
     want = torch.zeros(len(train), dtype=torch.float64)
     for path, lr in zip(paths, lrs):
@@ -627,11 +628,10 @@ def test_posthoc_cli_errors(tmp_path):
 def test_posthoc_memory_efficient_loads_each_checkpoint_once(world, tmp_path, monkeypatch):
     m = world[0]
     paths, lrs, train, test = posthoc_setup(tmp_path, m)
-    import model
+    from runs.checkpoint import load_checkpoint as real
     loads = []
-    real = model.load_checkpoint
-    monkeypatch.setattr(tracin, "load_checkpoint", lambda p, *a, **k: loads.append(p) or real(p, *a, **k))
-    res = tracin.find_critical_samples(m, paths, train, test, ByteEnc(), mode="memory_efficient", micro_batch=2)
+    res = tracin.find_critical_samples(m, paths, train, test, ByteEnc(), mode="memory_efficient", micro_batch=2,
+                                       load=lambda p: loads.append(p) or real(p))
     assert sorted(loads) == sorted(paths)  # each exactly once, even with several train chunks
     assert [e["checkpoint_contributions"][0] for e in res["scores"]] != [0.0] * len(train)
 

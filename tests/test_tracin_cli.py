@@ -15,7 +15,7 @@ import pytest
 from analysis import attribute
 import tracin
 from configurator import UserError, cli_main
-from model import load_checkpoint, save_checkpoint
+from runs.checkpoint import load_checkpoint, save_checkpoint
 from test_train_grpo import run as grpo_run
 
 pytestmark = pytest.mark.filterwarnings("ignore:There is a performance drop")

@@ -10,7 +10,7 @@ import torch
 import train_base as tb
 from data.datadir import load_tokenizer
 from data.gsm_synth.prepare import prepare
-from model import load_checkpoint, model_from_checkpoint
+from runs.checkpoint import load_checkpoint, model_from_checkpoint
 
 
 def test_get_lr_schedule():

@@ -20,10 +20,12 @@ from data.datadir import load_split, load_tokenizer
 from data.gsm_synth.prepare import prompt_text
 from data.tasks import TASKS
 from lora import apply_lora, disable_lora, lora_parameters
-from model import GPT, GPTConfig, save_checkpoint, load_checkpoint
+from model import GPT, GPTConfig
+from runs.checkpoint import save_checkpoint, load_checkpoint
 from rewards import compute_rewards
 from runs.metrics import step_log
-from sample import decode_completions, encode_prompt, generate
+from data.prompts import decode_completions, encode_prompt
+from model import generate
 
 # every run here uses a reward that varies even for an untrained model (conftest.chars_reward)
 pytestmark = pytest.mark.usefixtures("chars_reward")
