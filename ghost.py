@@ -147,20 +147,20 @@ def install_ghost_hooks(model):
 
 @contextmanager
 def ghost_mode(optimizer):
-    """Gradient capture without a weight update: optimizer.step() raises inside, and the .grad that
-    existed before is put back afterwards: capture neither updates nor disturbs accumulation."""
+    """Gradient capture without a weight update: optimizer.step() raises inside (a step pre-hook,
+    removed on the way out), and the .grad that existed before is put back afterwards: capture
+    neither updates nor disturbs accumulation."""
     saved = {p: p.grad for g in optimizer.param_groups for p in g["params"]}
     for p in saved:
         p.grad = None
-    step = optimizer.step
 
-    def refuse(*args, **kwargs):
+    def refuse(*args):
         raise RuntimeError("optimizer.step() called inside ghost_mode: capture must not update")
-    optimizer.step = refuse
+    handle = optimizer.register_step_pre_hook(refuse)
     try:
         yield
     finally:
-        optimizer.step = step
+        handle.remove()
         for p, g in saved.items():
             p.grad = g  # capture's gradients are dropped; what was there before comes back
 

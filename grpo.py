@@ -1,12 +1,17 @@
 """
-The parts of one GRPO step, which train_grpo.grpo_step puts in order and TracIn (tracin.py) reuses:
+The parts of one GRPO step, in the order train_grpo.grpo_step runs them (TracIn, tracin.py,
+reuses them):
   make_rollouts     PASS 1 sampling (no grad, no logits kept), rewards, group-relative advantages
-  policy_backward   PASS 3 reference and PASS 2 policy per micro-batch, the GRPO loss, backward
+  grpo_updates      PASS 3 reference, then PASS 2 policy per micro-batch, the GRPO loss, backward
+                    (policy_backward), num_iterations times
   update            the ranks' sums, clip, AdamW on the LoRA parameters; skipped on any NaN/Inf
-and the math under them: compute_group_advantages, selective_log_softmax (no (N, T, V) log-prob
-tensor), completion_logprobs, grpo_loss. A step's rollouts are one record, Rollouts (every field and
-its shape); rollout_batch lays out recorded rollouts as sampling does.
-Imports flow one way: model, lora -> sample, rewards -> grpo -> tracin (with ghost) -> train_grpo.
+and the math under them: compute_group_advantages, completion_logprobs, selective_log_softmax
+(no (N, T, V) log-prob tensor), grpo_loss. A step's rollouts are one record, Rollouts (every
+field and its shape), made whole and copied (dataclasses.replace) when a pass adds to it;
+rollout_batch lays out recorded rollouts as sampling does.
+What a run decides arrives as arguments: `amp`, the precision every pass computes in (bf16
+autocast or nullcontext(), nanoGPT's ctx), `timer`, the step's PhaseTimer, `decode`, the
+compiled decode step or None.
 Under torchrun each rank samples and back-propagates its share, in sight:
 `distributed.split` and `gather_sampled` in sample_rollouts, `rank_part` in grpo_updates,
 `sum_grads` / `sum_stats` in update (scale/distributed.py; each a no-op in one process).
@@ -15,33 +20,190 @@ import math
 import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 import torch
 from torch.autograd.function import once_differentiable
 from torch.nn.utils.rnn import pad_sequence
 
 from configurator import UserError
-from data.tasks import TASKS
-from lora import disable_lora, folded_for_sampling, lora_parameters
-from rewards import compute_rewards
 from data.prompts import decode_completions, encode_prompt, stop_tokens
-from model import generate, pad_prompts
+from lora import disable_lora, folded_for_sampling, lora_parameters
+from model import generate, pad_id, pad_prompts
+from rewards import compute_rewards
 from scale import distributed
 
 
-TIMES = {}  # seconds per phase of the running step: grpo_step empties it, its log line reports it
+class PhaseTimer:
+    """Seconds per phase of one step: `with timer("policy"):` adds the block's wall time to
+    timer.seconds["policy"], once the GPU has finished the work it queued (CUDA runs ahead of
+    Python: without the wait a phase would be charged for its launch only)."""
+
+    def __init__(self, *names):
+        self.seconds = dict.fromkeys(names, 0.0)
+
+    @contextmanager
+    def __call__(self, name):
+        t0 = time.time()
+        yield
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.synchronize()
+        self.seconds[name] = self.seconds.get(name, 0.0) + time.time() - t0
 
 
-@contextmanager
-def phase(name):
-    """Add the block's wall time to TIMES[name], once the GPU has finished the work it queued
-    (CUDA runs ahead of Python: without the wait a phase would be charged for its launch only)."""
-    t0 = time.time()
-    yield
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        torch.cuda.synchronize()
-    TIMES[name] = TIMES.get(name, 0.0) + time.time() - t0
+@dataclass
+class Prompts:
+    """Prompts to sample group_size completions each for, and how those are scored: the
+    training batch with the run's rewards, TracIn's 'pg' validation batch with the task's own."""
+    ids: list                        # token-id lists, one per prompt
+    answers: list                    # one per prompt, as the reward functions read it
+    reward_funcs: tuple              # names in rewards.REWARD_FUNCS
+    reward_weights: tuple
+
+
+@dataclass
+class Rollouts:
+    """A step's rollouts (GRPO-Zero's Episode, batched): n = prompts x group_size rows, a
+    prompt's rows adjacent. score_rollouts makes one with its first nine fields; a pass that
+    adds a field makes a copy (dataclasses.replace)."""
+    idx: torch.Tensor                # (n, P+T) long: prompt left-padded to P, then T completion ids
+    pad_left: torch.Tensor           # (n,) long: padding columns in front of each prompt
+    mask: torch.Tensor               # (n, T) long: 1 on the completion tokens the loss counts
+    advantages: torch.Tensor         # (n,) float32: A_i, exactly 0 in a group of equal rewards
+    rewards: torch.Tensor = None     # (n,) float32: weighted reward, NaN where no function scored
+    per_fn: dict = None              # reward function -> n scores (NaN where it could not score)
+    errors: dict = None              # reward function -> how many completions it raised on
+    n_zero_std: int = 0              # groups whose rewards were all equal (no learning signal)
+    truncated: torch.Tensor = None   # (n,) bool: no stop token (ran into max_new_tokens)
+    ref_logp: torch.Tensor = None    # (n, T) PASS 3's log-probs (with_reference)
+    old_logp: torch.Tensor = None    # (n, T) the sampling policy's log-probs (mu > 1: grpo_updates)
+    influence: torch.Tensor = None   # (n,) TracIn: <g_i, G> (tracin.tracin_backward)
+    selected: torch.Tensor = None    # (n,) bool TracIn: the rows trained on
+    counts: dict = field(default=None)  # grpo_loss's divisors if the rows are part of a batch
+
+    def __len__(self):
+        return self.idx.size(0)
+
+    def part(self, rows, **counts):
+        """Rows `rows` (a slice or a bool mask) of every per-row field, the loss divided by the
+        WHOLE batch's counts (batch_counts, or this part's own whole-batch counts; `counts`
+        overrides), so that the parts' gradients add up to the batch's. errors and n_zero_std
+        stay the whole batch's."""
+        def take(v):  # a bool mask goes to each tensor's device (advantages stay on the CPU)
+            if torch.is_tensor(v):
+                return v[rows.to(v.device) if torch.is_tensor(rows) else rows]
+            if isinstance(v, dict):  # per_fn: a list per reward function
+                return {k: take(x) for k, x in v.items()}
+            if isinstance(v, list):
+                keep = torch.zeros(len(v), dtype=torch.bool)
+                keep[rows.cpu() if torch.is_tensor(rows) else rows] = True
+                return [x for x, k in zip(v, keep.tolist()) if k]
+            return v
+        whole = self.counts or batch_counts(self.mask)
+        per_row = ("idx", "pad_left", "mask", "advantages", "rewards", "per_fn", "truncated",
+                   "ref_logp", "old_logp", "influence", "selected")
+        fields = {k: take(getattr(self, k)) for k in per_row if getattr(self, k) is not None}
+        return replace(self, **fields, counts={**whole, **counts})
+
+
+def batch_counts(mask):
+    """grpo_loss's divisors for a batch of completion mask (n, T): sequences, completion tokens."""
+    return dict(num_seqs=mask.size(0), num_tokens=mask.sum().clamp(min=1).item())
+
+
+def rank_part(rollouts, micro_batch_size):
+    """This rank's rows for passes 3 and 2 (all in one process): whole prompts, the loss divided
+    by the whole batch's counts and, for bnpo, by every rank's micro-batches."""
+    rows = distributed.shard(len(rollouts))
+    own_micro_batches = -(-(rows.stop - rows.start) // micro_batch_size)
+    micro_batches = distributed.world_size() * own_micro_batches
+    return rollouts.part(rows, num_micro_batches=micro_batches)
+
+
+@dataclass
+class StepResult:
+    """What one step returns beside its rollouts (runs/metrics.step_log writes it down)."""
+    stats: dict = None               # policy_backward's sums (every rank's, every update)
+    grad_norm: float = 0.0           # before the clip; 0 when TracIn kept no rollout
+    skip_reason: str = None          # why the weights were left untouched, None: updated
+    extra: dict = field(default_factory=dict)   # more log keys (TracIn's validation reward)
+    times: dict = field(default_factory=dict)   # PhaseTimer.seconds
+
+
+# ---------------------------------------------------------------------------------------------
+# 1-3: prompts, PASS 1 sampling, rewards, advantages
+
+def make_rollouts(model, enc, batches, cfg, generator, cache=None, decode=None, timer=None,
+                  amp=nullcontext()):
+    """PASS 1 (sampling, no grad, no logits kept), rewards and group-relative advantages: one
+    Rollouts per Prompts of `batches`, all sampled in ONE generate call. background_rewards
+    (standard GRPO, beta != 0, mu = 1): a worker thread scores while this one runs pass 3
+    (torch releases the GIL in its kernels), whose (N, T) log-probs the loss reuses."""
+    timer = timer or PhaseTimer()
+    sampled = sample_rollouts(model, enc, batches, cfg, generator, decode, timer, amp)
+    overlap = cfg["background_rewards"] and not cfg["tracin"] and cfg["beta"] != 0 \
+        and cfg["num_iterations"] == 1
+    if not overlap:
+        return score_rollouts(enc, sampled, batches, cfg, cache, timer)
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        scoring = pool.submit(score_rollouts, enc, sampled, batches, cfg, cache, timer)
+        unscored = Rollouts(*sampled, advantages=None)
+        ref = logprobs_no_grad(model, unscored, cfg, "reference", True, timer, amp)
+        first, *others = scoring.result()
+    return [replace(first, ref_logp=ref), *others]
+
+
+def sample_rollouts(model, enc, batches, cfg, generator, decode=None, timer=None,
+                    amp=nullcontext()):
+    """PASS 1: (idx, pad_left, mask) of group_size completions for every prompt of every batch.
+    Under torchrun this rank samples its share of the prompts and every rank gets all the rows.
+    decode: the compiled decode step with compile=True (train_grpo.Run builds it), else None."""
+    timer = timer or PhaseTimer()
+    prompts = [p for batch in batches for p in batch.ids]
+    S, G = cfg["max_new_tokens"], cfg["group_size"]
+    device = next(model.parameters()).device
+    mine = distributed.split(len(prompts))  # this rank's prompts, whole groups
+    u = None
+    if cfg["temperature"] > 0:  # one uniform per row and token, for ALL rows as in one process,
+        u = torch.rand(S, len(prompts) * G, generator=generator, device=device)  # (S, n * G)
+        u = u[:, mine.start * G:mine.stop * G]  # so no row's tokens depend on the process count
+    stops = stop_tokens(enc)
+    # LoRA folded in for sampling: each adapted layer holds W + s B A (lora.folded_for_sampling)
+    with timer("generation"), amp, folded_for_sampling(model):
+        sampled = generate(model, prompts[mine], S, stops, num_samples=G,
+                           temperature=cfg["temperature"], top_k=cfg["top_k"] or None,
+                           top_p=cfg["top_p"], vocab_size=enc.n_vocab, u=u, decode=decode)
+    # every rank's rows, padded as generate pads
+    return distributed.gather_sampled(*sampled, pad_id(stops), len(prompts), G)
+
+
+def score_rollouts(enc, sampled, batches, cfg, cache=None, timer=None):
+    """Rewards (each batch's own functions; cache: see rewards.compute_rewards) and advantages:
+    one Rollouts per batch."""
+    (idx, pad_left, mask), group = sampled, cfg["group_size"]
+    timer = timer or PhaseTimer()
+    T = mask.size(1)  # generation stops once every row has ended: T <= max_new_tokens
+    stops = torch.tensor(stop_tokens(enc), device=idx.device)
+    out, start = [], 0
+    with timer("reward"):
+        for batch in batches:
+            rows = slice(start, start + len(batch.ids) * group)
+            start = rows.stop
+            texts = decode_completions(enc, idx[rows], mask[rows])
+            row_answers = [a for a in batch.answers for _ in range(group)]
+            rewards, per_fn, errors = compute_rewards(texts, row_answers, batch.reward_funcs,
+                                                      batch.reward_weights, cache)
+            rewards = torch.tensor(rewards)  # NaN where no reward function could score
+            advantages, n_zero_std = compute_group_advantages(
+                rewards, group, cfg["scale_rewards"], cfg["advantage_epsilon"])
+            # no stop id: the completion hit max_new_tokens
+            truncated = ~torch.isin(idx[rows, -T:], stops).any(1)
+            m = mask[rows]
+            if cfg["mask_truncated_completions"]:  # a truncated row counts no token
+                m = m * (~truncated).long()[:, None]
+            out.append(Rollouts(idx[rows], pad_left[rows], m, advantages, rewards, per_fn, errors,
+                                n_zero_std, truncated))
+    return out
 
 
 def compute_group_advantages(rewards, group_size, scale_rewards="group", epsilon=0.0):
@@ -70,6 +232,121 @@ def compute_group_advantages(rewards, group_size, scale_rewards="group", epsilon
         adv = centered
     adv = adv.masked_fill(zero_std, 0.0)
     return adv.view(-1), int(zero_std.sum())
+
+
+# ---------------------------------------------------------------------------------------------
+# 4-7: PASS 3 reference, PASS 2 policy, the loss and its backward, the update
+
+def grpo_updates(model, optimizer, rollouts, cfg, timer=None, amp=nullcontext()):
+    """Steps 4-7 num_iterations (mu) times on one generation (DeepSeekMath, TRL): with mu > 1 the
+    old (sampling) and reference log-probs are taken once, before the first update, so later
+    updates see ratios != 1 and the clip acts. A skipped update (NaN/Inf) ends the generation.
+    Returns (stats summed over the updates run, the last gradient norm, the skip reason or None);
+    stats["updates"]: how many ran."""
+    timer = timer or PhaseTimer()
+    batch = rank_part(rollouts, cfg["micro_batch_size"])  # this rank's rows (all in one process)
+    # PASS 3 first, over the whole batch (unless taken during scoring): its activations are
+    # gone before the first policy micro-batch builds its graph
+    batch = with_reference(model, batch, cfg, cfg["beta"], timer, amp)
+    if cfg["num_iterations"] > 1:  # the sampling policy's log-probs, once
+        old = logprobs_no_grad(model, batch, cfg, "old_logp", False, timer, amp)
+        batch = replace(batch, old_logp=old)
+    total, n = None, 0
+    for n in range(1, cfg["num_iterations"] + 1):
+        stats = policy_backward(model, batch, cfg, cfg["beta"], timer, amp)
+        grad_norm, skip_reason = update(model, optimizer, cfg, stats, True, timer)
+        total = stats if total is None else {k: total[k] + stats[k] for k in total}  # lists: cat
+        if skip_reason:
+            break
+    return {**total, "updates": n}, grad_norm, skip_reason
+
+
+def with_reference(model, batch, cfg, beta, timer=None, amp=nullcontext()):
+    """PASS 3, reference: the same modules with LoRA off, no graph, into batch.ref_logp (a copy
+    of the batch); nothing to do when beta == 0 or when it was taken already."""
+    if beta == 0 or batch.ref_logp is not None:
+        return batch
+    ref = logprobs_no_grad(model, batch, cfg, "reference", True, timer, amp)  # (N, T)
+    return replace(batch, ref_logp=ref)
+
+
+def policy_backward(model, batch, cfg, beta, timer=None, amp=nullcontext()):
+    """PASS 3 (with_reference: unless taken already, and before any graph exists), then PASS 2
+    and the backward of the GRPO loss per micro-batch of a Rollouts (old_logp if taken, counts
+    if part of a batch). Gradients add up in .grad; under TracIn's capture (ghost.GhostHooks)
+    the hooks keep each sample's factors instead."""
+    timer = timer or PhaseTimer()
+    batch = with_reference(model, batch, cfg, beta, timer, amp)  # PASS 3 unless taken already
+    idx, pad_left, T = batch.idx, batch.pad_left, batch.mask.size(1)
+    N, mb, device = idx.size(0), cfg["micro_batch_size"], cfg["device"]
+    norm = dict(**batch_counts(batch.mask), max_len=cfg["max_new_tokens"],
+                num_micro_batches=-(-N // mb),
+                importance_sampling_level=cfg["importance_sampling_level"],
+                use_bias_correction_kl=cfg["use_bias_correction_kl"])
+    norm.update(batch.counts or {})  # part of a batch: divide by the whole batch's counts
+    clip = dict(epsilon_low=cfg["epsilon_low"], epsilon_high=cfg["epsilon_high"],
+                loss_type=cfg["loss_type"])
+    adv, mask = batch.advantages.to(device), batch.mask.to(device)
+    # sums over this batch's tokens; update sums them over the ranks, runs/metrics.py divides
+    stats = {"losses": [], "kl_sum": 0.0, "clipped": 0.0, "clipped_low": 0.0,
+             "clipped_high": 0.0, "ent_sum": 0.0, "num_tokens": mask.sum().item()}
+    model.train()  # dropout is 0: train() only enables gradient checkpointing if configured
+    for s in range(0, N, mb):
+        sl = slice(s, s + mb)
+        ref_logp = None if beta == 0 else batch.ref_logp[sl]
+        with timer("policy"), amp:  # PASS 2, policy, with grad
+            logp, entropy = completion_logprobs(model, idx[sl], pad_left[sl], T,
+                                                cfg["temperature"], with_entropy=True)
+            # mu = 1: old = logp.detach(), the ratio is exactly 1, the clip never acts (TRL and
+            # nanochat note it); mu > 1: old taken before the first update: it acts
+            old_logp = logp.detach() if batch.old_logp is None else batch.old_logp[sl]
+            loss, loss_stats = grpo_loss(logp, old_logp, ref_logp, adv[sl], mask[sl], beta,
+                                         **clip, **norm)
+            loss.backward()
+            stats["losses"].append(loss.item())
+            for k in ("kl_sum", "clipped_low", "clipped_high"):
+                stats[k] += loss_stats[k]
+            stats["clipped"] += loss_stats["clipped_tokens"]
+            stats["ent_sum"] += (entropy * mask[sl]).sum().item()
+            # this micro-batch's graph: the logits saved for the backward, the activations.
+            # The backward has run, so nothing else holds them; logp and entropy are (n, T)
+            del logp, ref_logp, entropy, loss
+    return stats
+
+
+def logprobs_no_grad(model, batch, cfg, name, disabled=False, timer=None, amp=nullcontext()):
+    """(N, T) completion log-probs without graph, per micro-batch: of the policy as it is now
+    (the 'old' policy of num_iterations > 1), or with disabled=True of the reference (LoRA
+    off)."""
+    T, mb = batch.mask.size(1), cfg["micro_batch_size"]
+    timer = timer or PhaseTimer()
+    lora_off = disable_lora(model) if disabled else nullcontext()
+    rows = [slice(s, s + mb) for s in range(0, len(batch), mb)]
+    with timer(name), torch.no_grad(), lora_off, amp:  # no graph: no activations kept
+        return torch.cat([completion_logprobs(model, batch.idx[r], batch.pad_left[r], T,
+                                              cfg["temperature"])[0] for r in rows])
+
+
+def completion_logprobs(model, idx, pad_left, T, temperature, with_entropy=False):
+    """Per-token log-probs (N, T) of the last T tokens of idx (the completion) under logits / the
+    sampling temperature (the policy that sampled), entropy if asked; the LM head runs on T rows."""
+    logits, _ = model(idx[:, :-1], pad_left=pad_left, keep_last=T)  # (N, T, V)
+    temperature = temperature if temperature > 0 else 1.0  # greedy sampling: plain log-probs
+    logp = selective_log_softmax(logits, idx[:, -T:], temperature)  # (N, T); no (N, T, V) copy
+    entropy = None
+    if with_entropy:
+        with torch.no_grad():  # a diagnostic: no graph kept for it; one (T, V) row at a time
+            entropy = torch.stack([-(r.softmax(-1) * r.log_softmax(-1)).sum(-1)  # (N, T)
+                                   for r in (row.float() / temperature for row in logits)])
+    # (N, T, V), the pass's largest activation: freed here without grad (passes 1 and 3); on the
+    # policy pass SelectiveLogSoftmax saved it, so autograd holds it until loss.backward() has run
+    del logits
+    return logp, entropy
+
+
+def selective_log_softmax(logits, tokens, temperature=1.0):
+    """(N, T) log-probs of `tokens` under softmax(logits / temperature); see SelectiveLogSoftmax."""
+    return SelectiveLogSoftmax.apply(logits, tokens, temperature)[0]
 
 
 class SelectiveLogSoftmax(torch.autograd.Function):
@@ -110,28 +387,6 @@ class SelectiveLogSoftmax(torch.autograd.Function):
             rows.append((gi * ctx.inv).to(logits.dtype))
         # out-of-place (vmap-safe); stacking briefly doubles the (N, T, V) gradient, logits' dtype
         return torch.stack(rows), None, None
-
-
-def selective_log_softmax(logits, tokens, temperature=1.0):
-    """(N, T) log-probs of `tokens` under softmax(logits / temperature); see SelectiveLogSoftmax."""
-    return SelectiveLogSoftmax.apply(logits, tokens, temperature)[0]
-
-
-def completion_logprobs(model, idx, pad_left, T, temperature, with_entropy=False):
-    """Per-token log-probs (N, T) of the last T tokens of idx (the completion) under logits / the
-    sampling temperature (the policy that sampled), entropy if asked; the LM head runs on T rows."""
-    logits, _ = model(idx[:, :-1], pad_left=pad_left, keep_last=T)  # (N, T, V)
-    temperature = temperature if temperature > 0 else 1.0  # greedy sampling: plain log-probs
-    logp = selective_log_softmax(logits, idx[:, -T:], temperature)  # (N, T); no (N, T, V) copy
-    entropy = None
-    if with_entropy:
-        with torch.no_grad():  # a diagnostic: no graph kept for it; one (T, V) row at a time
-            entropy = torch.stack([-(r.softmax(-1) * r.log_softmax(-1)).sum(-1)  # (N, T)
-                                   for r in (row.float() / temperature for row in logits)])
-    # (N, T, V), the pass's largest activation: freed here without grad (passes 1 and 3); on the
-    # policy pass SelectiveLogSoftmax saved it, so autograd holds it until loss.backward() has run
-    del logits
-    return logp, entropy
 
 
 LOSS_TYPES = ("grpo", "bnpo", "dapo", "dr_grpo")  # TRL's names
@@ -183,214 +438,35 @@ def grpo_loss(logp, old_logp, ref_logp, advantages, mask, beta=0.04, epsilon_low
     return loss, stats
 
 
-@dataclass
-class Rollouts:
-    """A step's rollouts (GRPO-Zero's Episode, batched): n = prompts x group_size rows, a prompt's
-    rows adjacent. make_rollouts fills the first nine fields; the others are filled where named."""
-    idx: torch.Tensor                # (n, P+T) long: prompt left-padded to P, then T completion ids
-    pad_left: torch.Tensor           # (n,) long: padding columns in front of each prompt
-    mask: torch.Tensor               # (n, T) long: 1 on the completion tokens the loss counts
-    advantages: torch.Tensor         # (n,) float32: A_i, exactly 0 in a group of equal rewards
-    rewards: torch.Tensor = None     # (n,) float32: weighted reward, NaN where no function scored
-    per_fn: dict = None              # reward function -> n scores (None where it could not score)
-    errors: dict = None              # reward function -> completions it raised on
-    n_zero_std: int = 0              # groups whose rewards were all equal (no learning signal)
-    truncated: torch.Tensor = None   # (n,) bool: no stop token (ran into max_new_tokens)
-    ref_logp: torch.Tensor = None    # (n, T) ref log-probs taken ahead (background_rewards, mu > 1)
-    old_logp: torch.Tensor = None    # (n, T) sampling policy's log-probs (mu > 1: grpo_updates)
-    influence: torch.Tensor = None   # (n,) TracIn: <g_i, G> (train_grpo.grpo_step, tracin_backward)
-    selected: torch.Tensor = None    # (n,) bool TracIn: the rows trained on
-    counts: dict = None              # grpo_loss's divisors if the rows are part of a batch (part)
-
-    def __len__(self):
-        return self.idx.size(0)
-
-    def part(self, rows, **counts):
-        """Rows `rows` (a slice or a bool mask) for passes 3 and 2, dividing the loss by the WHOLE
-        batch's counts (batch_counts, or this part's own whole-batch counts; `counts` overrides), so
-        that the parts' gradients add up to the batch's."""
-        def take(t):  # a bool mask goes to each field's device (advantages stay on the CPU)
-            return None if t is None else t[rows.to(t.device) if torch.is_tensor(rows) else rows]
-        whole = self.counts or batch_counts(self.mask)
-        return Rollouts(take(self.idx), take(self.pad_left), take(self.mask), take(self.advantages),
-                        ref_logp=take(self.ref_logp), old_logp=take(self.old_logp),
-                        counts={**whole, **counts})
-
-
-def batch_counts(mask):
-    """grpo_loss's divisors for a batch of completion mask (n, T): sequences, completion tokens."""
-    return dict(num_seqs=mask.size(0), num_tokens=mask.sum().clamp(min=1).item())
-
-
-def rank_part(rollouts, micro_batch_size):
-    """This rank's rows for passes 3 and 2 (all in one process): whole prompts, the loss divided by
-    the whole batch's counts and, for bnpo, by every rank's micro-batches."""
-    rows = distributed.shard(len(rollouts))
-    own_micro_batches = -(-(rows.stop - rows.start) // micro_batch_size)
-    return rollouts.part(rows, num_micro_batches=distributed.world_size() * own_micro_batches)
-
-
-def logprobs_no_grad(model, batch, cfg, name, disabled=False):
-    """(N, T) completion log-probs without graph, per micro-batch: of the policy as it is now (the
-    'old' policy of num_iterations > 1), or with disabled=True of the reference (LoRA off)."""
-    T, mb = batch.mask.size(1), cfg["micro_batch_size"]
-    lora_off = disable_lora(model) if disabled else nullcontext()
-    with phase(name), torch.no_grad(), lora_off, model.amp:
-        rows = [slice(s, s + mb) for s in range(0, len(batch), mb)]
-        return torch.cat([completion_logprobs(model, batch.idx[r], batch.pad_left[r], T,
-                                              cfg["temperature"])[0] for r in rows])
-
-
-def policy_backward(model, batch, cfg, beta):
-    """Pass 3 (into batch.ref_logp unless taken already), then pass 2 and the backward of the GRPO
-    loss per micro-batch of a Rollouts (old_logp if taken, counts if part of a batch). Gradients add
-    up in .grad; under TracIn's capture (ghost.GhostHooks) the hooks keep each sample's factors
-    instead. Pass 3's activations are freed before the policy builds its graph (peak: the larger
-    pass)."""
-    idx, pad_left, T = batch.idx, batch.pad_left, batch.mask.size(1)
-    N, mb, device = idx.size(0), cfg["micro_batch_size"], cfg["device"]
-    norm = dict(**batch_counts(batch.mask), max_len=cfg["max_new_tokens"],
-                num_micro_batches=-(-N // mb),
-                importance_sampling_level=cfg["importance_sampling_level"],
-                use_bias_correction_kl=cfg["use_bias_correction_kl"])
-    norm.update(batch.counts or {})  # part of a batch: divide by the whole batch's counts
-    adv, mask = batch.advantages.to(device), batch.mask.to(device)
-    # sums over this batch's tokens; grpo.update sums them over the ranks, runs/metrics.py divides
-    stats = {"losses": [], "kl_sum": 0.0, "clipped": 0.0, "clipped_low": 0.0, "clipped_high": 0.0,
-             "ent_sum": 0.0, "num_tokens": mask.sum().item()}
-    model.train()  # dropout is 0: train() only enables gradient checkpointing if configured
-    if beta != 0 and batch.ref_logp is None:  # PASS 3, reference: LoRA off, same modules, no graph
-        batch.ref_logp = logprobs_no_grad(model, batch, cfg, "reference", disabled=True)  # (N, T)
-    for s in range(0, N, mb):
-        sl = slice(s, s + mb)
-        ref_logp = None if beta == 0 else batch.ref_logp[sl]
-        with phase("policy"), model.amp:  # PASS 2, policy, with grad
-            logp, entropy = completion_logprobs(model, idx[sl], pad_left[sl], T, cfg["temperature"],
-                                                with_entropy=True)
-            # mu = 1: old = logp.detach(), the ratio is exactly 1, the clip never acts (TRL and
-            # nanochat note it); mu > 1: old taken before the first update (grpo_updates): it acts
-            old_logp = logp.detach() if batch.old_logp is None else batch.old_logp[sl]
-            loss, loss_stats = grpo_loss(logp, old_logp, ref_logp, adv[sl], mask[sl], beta,
-                                         cfg["epsilon_low"], cfg["epsilon_high"],
-                                         cfg["loss_type"], **norm)
-            loss.backward()
-            stats["losses"].append(loss.item())
-            for k in ("kl_sum", "clipped_low", "clipped_high"):
-                stats[k] += loss_stats[k]
-            stats["clipped"] += loss_stats["clipped_tokens"]
-            stats["ent_sum"] += (entropy * mask[sl]).sum().item()
-            # this micro-batch's graph: the logits saved for the backward, the activations.
-            # The backward has run, so nothing else holds them; logp and entropy are (n, T)
-            del logp, ref_logp, entropy, loss
-    return stats
-
-
-def make_rollouts(model, enc, batches, cfg, generator, cache=None, decode=None):
-    """PASS 1 (sampling, no grad, no logits kept), rewards and group-relative advantages: one
-    Rollouts per (prompts as token ids, answers) of `batches`, all sampled in ONE generate call.
-    background_rewards (standard GRPO, beta != 0, mu = 1): a worker thread scores while this one
-    runs pass 3 (torch releases the GIL in its kernels), whose (N, T) log-probs the loss reuses."""
-    sampled = sample_rollouts(model, enc, batches, cfg, generator, decode)
-    if not (cfg["background_rewards"] and not cfg["tracin"] and cfg["beta"] != 0
-            and cfg["num_iterations"] == 1):
-        return score_rollouts(enc, sampled, batches, cfg, cache)
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        scoring = pool.submit(score_rollouts, enc, sampled, batches, cfg, cache)
-        unscored = Rollouts(*sampled, advantages=None)
-        ref = logprobs_no_grad(model, unscored, cfg, "reference", disabled=True)
-        rollouts = scoring.result()
-    rollouts[0].ref_logp = ref
-    return rollouts
-
-
-def sample_rollouts(model, enc, batches, cfg, generator, decode=None):
-    """PASS 1: (idx, pad_left, mask) of group_size completions for every prompt of every batch.
-    Under torchrun this rank samples its share of the prompts and every rank gets all the rows.
-    decode: the compiled decode step with compile=True (train_grpo.Run builds it), else None."""
-    prompts = [p for batch_prompts, _ in batches for p in batch_prompts]
-    S, G, device = cfg["max_new_tokens"], cfg["group_size"], next(model.parameters()).device
-    mine = distributed.split(len(prompts))  # this rank's prompts, whole groups (all in one process)
-    u = None
-    if cfg["temperature"] > 0:  # one uniform per row and token, for ALL rows as in one process,
-        u = torch.rand(S, len(prompts) * G, generator=generator, device=device)  # (S, n * G)
-        u = u[:, mine.start * G:mine.stop * G]  # so no row's tokens depend on the process count
-    with phase("generation"), model.amp, folded_for_sampling(model):  # LoRA folded in: W + s B A
-        sampled = generate(model, prompts[mine], S, stop_tokens(enc), num_samples=G,
-                           temperature=cfg["temperature"], top_k=cfg["top_k"] or None,
-                           top_p=cfg["top_p"], vocab_size=enc.n_vocab, u=u, decode=decode)
-    pad_id = stop_tokens(enc)[0] if stop_tokens(enc) else 0  # generate's padding id
-    return distributed.gather_sampled(*sampled, pad_id, len(prompts), G)  # every rank's rows
-
-
-def score_rollouts(enc, sampled, batches, cfg, cache=None):
-    """Rewards (cache: see rewards.compute_rewards) and advantages: one Rollouts per batch."""
-    (idx, pad_left, mask), group = sampled, cfg["group_size"]
-    T = mask.size(1)  # generation stops once every row has ended: T <= max_new_tokens
-    stops = torch.tensor(stop_tokens(enc), device=idx.device)
-    out, start = [], 0
-    with phase("reward"):
-        for b, (prompts, answers) in enumerate(batches):
-            rows = slice(start, start + len(prompts) * group)
-            start = rows.stop
-            texts = decode_completions(enc, idx[rows], mask[rows])
-            row_answers = [a for a in answers for _ in range(group)]
-            task = TASKS[cfg.get("task", "arith")]  # TracIn's validation batch (b > 0): the task's
-            funcs, weights = (cfg["reward_funcs"], cfg["reward_weights"]) if b == 0 else \
-                (task["rewards"], task["weights"])  # own rewards: reward_funcs may be hackable
-            rewards, per_fn, errors = compute_rewards(texts, row_answers, funcs, weights, cache)
-            rewards = torch.tensor(rewards)  # NaN where no reward function could score
-            advantages, n_zero_std = compute_group_advantages(rewards, group, cfg["scale_rewards"],
-                                                              cfg["advantage_epsilon"])
-            truncated = ~torch.isin(idx[rows, -T:], stops).any(1)  # no stop id: hit max_new_tokens
-            m = mask[rows] * (~truncated).long()[:, None] if cfg["mask_truncated_completions"] \
-                else mask[rows]
-            out.append(Rollouts(idx[rows], pad_left[rows], m, advantages, rewards, per_fn, errors,
-                                n_zero_std, truncated))
-    return out
-
-
-def update(model, optimizer, cfg, stats, nothing_kept):
+def update(model, optimizer, cfg, stats, apply=True, timer=None):
     """7: the ranks' gradients and `stats` summed (in place; nothing to do in one process), clip,
-    AdamW on the LoRA parameters (nothing when TracIn kept no rollout). -> (grad norm, skip reason).
-    NaN/Inf, the one place a step decides to skip: a non-finite loss (policy_backward's losses;
-    TracIn appends NaN when an influence is not finite) or gradient norm leaves the weights and the
-    AdamW state untouched, the step logged as skipped (skip_reason); grpo_updates stops the
-    generation's remaining updates; train_grpo.Run.train stops the run after max_skipped_steps in
-    a row. NaN/Inf logits in sampling raise sample.NonFiniteLogits: grpo_step stops there."""
-    skip_reason = None
-    with phase("optimizer"):
-        distributed.sum_grads(lora_parameters(model))  # all ranks' LoRA gradients, before the clip
-        distributed.sum_stats(stats)                   # and every statistic the step returned
-        grad_norm = torch.tensor(0.0) if nothing_kept else \
-            torch.nn.utils.clip_grad_norm_(lora_parameters(model), cfg["grad_clip"])
-        if not (math.isfinite(grad_norm.item()) and all(math.isfinite(v) for v in stats["losses"])):
+    AdamW on the LoRA parameters. apply=False (TracIn kept no rollout): no clip, no AdamW step,
+    whose moments would still move the adapter on a zero gradient. -> (grad norm, skip reason).
+    NaN/Inf: a non-finite loss or gradient norm leaves the weights and the AdamW state untouched,
+    the step logged as skipped (skip_reason); grpo_updates stops the generation's remaining
+    updates; train_grpo.Run.train stops the run after max_skipped_steps in a row. The step still
+    counts as an iteration: the schedule advances and its rollouts are recorded."""
+    skip_reason, timer = None, timer or PhaseTimer()
+    params = lora_parameters(model)
+    with timer("optimizer"):
+        distributed.sum_grads(params)  # all ranks' LoRA gradients, before the clip
+        distributed.sum_stats(stats)   # and every statistic the step returned
+        grad_norm = torch.tensor(0.0)
+        if apply:
+            grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg["grad_clip"])
+        finite = math.isfinite(grad_norm.item()) \
+            and all(math.isfinite(v) for v in stats["losses"])
+        if not finite:
             skip_reason = "non-finite loss or gradient"
             print(f"warning: {skip_reason}; step skipped, weights untouched")
-        elif nothing_kept:
-            print("tracin: no rollout has positive influence; no update this step")
-        else:
+        elif apply:
             optimizer.step()
         optimizer.zero_grad(set_to_none=True)
     return grad_norm.item(), skip_reason
 
 
-def grpo_updates(model, optimizer, rollouts, cfg):
-    """Steps 4-7 num_iterations (mu) times on one generation (DeepSeekMath, TRL): with mu > 1 the
-    old (sampling) and reference log-probs are taken once, before the first update, so later
-    updates see ratios != 1 and the clip acts. A skipped update (NaN/Inf) ends the generation.
-    Returns (stats summed over the updates run, the last gradient norm, the skip reason or None)."""
-    batch = rank_part(rollouts, cfg["micro_batch_size"])  # this rank's rows (all in one process)
-    if cfg["num_iterations"] > 1:  # the sampling policy's log-probs, once (the reference's: the
-        batch.old_logp = logprobs_no_grad(model, batch, cfg, "old_logp")  # first policy_backward)
-    total = None
-    for _ in range(cfg["num_iterations"]):
-        stats = policy_backward(model, batch, cfg, cfg["beta"])
-        grad_norm, skip_reason = update(model, optimizer, cfg, stats, False)
-        total = stats if total is None else {k: total[k] + stats[k] for k in total}  # lists: cat
-        if skip_reason:
-            break
-    return total, grad_norm, skip_reason
-
+# ---------------------------------------------------------------------------------------------
+# recorded rollouts (post-hoc TracIn, TracIn's 'nll' validation rows)
 
 def rollout_batch(enc, samples, device):
     """samples: dicts with 'prompt' (text), 'completion_tokens', 'completion_mask', 'advantage'

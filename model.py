@@ -24,7 +24,6 @@ Loading a Hugging Face directory lives in pretrained/hf.py (from_pretrained), ch
 runs/checkpoint.py: this file is the model alone.
 """
 import math
-from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -216,8 +215,6 @@ class GPT(nn.Module):
         super().__init__()
         assert config.arch in ("gpt2", "llama"), f"arch: 'gpt2' or 'llama', not {config.arch!r}"
         self.config = config
-        # each pass's precision (`with model.amp:`): the weights' dtype, or bf16 autocast set once
-        self.amp = nullcontext()  # at start-up where scale/device.check_device chooses bf16
         self.transformer = nn.ModuleDict(dict(
             wte=nn.Embedding(config.vocab_size, config.n_embd),
             # learned positions; 'llama' rotates q and k instead (RoPE)
@@ -308,12 +305,17 @@ class NonFiniteLogits(FloatingPointError):
     """The model produced NaN/Inf logits while sampling: its weights have diverged."""
 
 
-def pad_prompts(prompts, pad_id, device):
+def pad_id(stops):
+    """The id that pads prompts and finished rows: the first stop id, 0 when none stops a row."""
+    return int(stops[0]) if len(stops) else 0
+
+
+def pad_prompts(prompts, pad, device):
     """Left-pad token lists into one (B, P) tensor; returns (idx, pad_left)."""
     if not prompts or any(len(p) == 0 for p in prompts):
         raise UserError("every prompt must have at least one token (got an empty prompt)")
     P = max(len(p) for p in prompts)
-    idx = torch.full((len(prompts), P), pad_id, dtype=torch.long)
+    idx = torch.full((len(prompts), P), pad, dtype=torch.long)
     for i, p in enumerate(prompts):
         idx[i, P - len(p):] = torch.tensor(p, dtype=torch.long)
     pad_left = torch.tensor([P - len(p) for p in prompts], dtype=torch.long)
@@ -359,9 +361,9 @@ def generate(model, prompts, max_new_tokens, eot_id, num_samples=1, temperature=
     (max_new_tokens, N): a uniform per row and step (sample_next). decode: compile's one-column
     step (scale/compiled.CompiledDecode), None: the model's forward with the cache."""
     device = next(model.parameters()).device
-    eot_ids = eot_id if isinstance(eot_id, (tuple, list)) else [eot_id]
+    eot_ids = tuple(eot_id) if isinstance(eot_id, (tuple, list)) else (eot_id,)
     stops = torch.tensor(eot_ids, device=device, dtype=torch.long)
-    eot_id = int(stops[0]) if len(stops) else 0  # the padding id; () = nothing stops a row
+    eot_id = pad_id(eot_ids)  # what pads prompts and finished rows; () = nothing stops a row
     check_every = check_every or (8 if device.type == "cuda" else 1)  # see "all rows done?" below
     idx, pad_left = pad_prompts(prompts, eot_id, device)
     (B, P), N = idx.shape, len(prompts) * num_samples

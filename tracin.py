@@ -18,14 +18,15 @@ summed over the checkpoints (TracInCP).
 # configurator first: a Ctrl-C during the slow imports below (torch) is one line, not a traceback
 from configurator import UserError
 import math
+from contextlib import nullcontext
 
 import torch
 
 from ghost import (compute_ghost_inner_product_matrix, ghost_mode, install_ghost_hooks,
                    per_sample_grads, subset_gradients, summed_gradient, summed_inner_products)
 from data.prompts import encode_text
-from grpo import (Rollouts, completion_logprobs, phase, policy_backward, rank_part,
-                  rollout_batch)
+from grpo import (PhaseTimer, Rollouts, completion_logprobs, policy_backward, rank_part,
+                  rollout_batch, with_reference)
 from lora import LoRALinear, load_lora_state_dict, lora_state_dict
 from scale import distributed
 
@@ -63,44 +64,50 @@ def reference_solutions(enc, examples, device):
     return Rollouts(idx, pad_left, mask, adv)
 
 
-def tracin_backward(model, optimizer, rollouts, val_batch, cfg):
+def tracin_backward(model, optimizer, rollouts, val_batch, cfg, timer=None, amp=nullcontext()):
     """TracIn-GRPO's backward, in place of grpo.policy_backward: every rollout's LoRA gradient g_i
     from the hooks, influence_i = <g_i, G>, the selection, and the selected rollouts' summed
     gradient written into .grad from the hooks' buffers (no 4th pass). G: the gradient of the
-    validation loss, normalised as grpo_loss does (1/n_val for 'grpo'; g_i carries its 1/n too).
-    'summed' influence: G from ONE ordinary backward, then <g_i, G>, O(T d r) per rollout; 'matrix':
-    row sums of the [N, N_val] matrix of captured validation rows (equal up to rounding). A
-    non-finite influence makes the loss NaN (update() skips the step). Under torchrun each rank
-    captures its rows; the selection sees every rank's influence. -> (stats, influence, keep)."""
-    matrix = cfg["tracin_influence"] == "matrix"
+    validation loss (val_batch: Rollouts), normalised as grpo_loss does (1/n_val for 'grpo'; g_i
+    carries its 1/n too). 'summed' influence: G from ONE ordinary backward, then <g_i, G>,
+    O(T d r) per rollout; 'matrix': row sums of the [N, N_val] matrix of captured validation rows
+    (equal up to rounding). Under torchrun each rank captures its rows; the selection sees every
+    rank's influence. -> (stats, influence (N,), keep (N,) bool, skip reason or None): a
+    non-finite influence skips the step (no weight moves)."""
+    matrix, timer = cfg["tracin_influence"] == "matrix", timer or PhaseTimer()
     batch = rank_part(rollouts, cfg["micro_batch_size"])  # this rank's rows (all in one process)
+    batch = with_reference(model, batch, cfg, cfg["beta"], timer, amp)  # PASS 3, before capture
     # The capture (ghost.GhostHooks): lora_A's forward hook keeps each sample's x and h = A x,
     # tensor hooks the output gradients gA = dL/dh, gB = dL/d(B h); the split 'train' forms no
     # .grad (the summed gradient nobody reads). ghost_mode: optimizer.step() raises, no update.
     with install_ghost_hooks(model) as hooks, ghost_mode(optimizer):
-        with phase("grad_capture_train"):  # passes 3 and 2 and the backward: per-sample factors
-            stats = policy_backward(model, batch, cfg, cfg["beta"])
+        with timer("grad_capture_train"):  # pass 2 and the backward: per-sample factors
+            stats = policy_backward(model, batch, cfg, cfg["beta"], timer, amp)
         hooks.split = "val" if matrix else None  # 'summed': no hook keeps, G adds up in .grad
-        with phase("grad_capture_val"):  # no KL term in the validation loss
+        with timer("grad_capture_val"):  # no KL term in the validation loss
             val_rows = val_batch if matrix else informative_rows(val_batch, cfg)
-            policy_backward(model, val_rows, cfg, beta=0.0)
+            policy_backward(model, val_rows, cfg, 0.0, timer, amp)
         train_grads = hooks.collect("train")
         # per validation row, or G {layer: (G_A, G_B)}
         val_grads = hooks.collect("val") if matrix else summed_gradient(model)
-    with phase("influence"):
+    with timer("influence"):
         if matrix:  # row sums of [N, N_val]: validation GRADIENTS are summed, not activations
             influence = compute_ghost_inner_product_matrix(train_grads, val_grads).sum(1)
         train_grads = per_sample_grads(train_grads)  # each rollout's (r, d) per factor
         if not matrix:  # <g_i, G>: O(T d r) per rollout
             influence = summed_inner_products(train_grads, val_grads)
         influence = distributed.all_gather_cat(influence)  # every rank's, in batch order: (N,)
-        if not torch.isfinite(influence).all():  # one NaN/Inf is enough: update skips the step
-            stats["losses"].append(float("nan"))
-        keep = select_rollouts(influence, cfg["tracin_selection"], cfg["tracin_topk_frac"])  # (N,)
+        keep = select_rollouts(influence, cfg["tracin_selection"], cfg["tracin_topk_frac"])
         mine = distributed.shard(len(keep))  # this rank's rows of the whole batch's selection
         subset_gradients(model, train_grads, keep[mine])  # the kept rollouts' summed gradient
         del train_grads, val_grads  # every LoRA layer's per-sample gradients; G or val's buffers
-    return stats, influence, keep
+    skip_reason = None
+    if not torch.isfinite(influence).all():  # one NaN/Inf is enough: no rollout is trusted
+        skip_reason = "non-finite influence"
+        print(f"warning: {skip_reason}; step skipped, weights untouched")
+    elif not keep.any():
+        print("tracin: no rollout has positive influence; no update this step")
+    return stats, influence, keep, skip_reason
 
 
 def informative_rows(batch, cfg):

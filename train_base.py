@@ -221,8 +221,8 @@ def main(argv):
         with run_lock(cfg["out_dir"]) if distributed.is_main() else nullcontext():
             run = setup(cfg, ckpt)
             # every pass computes in this precision (bf16 autocast, or the weights' own)
-            run.model.amp = amp
-            check_eval_cache(run.model, run.enc, run.test, cfg, EVAL_BATCH)  # before iteration 0
+            run.amp = amp
+            check_eval_cache(run.model, run.enc, run.test, cfg, EVAL_BATCH, amp)  # before iter 0
             # weights and optimizer state now live in the model and optimizer: free the loaded copy
             del ckpt
             return train(cfg, run)
@@ -336,7 +336,7 @@ def train(cfg, run):
             batch = get_batch(run.train_pairs, cfg["batch_size"], rng, cfg["device"])
             x, y, share = rank_rows(*batch)
             model.train()
-            with model.amp:
+            with run.amp:
                 _, loss = model(x, targets=y)
             if share != 1.0:
                 loss = loss * share
@@ -362,7 +362,7 @@ def train(cfg, run):
                       f" | {dt * 1000:.0f} ms/iter"
                       f" | {run.elapsed_before + time.time() - t_start:.0f}s")
             if at_eval:  # every rank scores its share of the test problems
-                with model.amp:
+                with run.amp:
                     metrics = evaluate(model, run.enc, run.test, cfg["max_new_tokens"],
                                        task=cfg["task"])
             if at_eval and distributed.is_main():

@@ -26,13 +26,15 @@ import os
 import random
 import time
 from contextlib import nullcontext
+from dataclasses import replace
 from functools import partial
 
 import torch
 
 from data.curriculum import from_config
 from scale import compiled, distributed
-from grpo import TIMES, grpo_updates, make_rollouts, update
+from grpo import (PhaseTimer, Prompts, StepResult, grpo_updates, make_rollouts,
+                  update)
 from runs.metrics import NoSignal, print_step, rollout_record, step_log
 from lora import apply_lora, lora_parameters, lora_state_dict, load_lora_state_dict
 from scale.device import check_device, memory_stats
@@ -40,7 +42,7 @@ from runs.checkpoint import CheckpointWriteError, load_checkpoint, save_checkpoi
 from runs.base import base_identity, check_same_base, resolve_base
 from checks.grpo_knobs import check_rewards_read, check_sampling_cache, validate
 from runs.rundir import refuse_existing_run, rewind, run_lock, stop_note
-from data.tasks import planted_answer, portable_path, resolve_data_dir
+from data.tasks import TASKS, planted_answer, portable_path, resolve_data_dir
 from data.datadir import bound_data, check_task_data
 from model import NonFiniteLogits
 from data.prompts import encode_prompt
@@ -129,32 +131,34 @@ defaults = {k: v for k, v in dict(globals()).items()
             if not k.startswith("_") and isinstance(v, (int, float, bool, str, tuple))}
 
 
-def grpo_step(model, optimizer, enc, prompts, answers, cfg, generator, val=None, cache=None,
+def grpo_step(model, optimizer, enc, batch, cfg, generator, amp, val=None, cache=None,
               decode=None):
-    """One GRPO step (the module docstring's steps) on prompts' token ids and their answers. TracIn:
-    `val`, ('pg') (prompts, answers) sampled with them or ('nll') reference solutions as rollouts.
-    decode: sampling's compiled decode step (compile=True; Run builds it once), None: eager.
-    -> (rollouts, None if sampling failed; {stats, grad_norm, skip_reason, extra, times})."""
-    TIMES.clear()  # seconds per phase (grpo.phase), from zero for the four every step has
-    TIMES.update(dict.fromkeys(("generation", "reward", "policy", "reference"), 0.0))
-    val_pg = cfg["tracin"] and cfg["tracin_val_loss"] == "pg"  # validation rollouts sampled as well
-    batches = [(prompts, answers)] + ([val] if val_pg else [])
+    """One GRPO step (the module docstring's steps) on a grpo.Prompts batch. TracIn: `val`, the
+    validation batch, grpo.Prompts to sample with the batch ('pg') or the Rollouts of reference
+    solutions ('nll'). amp: the precision every pass computes in; decode: sampling's compiled
+    decode step (compile=True; Run builds it once), None: eager.
+    -> (rollouts, None if sampling failed; grpo.StepResult, with the phases' seconds)."""
+    timer = PhaseTimer("generation", "reward", "policy", "reference")
+    sampled_val = isinstance(val, Prompts)  # 'pg': validation rollouts sampled as well
+    batches = [batch, val] if sampled_val else [batch]
     try:  # 2-3: one generate call for every prompt, then rewards and advantages
-        rollouts, *val_rollouts = make_rollouts(model, enc, batches, cfg, generator, cache, decode)
+        rollouts, *val_rollouts = make_rollouts(model, enc, batches, cfg, generator, cache, decode,
+                                                timer, amp)
     except NonFiniteLogits as e:  # the weights have blown up: nothing to learn from this step
         print(f"warning: {e}; step skipped, weights untouched")
-        return None, {"skip_reason": "non-finite logits", "times": dict(TIMES)}
-    extra = {}  # logged by runs/metrics.py with the rest
-    if not cfg["tracin"]:  # 4-7 x num_iterations: reference, policy, loss, backward; clip and AdamW
-        stats, grad_norm, skip_reason = grpo_updates(model, optimizer, rollouts, cfg)
-    else:  # 4-6 with per-sample gradients, against the validation loss
-        val_batch = val_rollouts[0] if val_pg else val
-        stats, rollouts.influence, rollouts.selected = tracin_backward(model, optimizer, rollouts,
-                                                                       val_batch, cfg)
-        extra = {"val/reward": val_batch.rewards.nanmean().item()} if val_pg else {}
-        grad_norm, skip_reason = update(model, optimizer, cfg, stats, not rollouts.selected.any())
-    return rollouts, dict(stats=stats, grad_norm=grad_norm, skip_reason=skip_reason, extra=extra,
-                          times=dict(TIMES))
+        return None, StepResult(skip_reason="non-finite logits", times=timer.seconds)
+    if not cfg["tracin"]:  # 4-7 x num_iterations: reference, policy, loss, backward; AdamW
+        stats, grad_norm, skip_reason = grpo_updates(model, optimizer, rollouts, cfg, timer, amp)
+        return rollouts, StepResult(stats, grad_norm, skip_reason, times=timer.seconds)
+    # 4-6 with per-sample gradients, against the validation loss; 7 on the kept rollouts only
+    val_batch = val_rollouts[0] if sampled_val else val
+    stats, influence, keep, skip_reason = tracin_backward(model, optimizer, rollouts, val_batch,
+                                                          cfg, timer, amp)
+    rollouts = replace(rollouts, influence=influence, selected=keep)
+    apply = skip_reason is None and bool(keep.any())
+    grad_norm, nonfinite = update(model, optimizer, cfg, stats, apply, timer)
+    extra = {"val/reward": val_batch.rewards.nanmean().item()} if sampled_val else {}
+    return rollouts, StepResult(stats, grad_norm, skip_reason or nonfinite, extra, timer.seconds)
 
 
 # -----------------------------------------------------------------------------
@@ -245,7 +249,7 @@ class Run:
         apply_lora(self.model, cfg["lora_r"], cfg["lora_alpha"], cfg["lora_dropout"],
                    cfg["lora_targets"])
         self.model.to(device)
-        self.model.amp = amp  # every pass computes in this precision (bf16 autocast, or as stored)
+        self.amp = amp  # every pass computes in this precision (bf16 autocast, or as stored)
         # compile=True: sampling's decode step compiled once, handed to every grpo_step (decode=)
         self.decode = compiled.CompiledDecode(self.model, device) if cfg["compile"] else None
         self.optimizer = torch.optim.AdamW(lora_parameters(self.model), lr=cfg["learning_rate"],
@@ -319,7 +323,7 @@ class Run:
     def evaluate(self):
         k = self.cfg["eval_k"]
         try:  # each rank scores its share of the test problems (train_base.evaluate sums them)
-            with self.model.amp:
+            with self.amp:
                 r = evaluate(self.model, self.enc, self.test, self.cfg["max_new_tokens"], k=k,
                              seed=self.cfg["seed"], task=self.cfg["task"])
         except NonFiniteLogits as e:
@@ -341,17 +345,12 @@ class Run:
             picks = [self.rng.randrange(len(train)) for _ in range(cfg["batch_size"])]
             batch = [{**train[i], "answer": planted_answer(train[i], cfg["task"])}
                      if i in self.defective else train[i] for i in picks]
-        val = ([self.val_split[self.rng.randrange(len(self.val_split))]
-                for _ in range(cfg["tracin_val_batch_size"])] if cfg["tracin"] else None)
-        if val is not None and cfg["tracin_val_loss"] == "pg":  # TracIn: prompts to sample
-            val_prompts = [encode_prompt(self.enc, e["question"]) for e in val]
-            val = (val_prompts, [e["answer"] for e in val])
-        elif val is not None:  # TracIn 'nll': reference solutions
-            val = reference_solutions(self.enc, val, cfg["device"])
+        val = self.validation_batch() if cfg["tracin"] else None
         questions, answers = [e["question"] for e in batch], [e["answer"] for e in batch]
-        prompts = [encode_prompt(self.enc, q) for q in questions]
-        scored, result = grpo_step(self.model, self.optimizer, self.enc, prompts, answers, cfg,
-                                   self.generator, val, self.reward_cache, self.decode)
+        prompts = Prompts([encode_prompt(self.enc, q) for q in questions], answers,
+                          cfg["reward_funcs"], cfg["reward_weights"])
+        scored, result = grpo_step(self.model, self.optimizer, self.enc, prompts, cfg,
+                                   self.generator, self.amp, val, self.reward_cache, self.decode)
         log = step_log(scored, result, cfg, self.reward_cache)
         rollouts = rollout_record(questions, answers, scored, cfg) if scored is not None else None
         self.iter_num += 1
@@ -369,6 +368,18 @@ class Run:
                    elapsed=self.elapsed_before + time.time() - self.t_start,
                    **memory_stats(cfg["device"]))
         return log, rollouts
+
+    def validation_batch(self):
+        """TracIn's validation batch, as tracin_val_loss says (the one place it is read): 'pg',
+        prompts sampled with the step's and scored by the task's own rewards (reward_funcs may be
+        hackable); 'nll', their clean reference solutions as rollouts (no sampling)."""
+        cfg, split = self.cfg, self.val_split
+        rows = [split[self.rng.randrange(len(split))] for _ in range(cfg["tracin_val_batch_size"])]
+        if cfg["tracin_val_loss"] == "nll":
+            return reference_solutions(self.enc, rows, cfg["device"])
+        task = TASKS[cfg["task"]]
+        prompts = [encode_prompt(self.enc, e["question"]) for e in rows]
+        return Prompts(prompts, [e["answer"] for e in rows], task["rewards"], task["weights"])
 
     def train(self):
         cfg, out, log_f, roll_f, skipped_in_a_row = self.cfg, self.out, None, None, 0

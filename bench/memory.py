@@ -27,7 +27,7 @@ import grpo
 from data.tasks import PROJECT
 from scale.compiled import CompiledDecode
 import train_grpo
-from lora import apply_lora, folded_for_sampling, lora_modules, lora_parameters
+from lora import apply_lora, disable_lora, folded_for_sampling, lora_parameters
 from model import GPT, GPTConfig
 from model import generate
 
@@ -69,8 +69,7 @@ def project_grpo_step(model, optimizer, prompts, group, new_tokens, advantages, 
     c = {**train_grpo.defaults, "device": dev, "beta": beta, "temperature": temperature,
          "max_new_tokens": new_tokens, "micro_batch_size": micro_batch_size or prompts.size(0) * group}
     sync = torch.cuda.synchronize if "cuda" in dev else (lambda: None)
-    grpo.TIMES.clear()  # policy_backward adds its reference and policy seconds there
-    grpo.TIMES.update(reference=0.0, policy=0.0)
+    timer = grpo.PhaseTimer("reference", "policy")  # the passes' seconds
     times = {}
     t0 = time.perf_counter()
     with amp, folded_for_sampling(model):  # as grpo.sample_rollouts: the adapter folded into W for pass 1
@@ -78,9 +77,10 @@ def project_grpo_step(model, optimizer, prompts, group, new_tokens, advantages, 
                                        temperature=temperature, decode=decode,
                                        generator=torch.Generator(device=dev).manual_seed(seed))
     sync(); times["generation"] = time.perf_counter() - t0
-    model.amp = amp  # the precision grpo's passes compute in
-    st = grpo.policy_backward(model, grpo.Rollouts(idx, pad_left, mask, advantages), c, beta)
-    times.update(reference=grpo.TIMES["reference"], policy=grpo.TIMES["policy"])
+    batch = grpo.Rollouts(idx, pad_left, mask, advantages)
+    batch = grpo.with_reference(model, batch, c, beta, timer, amp)  # pass 3, then 2 and backward
+    st = grpo.policy_backward(model, batch, c, beta, timer, amp)
+    times.update(reference=timer.seconds["reference"], policy=timer.seconds["policy"])
     t0 = time.perf_counter()
     torch.nn.utils.clip_grad_norm_(lora_parameters(model), c["grad_clip"])
     optimizer.step()
@@ -98,8 +98,6 @@ def straightforward_grpo_step(model, optimizer, prompts, group, new_tokens, adva
     Returns (loss, idx, mask); the LoRA gradients stay in .grad."""
     dev = next(model.parameters()).device
     ref_model = copy.deepcopy(model)                                  # a second copy of every weight
-    for m in lora_modules(ref_model):
-        m.disabled = True
     idx = prompts.to(dev).repeat_interleave(group, dim=0)             # (N, P); each row prefills its prompt
     N, P = idx.shape
     gen = torch.Generator(device=dev).manual_seed(seed)
@@ -121,7 +119,8 @@ def straightforward_grpo_step(model, optimizer, prompts, group, new_tokens, adva
         old_logp_all = torch.log_softmax(old_logits.float() / temperature, dim=-1)
         completion = idx[:, P:, None]                                 # (N, T, 1)
         old_logp = old_logp_all.gather(-1, completion).squeeze(-1)
-        ref_logits, _ = ref_model(idx[:, :-1], keep_last=idx.size(1) - 1)   # every position: (N, P+T-1, V)
+        with disable_lora(ref_model):                                 # the copy without its adapter
+            ref_logits, _ = ref_model(idx[:, :-1], keep_last=idx.size(1) - 1)  # (N, P+T-1, V)
         ref_logp_all = torch.log_softmax(ref_logits.float() / temperature, dim=-1)
         ref_logp = ref_logp_all[:, P - 1:].gather(-1, completion).squeeze(-1)
     is_eot = (idx[:, P:] == eot_id).long()

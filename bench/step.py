@@ -32,7 +32,7 @@ from lora import apply_lora, lora_parameters
 from model import GPT, GPTConfig
 from runs.checkpoint import load_checkpoint, model_from_checkpoint
 from runs.metrics import step_log
-from grpo import policy_backward
+from grpo import PhaseTimer, Prompts, policy_backward
 from tracin import reference_solutions
 import train_base
 from runs.loading import ensure_base
@@ -102,12 +102,12 @@ def timed_grpo_step(model, enc, tb, vb, mode, cfg, amp, **overrides):
     gen = torch.Generator(device=dev).manual_seed(cfg["seed"])
     t0 = time.perf_counter()
     c["reward_funcs"], c["reward_weights"] = task_rewards(c)  # the task's, as checks/grpo_knobs.validate resolves them
+    funcs = (c["reward_funcs"], c["reward_weights"])  # the task's own, for training and validation
     val = None if not c["tracin"] else reference_solutions(enc, vb, dev) if mode == "nll" else \
-        ([encode_prompt(enc, e["question"]) for e in vb], [e["answer"] for e in vb])
+        Prompts([encode_prompt(enc, e["question"]) for e in vb], [e["answer"] for e in vb], *funcs)
+    batch = Prompts([encode_prompt(enc, e["question"]) for e in tb], [e["answer"] for e in tb], *funcs)
     with contextlib.redirect_stdout(io.StringIO()):  # its notices ("no rollout kept") are not bench output
-        model.amp = amp  # the precision every pass computes in
-        rollouts, result = train_grpo.grpo_step(model, opt, enc, [encode_prompt(enc, e["question"]) for e in tb],
-                                                [e["answer"] for e in tb], c, gen, val)  # no cache: all scored
+        rollouts, result = train_grpo.grpo_step(model, opt, enc, batch, c, gen, amp, val)  # no cache: all scored
     log = step_log(rollouts, result, c)
     log["total"] = time.perf_counter() - t0
     log["selected"] = None if rollouts is None or rollouts.selected is None else rollouts.selected.tolist()
@@ -121,8 +121,7 @@ def timed_val_backward(model, enc, vb, cfg, amp):
     c = {**train_grpo.defaults, "device": dev, "beta": 0.0, "micro_batch_size": 64}
     sync = torch.cuda.synchronize if "cuda" in dev else (lambda: None)
     sync(); t0 = time.perf_counter()
-    model.amp = amp
-    policy_backward(model, reference_solutions(enc, vb, dev), c, 0.0)
+    policy_backward(model, reference_solutions(enc, vb, dev), c, 0.0, PhaseTimer(), amp)
     sync(); total = time.perf_counter() - t0
     model.zero_grad(set_to_none=True)
     return {"total": total}

@@ -7,6 +7,7 @@ is merged in; setup, check_same_data and build_model; check_eval_cache runs befo
 every checkpoint passes check_loads.
 """
 import os
+from contextlib import nullcontext
 
 import torch
 
@@ -98,23 +99,23 @@ def check_batch(cfg, longest, vocab_size):
                         f"{need / 2 ** 30:.3g} GiB of the {have / 2 ** 30:.3g} GiB there; lower it")
 
 
-def check_eval_cache(model, enc, test, cfg, batch):
+def check_eval_cache(model, enc, test, cfg, batch, amp):
     """The evaluation's KV cache (batch rows x the longest test prompt + max_new_tokens), checked
     before iteration 0 by check_kv_cache."""
     rows = min(batch, len(test))
     length = max(len(encode_prompt(enc, e["question"])) for e in test) + cfg["max_new_tokens"]
     check_kv_cache(model, rows, length, cfg["device"], "the evaluation's",
-                   "lower max_new_tokens (or eval_n, n_layer, n_embd)")
+                   "lower max_new_tokens (or eval_n, n_layer, n_embd)", amp)
 
 
-def check_kv_cache(model, rows, length, device, what, fix):
+def check_kv_cache(model, rows, length, device, what, fix, amp=nullcontext()):
     """A KV cache of rows x length positions, every layer, is allocated once before iteration 0:
     too large is one line then (`what` names whose, `fix` what to lower), not a traceback after
     training. One larger than the memory there is refused without trying (build_model)."""
     c, p, have = model.config, next(model.parameters()), memory_of(device)
     width = (c.n_kv_head or c.n_head) * (c.n_embd // c.n_head)  # a layer's keys at one position
     try:
-        with model.amp:
+        with amp:  # the run's precision
             kind = p.device.type  # the dtype model.new_cache will choose
             dtype = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else p.dtype
             need = 2 * c.n_layer * rows * length * width * dtype.itemsize  # keys and values

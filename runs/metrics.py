@@ -13,24 +13,26 @@ from runs.rundir import read_jsonl
 
 
 def step_log(rollouts, result, cfg, cache=None):
-    """One log.jsonl line, with TRL's metric names, from what train_grpo.grpo_step returned (rollouts None:
-    sampling failed, the step was skipped)."""
-    times = {f"time/{k}": v for k, v in result["times"].items()}
+    """One log.jsonl line, with TRL's metric names, from what train_grpo.grpo_step returned (rollouts
+    None: sampling failed, the step was skipped; result: a grpo.StepResult)."""
+    times = {f"time/{k}": v for k, v in result.times.items()}
     if rollouts is None:
-        return {"skipped": True, "skip_reason": result["skip_reason"], **times}
-    stats, grad_norm, extra = result["stats"], result["grad_norm"], result["extra"]
+        return {"skipped": True, "skip_reason": result.skip_reason, **times}
+    stats, grad_norm, extra = result.stats, result.grad_norm, result.extra
     if rollouts.influence is not None:  # a TracIn step: what it kept, and the influences it chose by
         infl, keep = rollouts.influence, rollouts.selected
         extra = {"selection_rate": keep.float().mean().item(), "n_selected": int(keep.sum()),
                  "influence/mean": infl.mean().item(), "influence/std": infl.std().item(),
                  "influence/min": infl.min().item(), "influence/max": infl.max().item(), **extra}
-    if result["skip_reason"]:
-        extra = {**extra, "skip_reason": result["skip_reason"]}
+    if result.skip_reason:
+        extra = {**extra, "skip_reason": result.skip_reason}
     n, rewards, per_fn, mask = len(rollouts), rollouts.rewards, rollouts.per_fn, rollouts.mask
     ntok = max(stats["num_tokens"], 1)  # completion tokens the loss counted (every rank's, every update)
     nanmean = lambda v: torch.tensor(v, dtype=torch.float64).nanmean().item()  # None scores are NaN
     scored = rewards[~rewards.isnan()]
-    return {"loss": sum(stats["losses"]), "reward": scored.mean().item(), "reward_std": scored.std().item(),
+    # the loss of one update (the micro-batches' losses add up to it), a mean over mu updates
+    loss = sum(stats["losses"]) / stats.get("updates", 1)
+    return {"loss": loss, "reward": scored.mean().item(), "reward_std": scored.std().item(),
             **{f"rewards/{k}": nanmean(v) for k, v in per_fn.items()}, "rewards/unscored": n - scored.numel(),
             **{f"rewards/{k}": v for k, v in pop_counts().items()},  # e.g. countdown: not parsed (no <answer>)
             **({"rewards/cache_hit_rate": cache.get("hits", 0) / cache["lookups"]} if cache and cache.get("lookups") else {}),
@@ -43,7 +45,7 @@ def step_log(rollouts, result, cfg, cache=None):
             "completions/clipped_ratio": rollouts.truncated.float().mean().item(),
             "clip_ratio": stats["clipped"] / ntok, "clip_ratio/low": stats["clipped_low"] / ntok,
             "clip_ratio/high": stats["clipped_high"] / ntok, "grad_norm": grad_norm,
-            "skipped": result["skip_reason"] is not None, "reward_errors": sum(rollouts.errors.values()), **extra,
+            "skipped": result.skip_reason is not None, "reward_errors": sum(rollouts.errors.values()), **extra,
             **times}
 
 
