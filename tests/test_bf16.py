@@ -34,8 +34,10 @@ def world():
     adv = torch.randn(32, generator=torch.Generator().manual_seed(5))
     val = make_batch(m, VAL_PROMPTS, 1, seed=4)
     m16 = halved(m)
-    m.amp, m16.amp = F32, BF16  # the precision each model's passes compute in (train_grpo sets it once)
     return m, m16, train, adv, val
+
+
+AMP = {"f32": F32, "bf16": BF16}  # the precision each model's passes compute in (grpo's amp=)
 
 
 def flat_grads(m):
@@ -56,7 +58,8 @@ def test_grpo_step_in_bf16_is_close_to_float32():
     assert {p.dtype for p in lora_parameters(m16)} == {torch.float32}
     out = {}
     for name, m in (("f32", m32), ("bf16", m16)):
-        stats = grpo.policy_backward(m, as_batch(train, adv), cfg(8, beta=0.04), 0.04)  # passes 3, 2
+        stats = grpo.policy_backward(m, as_batch(train, adv), cfg(8, beta=0.04), 0.04,
+                                     amp=AMP[name])  # passes 3, 2
         out[name] = sum(stats["losses"]), flat_grads(m)
         assert all(p.grad.dtype == torch.float32 for p in lora_parameters(m))  # AdamW sees float32
     (l32, g32), (l16, g16) = out["f32"], out["bf16"]
@@ -69,7 +72,7 @@ def test_policy_and_old_logprobs_agree_exactly_in_bf16():
     the ratio of the first update of a generation is exactly 1."""
     _, m16, train, adv, _ = world()
     c = cfg(8)
-    old = grpo.logprobs_no_grad(m16, as_batch(train, adv), c, "old_logp")
+    old = grpo.logprobs_no_grad(m16, as_batch(train, adv), c, "old_logp", amp=BF16)
     idx, pl, mask = train
     with BF16:
         new, _ = grpo.completion_logprobs(m16, idx, pl, mask.size(1), c["temperature"])
@@ -84,7 +87,8 @@ def test_tracin_step_in_bf16_ranks_and_keeps_as_float32():
     out = {}
     for name, m in (("f32", m32), ("bf16", m16)):
         opt = torch.optim.AdamW(lora_parameters(m), lr=0.1)
-        _, infl, keep = tracin.tracin_backward(m, opt, as_batch(train, adv), as_batch(val, VAL_ADV), cfg(8))
+        _, infl, keep, _ = tracin.tracin_backward(m, opt, as_batch(train, adv), as_batch(val, VAL_ADV), cfg(8),
+                                                  amp=AMP[name])
         assert infl.dtype == torch.float32
         out[name] = infl, keep, flat_grads(m)
     (i32, k32, g32), (i16, k16, g16) = out["f32"], out["bf16"]
@@ -98,9 +102,9 @@ def test_bf16_hook_buffers_give_their_float32_recomputation():
     in float32 from them: equal to recomputing in float64 from the same buffers."""
     _, m16, train, adv, val = world()
     with ghost.install_ghost_hooks(m16) as hooks:  # policy_backward enters BF16 itself
-        grpo.policy_backward(m16, as_batch(train, adv), cfg(8), 0.0)
+        grpo.policy_backward(m16, as_batch(train, adv), cfg(8), 0.0, amp=BF16)
         hooks.split = "val"
-        grpo.policy_backward(m16, as_batch(val, VAL_ADV), cfg(8), 0.0)
+        grpo.policy_backward(m16, as_batch(val, VAL_ADV), cfg(8), 0.0, amp=BF16)
         tr, va = hooks.collect("train"), hooks.collect("val")
     assert all(t.dtype == torch.bfloat16 for v in tr.values() for t in v)
     got = ghost.compute_ghost_inner_product_matrix(tr, va)

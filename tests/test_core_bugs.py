@@ -126,12 +126,12 @@ def test_update_skips_a_non_finite_gradient_with_a_finite_loss(tiny_gpt, bad):
     before = [p.detach().clone() for p in params]
     fill_grads()
     params[3].grad.view(-1)[5] = bad
-    norm, reason = grpo.update(tiny_gpt, opt, cfg, stats, False)
+    norm, reason = grpo.update(tiny_gpt, opt, cfg, stats)
     assert reason is not None and not math.isfinite(norm)
     assert all(torch.equal(p, b) for p, b in zip(params, before))  # weights untouched
     assert not opt.state  # AdamW never stepped (no moments, no step count)
     fill_grads()  # control: the same call with a finite gradient steps
-    norm, reason = grpo.update(tiny_gpt, opt, cfg, stats, False)
+    norm, reason = grpo.update(tiny_gpt, opt, cfg, stats)
     assert reason is None and math.isfinite(norm)
     assert any(not torch.equal(p, b) for p, b in zip(params, before))
 
@@ -364,9 +364,9 @@ def test_a_skipped_update_ends_the_generations_updates(tiny_gpt, monkeypatch, ba
     cfg = {**tg.defaults, "micro_batch_size": 4, "num_iterations": 3, "beta": 0.0, "device": "cpu"}
     real, calls, weights = grpo.policy_backward, [], []
 
-    def backward(model, b, c, beta):
+    def backward(model, b, c, beta, *a, **k):
         weights.append([p.detach().clone() for p in params])  # the weights this update starts from
-        stats = real(model, b, c, beta)
+        stats = real(model, b, c, beta, *a, **k)
         calls.append(len(calls))
         if len(calls) - 1 == bad_update:
             stats["losses"].append(float("nan"))

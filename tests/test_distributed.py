@@ -64,7 +64,7 @@ def worker(rank, world, port, argv, spy):
     compiled.CompiledDecode.__call__ = compiled_step
     backward, all_reduce = grpo.policy_backward, torch.distributed.all_reduce
     def counted(model, batch, *a, **kw):  # noqa: E306
-        seen["rows"].append((len(batch), kw.get("beta", a[-1] if a else None)))
+        seen["rows"].append((len(batch), kw.get("beta", a[1] if len(a) > 1 else None)))
         return backward(model, batch, *a, **kw)
     grpo.policy_backward = tracin.policy_backward = counted
     torch.distributed.all_reduce = lambda t, *a, **kw: seen["all_reduce"].append((t.numel(), str(t.dtype))) \
@@ -371,7 +371,9 @@ def sampling_setup():
     enc = tiktoken.Encoding(name="bytes", pat_str=r".", mergeable_ranks={bytes([i]): i for i in range(256)},
                             special_tokens={"<|endoftext|>": 256})
     questions = ["ab", "a longer question", "c", "dd ee", "the fifth one, longest of them all"]
-    return build_gpt(seed=3, vocab_size=257, block_size=64), enc, [([encode_prompt(enc, q) for q in questions], [0] * 5)]
+    from grpo import Prompts
+    batch = Prompts([encode_prompt(enc, q) for q in questions], [0] * 5, (), ())
+    return build_gpt(seed=3, vocab_size=257, block_size=64), enc, [batch]
 
 
 def sampling_worker(rank, world, port, out):

@@ -116,7 +116,7 @@ def test_tracin_backward_summed_equals_matrix(world, monkeypatch, rule, beta):
     for how in ("summed", "matrix"):
         calls.clear()
         c = cfg(4, beta=beta, tracin_influence=how, tracin_selection=rule, tracin_topk_frac=0.5)
-        _, infl, keep = tracin.tracin_backward(m, opt, as_batch(train, adv), as_batch(val, VAL_ADV), c)
+        _, infl, keep, _ = tracin.tracin_backward(m, opt, as_batch(train, adv), as_batch(val, VAL_ADV), c)
         out[how] = infl, keep, [p.grad.clone() for p in lora_parameters(m)]
         assert sorted(calls) == (["train"] if how == "summed" else ["matrix", "train", "val"])
         m.zero_grad(set_to_none=True)

@@ -102,7 +102,7 @@ def test_tracin_validation_loss_has_no_kl_term(world, how):
     beta = 0.5
     opt = torch.optim.AdamW(lora_parameters(m), lr=0.1)
     c = cfg(4, beta=beta, tracin_influence=how, tracin_selection="positive")
-    _, infl, _ = tracin.tracin_backward(m, opt, as_batch(train, TRAIN_ADV), as_batch(val, VAL_ADV), c)
+    _, infl, _, _ = tracin.tracin_backward(m, opt, as_batch(train, TRAIN_ADV), as_batch(val, VAL_ADV), c)
     m.zero_grad(set_to_none=True)
     with ghost.install_ghost_hooks(m) as hooks:
         policy_backward(m, as_batch(train, TRAIN_ADV), cfg(4), beta)

@@ -37,13 +37,14 @@ def test_one_nan_influence_among_finite_ones_skips_the_step(world, monkeypatch, 
     opt = torch.optim.AdamW(lora_parameters(m), lr=0.1)
     before = [p.detach().clone() for p in lora_parameters(m)]
     c = cfg(4, tracin_influence=how, tracin_selection="positive", tracin_topk_frac=0.5)
-    stats, infl, keep = tracin.tracin_backward(m, opt, as_batch(train, TRAIN_ADV),
-                                               as_batch(val, VAL_ADV), c)
+    stats, infl, keep, reason = tracin.tracin_backward(m, opt, as_batch(train, TRAIN_ADV),
+                                                       as_batch(val, VAL_ADV), c)
     assert torch.isnan(infl).sum() == 1 and torch.isfinite(infl).sum() == len(infl) - 1
-    assert keep.any()  # some rollouts are kept: without the mark the update would go ahead
-    assert any(math.isnan(v) for v in stats["losses"])
-    _, reason = update(m, opt, c, stats, not keep.any())
-    assert reason is not None
+    assert keep.any()  # some rollouts are kept: without the reason the update would go ahead
+    assert reason == "non-finite influence"
+    assert all(math.isfinite(v) for v in stats["losses"])  # GRPO's losses are left as they were
+    _, nonfinite = update(m, opt, c, stats, apply=reason is None)  # as train_grpo.grpo_step calls it
+    assert nonfinite is None  # the reason is TracIn's own
     assert all(torch.equal(p, b) for p, b in zip(lora_parameters(m), before))
 
 
@@ -54,12 +55,12 @@ def test_update_skips_when_any_loss_is_not_finite(world):  # noqa: F811
     for bad in ([0.5, float("nan"), 0.2], [float("inf"), 0.1], [float("nan")]):
         for p in lora_parameters(m):
             p.grad = torch.ones_like(p)  # a finite gradient: only the losses say the step is bad
-        _, reason = update(m, opt, cfg(4), {"losses": bad}, False)
+        _, reason = update(m, opt, cfg(4), {"losses": bad})
         assert reason is not None
         assert all(torch.equal(p, b) for p, b in zip(lora_parameters(m), before))
     for p in lora_parameters(m):
         p.grad = torch.ones_like(p)
-    _, reason = update(m, opt, cfg(4), {"losses": [0.5, 0.2]}, False)  # all finite: step taken
+    _, reason = update(m, opt, cfg(4), {"losses": [0.5, 0.2]})  # all finite: step taken
     assert reason is None and any(not torch.equal(p, b) for p, b in zip(lora_parameters(m), before))
 
 

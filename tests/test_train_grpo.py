@@ -442,16 +442,19 @@ def test_train_and_val_sampled_in_one_call(tiny_setup):
     m, enc, val = tiny_model_and_data(tiny_setup)
     cfg = {**tg.defaults, "group_size": 4, "max_new_tokens": 8, "scale_rewards": "batch",
            "reward_funcs": ("correctness", "format", "chars"), "reward_weights": (1.0, 0.5, 1.0)}
-    a, b = ([encode_prompt(enc, e["question"]) for e in val[:2]], [e["answer"] for e in val[:2]]), \
-           ([encode_prompt(enc, e["question"]) for e in val[2:5]], [e["answer"] for e in val[2:5]])
+    task, run_funcs = TASKS["arith"], (cfg["reward_funcs"], cfg["reward_weights"])
+    prompts = lambda rows: [encode_prompt(enc, e["question"]) for e in rows]  # noqa: E731
+    a = grpo.Prompts(prompts(val[:2]), [e["answer"] for e in val[:2]], *run_funcs)
+    b = grpo.Prompts(prompts(val[2:5]), [e["answer"] for e in val[2:5]], task["rewards"], task["weights"])
     gen = lambda: torch.Generator().manual_seed(3)
     R, V = grpo.make_rollouts(m, enc, [a, b], cfg, gen())
-    (W,) = grpo.make_rollouts(m, enc, [(a[0] + b[0], a[1] + b[1])], cfg, gen())
+    (W,) = grpo.make_rollouts(m, enc, [grpo.Prompts(a.ids + b.ids, a.answers + b.answers, *run_funcs)],
+                              cfg, gen())
     assert torch.equal(torch.cat([R.idx, V.idx]), W.idx) and torch.equal(torch.cat([R.mask, V.mask]), W.mask)
     assert torch.equal(R.rewards, W.rewards[:len(R)])
-    # the validation part scored by the task's own rewards (data/tasks.TASKS), not the run's
-    task, texts = TASKS["arith"], decode_completions(enc, V.idx, V.mask)
-    own, _, _ = compute_rewards(texts, [x for x in b[1] for _ in range(4)], task["rewards"],
+    # the validation part scored by its own rewards (the task's, data/tasks.TASKS), not the run's
+    texts = decode_completions(enc, V.idx, V.mask)
+    own, _, _ = compute_rewards(texts, [x for x in b.answers for _ in range(4)], task["rewards"],
                                 task["weights"])
     assert V.rewards.tolist() == pytest.approx(own) and set(V.per_fn) == set(task["rewards"])
     assert not torch.equal(V.rewards, W.rewards[len(R):])  # 'chars' paid W's rows, not V's
@@ -522,12 +525,14 @@ def test_grpo_step_under_bf16_autocast(tiny_setup, mode, monkeypatch):
                                              "weights": cfg["reward_weights"]})
     opt = torch.optim.AdamW(lora_parameters(m), lr=1e-2)
     before = [p.detach().clone() for p in lora_parameters(m)]
-    m.amp = torch.autocast("cpu", dtype=torch.bfloat16)  # every pass of the step under bf16 autocast
+    amp = torch.autocast("cpu", dtype=torch.bfloat16)  # every pass of the step under bf16 autocast
+    funcs = (cfg["reward_funcs"], cfg["reward_weights"])
     v = val[2:5]
     v = tracin.reference_solutions(enc, v, "cpu") if mode == "nll" else \
-        ([encode_prompt(enc, e["question"]) for e in v], [e["answer"] for e in v])
-    rollouts, result = tg.grpo_step(m, opt, enc, [encode_prompt(enc, e["question"]) for e in val[:2]],
-                                    [e["answer"] for e in val[:2]], cfg, torch.Generator().manual_seed(0), v)
+        grpo.Prompts([encode_prompt(enc, e["question"]) for e in v], [e["answer"] for e in v], *funcs)
+    batch = grpo.Prompts([encode_prompt(enc, e["question"]) for e in val[:2]], [e["answer"] for e in val[:2]],
+                         *funcs)
+    rollouts, result = tg.grpo_step(m, opt, enc, batch, cfg, torch.Generator().manual_seed(0), amp, v)
     log = step_log(rollouts, result, cfg)
     assert not log["skipped"] and math.isfinite(log["loss"]) and math.isfinite(log["grad_norm"])
     assert all(p.dtype == torch.float32 for p in lora_parameters(m))
