@@ -48,7 +48,7 @@ from model import NonFiniteLogits
 from data.prompts import encode_prompt
 from tracin import reference_solutions, tracin_backward
 import train_base
-from runs.loading import ensure_base, load_frozen_base, nonfinite_weight
+from runs.loading import base_to_train, load_frozen_base, nonfinite_weight
 from train_base import evaluate, get_lr
 
 # -----------------------------------------------------------------------------
@@ -162,6 +162,19 @@ def grpo_step(model, optimizer, enc, batch, cfg, generator, amp, val=None, cache
 
 
 # -----------------------------------------------------------------------------
+def train_missing_base(base_ckpt, base_config, device, resuming=False):
+    """A fresh clone: train_base.py trains the tiny base first, where base_config puts it
+    (runs/loading.base_to_train says whether; any other missing base is refused there)."""
+    argv = base_to_train(base_ckpt, base_config, train_base.defaults["out_dir"], resuming)
+    if argv is None:
+        return
+    print(f"base model not found at {base_ckpt}: training it first with {base_config}")
+    try:
+        train_base.main([*argv, f"--device={device}"])
+    except UserError as e:  # a knob of the base's config file: named as such
+        raise UserError(f"training the base with base_config {base_config}: {e}") from None
+
+
 def prepare_base(cfg, out, resume):
     """The frozen base model (dropout off), its data and tokenizer. An adapter being resumed must
     have been trained on exactly this base (weights, configuration, tokenizer: runs/base.py), and
@@ -170,8 +183,7 @@ def prepare_base(cfg, out, resume):
         given = cfg["base_ckpt"] if cfg["base_ckpt"] != resume["base_ckpt"] else ""
         cfg["base_ckpt"] = resolve_base(resume, os.path.join(out, "ckpt.pt"), given)
     # a fresh clone: the tiny base is trained first, by train_base.py
-    ensure_base(cfg["base_ckpt"], cfg["base_config"], cfg["device"], train_base,
-                resuming=resume is not None)
+    train_missing_base(cfg["base_ckpt"], cfg["base_config"], cfg["device"], resume is not None)
     model, fingerprint, data_dir, enc, splits = load_frozen_base(
         cfg["base_ckpt"], cfg["grad_checkpoint"], cfg["data_dir"], cfg["dtype"], cfg["task"])
     identity = base_identity(fingerprint, model, enc)

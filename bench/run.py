@@ -76,8 +76,7 @@ from scale.compiled import check_compile
 from scale.device import check_device
 from model import generate
 from runs.checkpoint import load_checkpoint, model_from_checkpoint
-import train_base
-from runs.loading import ensure_base
+import train_grpo
 
 defaults = dict(
     device="cpu",
@@ -336,7 +335,7 @@ def check_base(cfg, chosen):
         raise UserError(f"base_ckpt {cfg['base_ckpt']} not found from {os.getcwd()}: the row(s) "
                         f"{', '.join(r for r in ROWS if r in needs & set(chosen))} need it, and it is trained only "
                         f"from the project root: cd {PROJECT} (or give --base_ckpt=PATH of a trained base, or --quick)")
-    ensure_base(cfg["base_ckpt"], "config/tiny_base.py", cfg["device"], train_base)
+    train_grpo.train_missing_base(cfg["base_ckpt"], "config/tiny_base.py", cfg["device"])
 
 
 def cpu_name():

@@ -34,8 +34,6 @@ from runs.checkpoint import load_checkpoint, model_from_checkpoint
 from runs.metrics import step_log
 from grpo import PhaseTimer, Prompts, policy_backward
 from tracin import reference_solutions
-import train_base
-from runs.loading import ensure_base
 
 
 def timed(fn, device, repeats):
@@ -62,7 +60,7 @@ def task_setup(cfg, n_train, n_val):
     tokenizer, what it is, and n_train training and n_val validation examples drawn with the seed."""
     dev = cfg["device"]
     if not cfg["quick"]:  # the trained base, trained first where train_grpo would train it (one line says so)
-        ensure_base(cfg["base_ckpt"], "config/tiny_base.py", dev, train_base)
+        train_grpo.train_missing_base(cfg["base_ckpt"], "config/tiny_base.py", dev)
     if os.path.exists(cfg["base_ckpt"]):
         ck = load_checkpoint(cfg["base_ckpt"])
         model, data_dir, what = model_from_checkpoint(ck), ck["data_dir"], cfg["base_ckpt"]

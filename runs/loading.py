@@ -1,8 +1,8 @@
 """
 Loading what a run stands on, for every script: a base model (a train_base.py checkpoint or a Hugging
 Face directory) with its tokenizer and data (load_base), a GRPO run's policy, its adapter on that base
-(load_policy: sampling, attribution, export, figures), and train_grpo.py's frozen base (ensure_base, which
-trains a missing tiny base first, and load_frozen_base).
+(load_policy: sampling, attribution, export, figures), and train_grpo.py's frozen base (base_to_train:
+whether and how train_grpo.py trains a missing tiny base first; load_frozen_base).
 """
 import os
 import shlex
@@ -74,17 +74,17 @@ def nonfinite_weight(model, adapter=None):
                  if adapter in (None, ".lora_" in n) and not torch.isfinite(p).all()), None)
 
 
-def ensure_base(base_ckpt, base_config, device, train_base, resuming=False):
-    """For train_grpo.py: train the base model with base_config if base_ckpt is missing and is where
-    base_config puts it (a fresh clone). Any other missing base is an error, never a silent long
-    training (a typo'd path), and so is a missing base on resume. train_base: the train_base module
-    (its defaults and main), handed in by train_grpo: nothing here imports a script."""
+def base_to_train(base_ckpt, base_config, default_out, resuming=False):
+    """For train_grpo.py: None if base_ckpt exists; else train_base.py's arguments that train it,
+    when base_ckpt is where base_config puts it (a fresh clone; default_out: train_base.py's own
+    out_dir). Any other missing base is an error, never a silent long training (a typo'd path),
+    and so is a missing base on resume."""
     if os.path.exists(base_ckpt):
-        return
+        return None
     if not base_ckpt.endswith(".pt"):  # a model directory: downloaded by the user, never at run time
         raise UserError(f"model directory {base_ckpt} not found: download it once with huggingface-cli download "
                         f"ORG/MODEL --local-dir {base_ckpt} (README: Use a pretrained model)")
-    where = read_config_file(base_config).get("out_dir", train_base.defaults["out_dir"])
+    where = read_config_file(base_config).get("out_dir", default_out)
     if not isinstance(where, str) or not where:
         raise UserError(f"base_config {base_config}: out_dir = {where!r} is not a directory's path")
     where = os.path.join(where, "ckpt.pt")
@@ -100,11 +100,7 @@ def ensure_base(base_ckpt, base_config, device, train_base, resuming=False):
                              f"automatically)"))
     if distributed.launched():  # every rank would train its own copy into the same file
         raise UserError(f"base_ckpt {base_ckpt} not found; train it first, in one process: {train}")
-    print(f"base model not found at {base_ckpt}: training it first with {base_config}")
-    try:
-        train_base.main([base_config, f"--out_dir={out_dir}", f"--device={device}"])
-    except UserError as e:  # a knob of the base's config file: named as such
-        raise UserError(f"training the base with base_config {base_config}: {e}") from None
+    return [base_config, f"--out_dir={out_dir}"]
 
 
 def load_frozen_base(base_ckpt, grad_checkpoint=False, data_dir="", dtype="float32", task="arith"):

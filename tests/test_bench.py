@@ -206,7 +206,7 @@ def test_quick_keeps_the_knobs_given(no_rows):
 
 def test_a_missing_base_outside_the_project_root_is_refused_before_any_row(no_rows, monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(bench, "ensure_base", lambda *a: pytest.fail("a base trained outside the project"))
+    monkeypatch.setattr(bench.train_grpo, "train_missing_base", lambda *a: pytest.fail("a base trained outside the project"))
     with pytest.raises(UserError, match=f"base_ckpt out/base/ckpt.pt not found from {tmp_path}: the row\\(s\\) "
                                               "step_cost need it, and it is trained only from the project root"):
         bench.main(["--rows=sampling,step_cost", "--n_seq=1"])
