@@ -30,7 +30,7 @@ from configurator import UserError
 from data.prompts import decode_completions, encode_prompt, stop_tokens
 from lora import disable_lora, folded_for_sampling, lora_parameters
 from model import generate, pad_id, pad_prompts
-from rewards import compute_rewards
+from rewards import compute_rewards, parse_counts
 from scale import distributed
 
 
@@ -64,7 +64,7 @@ class Prompts:
 @dataclass
 class Rollouts:
     """A step's rollouts (GRPO-Zero's Episode, batched): n = prompts x group_size rows, a
-    prompt's rows adjacent. score_rollouts makes one with its first nine fields; a pass that
+    prompt's rows adjacent. score_rollouts makes one with its first ten fields; a pass that
     adds a field makes a copy (dataclasses.replace)."""
     idx: torch.Tensor                # (n, P+T) long: prompt left-padded to P, then T completion ids
     pad_left: torch.Tensor           # (n,) long: padding columns in front of each prompt
@@ -73,6 +73,7 @@ class Rollouts:
     rewards: torch.Tensor = None     # (n,) float32: weighted reward, NaN where no function scored
     per_fn: dict = None              # reward function -> n scores (NaN where it could not score)
     errors: dict = None              # reward function -> how many completions it raised on
+    parse_counts: dict = None        # e.g. 'countdown/parsed': n (rewards.parse_counts)
     n_zero_std: int = 0              # groups whose rewards were all equal (no learning signal)
     truncated: torch.Tensor = None   # (n,) bool: no stop token (ran into max_new_tokens)
     ref_logp: torch.Tensor = None    # (n, T) PASS 3's log-probs (with_reference)
@@ -202,7 +203,7 @@ def score_rollouts(enc, sampled, batches, cfg, cache=None, timer=None):
             if cfg["mask_truncated_completions"]:  # a truncated row counts no token
                 m = m * (~truncated).long()[:, None]
             out.append(Rollouts(idx[rows], pad_left[rows], m, advantages, rewards, per_fn, errors,
-                                n_zero_std, truncated))
+                                parse_counts(texts, batch.reward_funcs), n_zero_std, truncated))
     return out
 
 

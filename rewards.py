@@ -145,19 +145,27 @@ def gsm8k_reward(completion: str, answer: int) -> float:
 
 # --- countdown -----------------------------------------------------------------
 
-# Per-step counters for the training loop's log (see pop_counts):
-#   countdown/skipped: no well-formed <answer>...</answer>, so nothing was parsed
-#   countdown/parsed:  an answer was found and went through the parser
-COUNTS = collections.Counter()
+def countdown_parsed(completion):
+    """Whether a completion holds a complete <answer>...</answer> pair, the last one of which
+    countdown_reward parses (found by string search, linear, before any parsing)."""
+    close = completion.rfind("</answer>")
+    return close >= 0 and completion.rfind("<answer>", 0, close) >= 0
 
 
-def pop_counts() -> dict:
-    """Return the counters since the last call and reset them (call it once per
-    step, after scoring has finished: a scoring thread still running would add
-    to the next step's counts)."""
-    out = dict(COUNTS)
-    COUNTS.clear()
-    return out
+# reward function -> whether a completion got as far as its parser (parse_counts)
+PARSERS = {"countdown": countdown_parsed}
+
+
+def parse_counts(completions, reward_funcs):
+    """For the step's log, per reward function with a parser: how many completions it parsed
+    ('countdown/parsed') and how many it scored 0 unparsed ('countdown/skipped': no
+    well-formed <answer>...</answer>)."""
+    counts = {}
+    for name in reward_funcs:
+        if name in PARSERS:
+            parsed = sum(PARSERS[name](c) for c in completions)
+            counts |= {f"{name}/skipped": len(completions) - parsed, f"{name}/parsed": parsed}
+    return counts
 
 
 # Bounds that keep a hostile answer cheap: an honest one with 4 numbers from
@@ -296,14 +304,11 @@ def countdown_reward(completion: str, answer) -> float:
     A malformed `answer` is a dataset bug and raises ValueError.
     """
     numbers, target = _countdown_answer(answer)
-    # Cheap check first (early termination): find the last complete pair by
-    # string search, which is linear, before any parsing.
-    close = completion.rfind("</answer>")
-    start = completion.rfind("<answer>", 0, close) if close >= 0 else -1
-    if start < 0:
-        COUNTS["countdown/skipped"] += 1
+    # Cheap check first (early termination): the last complete pair, found by string search
+    if not countdown_parsed(completion):
         return 0.0
-    COUNTS["countdown/parsed"] += 1
+    close = completion.rfind("</answer>")
+    start = completion.rfind("<answer>", 0, close)
     value = _countdown_value(completion[start + len("<answer>"):close].strip(), numbers)
     return 1.0 if value is not None and value == target else 0.0
 

@@ -7,7 +7,7 @@ import sys
 
 import torch
 
-from rewards import HACKABLE, pop_counts
+from rewards import HACKABLE
 from data.tasks import TASKS
 from runs.rundir import read_jsonl
 
@@ -34,7 +34,7 @@ def step_log(rollouts, result, cfg, cache=None):
     loss = sum(stats["losses"]) / stats.get("updates", 1)
     return {"loss": loss, "reward": scored.mean().item(), "reward_std": scored.std().item(),
             **{f"rewards/{k}": nanmean(v) for k, v in per_fn.items()}, "rewards/unscored": n - scored.numel(),
-            **{f"rewards/{k}": v for k, v in pop_counts().items()},  # e.g. countdown: not parsed (no <answer>)
+            **{f"rewards/{k}": v for k, v in (rollouts.parse_counts or {}).items()},  # countdown: parsed?
             **({"rewards/cache_hit_rate": cache.get("hits", 0) / cache["lookups"]} if cache and cache.get("lookups") else {}),
             "accuracy": nanmean(per_fn[correct]) if (correct := TASKS[cfg.get("task", "arith")]["correct"]) in per_fn
             else float("nan"),

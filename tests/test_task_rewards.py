@@ -14,7 +14,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import pytest
 
 import rewards
-from rewards import REWARD_FUNCS, countdown_reward, gsm8k_reward, pop_counts, think_format_reward
+from rewards import REWARD_FUNCS, countdown_reward, gsm8k_reward, think_format_reward
 
 
 def wrap(expr: str) -> str:
@@ -227,13 +227,15 @@ def test_countdown_malformed_answer_raises(answer):
         countdown_reward(wrap("3+5"), answer)
 
 
-def test_pop_counts_skipped_vs_parsed():
-    pop_counts()  # whatever other tests left
-    for completion in ("no tags", "<answer>3+5", wrap("3+5"), wrap("3*5"), wrap("lambda: 1")):
-        countdown_reward(completion, [[3, 5], 8])
-    assert pop_counts() == {"countdown/skipped": 2, "countdown/parsed": 3}
-    assert pop_counts() == {}  # cleared
-    assert rewards.COUNTS == {}
+def test_parse_counts_skipped_vs_parsed():
+    """The log's countdown/parsed and /skipped: of the completions, those with a complete
+    <answer>...</answer> pair (which countdown_reward parses, right or wrong) and the others (0)."""
+    completions = ["no tags", "<answer>3+5", wrap("3+5"), wrap("3*5"), wrap("lambda: 1")]
+    assert rewards.parse_counts(completions, ["format", "countdown"]) == \
+        {"countdown/skipped": 2, "countdown/parsed": 3}
+    assert rewards.parse_counts(completions, ["format"]) == {}  # no parser, no count
+    for completion in completions[:2]:  # the two it skips score 0 without being parsed
+        assert countdown_reward(completion, [[3, 5], 8]) == 0.0
 
 
 # --- think_format ---------------------------------------------------------------
