@@ -256,7 +256,10 @@ class Run:
         problems = list(dict.fromkeys(e["question"] for e in self.train_split))
         n_bad = int(cfg["defect_frac"] * len(problems))
         bad = set(random.Random(cfg["seed"] + 7).sample(problems, n_bad))
-        self.defective = {i for i, e in enumerate(self.train_split) if e["question"] in bad}
+        # a problem whose planted answer is its right one (arith: a one-step solution, whose first
+        # equation is the answer) carries no defect: it is not counted as one
+        self.defective = {i for i, e in enumerate(self.train_split) if e["question"] in bad
+                          and planted_answer(e, cfg["task"]) != e["answer"]}
         torch.manual_seed(cfg["seed"])  # the LoRA initialisation
         apply_lora(self.model, cfg["lora_r"], cfg["lora_alpha"], cfg["lora_dropout"],
                    cfg["lora_targets"])
@@ -414,8 +417,9 @@ class Run:
                 it = self.iter_num
                 if it % cfg["eval_interval"] == 0 or it == cfg["max_iters"]:
                     log.update(self.evaluate())
-                if rollouts is not None:
-                    roll_f.write(json.dumps({"iter": it, "lr": lr, **rollouts}) + "\n")
+                if rollouts is not None:  # a skipped step's rollouts moved no weight: said so
+                    skipped = {"skipped": True} if log["skipped"] else {}
+                    roll_f.write(json.dumps({"iter": it, "lr": lr, **rollouts, **skipped}) + "\n")
                 log_f.write(json.dumps(log) + "\n")
                 log_f.flush(); roll_f.flush()
                 if it % cfg["log_interval"] == 0 and distributed.is_main():

@@ -20,7 +20,7 @@ import re
 import shlex
 
 from analysis.outputs import check_new_file, has_mark
-from analysis.audit import LOSSES, audit, greedy_answers, summary_lines
+from analysis.audit import LOSSES, audit, greedy_answers, summary_lines, trained_rollouts
 from analysis.plot import has_matplotlib, plot_influence
 from analysis.report import write_report
 from data.tasks import load_task_split
@@ -59,24 +59,26 @@ defaults = dict(
 
 
 def load_rollouts(path, enc, vocab_size=None):
-    """Every recorded rollout with nonzero advantage (zero advantage = zero gradient = zero influence).
-    A malformed line (e.g. cut off by a crash) or record (record_problem; vocab_size: the model's,
-    default the tokenizer's) is skipped with a warning naming it."""
+    """Every recorded rollout with nonzero advantage and a token its loss counted (zero advantage,
+    or a mask of zeros: a truncated completion under mask_truncated_completions, give zero gradient
+    and zero influence). A malformed line (e.g. cut off by a crash) or record (record_problem;
+    vocab_size: the model's, default the tokenizer's) is skipped with a warning naming it."""
     if not os.path.exists(path):
         raise UserError(f"no recorded rollouts at {path}: was this run made by train_grpo.py?")
     samples, stops = [], stop_tokens(enc)
     for r in read_records(path, min(vocab_size or enc.n_vocab, enc.n_vocab)):
         G = len(r["rewards"]) // len(r["prompts"])
         for j, (toks, m) in enumerate(zip(r["completion_tokens"], r["completion_mask"])):
-            if r["advantages"][j] == 0:
-                continue
             n = sum(m)
+            if r["advantages"][j] == 0 or n == 0:
+                continue
             samples.append({"iter": r["iter"], "prompt": r["prompts"][j // G], "answer": r["answers"][j // G],
                             "completion": enc.decode([t for t in toks[:n] if t not in stops]),
                             "reward": r["rewards"][j], "advantage": r["advantages"][j],
                             "completion_tokens": toks[:n], "completion_mask": m[:n],
                             **({"defective": r["defective"][j // G]} if "defective" in r else {}),  # planted
-                            **({"selected": r["selected"][j]} if "selected" in r else {})})  # TracIn run: trained on
+                            **({"selected": r["selected"][j]} if "selected" in r else {}),  # TracIn run: trained on
+                            **({"skipped": True} if r.get("skipped") is True else {})})  # its step moved no weight
     if not samples:
         raise UserError(f"{path} holds no rollout with a nonzero advantage: nothing to attribute")
     return samples
@@ -195,6 +197,7 @@ def attribute(cfg, model, enc, ckpts, iters, train, temperature, question):
         raise UserError(f"question + completion ({len(prompt) + len(completion) + 1} tokens) exceed the "
                         f"context of {model.config.block_size}")
     test = [nll_row(enc, question, completion)]  # A = +1: the test loss is the answer's NLL
+    train = trained_rollouts(train)  # those that moved a weight, as the audit scores
     print(f"attributing {enc.decode(completion)!r} over {len(ckpts)} checkpoints (iters {iters[0]}-{iters[-1]})"
           f" and {min(len(train), cfg['n_probe'] or len(train))} of {len(train)} rollouts ({cfg['mode']}, "
           f"temperature {temperature})")

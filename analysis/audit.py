@@ -132,11 +132,13 @@ def detection(scores, labels):
 
 
 def trained_rollouts(train):
-    """The rollouts the run trained on: in a TracIn run, those it selected (the others never moved a weight);
-    in a standard run, every one (with nonzero advantage, as load_rollouts reads them)."""
-    kept = [s for s in train if s.get("selected", True)]
+    """The rollouts the run trained on: in a TracIn run, those it selected; in a standard run, every one
+    (with nonzero advantage, as load_rollouts reads them); never those of a skipped step (NaN/Inf). The
+    others never moved a weight."""
+    kept = [s for s in train if s.get("selected", True) is True and not s.get("skipped")]
     if not kept:
-        raise UserError("the run selected no rollout to train on: there is nothing to audit")
+        raise UserError("the run trained on no recorded rollout (none selected, or every step skipped): "
+                        "there is nothing to attribute")
     return kept
 
 

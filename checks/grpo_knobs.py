@@ -122,13 +122,13 @@ def check_rewards_read(cfg, answer):
 
 
 def check_sampling_cache(cfg, model, longest, eval_batch):
-    """Sampling's KV cache, this process's rollouts (or TracIn 'pg' validation rollouts, or an
-    evaluation chunk's eval_k samples each, if more) x the longest prompt + max_new_tokens,
-    allocated once before iteration 0."""
+    """Sampling's KV cache, this process's rollouts (TracIn 'pg': the training and validation
+    prompts, sampled in one call; or an evaluation chunk's eval_k samples each, if more) x the
+    longest prompt + max_new_tokens, allocated once before iteration 0."""
     pg = cfg["tracin"] and cfg["tracin_val_loss"] == "pg"
-    rows = max(cfg["batch_size"], cfg["tracin_val_batch_size"] if pg else 0) * cfg["group_size"]
-    rows = max(rows // distributed.launched_world_size(),
-               min(eval_batch, cfg["eval_n"]) * cfg["eval_k"])
+    prompts = cfg["batch_size"] + (cfg["tracin_val_batch_size"] if pg else 0)
+    mine = -(-prompts // distributed.launched_world_size())  # rank 0's share, the largest
+    rows = max(mine * cfg["group_size"], min(eval_batch, cfg["eval_n"]) * cfg["eval_k"])
     check_kv_cache(model, rows, longest + cfg["max_new_tokens"], cfg["device"], "sampling's",
                    "lower batch_size (or tracin_val_batch_size) x group_size, or eval_k "
                    "(or max_new_tokens)")

@@ -68,11 +68,22 @@ def make_gpt():
 @pytest.fixture(scope="module")
 def tiny_setup(tmp_path_factory):
     """Path of a random 1-layer base checkpoint on a tiny task (for whole train_grpo.py runs)."""
+    return tiny_base(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def tiny_setup_two_steps(tmp_path_factory):
+    """tiny_setup's base on two-step problems: a planted answer (the first equation's result) is
+    then never the right one, as it is for one-step problems."""
+    return tiny_base(tmp_path_factory, steps=2)
+
+
+def tiny_base(tmp_path_factory, steps=1):
     from data.datadir import load_tokenizer
     from data.gsm_synth.prepare import prepare
     from runs.checkpoint import save_checkpoint
     root = tmp_path_factory.mktemp("data")
-    data_dir = prepare(steps=1, max_operand=5, ops="+", n_train=300, n_val=20, n_test=20, num_merges=20,
+    data_dir = prepare(steps=steps, max_operand=5, ops="+", n_train=300, n_val=20, n_test=20, num_merges=20,
                        verbose=False, root=str(root))
     enc = load_tokenizer(data_dir)
     torch.manual_seed(0)

@@ -73,13 +73,13 @@ def test_targets_and_trained_rollouts_definitions():
     assert audit.defect_targets([{"advantage": 1.0}]) is None        # no planted defect recorded
     sel = [{"selected": True, "i": 0}, {"selected": False, "i": 1}, {"i": 2}]
     assert [s["i"] for s in audit.trained_rollouts(sel)] == [0, 2]   # TracIn run: only what it trained on
-    with pytest.raises(UserError, match="selected no rollout"):
+    with pytest.raises(UserError, match="trained on no recorded rollout"):
         audit.trained_rollouts([{"selected": False}])
 
 
 @pytest.fixture(scope="module")
-def defect_dir(tiny_setup, tmp_path_factory):
-    return tiny_run(tiny_setup, tmp_path_factory, "--defect_frac=0.5")
+def defect_dir(tiny_setup_two_steps, tmp_path_factory):
+    return tiny_run(tiny_setup_two_steps, tmp_path_factory, "--defect_frac=0.5")
 
 
 @pytest.fixture

@@ -71,10 +71,13 @@ def test_cli_uses_the_runs_temperature_trapezoid_weights_and_the_lock(run, spy):
     (call,) = spy
     assert [os.path.basename(c) for c in call["checkpoints"]] == [f"ckpt_00000{i}.pt" for i in (0, 2, 3)]
     assert call["temperature"] == 0.7                       # the run sampled at 0.7
-    assert call["checkpoint_steps"] == [1.0, 1.5, 0.5]       # (2-0)/2, (3-0)/2, (3-2)/2: 3 steps in all
+    assert "checkpoint_steps" not in call                   # the API's default weighs the checkpoints:
     assert call["locked"] and not os.path.exists(run / "run.lock")  # held while scoring, released after
     res = json.load(open(written(run)))
     assert res["num_checkpoints"] == 3 and len(res["scores"]) == 4
+    lrs = [load_checkpoint(c)["lr"] for c in call["checkpoints"]]  # eta_t, times k_t: the trapezoid
+    steps = [1.0, 1.5, 0.5]                                  # (2-0)/2, (3-0)/2, (3-2)/2: 3 steps in all
+    assert res["checkpoint_weights"] == pytest.approx([lr * k for lr, k in zip(lrs, steps)])
     # greedy sampling (temperature 0) means plain log-probs: temperature 1
     last = run / "ckpt_000003.pt"
     ck = load_checkpoint(str(last))
