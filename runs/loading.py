@@ -15,7 +15,7 @@ from data.tasks import load_task_split, resolve_data_dir, set_instruction, task_
 from lora import apply_lora, load_lora_state_dict, merge_lora
 from model import GPT, base_fingerprint, load_checkpoint, model_from_checkpoint
 from pretrained.tokenizer import load_hf_tokenizer
-from runs.base import base_identity, check_same_base, resolve_base
+from runs.base import base_exists, base_identity, check_same_base, resolve_base
 from scale import distributed
 
 
@@ -78,7 +78,7 @@ def ensure_base(base_ckpt, base_config, device, train_base, resuming=False):
     base_config puts it (a fresh clone). Any other missing base is an error, never a silent long
     training (a typo'd path), and so is a missing base on resume. train_base: the train_base module
     (its defaults and main), handed in by train_grpo: nothing here imports a script."""
-    if os.path.exists(base_ckpt):
+    if base_exists(base_ckpt):  # (a dangling symbolic link is refused, never trained over)
         return
     if not base_ckpt.endswith(".pt"):  # a model directory: downloaded by the user, never at run time
         raise UserError(f"model directory {base_ckpt} not found: download it once with huggingface-cli download "
