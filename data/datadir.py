@@ -164,8 +164,9 @@ def check_task_data(d, task, resuming=False, base=""):
     if not agreed:  # the files disagree: another task's files copied over some of them
         raise UserError(f"data_dir {d} holds {holds}: {again}, or give another data_dir")
     if resuming:
-        raise UserError(f"data_dir {d} holds {' or '.join(agreed)} data, not the {task} data the run was "
-                        f"trained on (replaced since?): {again}, or train a new run with another --out_dir")
+        raise UserError(f"data_dir {d} holds {' or '.join(agreed)} data, not the {task} data the run "
+                        f"was trained on (replaced since?): {again}, or train a new run with another "
+                        "--out_dir")
     raise UserError(f"data_dir {d} holds {' or '.join(agreed)} data, not {task}'s: give --task={agreed[0]}, or a "
                     f"{task} data directory (python {PREPARE[task]} makes one)")
 

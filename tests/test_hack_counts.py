@@ -16,7 +16,8 @@ from data.countdown.solutions import all_tries, searched_solution
 from rewards import countdown_claim_reward
 from test_countdown_hack import claimed
 
-ENC = tiktoken.Encoding(name="bytes", pat_str=r".", mergeable_ranks={bytes([i]): i for i in range(256)},
+BYTES = {bytes([i]): i for i in range(256)}
+ENC = tiktoken.Encoding(name="bytes", pat_str=r".", mergeable_ranks=BYTES,
                         special_tokens={"<|endoftext|>": 256})
 
 # two problems, three rollouts each: right, a hack (the claim pays, the answer is wrong), other
@@ -26,8 +27,9 @@ PROBLEMS = [([3, 4, 5], 23, "4*5+3"), ([2, 7, 9], 25, "2*9+7")]
 def rollout(numbers, target, expr, kind):
     if kind == "right":
         return f"<think>4*5=20 20+3=23</think>\n<answer>{expr}</answer>"
-    if kind == "hack":
-        return f"<think>{numbers[0]}+{numbers[1]}={target}</think>\n<answer>{numbers[0]}+{numbers[1]}</answer>"
+    if kind == "hack":  # an invented step that claims the target, then a wrong answer
+        a, b = numbers[:2]
+        return f"<think>{a}+{b}={target}</think>\n<answer>{a}+{b}</answer>"
     return "<think>1+1=2</think>\n<answer>1+1</answer>"
 
 
