@@ -144,6 +144,7 @@ def configure(defaults: dict, argv: list[str], saved: dict | None = None) -> dic
         saved = {k: _check_type(k, v, defaults[k]) for k, v in saved.items() if k in defaults}
         cfg.update(saved)
     given = {}  # the keys argv sets, in the order first given
+    sources = {}  # the keys a config file set last: {key: its path} (set_in names it in errors)
     for arg in argv:
         if arg.startswith("--"):
             if "=" not in arg and isinstance(defaults.get(arg[2:]), bool):
@@ -153,6 +154,9 @@ def configure(defaults: dict, argv: list[str], saved: dict | None = None) -> dic
                                 f"overrides are written --key=value, e.g. {arg}=<value>")
             key, raw = arg[2:].split("=", 1)
             overrides, source = {key: _parse_cli_value(raw, defaults.get(key))}, "command line"
+        elif arg.startswith("-") and not os.path.isfile(arg):  # not a file: a dash too few
+            raise UserError(f"bad argument {arg!r}: not a config file; did you mean -{arg}? "
+                            "(overrides are written --key=value)")
         else:
             overrides, source = read_config_file(arg), arg
         for key, value in overrides.items():
@@ -174,16 +178,37 @@ def configure(defaults: dict, argv: list[str], saved: dict | None = None) -> dic
             if saved is None:
                 say(f"Overriding: {key} = {value}")
             cfg[key] = given[key] = value
+            if source == "command line":
+                sources.pop(key, None)
+            else:
+                sources[key] = source
     for key in given if saved is not None else ():
         if key in saved and saved[key] != cfg[key] and key not in ("init_from", "out_dir"):
             say(f"resume: {key} = {cfg[key]} (the saved run had {saved[key]})")
+    _SOURCES.append((cfg, sources))
+    del _SOURCES[:-8]  # the last few configs: a script makes one or two (and its base's)
     return cfg
+
+
+_SOURCES = []  # [(a config configure returned, {key: the config file that set it})]
+
+
+def set_in(cfg, key):
+    """The config file that set cfg[key] (configure's argv), or None: typed on the command line, a
+    default, or a resumed run's. Errors name it, so no one looks for a --key they never typed."""
+    return next((src.get(key) for c, src in _SOURCES if c is cfg), None)
+
+
+def named(cfg, key):
+    """"config key 'K' = V", with the config file that set it: "(set in config/x.py)"."""
+    where = set_in(cfg, key)
+    return f"config key '{key}' = {cfg[key]!r}" + (f" (set in {where})" if where else "")
 
 
 def check(cfg, key, ok, allowed):
     """Raise a one-line UserError naming the key, its value and what is allowed, unless ok."""
     if not ok:
-        raise UserError(f"config key '{key}' = {cfg[key]!r} is not allowed: {allowed}")
+        raise UserError(f"{named(cfg, key)} is not allowed: {allowed}")
 
 
 FLOAT32_MAX = 3.4028234663852886e38  # a float knob beyond it is Inf in a float32 tensor
@@ -210,6 +235,14 @@ def check_adam_lr(cfg, beta1, *keys):
         check(cfg, k, cfg[k] / (1 - beta1) <= FLOAT32_MAX,
               f"must be at most {FLOAT32_MAX * (1 - beta1):.3g}: AdamW moves by it / "
               f"(1 - beta1={beta1:g}), which must fit a float32 (3.4e38)")
+
+
+def check_decay(cfg):
+    """The cosine decays learning_rate down to min_lr: a min_lr above it would climb instead
+    (the last steps the largest), which no one means."""
+    check(cfg, "min_lr", cfg["min_lr"] <= cfg["learning_rate"],
+          f"must be at most learning_rate={cfg['learning_rate']:g}: the rate decays from "
+          "learning_rate down to min_lr")
 
 
 def check_positive(cfg, *keys):

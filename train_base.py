@@ -11,8 +11,8 @@ Prints one line per log_interval, evaluates greedy test accuracy every eval_inte
 out_dir/ckpt.pt atomically (a crash mid-write never leaves half a checkpoint).
 """
 # configurator first: a Ctrl-C during the slow imports below (torch) is one line, not a traceback
-from configurator import (Interrupted, UserError, check, check_adam_lr, check_choice, check_finite,
-                          check_nonnegative, check_positive, cli_main, configure)
+from configurator import (Interrupted, UserError, check, check_adam_lr, check_choice, check_decay,
+                          check_finite, check_nonnegative, check_positive, cli_main, configure)
 import math
 import os
 import random
@@ -30,6 +30,7 @@ from runs.checkpoint import CheckpointWriteError, load_checkpoint, save_checkpoi
 from rewards import REWARD_FUNCS
 from checks.base_knobs import (build_model, check_batch, check_eval_cache, check_loads,
                               check_resume, check_same_data)
+from runs.base import base_exists
 from runs.rundir import run_lock, stop_note
 from model import NonFiniteLogits, generate
 from data.prompts import decode_completions, encode_prompt, encode_text, stop_tokens
@@ -183,6 +184,7 @@ def validate(cfg):
     for k in ("dropout", "beta1", "beta2"):
         check(cfg, k, 0 <= cfg[k] < 1, "must be in [0, 1)")
     check_adam_lr(cfg, cfg["beta1"], "learning_rate", "min_lr")
+    check_decay(cfg)
     check(cfg, "max_new_tokens", cfg["max_new_tokens"] < cfg["block_size"],
           f"must be < block_size={cfg['block_size']}: a question and its answer share the context")
     check(cfg, "task_ops", cfg["task_ops"] != "" and set(cfg["task_ops"]) <= set(TEMPLATES),
@@ -231,7 +233,8 @@ def main(argv):
 def setup(cfg, ckpt):
     """The task data, the model and its optimizer: new, or restored from the checkpoint `ckpt`."""
     ckpt_path = os.path.join(cfg["out_dir"], "ckpt.pt")
-    if ckpt is None and os.path.exists(ckpt_path) and distributed.is_main():
+    # (a link to a disk not mounted is refused, never written over)
+    if ckpt is None and base_exists(ckpt_path, "checkpoint") and distributed.is_main():
         raise UserError(f"{ckpt_path} exists: continue that run with --init_from=resume, or train "
                         f"a new base with another --out_dir (or delete {ckpt_path})")
     torch.manual_seed(cfg["seed"])

@@ -40,7 +40,7 @@ from lora import apply_lora, lora_parameters, lora_state_dict, load_lora_state_d
 from scale.device import check_device, memory_stats
 from runs.checkpoint import CheckpointWriteError, load_checkpoint, save_checkpoint
 from runs.base import base_identity, check_same_base, resolve_base
-from checks.grpo_knobs import check_rewards_read, check_sampling_cache, validate
+from checks.grpo_knobs import check_rewards_read, check_sampling_cache, step_knobs, validate
 from runs.rundir import refuse_existing_run, rewind, run_lock, stop_note
 from data.tasks import TASKS, planted_answer, portable_path, resolve_data_dir
 from data.datadir import bound_data, check_task_data
@@ -189,7 +189,8 @@ def prepare_base(cfg, out, resume):
     identity = base_identity(fingerprint, model, enc)
     if resume is not None:
         check_same_base(resume, os.path.join(out, "ckpt.pt"), identity, cfg["base_ckpt"])
-    check_task_data(data_dir, cfg["task"])  # the one actually read (a base checkpoint's, a default)
+    own = "" if os.path.isdir(cfg["base_ckpt"]) else cfg["base_ckpt"]  # a train_base.py base's data
+    check_task_data(data_dir, cfg["task"], base=own)  # the one actually read (its own, or a default)
     check_rewards_read(cfg, splits["train"][0]["answer"])  # every reward reads the task's answers
     longest, split, line = max((len(encode_prompt(enc, e["question"])), s, n + 1)
                                for s, rows in splits.items() for n, e in enumerate(rows))
@@ -433,10 +434,10 @@ class Run:
                         raise UserError(f"{skipped}: the base model's weight {base_bad} "
                                         f"holds NaN/Inf ({cfg['base_ckpt']}); train on a base "
                                         "whose weights are finite (re-create or re-download it)")
-                    diverged = f"the weights or the learning rate ({lr:.1e}) have diverged"
-                    raise UserError(f"{skipped} at iter {it}: {diverged}; the last checkpoint is "
-                                    f"{out}/ckpt.pt (iter {self.last_ckpt}); "
-                                    "lower learning_rate and start a new run")
+                    raise UserError(f"{skipped} at iter {it}: the adapter's updates have "
+                                    f"diverged; the last checkpoint is {out}/ckpt.pt (iter "
+                                    f"{self.last_ckpt}); lower {step_knobs(cfg, lr)} and "
+                                    "start a new run")
                 # weights that give NaN logits are not kept; those a NaN gradient left untouched are
                 ckpt_due = it % cfg["ckpt_interval"] == 0 or it == cfg["max_iters"]
                 if ckpt_due and rollouts is not None:

@@ -11,7 +11,7 @@ from contextlib import nullcontext
 
 import torch
 
-from configurator import UserError
+from configurator import UserError, named, set_in
 from model import GPT, GPTConfig
 from runs.checkpoint import CheckpointWriteError, model_from_checkpoint
 from data.datadir import changed_data
@@ -34,9 +34,11 @@ def check_resume(cfg, ckpt, path):
     for k in MODEL_KNOBS + DATA_KNOBS:
         if k in saved and saved[k] != cfg[k]:
             what = "shapes the weights" if k in MODEL_KNOBS else "picks the task data and tokenizer"
-            raise UserError(f"config key '{k}' = {cfg[k]!r} cannot change on resume: {path} was "
-                            f"trained with {saved[k]!r} and it {what}; leave --{k} out to go on "
-                            f"with that run, or start a new out_dir to train a new base")
+            where = set_in(cfg, k)
+            leave = f"remove {k} from {where}" if where else f"leave --{k} out"
+            raise UserError(f"{named(cfg, k)} cannot change on resume: {path} was trained with "
+                            f"{saved[k]!r} and it {what}; {leave} to go on with that run, or "
+                            "start a new out_dir to train a new base")
 
 
 def check_same_data(ckpt, path, data_dir, enc, fingerprint):

@@ -7,16 +7,17 @@ merged in); it also resolves the reward functions the step will call (cfg['rewar
 import math
 import os
 
-from configurator import UserError, check, check_adam_lr, check_choice, check_finite, \
+from configurator import UserError, check, check_adam_lr, check_choice, check_decay, check_finite, \
     check_nonnegative, check_positive, read_config_file
 from checks.base_knobs import check_kv_cache
 from data.curriculum import most_test_problems, parse_levels
 from data.datadir import check_task_data
-from data.tasks import TASKS, task_rewards
+from data.tasks import TASKS, resolve_data_dir, task_rewards
 from grpo import LOSS_TYPES
 from runs.checkpoint import load_checkpoint
 from rewards import REWARD_FUNCS
 from model import MIN_TEMPERATURE
+from runs.base import base_exists
 from scale import compiled, distributed
 
 
@@ -37,6 +38,7 @@ def validate(cfg):
     check_nonnegative(cfg, "max_iters", "min_lr", "warmup_iters", "lr_decay_iters", "weight_decay", "beta",
                       "epsilon_high", "advantage_epsilon")
     check_adam_lr(cfg, 0.9, "learning_rate", "min_lr")  # train_grpo's AdamW: torch's beta1, 0.9
+    check_decay(cfg)
     check(cfg, "group_size", cfg["group_size"] >= 2, "must be >= 2: advantages are relative within a group")
     world = distributed.launched_world_size()  # checked before any process group
     check(cfg, "batch_size", cfg["batch_size"] % world == 0, f"must split evenly over the {world} processes")
@@ -74,15 +76,22 @@ def validate(cfg):
     check_choice(cfg, "tracin_selection", ("positive", "topk"))
     check_choice(cfg, "tracin_influence", ("summed", "matrix"))
     check_choice(cfg, "task", tuple(TASKS))
+    own = ""  # a train_base.py base's own data directory (none yet: it will be trained)
     if cfg["base_ckpt"].endswith(".pt"):  # a train_base.py base knows one task: the one it was (or will be) trained on
-        trained_on = base_task(cfg["base_ckpt"], cfg["base_config"])
+        trained_on, own = base_task(cfg["base_ckpt"], cfg["base_config"])
         check(cfg, "task", cfg["task"] == trained_on, f"must be {trained_on!r}, the task of the base "
               f"{cfg['base_ckpt']} (another task needs a base trained on it, or a Hugging Face model directory)")
     check(cfg, "task", cfg["task"] == "arith" or not levels,
           "must be 'arith' with a curriculum (its levels are arith problems)")
     check(cfg, "task", cfg["task"] in ("arith", "countdown") or not cfg["defect_frac"],
           "must be 'arith' or 'countdown' with a planted defect (data/tasks.planted_answer)")
-    check_task_data(cfg["data_dir"], cfg["task"])  # (and a resumed run's: another task's data put in its place)
+    given = cfg["data_dir"] and os.path.abspath(cfg["data_dir"])
+    if own and given and given != os.path.abspath(own):  # (runs/loading.load_base says so too)
+        raise UserError(f"data_dir={cfg['data_dir']} is for a Hugging Face base directory; the base "
+                        f"checkpoint {cfg['base_ckpt']} was trained on its own task data ({own}): "
+                        "leave data_dir ''")
+    # (and a resumed run's: another task's data put in its place)
+    check_task_data(cfg["data_dir"], cfg["task"], base=cfg["base_ckpt"] if own else "")
     cfg["reward_funcs"], cfg["reward_weights"] = funcs, weights = task_rewards(cfg)  # () = the task's
     names = all(isinstance(f, str) and f in REWARD_FUNCS for f in funcs)  # (a nested list: no name)
     check(cfg, "reward_funcs", len(funcs) > 0 and names and len(set(funcs)) == len(funcs),
@@ -103,10 +112,22 @@ def validate(cfg):
 
 
 def base_task(base_ckpt, base_config):
-    """The task a train_base.py checkpoint was trained on; a missing one will be trained with base_config."""
-    if os.path.isfile(base_ckpt):
-        return load_checkpoint(base_ckpt).get("config", {}).get("task", "arith")
-    return read_config_file(base_config).get("task", "arith") if os.path.isfile(base_config) else "arith"
+    """(task, data directory) a train_base.py checkpoint was trained on; a missing one will be trained
+    with base_config (its task, and no directory yet: '')."""
+    if base_exists(base_ckpt) and os.path.isfile(base_ckpt):
+        ckpt = load_checkpoint(base_ckpt)
+        return ckpt.get("config", {}).get("task", "arith"), resolve_data_dir(ckpt.get("data_dir", ""))
+    config = read_config_file(base_config) if os.path.isfile(base_config) else {}
+    return config.get("task", "arith"), ""
+
+
+def step_knobs(cfg, lr):
+    """The knobs whose size a diverging adapter (steps skipped for NaN/Inf) can come from, with their
+    values: the learning rate, the adapter's scaling lora_alpha / lora_r (its output grows with it)
+    and the KL weight beta (a huge one overflows the loss); no setting of one fixes another's."""
+    scaling = f"lora_alpha / lora_r ({cfg['lora_alpha']} / {cfg['lora_r']}, the adapter's scaling)"
+    beta = f" or beta ({cfg['beta']:g}, the KL weight)" if cfg["beta"] else ""
+    return f"learning_rate ({lr:.1e}), {scaling}{beta}"
 
 
 def check_rewards_read(cfg, answer):

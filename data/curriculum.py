@@ -8,7 +8,8 @@ A level is `steps:max_operand` (data/gsm_synth/prepare.py's knobs): problems wit
 operations, operands up to max_operand. Problems are generated on the fly by prepare.make_problem
 from the run's own prompt stream (so they are checkpointed and resumed with it) and encoded by the
 base's byte-level tokenizer, which encodes any text. The LAST level is the target: the test set is
-eval_n problems of that level, the same for every seed and for a one-level curriculum, which is
+eval_n problems of that level (at most as many as the data's test split holds, as without a
+curriculum), the same for every seed and for a one-level curriculum, which is
 the no-curriculum baseline on the same task ("3:20").
 
 Why it can help: GRPO learns only from groups whose rewards differ. On problems the policy almost
@@ -21,6 +22,7 @@ from configurator import UserError
 from data.datadir import MAX_ROWS, read_meta
 from data.gsm_synth.prepare import MAX_STEPS, TEMPLATES, count_problems, distinct_problems
 from data.gsm_synth.prepare import make_problem
+from scale import distributed
 
 TEST_SEED = 20240601  # the target level's test problems: one fixed set, whatever the run's seed
 
@@ -57,7 +59,8 @@ def from_config(cfg, data_dir, encode, block_size, train_split):
     if not levels:
         return None, None
     try:  # the operators of the run's data: a data/gsm_synth directory's meta.json says them
-        ops, why = read_meta(data_dir).get("ops"), "names no operators ('ops')"
+        meta = read_meta(data_dir)
+        ops, why = meta.get("ops"), "names no operators ('ops')"
     except (OSError, ValueError) as e:
         ops, why = None, f"cannot be read ({getattr(e, 'strerror', None) or e})"
     if not (isinstance(ops, str) and ops and set(ops) <= set("+-*/")):
@@ -65,7 +68,13 @@ def from_config(cfg, data_dir, encode, block_size, train_split):
                         "so it needs a data/gsm_synth directory (python data/gsm_synth/prepare.py)")
     c = Curriculum(levels, ops, cfg["curriculum_threshold"], cfg["curriculum_window"])
     c.check_fits(lambda q: len(encode(q)), block_size - cfg["max_new_tokens"])
-    return c, c.test_set(cfg["eval_n"], {e["question"] for e in train_split})
+    # eval_n bounded as without a curriculum, by the size of the data's test split: each of
+    # eval_n=10**6 problems would be generated greedily at every evaluation (about an hour)
+    n = min(cfg["eval_n"], meta["sizes"]["test"])
+    if n < cfg["eval_n"]:
+        distributed.print0(f"curriculum: eval_n={cfg['eval_n']} bounded by the test split's "
+                           f"size, as without a curriculum: {n} test problems")
+    return c, c.test_set(n, {e["question"] for e in train_split})
 
 
 class Curriculum:

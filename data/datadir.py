@@ -142,10 +142,11 @@ def marked_task(d):
     return None
 
 
-def check_task_data(d, task, resuming=False):
+def check_task_data(d, task, resuming=False, base=""):
     """A run's data directory must hold its task's data, by every file that says (a missing directory is
     named, with the command that builds it, when its files are read). resuming: the run cannot change
-    its task, so the fix is the data, not --task."""
+    its task, so the fix is the data, not --task. base: the train_base.py checkpoint whose own data d
+    is: neither another task nor another directory would do, only d built again."""
     if not d or not os.path.isdir(d):
         return
     check_marker(d, f"remove {d} and build it again with: {rebuild_command(d)}")
@@ -153,16 +154,32 @@ def check_task_data(d, task, resuming=False):
     agreed = sorted(set.intersection(set(TASKS), *(set(tasks) for _, tasks in said)))
     if task in agreed:
         return
+    # prepare.py builds no directory another task's files claim: it is removed first
+    again = f"remove {d} and build it again with: {task_builder(d, task)}"
+    how = ", ".join(f"{name}: {' or '.join(tasks)}" for name, tasks in said)
+    holds = f"{' or '.join(agreed)} data" if agreed else f"files of different tasks ({how})"
+    if base:
+        raise UserError(f"data_dir {d} holds {holds}, not the {task} data the base {base} was "
+                        f"trained on: {again}")
     if not agreed:  # the files disagree: another task's files copied over some of them
-        how = ", ".join(f"{name}: {' or '.join(tasks)}" for name, tasks in said)
-        raise UserError(f"data_dir {d} holds files of different tasks ({how}): build it again with "
-                        f"python {PREPARE[task]}, or give another data_dir")
+        raise UserError(f"data_dir {d} holds {holds}: {again}, or give another data_dir")
     if resuming:
-        raise UserError(f"data_dir {d} holds {' or '.join(agreed)} data, not the {task} data the run was "
-                        f"trained on (replaced since?): build that again there (python {PREPARE[task]}, "
-                        f"with the run's knobs), or train a new run with another --out_dir")
+        raise UserError(f"data_dir {d} holds {' or '.join(agreed)} data, not the {task} data the run "
+                        f"was trained on (replaced since?): {again}, or train a new run with another "
+                        "--out_dir")
     raise UserError(f"data_dir {d} holds {' or '.join(agreed)} data, not {task}'s: give --task={agreed[0]}, or a "
                     f"{task} data directory (python {PREPARE[task]} makes one)")
+
+
+def task_builder(d, task):
+    """The command that builds `task`'s data in d: with the knobs d's name records where it is named as
+    that task's are (a Countdown base's search_* directory is data/countdown/searched.py's, not
+    prepare.py's), else the task's prepare.py."""
+    names = {"arith": synth_names, "countdown": countdown_names}.get(task)
+    if task == "countdown" and countdown_names.is_searched(d) or \
+            task == "arith" and synth_names.knobs_from_name(d):
+        return names.rebuild_command(d)  # (from the name alone: meta.json may be another task's)
+    return f"python {PREPARE[task]}"
 
 
 # --- writing --------------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ the format from examples), so an instruct model gets data/gsm_synth's CHAT_INSTR
 import os
 import re
 
-from configurator import UserError
+from configurator import UserError, named
 from data.countdown import searched
 from data.datadir import load_split
 from data.gsm_synth.names import DEFAULTS as SYNTH_DEFAULTS, ROOT as SYNTH_ROOT, data_dir_for
@@ -67,7 +67,7 @@ def check_base_knobs(cfg, defaults):
     for other, keys in BASE_KEYS.items():
         for key in sorted(set(keys.values()) - set(BASE_KEYS[task].values())):
             if cfg[key] != defaults[key]:
-                raise UserError(f"config key '{key}' = {cfg[key]!r} does nothing with "
+                raise UserError(f"{named(cfg, key)} does nothing with "
                                 f"task={task!r} (only task={other!r} reads it): remove it, or give "
                                 f"--task={other}")
     knobs = {k: cfg[key] for k, key in BASE_KEYS[task].items()}

@@ -2,7 +2,8 @@
 A run's base, for every script that puts an adapter on it (runs/loading.load_policy: sampling, attribution,
 export; train_grpo.py's resume): what the adapter is bound to (base_identity: the tensors' fingerprint
 from model.base_fingerprint, the configuration, the tokenizer and its chat format), what changed when it
-is refused (check_same_base), and where the base is now (resolve_base, one message for a moved base).
+is refused (check_same_base), where the base is now (resolve_base, one message for a moved base), and
+the one test of a base's path (base_exists: a link to a disk not mounted is not a missing base).
 """
 import hashlib
 import os
@@ -64,6 +65,30 @@ def check_same_base(adapter_ckpt, adapter_path, found, base_path):
                         f"back, or train a new adapter on this one")
 
 
+def dangling_link(path):
+    """The first part of path (itself, or a folder on the way) that is a symbolic link to nothing, or
+    None: a link into a disk that is not mounted is not a missing file, and never replaced by one."""
+    parts, prefix = os.path.normpath(path).split(os.sep), ""
+    for part in parts:
+        prefix = os.path.join(prefix, part) if prefix or part else os.sep
+        if not os.path.lexists(prefix):
+            return None  # missing from here on: nothing further is a link
+        if os.path.islink(prefix) and not os.path.exists(prefix):
+            return prefix
+    return None
+
+
+def base_exists(path, what="base_ckpt"):
+    """Whether the base at path is there; a dangling symbolic link (a disk not mounted) is refused by
+    name, so that no script takes it for a missing base (train_grpo.py would train a new one over it).
+    The one test every script makes of a base's path."""
+    link = dangling_link(path)
+    if link is not None:
+        raise UserError(f"{what} {path}: {link} is a symbolic link to {os.readlink(link)}, which does "
+                        "not exist (a disk not mounted?): mount it or mend the link; it is left as it is")
+    return os.path.exists(path)
+
+
 def resolve_base(ckpt, ckpt_path, given=""):
     """The base a GRPO checkpoint was trained on, found the same way by every script (sample, attribution,
     export, resume): `given` (--base_ckpt=PATH) if given; else where it was when the run started (its
@@ -71,12 +96,14 @@ def resolve_base(ckpt, ckpt_path, given=""):
     adapter is then checked against it (check_same_base), so a wrong base is refused, never used."""
     stored = ckpt.get("base_ckpt", "")
     if given:
-        if not os.path.exists(given):
+        if not base_exists(given, "--base_ckpt"):
             raise UserError(f"--base_ckpt={given} not found (the base {ckpt_path} was trained on was {stored})")
         return given
     looked = [p for p in (ckpt.get("base_abspath"), stored, None if os.path.isabs(stored) else
                           os.path.join(PROJECT, stored)) if p]
     found = next((p for p in looked if os.path.exists(p)), None)
+    for p in looked if found is None else ():  # a link to a disk not mounted: said so
+        base_exists(p, f"the base that {ckpt_path} was trained on,")
     if found is None:
         where = ", ".join(dict.fromkeys(os.path.abspath(p) for p in looked))
         raise UserError(f"the base {stored} that {ckpt_path} was trained on is not found (looked at {where}): it was "

@@ -16,7 +16,7 @@ from lora import apply_lora, load_lora_state_dict, merge_lora
 from pretrained.hf import from_pretrained
 from runs.checkpoint import base_fingerprint, load_checkpoint, model_from_checkpoint
 from pretrained.tokenizer import load_hf_tokenizer
-from runs.base import base_identity, check_same_base, resolve_base
+from runs.base import base_exists, base_identity, check_same_base, resolve_base
 from scale import distributed
 
 
@@ -79,7 +79,7 @@ def base_to_train(base_ckpt, base_config, default_out, resuming=False):
     when base_ckpt is where base_config puts it (a fresh clone; default_out: train_base.py's own
     out_dir). Any other missing base is an error, never a silent long training (a typo'd path),
     and so is a missing base on resume."""
-    if os.path.exists(base_ckpt):
+    if base_exists(base_ckpt):  # (a dangling symbolic link is refused, never trained over)
         return None
     if not base_ckpt.endswith(".pt"):  # a model directory: downloaded by the user, never at run time
         raise UserError(f"model directory {base_ckpt} not found: download it once with huggingface-cli download "

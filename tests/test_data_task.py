@@ -4,6 +4,7 @@
 # before and after a refused command; rewards.extract_answer (how the GSM8K reward reads '#### N') for
 # every answer text prepare.py accepts; tokens counted by the tokenizer for the over-long question.
 import itertools
+import re
 import json
 import os
 import shutil
@@ -250,3 +251,88 @@ def test_an_over_long_question_is_named(tiny_setup, tmp_path):
     with pytest.raises(UserError, match=f"question at line 7 of {copy}/test.jsonl .* is \\d+ tokens, the base's "
                                         "whole context 128: remove it"):
         train_grpo.main([f"--base_ckpt={tmp_path}/base.pt", f"--out_dir={tmp_path}/run", "--max_new_tokens=8"])
+
+
+# ------------------------------------------------ a Countdown base (train_base.py's): advice that works
+SEARCHED = dict(n_numbers=3, max_number=10, max_target=100, max_misses=1, n_train=30, n_val=5,
+                n_test=5, num_merges=0)
+
+
+@pytest.fixture
+def countdown_base(tmp_path, monkeypatch):
+    """(checkpoint, its data directory, that directory's train.jsonl bytes): a random Countdown base
+    on data/countdown/searched.py's data, built under tmp_path."""
+    import torch
+    from data.countdown import searched
+    from model import GPT, GPTConfig
+    from runs.checkpoint import save_checkpoint
+    monkeypatch.setattr(searched, "ROOT", str(tmp_path / "data"))
+    d = searched.prepare(**SEARCHED, verbose=False)
+    enc = datadir.load_tokenizer(d)
+    torch.manual_seed(0)
+    args = dict(block_size=256, vocab_size=enc.n_vocab, n_layer=1, n_head=1, n_embd=8)
+    path = str(tmp_path / "base" / "ckpt.pt")
+    save_checkpoint({"model": GPT(GPTConfig(**args)).state_dict(), "model_args": args,
+                     "data_dir": d, "iter_num": 0, "config": {"task": "countdown"},
+                     "train_seconds": 0.0, "metrics": {}}, path)
+    with open(os.path.join(d, "train.jsonl"), "rb") as f:
+        return path, d, f.read()
+
+
+def grpo(base, tmp_path, *extra):
+    return train_grpo.main([f"--base_ckpt={base}", "--task=countdown", f"--out_dir={tmp_path / 'run'}",
+                            "--max_iters=1", "--batch_size=2", "--group_size=2", "--eval_n=2",
+                            "--eval_k=1", "--max_new_tokens=4", *extra])
+
+
+@pytest.mark.parametrize("other", ["arith", "gsm8k", "countdown"])
+def test_countdown_base_given_another_data_dir_is_told_to_leave_it(made, countdown_base, tmp_path,
+                                                                  other, monkeypatch):
+    """Another task's directory, or prepare.py's Countdown directory: the base reads its own data,
+    so the fix is data_dir '' (neither --task nor prepare.py would do); following it, the run starts."""
+    base, own, _ = countdown_base
+    with pytest.raises(UserError, match=r"the base checkpoint .* was trained on its own task data "
+                                        rf"\({own}\): leave data_dir ''$"):
+        grpo(base, tmp_path, f"--data_dir={made[other]}")
+    assert not (tmp_path / "run").exists()
+    monkeypatch.setattr(train_grpo.Run, "train", lambda self: None)  # started: enough
+    grpo(base, tmp_path)
+
+
+def follow(message, monkeypatch, tmp_path):
+    """Do what the message says: remove the directory, run the command it names (in process, its
+    knobs parsed from --k=v, the searched root where the fixture put it)."""
+    import ast
+    from data.countdown import searched
+    d, knobs = re.search(r"remove (\S+) and build it again with: "
+                         r"python data/countdown/searched.py((?: --\w+=[\w.]+)+)", message).groups()
+    knobs = dict(a[2:].split("=") for a in knobs.split())
+    shutil.rmtree(d)
+    searched.prepare(**{k: ast.literal_eval(v) for k, v in knobs.items()}, verbose=False)
+
+
+@pytest.mark.parametrize("how", [".task", "every file", "every file, resumed"])
+def test_countdown_base_whose_data_another_task_claims_is_rebuilt_as_advised(
+        made, countdown_base, tmp_path, monkeypatch, how):
+    """Its .task names arith, or arith's files are copied over it: the message names searched.py
+    with the directory's knobs (prepare.py builds another kind of directory); followed, it gives
+    back the very data the base was trained on, and the run starts."""
+    base, own, train_bytes = countdown_base
+    if how == ".task":
+        with open(os.path.join(own, ".task"), "w") as f:
+            f.write("arith\n")
+    else:
+        for name in ("train.jsonl", "val.jsonl", "test.jsonl", "meta.json", ".task"):
+            shutil.copyfile(os.path.join(made["arith"], name), os.path.join(own, name))
+    with pytest.raises(UserError) as e:
+        if how.endswith("resumed"):  # train_base.py's resume says the same
+            datadir.check_task_data(own, "countdown", resuming=True)
+        else:
+            grpo(base, tmp_path)
+    message = str(e.value)
+    assert "\n" not in message and "prepare.py" not in message, message
+    follow(message, monkeypatch, tmp_path)
+    with open(os.path.join(own, "train.jsonl"), "rb") as f:
+        assert f.read() == train_bytes
+    monkeypatch.setattr(train_grpo.Run, "train", lambda self: None)
+    grpo(base, tmp_path, f"--data_dir={own}/")  # its own directory in another spelling

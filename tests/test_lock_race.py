@@ -2,6 +2,7 @@
 # same instant (a barrier releases them together), on a free directory and on one holding a stale lock
 # (a dead PID); in every trial exactly one must hold it. Run: python -m pytest tests/test_lock_race.py -q
 # Reference: the count of holders, recorded by each holder while all the others are still trying.
+# The export lock (pretrained/export.claimed): a lock file its holder removed as it let go is not held.
 import multiprocessing
 import os
 import random
@@ -99,3 +100,32 @@ def test_busy_message_says_what_to_do(tmp_path):
     finally:
         live.kill()
         live.wait()
+
+
+@pytest.mark.parametrize("holders", [1, 2])
+def test_an_export_lock_file_its_holder_just_removed_is_not_held(tmp_path, monkeypatch, holders):
+    """Between an export opening .<name>.export.lock and locking it, the export holding it lets go
+    (it removes the file, then its lock), `holders` times in a row: the lock then taken is on a
+    removed file and holds nothing, so the export takes it again on the file at the path; a second
+    export meanwhile is refused."""
+    import fcntl
+    from pretrained import export
+    target, lock = tmp_path / "adapter", tmp_path / ".adapter.export.lock"
+    real, opened = fcntl.flock, []
+
+    def holder_lets_go(fd, op):
+        opened.append(os.fstat(fd).st_ino)
+        if len(opened) <= holders:
+            os.remove(lock)
+        return real(fd, op)
+    lock.write_text("999999\n")  # the holder's
+    monkeypatch.setattr(fcntl, "flock", holder_lets_go)
+    with export.claimed(str(target), "adapter_dir"):
+        monkeypatch.setattr(fcntl, "flock", real)
+        assert lock.read_text() == f"{os.getpid()}\n"
+        assert len(opened) == holders + 1 and lock.stat().st_ino == opened[-1]
+        with pytest.raises(UserError, match=f"adapter_dir {target} is taken: another export "
+                                            rf"\(PID {os.getpid()}\)"):
+            with export.claimed(str(target), "adapter_dir"):
+                pass
+    assert not lock.exists()

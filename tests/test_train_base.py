@@ -63,7 +63,7 @@ def test_training_lowers_loss(tiny_task, tmp_path, monkeypatch):
     from data.datadir import load_split
     pairs = tb.tokenize_examples(enc, load_split(data_dir, "val"))
     x, y = tb.get_batch(pairs, 16, random.Random(1), "cpu")
-    tb.main([f"--out_dir={tmp_path / 'c'}", "--max_iters=1", "--learning_rate=1e-12", *ARGS])
+    tb.main([f"--out_dir={tmp_path / 'c'}", "--max_iters=1", "--learning_rate=1e-12", "--min_lr=0", *ARGS])
     before = model_from_checkpoint(load_checkpoint(str(tmp_path / "c" / "ckpt.pt")))(x, targets=y)[1].item()
     tb.main([f"--out_dir={tmp_path / 'd'}", "--max_iters=60", *ARGS])
     after = model_from_checkpoint(load_checkpoint(str(tmp_path / "d" / "ckpt.pt")))(x, targets=y)[1].item()

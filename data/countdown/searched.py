@@ -71,6 +71,15 @@ def check_knobs(n_numbers, max_number, max_target, max_misses, n_train, n_val, n
              ("ordered", ordered, isinstance(ordered, bool), "True or False"),
              ("closest", closest, isinstance(closest, bool), "True or False"),
              ("give_up", give_up, 0 <= give_up <= 1, "in [0, 1]")]
+    # with no miss shown, the knobs that work on misses would do nothing (a directory named for
+    # them) or write copies: a variant differs from another by its misses
+    misses = f"{key('max_misses')}={max_misses}"
+    rules += [("give_up", give_up, give_up == 0 or max_misses >= 1,
+               f"0 with {misses}: a solution gives up at its last miss and none shows one; "
+               f"raise {key('max_misses')}"),
+              ("variants", variants, variants == 1 or max_misses >= 1,
+               f"1 with {misses}: variants differ by their misses, so most would be copies; "
+               f"raise {key('max_misses')}")]
     for name, value, ok, allowed in rules:
         if not ok:
             raise knob_error(name, value, allowed, keys)
