@@ -120,15 +120,23 @@ def apply_rope(x, cos, sin):
     return x * cos.to(x.dtype) + torch.cat((-x2, x1), dim=-1) * sin.to(x.dtype)
 
 
-def one_query_attention(q, keys, values, seen):
+def one_query_attention(q, keys, values, seen, k_new=None, v_new=None):
     """ONE query per row (a decode step): softmax(q K^T / sqrt(hd)) V over the columns `seen`, in
     float32 whatever autocast says (bf16 would round the softmax). q (B, H, 1, hd); keys, values
-    (B, H, L, hd); seen (B, 1, 1, L) bool. Returns (B, H, 1, hd), q's dtype."""
+    (B, H, L, hd); seen (B, 1, 1, L) bool. k_new, v_new (B, H, 1, hd): one more column beside the
+    cache's, not written into it (the compiled decode step, scale/compiled.py). Returns
+    (B, H, 1, hd), q's dtype."""
     dtype, scale = q.dtype, q.size(-1) ** -0.5
     with torch.autocast(q.device.type, enabled=False):  # else autocast makes both matmuls bf16
-        scores = q.float() @ keys.float().transpose(-2, -1) * scale  # (B, H, 1, L)
+        q = q.float()
+        scores = q @ keys.float().transpose(-2, -1) * scale  # (B, H, 1, L)
         att = scores.masked_fill(~seen, float("-inf"))
-        return (att.softmax(-1) @ values.float()).to(dtype)
+        if k_new is None:
+            return (att.softmax(-1) @ values.float()).to(dtype)
+        own = (q * k_new.float()).sum(-1, keepdim=True) * scale  # the new column's score
+        att = torch.cat((att, own), -1).softmax(-1)              # (B, H, 1, L + 1)
+        y = att[..., :-1] @ values.float() + att[..., -1:] * v_new.float()
+        return y.to(dtype)
 
 
 class CausalSelfAttention(nn.Module):
@@ -151,8 +159,9 @@ class CausalSelfAttention(nn.Module):
             self.o_proj = nn.Linear(C, C, bias=config.bias)
         self.resid_dropout, self.dropout = nn.Dropout(config.dropout), config.dropout
 
-    def forward(self, x, mask=None, cache=None, layer=0, rope=None):
-        B, T, C = x.size()
+    def project_qkv(self, x, rope=None):
+        """x (B, T, C) -> q (B, H, T, hd), k and v (B, Hkv, T, hd), rotated if RoPE."""
+        B, T, _ = x.size()
         if hasattr(self, "c_attn"):
             q, k, v = self.c_attn(x).split(self.split, dim=2)
         else:
@@ -161,12 +170,28 @@ class CausalSelfAttention(nn.Module):
         k, v = (t.view(B, T, self.n_kv_head, self.hd).transpose(1, 2) for t in (k, v))
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        return q, k, v
+
+    def shared_kv(self, *kv):
+        """Grouped-query attention: each key/value head serves n_head / n_kv_head query heads."""
+        if self.n_kv_head == self.n_head:
+            return kv
+        return tuple(t.repeat_interleave(self.n_head // self.n_kv_head, dim=1) for t in kv)
+
+    def project_out(self, y):
+        """y (B, H, T, hd) -> (B, T, C): the heads side by side, then the output projection."""
+        B, _, T, _ = y.size()
+        y = y.transpose(1, 2).contiguous().view(B, T, self.n_head * self.hd)
+        return self.resid_dropout(self.c_proj(y) if hasattr(self, "c_proj") else self.o_proj(y))
+
+    def forward(self, x, mask=None, cache=None, layer=0, rope=None):
+        q, k, v = self.project_qkv(x, rope)
+        T = x.size(1)
         if cache is not None:  # write this step's keys/values, then attend over all filled columns
             start, end = cache.pos, cache.pos + T
             cache.k[layer, :, :, start:end], cache.v[layer, :, :, start:end] = k, v
             k, v = cache.k[layer, :, :, :end], cache.v[layer, :, :, :end]
-        if self.n_kv_head < self.n_head:  # grouped-query: a k/v head serves n_head / n_kv_head
-            k, v = (t.repeat_interleave(self.n_head // self.n_kv_head, dim=1) for t in (k, v))
+        k, v = self.shared_kv(k, v)
         dropout_p = self.dropout if self.training else 0.0
         if mask is None:  # no padding, no cache: the fused causal kernel
             y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
@@ -174,8 +199,7 @@ class CausalSelfAttention(nn.Module):
             y = one_query_attention(q, k, v, mask)  # (B, H, 1, hd); no SDPA per-call overhead
         else:
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
-        y = y.transpose(1, 2).contiguous().view(B, T, C)
-        return self.resid_dropout(self.c_proj(y) if hasattr(self, "c_proj") else self.o_proj(y))
+        return self.project_out(y)
 
 
 class MLP(nn.Module):

@@ -1,6 +1,6 @@
 """
 nanoGPT's `compile` knob, for the decode step of sampling (pass 1): one new token for every row against
-the KV cache, the step sample.generate repeats max_new_tokens times. Off by default (train_grpo.py's
+the KV cache, the step model.generate repeats max_new_tokens times. Off by default (train_grpo.py's
 `compile`): on a CPU it pays back only in long runs (docs/performance.md, "The decode step compiled").
 
 Why the model's own forward compiles badly (measured there): the cache is written at `cache.pos`, a Python
@@ -20,17 +20,19 @@ once per call) stays eager.
 
 Where it plugs in, in sight: with compile=True train_grpo.Run builds one CompiledDecode at set-up and
 hands it to every grpo_step as an argument (`decode=`), which passes it down through grpo.make_rollouts
-to sample.generate; generate calls it for each new column instead of the model's forward. The model
+to model.generate; generate calls it for each new column instead of the model's forward. The model
 object is never changed; evaluation (train_base.evaluate) samples eagerly.
 """
 import functools
 import shutil
+import weakref
 
 import torch
 
 from configurator import UserError
-from model import apply_rope, rope_cos_sin
+from model import one_query_attention, rope_cos_sin
 
+COMPILED = weakref.WeakKeyDictionary()  # model -> {mode: its compiled decode step}
 COLUMNS = 16  # the cache length is a multiple of this: one compiled graph serves the prompt lengths of one bucket
 
 
@@ -103,35 +105,14 @@ def decode_step(model, tok, k, v, col, pad_left):
 
 
 def attend(attn, h, k_cache, v_cache, seen, rope):
-    """CausalSelfAttention.forward for one query (eval mode): the cached columns `seen` plus the new one.
-    Returns (output (N, 1, C), the new key and value (N, Hkv, hd))."""
-    N, _, C = h.size()
-    if hasattr(attn, "c_attn"):
-        q, k, v = attn.c_attn(h).split(attn.split, dim=2)
-    else:
-        q, k, v = attn.q_proj(h), attn.k_proj(h), attn.v_proj(h)
-    q = q.view(N, 1, attn.n_head, attn.hd).transpose(1, 2)                  # (N, H, 1, hd)
-    k, v = (t.view(N, 1, attn.n_kv_head, attn.hd).transpose(1, 2) for t in (k, v))  # (N, Hkv, 1, hd)
-    if rope is not None:
-        q, k = apply_rope(q, *rope), apply_rope(k, *rope)
-    k, v = k.to(k_cache.dtype), v.to(v_cache.dtype)                        # the new column as the cache holds it
-    keys, values, kn, vn = k_cache, v_cache, k, v                          # (N, Hkv, L | 1, hd): read, not copied
-    if attn.n_kv_head < attn.n_head:  # grouped-query: each key/value head serves n_head / n_kv_head queries
-        keys, values, kn, vn = (t.repeat_interleave(attn.n_head // attn.n_kv_head, dim=1) for t in (keys, values, k, v))
-    y = attention_plus_one(q, keys, values, seen, kn, vn)                   # (N, H, 1, hd), float32 inside
-    y = y.transpose(1, 2).contiguous().view(N, 1, C)
-    return (attn.c_proj(y) if hasattr(attn, "c_proj") else attn.o_proj(y)), k[:, :, 0], v[:, :, 0]
-
-
-def attention_plus_one(q, keys, values, seen, k_new, v_new):
-    """model.one_query_attention over the cache's columns `seen` plus one column (k_new, v_new
-    (N, H, 1, hd)) not written into the cache; float32 inside whatever autocast says."""
-    dtype, scale = q.dtype, q.size(-1) ** -0.5
-    with torch.autocast(q.device.type, enabled=False):  # else autocast makes both matmuls bf16
-        q = q.float()
-        att = (q @ keys.float().transpose(-2, -1) * scale).masked_fill(~seen, float("-inf"))
-        att = torch.cat((att, (q * k_new.float()).sum(-1, keepdim=True) * scale), -1).softmax(-1)
-        return (att[..., :-1] @ values.float() + att[..., -1:] * v_new.float()).to(dtype)
+    """CausalSelfAttention.forward for one query (eval mode), its own parts: the cached columns `seen`
+    plus the new one, through model.one_query_attention. Returns (output (N, 1, C), the new key and
+    value (N, Hkv, hd))."""
+    q, k, v = attn.project_qkv(h, rope)                                    # (N, H | Hkv, 1, hd)
+    k, v = k.to(k_cache.dtype), v.to(v_cache.dtype)                        # as the cache holds them
+    keys, values, kn, vn = attn.shared_kv(k_cache, v_cache, k, v)          # read, not copied
+    y = one_query_attention(q, keys, values, seen, kn, vn)                  # (N, H, 1, hd)
+    return attn.project_out(y), k[:, :, 0], v[:, :, 0]
 
 
 def compiled_step(model, mode=None):
@@ -139,15 +120,15 @@ def compiled_step(model, mode=None):
     fullgraph=True: a graph break is an error, not a silent fall-back to eager Python between graphs;
     dynamic=False: a new (rows, columns) bucket compiles a new static graph instead of a symbolic one."""
     mode = None if mode == "default" else mode  # torch.compile's default mode, by its name or by None
-    steps = model.__dict__.setdefault("_compiled_steps", {})
-    key = (mode, id(model))  # a deep copy of the model carries this dict along: it compiles its own step
-    if key not in steps:
-        steps[key] = torch.compile(functools.partial(decode_step, model), mode=mode, fullgraph=True, dynamic=False)
-    return steps[key]
+    steps = COMPILED.setdefault(model, {})  # dropped with the model (a deep copy compiles its own)
+    if mode not in steps:
+        steps[mode] = torch.compile(functools.partial(decode_step, model), mode=mode, fullgraph=True,
+                                    dynamic=False)
+    return steps[mode]
 
 
 class CompiledDecode:
-    """The decode step that sample.generate calls once per new token, compiled:
+    """The decode step that model.generate calls once per new token, compiled:
         generate(model, prompts, ..., decode=CompiledDecode(model, device))  (built by train_grpo.Run)
     The cache generate makes is COLUMNS-rounded (cache_len); each call runs one new column for every row
     through the compiled graph and writes its keys and values into the cache, eagerly. The prefill (the

@@ -66,9 +66,9 @@ def fresh(model):
     """The model with its initial weights, its compiled step counting its calls (model.decode_steps)."""
     model.load_state_dict(model.initial)
     step, model.decode_steps = compiled.compiled_step(model), []
-    model._compiled_steps[None, id(model)] = lambda *a: model.decode_steps.append(1) or step(*a)
+    compiled.COMPILED[model][None] = lambda *a: model.decode_steps.append(1) or step(*a)
     yield model
-    model._compiled_steps[None, id(model)] = step
+    compiled.COMPILED[model][None] = step
 
 
 def both(model, **kw):
@@ -157,8 +157,8 @@ def test_bf16_autocast_keeps_to_the_eager_logits(fresh):
 
 
 def test_a_copy_made_after_compiling_compiles_its_own_step(fresh):
-    """A deep copy carries the model's dict of compiled steps along; the copy (its weights changed here) must
-    decode with its own weights, as its eager forward does, not with the original's graph."""
+    """A deep copy of a compiled model (its weights changed here) must decode with its own weights, as its
+    eager forward does, not with the original's graph."""
     both(fresh, eot_id=(), temperature=0)                         # the original's step compiled
     twin = copy.deepcopy(fresh)
     with torch.no_grad():

@@ -265,7 +265,7 @@ def test_generate_returns_token_ids_and_masks_only(tiny_gpt, temperature):
 
 
 def test_pad_prompts_layout():
-    idx, pad_left = pad_prompts([[1, 2, 3], [4]], pad_id=9, device="cpu")
+    idx, pad_left = pad_prompts([[1, 2, 3], [4]], pad=9, device="cpu")
     assert idx.tolist() == [[1, 2, 3], [9, 9, 4]]
     assert pad_left.tolist() == [0, 2]
 
