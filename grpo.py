@@ -7,8 +7,7 @@ reuses them):
   update            the ranks' sums, clip, AdamW on the LoRA parameters; skipped on any NaN/Inf
 and the math under them: compute_group_advantages, completion_logprobs, selective_log_softmax
 (no (N, T, V) log-prob tensor), grpo_loss. A step's rollouts are one record, Rollouts (every
-field and its shape), made whole and copied (dataclasses.replace) when a pass adds to it;
-rollout_batch lays out recorded rollouts as sampling does.
+field and its shape), made whole and copied (dataclasses.replace) when a pass adds to it.
 What a run decides arrives as arguments: `amp`, the precision every pass computes in (bf16
 autocast or nullcontext(), nanoGPT's ctx), `timer`, the step's PhaseTimer, `decode`, the
 compiled decode step or None.
@@ -24,12 +23,11 @@ from dataclasses import dataclass, field, replace
 
 import torch
 from torch.autograd.function import once_differentiable
-from torch.nn.utils.rnn import pad_sequence
 
 from configurator import UserError
-from data.prompts import decode_completions, encode_prompt, stop_tokens
+from data.prompts import decode_completions, stop_tokens
 from lora import disable_lora, folded_for_sampling, lora_parameters
-from model import generate, pad_id, pad_prompts
+from model import generate, pad_id
 from rewards import compute_rewards, parse_counts
 from scale import distributed
 
@@ -445,8 +443,12 @@ def update(model, optimizer, cfg, stats, apply=True, timer=None):
     whose moments would still move the adapter on a zero gradient. -> (grad norm, skip reason).
     NaN/Inf: a non-finite loss or gradient norm leaves the weights and the AdamW state untouched,
     the step logged as skipped (skip_reason); grpo_updates stops the generation's remaining
-    updates; train_grpo.Run.train stops the run after max_skipped_steps in a row. The step still
-    counts as an iteration: the schedule advances and its rollouts are recorded."""
+    updates (earlier ones stay applied); train_grpo.Run.train stops the run after
+    max_skipped_steps in a row. The step still counts as an iteration: the schedule advances and
+    its rollouts are recorded (marked skipped). The other two ways into a skipped step: NaN/Inf
+    logits in sampling (model.generate raises NonFiniteLogits, train_grpo.grpo_step returns
+    before any backward) and a non-finite TracIn influence (tracin_backward's skip reason,
+    apply=False here)."""
     skip_reason, timer = None, timer or PhaseTimer()
     params = lora_parameters(model)
     with timer("optimizer"):
@@ -464,19 +466,3 @@ def update(model, optimizer, cfg, stats, apply=True, timer=None):
             optimizer.step()
         optimizer.zero_grad(set_to_none=True)
     return grad_norm.item(), skip_reason
-
-
-# ---------------------------------------------------------------------------------------------
-# recorded rollouts (post-hoc TracIn, TracIn's 'nll' validation rows)
-
-def rollout_batch(enc, samples, device):
-    """samples: dicts with 'prompt' (text), 'completion_tokens', 'completion_mask', 'advantage'
-    -> (idx (n, P+T), pad_left (n,), mask (n, T), advantages (n,)) in sample.generate's layout."""
-    prompts = [encode_prompt(enc, s["prompt"]) for s in samples]
-    idx, pad_left = pad_prompts(prompts, enc.eot_token, device)
-    comp, mask = (pad_sequence([torch.tensor(s[key], dtype=torch.long) for s in samples], True, pad)
-                  for key, pad in (("completion_tokens", enc.eot_token), ("completion_mask", 0)))
-    missing = comp.size(1) - mask.size(1)
-    mask = torch.cat([mask, mask.new_zeros(len(samples), missing)], 1)  # a shorter mask: 0s
-    adv = torch.tensor([float(s["advantage"]) for s in samples])
-    return torch.cat([idx, comp.to(device)], 1), pad_left, mask.to(device), adv.to(device)

@@ -120,9 +120,10 @@ def disable_lora(model):
 
 @contextmanager
 def folded_for_sampling(model):
-    """Pass 1 with W' = W + s B A: one matmul per adapted layer and token instead of three. W' is a
-    copy meanwhile (one of the adapted weights), in the matmul's dtype (autocast's, else the
-    base's); W, A and B are never written, so nothing drifts however often it folds."""
+    """Pass 1 with W' = W + s B A: one matmul per adapted layer and token instead of three. Every
+    adapted layer holds its own copy W' while sampling runs (memory: the adapted weights once
+    more, in the matmul's dtype: autocast's, else the base's); W, A and B are never written, so
+    nothing drifts however often it folds."""
     mods = [m for m in lora_modules(model) if not m.disabled]
     kind = next(model.parameters()).device.type
     autocast = torch.is_autocast_enabled(kind)

@@ -3,7 +3,8 @@ A GPT in the nanoGPT mould (GPT-2 names: wte, wpe, c_attn, c_proj, c_fc, lm_head
   - F.scaled_dot_product_attention,
   - left-padded batches: `pad_left[b]` pad tokens precede row b's prompt; they are masked out
     as keys and positions restart at 0 on the first real token, so a row's numbers do not
-    depend on what else is in the batch,
+    depend on what else is in the batch (up to rounding: matmuls of other shapes sum in
+    another order, about 3e-8 on the logits),
   - a KV cache for decoding (KVCache): each new token attends to the cached keys/values
     instead of recomputing the whole prefix,
   - `keep_last=k`: the LM head runs on the last k positions only (GRPO needs completion
@@ -22,6 +23,21 @@ completion starts at the same column P and the cache advances one column per ste
 
 Loading a Hugging Face directory lives in pretrained/hf.py (from_pretrained), checkpoint files in
 runs/checkpoint.py: this file is the model alone.
+
+bf16 (dtype='bfloat16', scale/device.py: the base weights stored in bf16, every pass under bf16
+autocast, the `amp` the run hands to each pass). What stays float32, each commented where it happens:
+  - LoRA's weights and their AdamW state (lora.LoRALinear); their matmuls run in bf16 under autocast
+  - the adapter folded in for sampling, W + s B A: summed in float32, stored in the base's dtype
+    (lora.folded_for_sampling)
+  - RMSNorm's statistics (model.RMSNorm) and RoPE's angles (model.rope_cos_sin)
+  - a decode step's attention scores, probabilities and weighted values (model.one_query_attention)
+  - sampling's softmax and cumulative distribution (model.sample_next)
+  - log-probs and their logsumexp (grpo.SelectiveLogSoftmax), the entropy (grpo.completion_logprobs),
+    rewards and advantages (grpo.compute_group_advantages), ratio, KL and loss (grpo.grpo_loss)
+  - per-sample gradients, G and the influence inner products (ghost.outer_product_sum,
+    ghost.summed_gradient); post-hoc attribution sums them in float64 (tracin.hook_products)
+Not float32: the KV cache is kept in autocast's dtype (model.GPT.new_cache), and the logits in the
+head's (SelectiveLogSoftmax upcasts one row at a time).
 """
 import math
 from dataclasses import dataclass
@@ -354,7 +370,8 @@ MIN_TEMPERATURE = 1e-4
 def sample_next(logits, temperature, top_k, top_p, generator, u=None):
     """logits (N, V) of the last position only -> next token ids (N,), by inverse CDF from ONE
     uniform u_i per row (from `generator` unless given): the first token whose cumulative
-    probability exceeds u_i. A row depends on its u_i only: processes sample as one process."""
+    probability exceeds u_i. A row depends on its u_i and its logits only: processes sample as
+    one process (up to the logits' rounding, scale/distributed.py)."""
     if temperature == 0:
         return logits.argmax(dim=-1)                      # greedy
     logits = logits.float() / temperature                 # float32 under bf16 (see scale/device.py)

@@ -21,12 +21,14 @@ import math
 from contextlib import nullcontext
 
 import torch
+from torch.nn.utils.rnn import pad_sequence
 
 from ghost import (compute_ghost_inner_product_matrix, ghost_mode, install_ghost_hooks,
                    per_sample_grads, subset_gradients, summed_gradient, summed_inner_products)
-from data.prompts import encode_text
+from data.prompts import encode_prompt, encode_text
+from model import pad_prompts
 from grpo import (PhaseTimer, Rollouts, completion_logprobs, policy_backward, rank_part,
-                  rollout_batch, with_reference)
+                  with_reference)
 from lora import LoRALinear, load_lora_state_dict, lora_state_dict
 from scale import distributed
 
@@ -44,6 +46,19 @@ def select_rollouts(influence, rule="positive", topk_frac=0.5):
     raise UserError(f"tracin_selection must be 'positive' or 'topk', got {rule!r}")
 
 
+def rollout_batch(enc, samples, device):
+    """samples: dicts with 'prompt' (text), 'completion_tokens', 'completion_mask', 'advantage'
+    -> (idx (n, P+T), pad_left (n,), mask (n, T), advantages (n,)) in model.generate's layout."""
+    prompts = [encode_prompt(enc, s["prompt"]) for s in samples]
+    idx, pad_left = pad_prompts(prompts, enc.eot_token, device)
+    comp, mask = (pad_sequence([torch.tensor(s[key], dtype=torch.long) for s in samples], True, pad)
+                  for key, pad in (("completion_tokens", enc.eot_token), ("completion_mask", 0)))
+    missing = comp.size(1) - mask.size(1)
+    mask = torch.cat([mask, mask.new_zeros(len(samples), missing)], 1)  # a shorter mask: 0s
+    adv = torch.tensor([float(s["advantage"]) for s in samples])
+    return torch.cat([idx, comp.to(device)], 1), pad_left, mask.to(device), adv.to(device)
+
+
 def nll_row(enc, question, completion, advantage=1.0):
     """A question and a given completion (token ids) as a rollout row,
     end-of-text appended, every token counted.
@@ -57,7 +72,7 @@ def nll_row(enc, question, completion, advantage=1.0):
 
 def reference_solutions(enc, examples, device):
     """The validation batch for tracin_val_loss='nll': each prompt followed by its clean
-    reference solution (nll_row, A = +1), laid out as sample.generate lays out rollouts:
+    reference solution (nll_row, A = +1), laid out as model.generate lays out rollouts:
     its gradient is that of the solutions' negative log-likelihood, so no sampling is needed."""
     rows = [nll_row(enc, e["question"], encode_text(enc, e["solution"])) for e in examples]
     idx, pad_left, mask, adv = rollout_batch(enc, rows, device)

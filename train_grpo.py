@@ -8,13 +8,13 @@ GRPO (Group Relative Policy Optimization, DeepSeekMath arXiv 2402.03300) with Lo
 
 One step (grpo_step), in the order it runs; the parts live in grpo.py:
   1. take batch_size prompts (Run.step draws and encodes them), each repeated group_size times
-  2. PASS 1 sampling, no grad: KV-cache generation, token ids only (make_rollouts->sample.generate)
+  2. PASS 1 sampling, no grad: KV-cache generation, token ids only (make_rollouts->model.generate)
   3. rewards -> compute_group_advantages: A_i = (r_i - mean_group) / std_group (make_rollouts)
-  4. PASS 3 reference, no grad: the same model with LoRA disabled (no second copy of the weights);
-     it runs before pass 2 so that its activations are gone before the policy's graph is built
+  4. PASS 3 reference, no grad: the same model with LoRA disabled (no second copy of the weights),
+     over the whole batch before pass 2, so its activations are gone before any graph is built
   5. PASS 2 policy, with grad: per-token log-probs of the completion tokens (completion_logprobs)
   6. loss (grpo_loss): clipped surrogate + beta * k3 KL, aggregated per loss_type; backward
-     (4-6 per micro-batch: policy_backward; with tracin=True, tracin.tracin_backward instead keeps
+     (5-6 per micro-batch: policy_backward; with tracin=True, tracin.tracin_backward instead keeps
      only the gradient of the rollouts that help a validation batch)
   7. clip the gradient, AdamW on LoRA parameters only; skip the step if anything is NaN/Inf (update)
 Every large tensor is deleted as soon as it has been used; each `del` says what it frees.

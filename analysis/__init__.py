@@ -9,5 +9,5 @@
     outputs.py    the files they write where a user names them: never a file they did not write
 
 Where it plugs in: these read a run directory (checkpoints, log.jsonl, rollouts.jsonl) and call the
-lecture's tracin.find_critical_samples and sample.generate; nothing here runs during training.
+lecture's tracin.find_critical_samples and model.generate; nothing here runs during training.
 """

@@ -11,7 +11,7 @@ Two rows of bench/run.py about generation, the largest phase of every GRPO step:
                 layer; the policy pass counts twice that (the frozen base's backward forms input gradients
                 only; the LoRA factors' few extra FLOPs are left out). With --compile, sampling's decode step is
                 compiled (scale/compiled.py; the first, untimed step compiles).
-  vs_generate   greedy sampling of the same prompts and number of new tokens with sample.generate and with
+  vs_generate   greedy sampling of the same prompts and number of new tokens with model.generate and with
                 transformers' generate, on the same random GPT-2 weights (a directory written here, read by
                 GPT.from_pretrained), at the tiny shape (4 x 128), 6 x 384 and GPT-2 small, float32 and bf16;
                 the ratio, and how many rows' tokens are identical. A note instead when transformers is missing.

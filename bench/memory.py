@@ -1,5 +1,5 @@
 """
-Peak memory and throughput of one GRPO step. The project's step (project_grpo_step: sample.generate
+Peak memory and throughput of one GRPO step. The project's step (project_grpo_step: model.generate
 as grpo.make_rollouts calls it, then grpo.policy_backward, clip and AdamW) runs next to
 straightforward_grpo_step, the same step written the straightforward way and kept here as the
 baseline. Rewards do not matter for either, so random advantages stand in for them; eot_id=-1
@@ -60,7 +60,7 @@ def step_inputs(n_prompts, group, prompt_len, vocab, seed):
 def project_grpo_step(model, optimizer, prompts, group, new_tokens, advantages, amp, seed, beta=0.04,
                       temperature=1.0, micro_batch_size=0, compile_mode=None):
     """One standard GRPO step with the project's code, rewards replaced by `advantages`: pass 1 is
-    sample.generate as grpo.sample_rollouts calls it (LoRA folded in), passes 2 and 3 and the backward are
+    model.generate as grpo.sample_rollouts calls it (LoRA folded in), passes 2 and 3 and the backward are
     grpo.policy_backward, then clip and AdamW as grpo_step does them.
     compile_mode: the decode step compiled in that torch.compile mode (scale/compiled.CompiledDecode).
     Returns (loss, idx, mask, seconds per phase: generation, reference, policy, optimizer)."""
@@ -109,7 +109,7 @@ def straightforward_grpo_step(model, optimizer, prompts, group, new_tokens, adva
         for t in range(new_tokens):
             step_logits.append(logits[:, -1])                         # (N, V), kept for the old log-probs
             probs = torch.softmax(logits[:, -1].float() / temperature, dim=-1)
-            cdf = probs.cumsum(-1)                                    # sample.sample_next's inverse-CDF draw,
+            cdf = probs.cumsum(-1)                                    # model.sample_next's inverse-CDF draw,
             u = torch.rand(N, generator=gen, device=dev)              # so that both sides sample the same tokens
             nxt = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True).clamp(max=cdf.size(-1) - 1)
             idx = torch.cat([idx, nxt], dim=1)

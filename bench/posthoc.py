@@ -26,7 +26,7 @@ import torch.nn as nn
 import tracin
 from bench.memory import lora_gpt
 from bench.step import task_setup, timed
-from grpo import completion_logprobs, rollout_batch
+from grpo import completion_logprobs
 from lora import load_lora_state_dict, lora_state_dict
 from runs.checkpoint import load_checkpoint, save_checkpoint
 from data.prompts import encode_prompt, encode_text
@@ -122,7 +122,7 @@ def posthoc_row(cfg, shape):
         model, enc, what, paths, train, test = posthoc_inputs(cfg, tmp, shape)
         t_ours, res = timed(lambda: tracin.find_critical_samples(model, paths, train, test, enc), dev, reps)
         ours = torch.tensor([e["tracin_score"] for e in res["scores"]], dtype=torch.float64)
-        tb, sb = (rollout_batch(enc, s, dev) for s in (train, test))
+        tb, sb = (tracin.rollout_batch(enc, s, dev) for s in (train, test))
         t_captum, ref = timed(lambda: captum_scores(model, paths, tb, sb), dev, reps)
     err = ((ours - ref.cpu()).abs().max() / ref.abs().max()).item()
     ratio = t_captum / t_ours

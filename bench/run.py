@@ -24,7 +24,7 @@ Rows:
              the same checkpoints, rollouts and losses: time, max relative difference, Spearman.
              On the task model, then on a random GPT of posthoc_wide's shape (6 x 384).
              Skipped with a note when captum is not installed.
-  memory     (bench/memory.py) peak memory of one GRPO step, the project's code (sample.generate +
+  memory     (bench/memory.py) peak memory of one GRPO step, the project's code (model.generate +
              policy_backward) vs straightforward_grpo_step (keeps sampling logits, full log_softmax,
              deepcopy reference, no del), same inputs and seed, each next to predicted_memory's
              analytic figure. CUDA: max_memory_allocated; CPU: peak RSS of a fresh process per
@@ -155,7 +155,7 @@ def full_recompute_greedy(model, idx, new_tokens):
 
 
 def bench_sampling(cfg):
-    """Greedy tokens for the same random prompts, KV cache (sample.generate) vs full recompute."""
+    """Greedy tokens for the same random prompts, KV cache (model.generate) vs full recompute."""
     dev, n, T = cfg["device"], cfg["n_seq"], cfg["new_tokens"]
     model = bench_model(dev, 32 + T)
     g = torch.Generator().manual_seed(cfg["seed"])

@@ -53,7 +53,7 @@ def most_test_problems(levels):
 def from_config(cfg, data_dir, encode, block_size, train_split):
     """train_grpo.py's Curriculum and its test set, or (None, None) with cfg['curriculum'] = ''.
     Every level must fit the context; the test problems are not base training questions. encode: a
-    question -> the prompt's token ids, as the run encodes it (sample.encode_prompt with the base's
+    question -> the prompt's token ids, as the run encodes it (data/prompts.encode_prompt with the base's
     tokenizer)."""
     levels = parse_levels(cfg["curriculum"])
     if not levels:

@@ -125,7 +125,7 @@ def load_task_split(data_dir, split):
 
 def set_instruction(enc, task):
     """Questions of gsm8k and countdown carry their instruction: an instruct model's user turn is the
-    question alone (sample.encode_prompt reads enc.instruction)."""
+    question alone (data/prompts.encode_prompt reads enc.instruction)."""
     if task != "arith":
         enc.instruction = ""
     return enc

@@ -3,20 +3,7 @@ The device and the dtype every script runs in: check_device fails at start-up wi
 message, and resolves dtype='auto' to bfloat16 where the hardware runs it fast (bf16_is_fast);
 memory_stats gives the memory columns of the logs.
 
-What stays float32 when the frozen base runs in bf16 (dtype='bfloat16': the base weights stored in
-bf16, every pass under bf16 autocast, `with model.amp:`); each is commented where it happens:
-  - LoRA's weights and their AdamW state (lora.LoRALinear); their matmuls run in bf16 under autocast
-  - the adapter folded in for sampling, W + s B A: summed in float32, stored in the base's dtype
-    (lora.folded_for_sampling)
-  - RMSNorm's statistics (model.RMSNorm) and RoPE's angles (model.rope_cos_sin)
-  - a decode step's attention scores, probabilities and weighted values (model.one_query_attention)
-  - sampling's softmax and cumulative distribution (sample.sample_next)
-  - log-probs and their logsumexp (grpo.SelectiveLogSoftmax), the entropy (grpo.completion_logprobs),
-    rewards and advantages (grpo.compute_group_advantages), ratio, KL and loss (grpo.grpo_loss)
-  - per-sample gradients, G and the influence inner products (ghost.outer_product_sum,
-    ghost.summed_gradient); post-hoc attribution sums them in float64 (tracin.hook_products)
-Not float32: the KV cache is kept in autocast's dtype (model.GPT.new_cache), and the logits in the
-head's (SelectiveLogSoftmax upcasts one row at a time).
+What stays float32 when the frozen base runs in bf16: the list opens model.py, where most of it happens.
 """
 import os
 import re

@@ -12,11 +12,13 @@ This file holds primitives only; the step calls them in sight, where they act (g
   - sampling (grpo.sample_rollouts): every rank draws the same prompts and the same uniforms for the
     whole batch, samples its contiguous share of the prompts (`split`) with its columns of the
     uniforms, and the shares are gathered on every rank in the single-process layout
-    (`gather_sampled`); so 1 and N processes draw the same tokens, and every rank scores the batch.
+    (`gather_sampled`); so 1 and N processes draw the same tokens up to rounding (a row's logits
+    differ by about 3e-8 with the batch it is computed in: a token changes only where its uniform
+    falls that close to a step of the distribution), and every rank scores the batch.
   - the gradient (grpo.grpo_updates, tracin.tracin_backward): rank r keeps its contiguous rows
     (grpo.rank_part: whole groups; the loss divides by the whole batch's counts); grpo.update sums the
     LoRA gradients and the step's statistics over the ranks right before the clip (`sum_grads`,
-    `sum_stats`), so every rank takes the single-process update.
+    `sum_stats`), so every rank takes the single-process update, up to the order of float sums.
   - TracIn: each rank captures the per-rollout gradients of its rows and computes the (replicated)
     validation gradient itself; the selection sees every rank's influence (`all_gather_cat`).
   - evaluation: each rank scores a contiguous run of whole chunks of the test problems and the counts
