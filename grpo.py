@@ -1,19 +1,24 @@
 """
-The parts of one GRPO step, in the order train_grpo.grpo_step runs them (TracIn, tracin.py,
-reuses them):
-  make_rollouts     PASS 1 sampling (no grad, no logits kept), rewards, group-relative advantages
-  grpo_updates      PASS 3 reference, then PASS 2 policy per micro-batch, the GRPO loss, backward
-                    (policy_backward), num_iterations times
-  update            the ranks' sums, clip, AdamW on the LoRA parameters; skipped on any NaN/Inf
-and the math under them: compute_group_advantages, completion_logprobs, selective_log_softmax
-(no (N, T, V) log-prob tensor), grpo_loss. A step's rollouts are one record, Rollouts (every
-field and its shape), made whole and copied (dataclasses.replace) when a pass adds to it.
-What a run decides arrives as arguments: `amp`, the precision every pass computes in (bf16
-autocast or nullcontext(), nanoGPT's ctx), `timer`, the step's PhaseTimer, `decode`, the
-compiled decode step or None.
+The parts of one GRPO step, in the order train_grpo.grpo_step runs them
+(TracIn, tracin.py, reuses them):
+  make_rollouts  PASS 1 sampling (no grad, no logits kept), rewards,
+                 group-relative advantages
+  grpo_updates   PASS 3 reference, then PASS 2 policy per micro-batch,
+                 the GRPO loss, backward (policy_backward),
+                 num_iterations times
+  update         the ranks' sums, clip, AdamW on the LoRA parameters;
+                 skipped on any NaN/Inf
+and the math under them: compute_group_advantages, completion_logprobs,
+selective_log_softmax (no (N, T, V) log-prob tensor), grpo_loss.
+A step's rollouts are one record, Rollouts (every field and its shape),
+made whole and copied (dataclasses.replace) when a pass adds to it.
+What a run decides arrives as arguments: `amp`, the precision every pass
+computes in (bf16 autocast or nullcontext(), nanoGPT's ctx), `timer`,
+the step's PhaseTimer, `decode`, the compiled decode step or None.
 Under torchrun each rank samples and back-propagates its share, in sight:
-`distributed.split` and `gather_sampled` in sample_rollouts, `rank_part` in grpo_updates,
-`sum_grads` / `sum_stats` in update (scale/distributed.py; each a no-op in one process).
+`distributed.split` and `gather_sampled` in sample_rollouts, `rank_part`
+in grpo_updates, `sum_grads` / `sum_stats` in update
+(scale/distributed.py; each a no-op in one process).
 """
 import math
 import time
@@ -33,9 +38,10 @@ from scale import distributed
 
 
 class PhaseTimer:
-    """Seconds per phase of one step: `with timer("policy"):` adds the block's wall time to
-    timer.seconds["policy"], once the GPU has finished the work it queued (CUDA runs ahead of
-    Python: without the wait a phase would be charged for its launch only)."""
+    """Seconds per phase of one step: `with timer("policy"):` adds the
+    block's wall time to timer.seconds["policy"], once the GPU has finished
+    the work it queued (CUDA runs ahead of Python: without the wait a phase
+    would be charged for its launch only)."""
 
     def __init__(self, *names):
         self.seconds = dict.fromkeys(names, 0.0)
@@ -51,44 +57,63 @@ class PhaseTimer:
 
 @dataclass
 class Prompts:
-    """Prompts to sample group_size completions each for, and how those are scored: the
-    training batch with the run's rewards, TracIn's 'pg' validation batch with the task's own."""
-    ids: list                        # token-id lists, one per prompt
-    answers: list                    # one per prompt, as the reward functions read it
-    reward_funcs: tuple              # names in rewards.REWARD_FUNCS
+    """Prompts to sample group_size completions each for, and how those are
+    scored: the training batch with the run's rewards, TracIn's 'pg'
+    validation batch with the task's own."""
+    ids: list             # token-id lists, one per prompt
+    answers: list         # one per prompt, as the reward functions read it
+    reward_funcs: tuple   # names in rewards.REWARD_FUNCS
     reward_weights: tuple
 
 
 @dataclass
 class Rollouts:
-    """A step's rollouts (GRPO-Zero's Episode, batched): n = prompts x group_size rows, a
-    prompt's rows adjacent. score_rollouts makes one with its first ten fields; a pass that
-    adds a field makes a copy (dataclasses.replace)."""
-    idx: torch.Tensor                # (n, P+T) long: prompt left-padded to P, then T completion ids
-    pad_left: torch.Tensor           # (n,) long: padding columns in front of each prompt
-    mask: torch.Tensor               # (n, T) long: 1 on the completion tokens the loss counts
-    advantages: torch.Tensor         # (n,) float32: A_i, exactly 0 in a group of equal rewards
-    rewards: torch.Tensor = None     # (n,) float32: weighted reward, NaN where no function scored
-    per_fn: dict = None              # reward function -> n scores (NaN where it could not score)
-    errors: dict = None              # reward function -> how many completions it raised on
-    parse_counts: dict = None        # e.g. 'countdown/parsed': n (rewards.parse_counts)
-    n_zero_std: int = 0              # groups whose rewards were all equal (no learning signal)
-    truncated: torch.Tensor = None   # (n,) bool: no stop token (ran into max_new_tokens)
-    ref_logp: torch.Tensor = None    # (n, T) PASS 3's log-probs (with_reference)
-    old_logp: torch.Tensor = None    # (n, T) the sampling policy's log-probs (mu > 1: grpo_updates)
-    influence: torch.Tensor = None   # (n,) TracIn: <g_i, G> (tracin.tracin_backward)
-    selected: torch.Tensor = None    # (n,) bool TracIn: the rows trained on
-    counts: dict = field(default=None)  # grpo_loss's divisors if the rows are part of a batch
+    """A step's rollouts (GRPO-Zero's Episode, batched):
+    n = prompts x group_size rows, a prompt's rows adjacent.
+    score_rollouts makes one with its first ten fields; a pass that adds
+    a field makes a copy (dataclasses.replace)."""
+    # (n, P+T) long: prompt left-padded to P, then T completion ids
+    idx: torch.Tensor
+    pad_left: torch.Tensor     # (n,) long: padding columns before each prompt
+    # (n, T) long: 1 on the completion tokens the loss counts
+    mask: torch.Tensor
+    # (n,) float32: A_i, exactly 0 in a group of equal rewards
+    advantages: torch.Tensor
+    # (n,) float32: weighted reward, NaN where no function scored
+    rewards: torch.Tensor = None
+    # reward function -> n scores (NaN where it could not score)
+    per_fn: dict = None
+    # reward function -> how many completions it raised on
+    errors: dict = None
+    # e.g. 'countdown/parsed': n (rewards.parse_counts)
+    parse_counts: dict = None
+    # groups whose rewards were all equal (no learning signal)
+    n_zero_std: int = 0
+    # (n,) bool: no stop token (ran into max_new_tokens)
+    truncated: torch.Tensor = None
+    # (n, T) PASS 3's log-probs (with_reference)
+    ref_logp: torch.Tensor = None
+    # (n, T) the sampling policy's log-probs (mu > 1: grpo_updates)
+    old_logp: torch.Tensor = None
+    # (n,) TracIn: <g_i, G> (tracin.tracin_backward)
+    influence: torch.Tensor = None
+    # (n,) bool TracIn: the rows trained on
+    selected: torch.Tensor = None
+    # grpo_loss's divisors if the rows are part of a batch
+    counts: dict = field(default=None)
 
     def __len__(self):
         return self.idx.size(0)
 
     def part(self, rows, **counts):
-        """Rows `rows` (a slice or a bool mask) of every per-row field, the loss divided by the
-        WHOLE batch's counts (batch_counts, or this part's own whole-batch counts; `counts`
-        overrides), so that the parts' gradients add up to the batch's. errors and n_zero_std
-        stay the whole batch's."""
-        def take(v):  # a bool mask goes to each tensor's device (advantages stay on the CPU)
+        """Rows `rows` (a slice or a bool mask) of every per-row field, the
+        loss divided by the WHOLE batch's counts (batch_counts, or this
+        part's own whole-batch counts; `counts` overrides), so that the
+        parts' gradients add up to the batch's. errors and n_zero_std stay
+        the whole batch's."""
+        # a bool mask goes to each tensor's device
+        # (advantages stay on the CPU)
+        def take(v):
             if torch.is_tensor(v):
                 return v[rows.to(v.device) if torch.is_tensor(rows) else rows]
             if isinstance(v, dict):  # per_fn: a list per reward function
@@ -99,20 +124,25 @@ class Rollouts:
                 return [x for x, k in zip(v, keep.tolist()) if k]
             return v
         whole = self.counts or batch_counts(self.mask)
-        per_row = ("idx", "pad_left", "mask", "advantages", "rewards", "per_fn", "truncated",
-                   "ref_logp", "old_logp", "influence", "selected")
-        fields = {k: take(getattr(self, k)) for k in per_row if getattr(self, k) is not None}
+        per_row = ("idx", "pad_left", "mask", "advantages", "rewards",
+                   "per_fn", "truncated", "ref_logp", "old_logp",
+                   "influence", "selected")
+        fields = {k: take(getattr(self, k)) for k in per_row
+                  if getattr(self, k) is not None}
         return replace(self, **fields, counts={**whole, **counts})
 
 
 def batch_counts(mask):
-    """grpo_loss's divisors for a batch of completion mask (n, T): sequences, completion tokens."""
-    return dict(num_seqs=mask.size(0), num_tokens=mask.sum().clamp(min=1).item())
+    """grpo_loss's divisors for a batch of completion mask (n, T):
+    sequences, completion tokens."""
+    num_tokens = mask.sum().clamp(min=1).item()
+    return dict(num_seqs=mask.size(0), num_tokens=num_tokens)
 
 
 def rank_part(rollouts, micro_batch_size):
-    """This rank's rows for passes 3 and 2 (all in one process): whole prompts, the loss divided
-    by the whole batch's counts and, for bnpo, by every rank's micro-batches."""
+    """This rank's rows for passes 3 and 2 (all in one process): whole
+    prompts, the loss divided by the whole batch's counts and, for bnpo,
+    by every rank's micro-batches."""
     rows = distributed.shard(len(rollouts))
     own_micro_batches = -(-(rows.stop - rows.start) // micro_batch_size)
     micro_batches = distributed.world_size() * own_micro_batches
@@ -121,67 +151,89 @@ def rank_part(rollouts, micro_batch_size):
 
 @dataclass
 class StepResult:
-    """What one step returns beside its rollouts (runs/metrics.step_log writes it down)."""
-    stats: dict = None               # policy_backward's sums (every rank's, every update)
-    grad_norm: float = 0.0           # before the clip; 0 when TracIn kept no rollout
-    skip_reason: str = None          # why the weights were left untouched, None: updated
-    extra: dict = field(default_factory=dict)   # more log keys (TracIn's validation reward)
-    times: dict = field(default_factory=dict)   # PhaseTimer.seconds
+    """What one step returns beside its rollouts
+    (runs/metrics.step_log writes it down)."""
+    # policy_backward's sums (every rank's, every update)
+    stats: dict = None
+    grad_norm: float = 0.0  # before the clip; 0 when TracIn kept no rollout
+    # why the weights were left untouched, None: updated
+    skip_reason: str = None
+    # more log keys (TracIn's validation reward)
+    extra: dict = field(default_factory=dict)
+    times: dict = field(default_factory=dict)  # PhaseTimer.seconds
 
 
-# ---------------------------------------------------------------------------------------------
+# -----------------------------------------------------------------------------
 # 1-3: prompts, PASS 1 sampling, rewards, advantages
 
-def make_rollouts(model, enc, batches, cfg, generator, cache=None, decode=None, timer=None,
-                  amp=nullcontext()):
-    """PASS 1 (sampling, no grad, no logits kept), rewards and group-relative advantages: one
-    Rollouts per Prompts of `batches`, all sampled in ONE generate call. background_rewards
-    (standard GRPO, beta != 0, mu = 1): a worker thread scores while this one runs pass 3
-    (torch releases the GIL in its kernels), whose (N, T) log-probs the loss reuses."""
+def make_rollouts(model, enc, batches, cfg, generator, cache=None,
+                  decode=None, timer=None, amp=nullcontext()):
+    """PASS 1 (sampling, no grad, no logits kept), rewards and
+    group-relative advantages: one Rollouts per Prompts of `batches`,
+    all sampled in ONE generate call.
+    background_rewards (standard GRPO, beta != 0, mu = 1): a worker thread
+    scores while this one runs pass 3 (torch releases the GIL in its
+    kernels), whose (N, T) log-probs the loss reuses."""
     timer = timer or PhaseTimer()
-    sampled = sample_rollouts(model, enc, batches, cfg, generator, decode, timer, amp)
-    overlap = cfg["background_rewards"] and not cfg["tracin"] and cfg["beta"] != 0 \
-        and cfg["num_iterations"] == 1
+    sampled = sample_rollouts(model, enc, batches, cfg, generator, decode,
+                              timer, amp)
+    overlap = (cfg["background_rewards"] and not cfg["tracin"]
+               and cfg["beta"] != 0 and cfg["num_iterations"] == 1)
     if not overlap:
         return score_rollouts(enc, sampled, batches, cfg, cache, timer)
     with ThreadPoolExecutor(max_workers=1) as pool:
-        scoring = pool.submit(score_rollouts, enc, sampled, batches, cfg, cache, timer)
+        scoring = pool.submit(score_rollouts, enc, sampled, batches, cfg,
+                              cache, timer)
         unscored = Rollouts(*sampled, advantages=None)
-        ref = logprobs_no_grad(model, unscored, cfg, "reference", True, timer, amp)
+        ref = logprobs_no_grad(model, unscored, cfg, "reference", True,
+                               timer, amp)
         first, *others = scoring.result()
     return [replace(first, ref_logp=ref), *others]
 
 
-def sample_rollouts(model, enc, batches, cfg, generator, decode=None, timer=None,
-                    amp=nullcontext()):
-    """PASS 1: (idx, pad_left, mask) of group_size completions for every prompt of every batch.
-    Under torchrun this rank samples its share of the prompts and every rank gets all the rows.
-    decode: the compiled decode step with compile=True (train_grpo.Run builds it), else None."""
+def sample_rollouts(model, enc, batches, cfg, generator, decode=None,
+                    timer=None, amp=nullcontext()):
+    """PASS 1: (idx, pad_left, mask) of group_size completions for every
+    prompt of every batch. Under torchrun this rank samples its share of
+    the prompts and every rank gets all the rows.
+    decode: the compiled decode step with compile=True
+    (train_grpo.Run builds it), else None."""
     timer = timer or PhaseTimer()
     prompts = [p for batch in batches for p in batch.ids]
     S, G = cfg["max_new_tokens"], cfg["group_size"]
     device = next(model.parameters()).device
     mine = distributed.split(len(prompts))  # this rank's prompts, whole groups
     u = None
-    if cfg["temperature"] > 0:  # one uniform per row and token, for ALL rows as in one process,
-        u = torch.rand(S, len(prompts) * G, generator=generator, device=device)  # (S, n * G)
-        u = u[:, mine.start * G:mine.stop * G]  # so no row's tokens depend on the process count
+    # one uniform per row and token, for ALL rows as in one process,
+    # so no row's tokens depend on the process count:
+    # (S, n * G), then this rank's columns
+    if cfg["temperature"] > 0:
+        u = torch.rand(S, len(prompts) * G, generator=generator, device=device)
+        u = u[:, mine.start * G:mine.stop * G]
     stops = stop_tokens(enc)
-    # LoRA folded in for sampling: each adapted layer holds W + s B A (lora.folded_for_sampling)
+    # LoRA folded in for sampling: each adapted layer holds W + s B A
+    # (lora.folded_for_sampling)
     with timer("generation"), amp, folded_for_sampling(model):
-        sampled = generate(model, prompts[mine], S, stops, num_samples=G,
-                           temperature=cfg["temperature"], top_k=cfg["top_k"] or None,
-                           top_p=cfg["top_p"], vocab_size=enc.n_vocab, u=u, decode=decode)
+        sampled = generate(model, prompts[mine], S, stops,
+                           num_samples=G,
+                           temperature=cfg["temperature"],
+                           top_k=cfg["top_k"] or None,
+                           top_p=cfg["top_p"],
+                           vocab_size=enc.n_vocab,
+                           u=u,
+                           decode=decode)
     # every rank's rows, padded as generate pads
-    return distributed.gather_sampled(*sampled, pad_id(stops), len(prompts), G)
+    pad = pad_id(stops)
+    return distributed.gather_sampled(*sampled, pad, len(prompts), G)
 
 
 def score_rollouts(enc, sampled, batches, cfg, cache=None, timer=None):
-    """Rewards (each batch's own functions; cache: see rewards.compute_rewards) and advantages:
-    one Rollouts per batch."""
+    """Rewards (each batch's own functions; cache: see
+    rewards.compute_rewards) and advantages: one Rollouts per batch."""
     (idx, pad_left, mask), group = sampled, cfg["group_size"]
     timer = timer or PhaseTimer()
-    T = mask.size(1)  # generation stops once every row has ended: T <= max_new_tokens
+    # generation stops once every row has ended: T <= max_new_tokens
+    T = mask.size(1)
     stops = torch.tensor(stop_tokens(enc), device=idx.device)
     out, start = [], 0
     with timer("reward"):
@@ -190,41 +242,61 @@ def score_rollouts(enc, sampled, batches, cfg, cache=None, timer=None):
             start = rows.stop
             texts = decode_completions(enc, idx[rows], mask[rows])
             row_answers = [a for a in batch.answers for _ in range(group)]
-            rewards, per_fn, errors = compute_rewards(texts, row_answers, batch.reward_funcs,
-                                                      batch.reward_weights, cache)
-            rewards = torch.tensor(rewards)  # NaN where no reward function could score
+            rewards, per_fn, errors = compute_rewards(
+                texts, row_answers, batch.reward_funcs, batch.reward_weights,
+                cache)
+            # NaN where no reward function could score
+            rewards = torch.tensor(rewards)
             advantages, n_zero_std = compute_group_advantages(
                 rewards, group, cfg["scale_rewards"], cfg["advantage_epsilon"])
             # no stop id: the completion hit max_new_tokens
             truncated = ~torch.isin(idx[rows, -T:], stops).any(1)
             m = mask[rows]
-            if cfg["mask_truncated_completions"]:  # a truncated row counts no token
+            # a truncated row counts no token
+            if cfg["mask_truncated_completions"]:
                 m = m * (~truncated).long()[:, None]
-            out.append(Rollouts(idx[rows], pad_left[rows], m, advantages, rewards, per_fn, errors,
-                                parse_counts(texts, batch.reward_funcs), n_zero_std, truncated))
+            counts = parse_counts(texts, batch.reward_funcs)
+            out.append(Rollouts(idx[rows], pad_left[rows], m, advantages,
+                                rewards, per_fn, errors, counts, n_zero_std,
+                                truncated))
     return out
 
 
-def compute_group_advantages(rewards, group_size, scale_rewards="group", epsilon=0.0):
-    """rewards (N,), a group's rows adjacent -> (advantages (N,), number of zero-std groups).
-    A_i = r_i - mean(group), / (the group's std + epsilon) ('group'), / (the batch's std + epsilon)
-    ('batch'), or as is ('none'). A group of equal rewards has no signal: A exactly 0, never 0/0 =
-    NaN. A NaN reward (no function could score it) is left out of the group's mean and std; A 0.
-    group_size >= 2 and scale_rewards are checked at config time (checks/grpo_knobs.py)."""
-    r = rewards.float().view(-1, group_size)                          # (B, group_size)
+def compute_group_advantages(rewards, group_size, scale_rewards="group",
+                             epsilon=0.0):
+    """rewards (N,), a group's rows adjacent
+    -> (advantages (N,), number of zero-std groups).
+    A_i = r_i - mean(group),
+          / (the group's std + epsilon) ('group'),
+          / (the batch's std + epsilon) ('batch'), or as is ('none').
+    A group of equal rewards has no signal: A exactly 0, never 0/0 = NaN.
+    A NaN reward (no function could score it) is left out of the group's
+    mean and std; A 0. group_size >= 2 and scale_rewards are checked at
+    config time (checks/grpo_knobs.py)."""
+    r = rewards.float().view(-1, group_size)  # (B, group_size)
     scored = ~torch.isnan(r)
     if scored.all():
         centered = r - r.mean(dim=1, keepdim=True)
-        group_std, batch_std = r.std(dim=1, keepdim=True), r.std()    # (B, 1), ()
+        group_std = r.std(dim=1, keepdim=True)  # (B, 1)
+        batch_std = r.std()                     # ()
         too_few = torch.zeros_like(group_std, dtype=torch.bool)
-    else:  # nan-mean and nan-std over the scored completions of each group
+    # nan-mean and nan-std over the scored completions of each group
+    else:
         n = scored.sum(1, keepdim=True)
-        centered = torch.where(scored, r - torch.nansum(r, 1, keepdim=True) / n.clamp(min=1), 0.0)
-        group_std = ((centered ** 2).sum(1, keepdim=True) / (n - 1).clamp(min=1)).sqrt()
-        batch_std, too_few = r[scored].std() if scored.sum() > 1 else torch.tensor(0.0), n < 2
-    zero_std = (group_std < 1e-6) | too_few                           # all (scored) rewards equal
+        mean = torch.nansum(r, 1, keepdim=True) / n.clamp(min=1)
+        centered = torch.where(scored, r - mean, 0.0)
+        square_sum = (centered ** 2).sum(1, keepdim=True)
+        group_std = (square_sum / (n - 1).clamp(min=1)).sqrt()
+        if scored.sum() > 1:
+            batch_std = r[scored].std()
+        else:
+            batch_std = torch.tensor(0.0)
+        too_few = n < 2
+    # all (scored) rewards equal
+    zero_std = (group_std < 1e-6) | too_few
     if scale_rewards == "group":
-        adv = centered / (torch.where(zero_std, torch.ones_like(group_std), group_std) + epsilon)
+        std = torch.where(zero_std, torch.ones_like(group_std), group_std)
+        adv = centered / (std + epsilon)
     elif scale_rewards == "batch":
         adv = centered / (max(batch_std.item(), 1e-6) + epsilon)
     else:  # 'none'
@@ -233,138 +305,189 @@ def compute_group_advantages(rewards, group_size, scale_rewards="group", epsilon
     return adv.view(-1), int(zero_std.sum())
 
 
-# ---------------------------------------------------------------------------------------------
+# -----------------------------------------------------------------------------
 # 4-7: PASS 3 reference, PASS 2 policy, the loss and its backward, the update
 
-def grpo_updates(model, optimizer, rollouts, cfg, timer=None, amp=nullcontext()):
-    """Steps 4-7 num_iterations (mu) times on one generation (DeepSeekMath, TRL): with mu > 1 the
-    old (sampling) and reference log-probs are taken once, before the first update, so later
-    updates see ratios != 1 and the clip acts. A skipped update (NaN/Inf) ends the generation.
-    Returns (stats summed over the updates run, the last gradient norm, the skip reason or None);
-    stats["updates"]: how many ran."""
+def grpo_updates(model, optimizer, rollouts, cfg, timer=None,
+                 amp=nullcontext()):
+    """Steps 4-7 num_iterations (mu) times on one generation (DeepSeekMath,
+    TRL): with mu > 1 the old (sampling) and reference log-probs are taken
+    once, before the first update, so later updates see ratios != 1 and the
+    clip acts. A skipped update (NaN/Inf) ends the generation.
+    Returns (stats summed over the updates run, the last gradient norm,
+    the skip reason or None); stats["updates"]: how many ran."""
     timer = timer or PhaseTimer()
-    batch = rank_part(rollouts, cfg["micro_batch_size"])  # this rank's rows (all in one process)
-    # PASS 3 first, over the whole batch (unless taken during scoring): its activations are
-    # gone before the first policy micro-batch builds its graph
+    # this rank's rows (all in one process)
+    batch = rank_part(rollouts, cfg["micro_batch_size"])
+    # PASS 3 first, over the whole batch (unless taken during scoring):
+    # its activations are gone before the first policy micro-batch builds
+    # its graph
     batch = with_reference(model, batch, cfg, cfg["beta"], timer, amp)
     if cfg["num_iterations"] > 1:  # the sampling policy's log-probs, once
-        old = logprobs_no_grad(model, batch, cfg, "old_logp", False, timer, amp)
+        old = logprobs_no_grad(model, batch, cfg, "old_logp", False,
+                               timer, amp)
         batch = replace(batch, old_logp=old)
     total, n = None, 0
     for n in range(1, cfg["num_iterations"] + 1):
         stats = policy_backward(model, batch, cfg, cfg["beta"], timer, amp)
-        grad_norm, skip_reason = update(model, optimizer, cfg, stats, True, timer)
-        total = stats if total is None else {k: total[k] + stats[k] for k in total}  # lists: cat
+        grad_norm, skip_reason = update(model, optimizer, cfg, stats, True,
+                                        timer)
+        if total is None:
+            total = stats
+        else:  # lists: cat
+            total = {k: total[k] + stats[k] for k in total}
         if skip_reason:
             break
     return {**total, "updates": n}, grad_norm, skip_reason
 
 
 def with_reference(model, batch, cfg, beta, timer=None, amp=nullcontext()):
-    """PASS 3, reference: the same modules with LoRA off, no graph, into batch.ref_logp (a copy
-    of the batch); nothing to do when beta == 0 or when it was taken already."""
+    """PASS 3, reference: the same modules with LoRA off, no graph, into
+    batch.ref_logp (a copy of the batch); nothing to do when beta == 0 or
+    when it was taken already."""
     if beta == 0 or batch.ref_logp is not None:
         return batch
-    ref = logprobs_no_grad(model, batch, cfg, "reference", True, timer, amp)  # (N, T)
+    ref = logprobs_no_grad(model, batch, cfg, "reference", True,
+                           timer, amp)  # (N, T)
     return replace(batch, ref_logp=ref)
 
 
 def policy_backward(model, batch, cfg, beta, timer=None, amp=nullcontext()):
-    """PASS 3 (with_reference: unless taken already, and before any graph exists), then PASS 2
-    and the backward of the GRPO loss per micro-batch of a Rollouts (old_logp if taken, counts
-    if part of a batch). Gradients add up in .grad; under TracIn's capture (ghost.GhostHooks)
+    """PASS 3 (with_reference: unless taken already, and before any graph
+    exists), then PASS 2 and the backward of the GRPO loss per micro-batch
+    of a Rollouts (old_logp if taken, counts if part of a batch).
+    Gradients add up in .grad; under TracIn's capture (ghost.GhostHooks)
     the hooks keep each sample's factors instead."""
     timer = timer or PhaseTimer()
-    batch = with_reference(model, batch, cfg, beta, timer, amp)  # PASS 3 unless taken already
+    # PASS 3 unless taken already
+    batch = with_reference(model, batch, cfg, beta, timer, amp)
     idx, pad_left, T = batch.idx, batch.pad_left, batch.mask.size(1)
     N, mb, device = idx.size(0), cfg["micro_batch_size"], cfg["device"]
-    norm = dict(**batch_counts(batch.mask), max_len=cfg["max_new_tokens"],
-                num_micro_batches=-(-N // mb),
-                importance_sampling_level=cfg["importance_sampling_level"],
-                use_bias_correction_kl=cfg["use_bias_correction_kl"])
-    norm.update(batch.counts or {})  # part of a batch: divide by the whole batch's counts
-    clip = dict(epsilon_low=cfg["epsilon_low"], epsilon_high=cfg["epsilon_high"],
+    norm = dict(
+        **batch_counts(batch.mask),
+        max_len=cfg["max_new_tokens"],
+        num_micro_batches=-(-N // mb),
+        importance_sampling_level=cfg["importance_sampling_level"],
+        use_bias_correction_kl=cfg["use_bias_correction_kl"])
+    # part of a batch: divide by the whole batch's counts
+    norm.update(batch.counts or {})
+    clip = dict(epsilon_low=cfg["epsilon_low"],
+                epsilon_high=cfg["epsilon_high"],
                 loss_type=cfg["loss_type"])
     adv, mask = batch.advantages.to(device), batch.mask.to(device)
-    # sums over this batch's tokens; update sums them over the ranks, runs/metrics.py divides
-    stats = {"losses": [], "kl_sum": 0.0, "clipped": 0.0, "clipped_low": 0.0,
-             "clipped_high": 0.0, "ent_sum": 0.0, "num_tokens": mask.sum().item()}
-    model.train()  # dropout is 0: train() only enables gradient checkpointing if configured
+    # sums over this batch's tokens;
+    # update sums them over the ranks, runs/metrics.py divides
+    stats = {"losses": [], "kl_sum": 0.0, "clipped": 0.0,
+             "clipped_low": 0.0, "clipped_high": 0.0, "ent_sum": 0.0,
+             "num_tokens": mask.sum().item()}
+    # dropout is 0: train() only enables gradient checkpointing
+    # if configured
+    model.train()
     for s in range(0, N, mb):
         sl = slice(s, s + mb)
         ref_logp = None if beta == 0 else batch.ref_logp[sl]
         with timer("policy"), amp:  # PASS 2, policy, with grad
-            logp, entropy = completion_logprobs(model, idx[sl], pad_left[sl], T,
-                                                cfg["temperature"], with_entropy=True)
-            # mu = 1: old = logp.detach(), the ratio is exactly 1, the clip never acts (TRL and
-            # nanochat note it); mu > 1: old taken before the first update: it acts
-            old_logp = logp.detach() if batch.old_logp is None else batch.old_logp[sl]
-            loss, loss_stats = grpo_loss(logp, old_logp, ref_logp, adv[sl], mask[sl], beta,
-                                         **clip, **norm)
+            logp, entropy = completion_logprobs(
+                model, idx[sl], pad_left[sl], T, cfg["temperature"],
+                with_entropy=True)
+            # mu = 1: old = logp.detach(), the ratio is exactly 1, the clip
+            # never acts (TRL and nanochat note it);
+            # mu > 1: old taken before the first update: it acts
+            if batch.old_logp is None:
+                old_logp = logp.detach()
+            else:
+                old_logp = batch.old_logp[sl]
+            loss, loss_stats = grpo_loss(logp, old_logp, ref_logp, adv[sl],
+                                         mask[sl], beta, **clip, **norm)
             loss.backward()
             stats["losses"].append(loss.item())
             for k in ("kl_sum", "clipped_low", "clipped_high"):
                 stats[k] += loss_stats[k]
             stats["clipped"] += loss_stats["clipped_tokens"]
             stats["ent_sum"] += (entropy * mask[sl]).sum().item()
-            # this micro-batch's graph: the logits saved for the backward, the activations.
-            # The backward has run, so nothing else holds them; logp and entropy are (n, T)
+            # this micro-batch's graph: the logits saved for the backward,
+            # the activations. The backward has run, so nothing else holds
+            # them; logp and entropy are (n, T)
             del logp, ref_logp, entropy, loss
     return stats
 
 
-def logprobs_no_grad(model, batch, cfg, name, disabled=False, timer=None, amp=nullcontext()):
-    """(N, T) completion log-probs without graph, per micro-batch: of the policy as it is now
-    (the 'old' policy of num_iterations > 1), or with disabled=True of the reference (LoRA
-    off)."""
+def logprobs_no_grad(model, batch, cfg, name, disabled=False, timer=None,
+                     amp=nullcontext()):
+    """(N, T) completion log-probs without graph, per micro-batch: of the
+    policy as it is now (the 'old' policy of num_iterations > 1), or with
+    disabled=True of the reference (LoRA off)."""
     T, mb = batch.mask.size(1), cfg["micro_batch_size"]
     timer = timer or PhaseTimer()
     lora_off = disable_lora(model) if disabled else nullcontext()
     rows = [slice(s, s + mb) for s in range(0, len(batch), mb)]
-    with timer(name), torch.no_grad(), lora_off, amp:  # no graph: no activations kept
-        return torch.cat([completion_logprobs(model, batch.idx[r], batch.pad_left[r], T,
-                                              cfg["temperature"])[0] for r in rows])
+    temperature = cfg["temperature"]
+    # no graph: no activations kept
+    with timer(name), torch.no_grad(), lora_off, amp:
+        logps = []
+        for r in rows:
+            idx, pad_left = batch.idx[r], batch.pad_left[r]
+            logp, _ = completion_logprobs(model, idx, pad_left, T, temperature)
+            logps.append(logp)
+        return torch.cat(logps)
 
 
-def completion_logprobs(model, idx, pad_left, T, temperature, with_entropy=False):
-    """Per-token log-probs (N, T) of the last T tokens of idx (the completion) under logits / the
-    sampling temperature (the policy that sampled), entropy if asked; the LM head runs on T rows."""
-    logits, _ = model(idx[:, :-1], pad_left=pad_left, keep_last=T)  # (N, T, V)
-    temperature = temperature if temperature > 0 else 1.0  # greedy sampling: plain log-probs
-    logp = selective_log_softmax(logits, idx[:, -T:], temperature)  # (N, T); no (N, T, V) copy
+def completion_logprobs(model, idx, pad_left, T, temperature,
+                        with_entropy=False):
+    """Per-token log-probs (N, T) of the last T tokens of idx (the
+    completion) under logits / the sampling temperature (the policy that
+    sampled), entropy if asked; the LM head runs on T rows."""
+    # (N, T, V)
+    logits, _ = model(idx[:, :-1], pad_left=pad_left, keep_last=T)
+    # greedy sampling: plain log-probs
+    temperature = temperature if temperature > 0 else 1.0
+    # (N, T); no (N, T, V) copy
+    logp = selective_log_softmax(logits, idx[:, -T:], temperature)
     entropy = None
     if with_entropy:
-        with torch.no_grad():  # a diagnostic: no graph kept for it; one (T, V) row at a time
-            entropy = torch.stack([-(r.softmax(-1) * r.log_softmax(-1)).sum(-1)  # (N, T)
-                                   for r in (row.float() / temperature for row in logits)])
-    # (N, T, V), the pass's largest activation: freed here without grad (passes 1 and 3); on the
-    # policy pass SelectiveLogSoftmax saved it, so autograd holds it until loss.backward() has run
+        # a diagnostic: no graph kept for it; one (T, V) row at a time
+        with torch.no_grad():
+            def row_entropy(row):  # (T,)
+                r = row.float() / temperature
+                return -(r.softmax(-1) * r.log_softmax(-1)).sum(-1)
+            entropy = torch.stack([row_entropy(row) for row in logits])
+    # (N, T, V), the pass's largest activation: freed here without grad
+    # (passes 1 and 3); on the policy pass SelectiveLogSoftmax saved it,
+    # so autograd holds it until loss.backward() has run
     del logits
     return logp, entropy
 
 
 def selective_log_softmax(logits, tokens, temperature=1.0):
-    """(N, T) log-probs of `tokens` under softmax(logits / temperature); see SelectiveLogSoftmax."""
+    """(N, T) log-probs of `tokens` under softmax(logits / temperature);
+    see SelectiveLogSoftmax."""
     return SelectiveLogSoftmax.apply(logits, tokens, temperature)[0]
 
 
 class SelectiveLogSoftmax(torch.autograd.Function):
-    """log p(token) = logit[token] / temp - logsumexp(logits / temp), in float32,
-    from logits (N, T, V).
+    """log p(token) = logit[token] / temp - logsumexp(logits / temp),
+    in float32, from logits (N, T, V).
 
-    Saves for backward only the logits themselves (in their own dtype, bf16 under autocast) and the
-    (N, T) logsumexp: never a (N, T, V) log-prob tensor nor a float32 copy of the logits (autograd's
-    own logsumexp would keep one per row, N*T*V*4 bytes). Backward recomputes one row at a time:
-        d logp_t / d logits_t = (onehot(token_t) - softmax(logits_t / temp)) / temp"""
+    Saves for backward only the logits themselves (in their own dtype,
+    bf16 under autocast) and the (N, T) logsumexp: never a (N, T, V)
+    log-prob tensor nor a float32 copy of the logits (autograd's own
+    logsumexp would keep one per row, N*T*V*4 bytes).
+    Backward recomputes one row at a time:
+        d logp_t / d logits_t
+            = (onehot(token_t) - softmax(logits_t / temp)) / temp"""
 
-    generate_vmap_rule = True  # torch.func (vmap / jacrev: the tests' references) may batch it
+    # torch.func (vmap / jacrev: the tests' references) may batch it
+    generate_vmap_rule = True
 
     @staticmethod
     def forward(logits, tokens, temperature):
         inv = 1.0 / temperature
-        acc = torch.promote_types(logits.dtype, torch.float32)  # bf16 -> float32
-        lse = torch.stack([torch.logsumexp(row.to(acc) * inv, dim=-1) for row in logits])  # (N, T)
-        picked = logits.gather(-1, tokens.unsqueeze(-1)).squeeze(-1).to(acc) * inv  # (N, T)
+        # bf16 -> float32
+        acc = torch.promote_types(logits.dtype, torch.float32)
+        lse = torch.stack([torch.logsumexp(row.to(acc) * inv, dim=-1)
+                           for row in logits])  # (N, T)
+        picked = logits.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+        picked = picked.to(acc) * inv  # (N, T)
         return picked - lse, lse
 
     @staticmethod
@@ -374,39 +497,55 @@ class SelectiveLogSoftmax(torch.autograd.Function):
         ctx.inv = 1.0 / temperature
         ctx.mark_non_differentiable(output[1])
 
+    # the backward below is not itself differentiable:
+    # double backward raises
     @staticmethod
-    @once_differentiable  # the backward below is not itself differentiable: double backward raises
+    @once_differentiable
     def backward(ctx, g, _):  # g (N, T)
         logits, tokens, lse = ctx.saved_tensors
         rows = []
-        for i in range(logits.size(0)):  # one (T, V) float32 softmax exists at a time
-            p = torch.exp(logits[i].to(lse.dtype) * ctx.inv - lse[i, :, None])  # softmax (T, V)
+        # one (T, V) float32 softmax exists at a time
+        for i in range(logits.size(0)):
+            # softmax (T, V)
+            p = torch.exp(logits[i].to(lse.dtype) * ctx.inv - lse[i, :, None])
             # (onehot - p) g
-            gi = (-p * g[i, :, None]).scatter_add(-1, tokens[i, :, None], g[i, :, None])
+            gt = g[i, :, None]
+            gi = (-p * gt).scatter_add(-1, tokens[i, :, None], gt)
             rows.append((gi * ctx.inv).to(logits.dtype))
-        # out-of-place (vmap-safe); stacking briefly doubles the (N, T, V) gradient, logits' dtype
+        # out-of-place (vmap-safe); stacking briefly doubles the (N, T, V)
+        # gradient, in the logits' dtype
         return torch.stack(rows), None, None
 
 
 LOSS_TYPES = ("grpo", "bnpo", "dapo", "dr_grpo")  # TRL's names
 
 
-def grpo_loss(logp, old_logp, ref_logp, advantages, mask, beta=0.04, epsilon_low=0.2,
-              epsilon_high=0.2, loss_type="grpo", num_seqs=None, num_tokens=None, max_len=None,
-              num_micro_batches=1, importance_sampling_level="token", use_bias_correction_kl=False):
-    """GRPO objective on one micro-batch, normalised so that the micro-batches' gradients add up to
-    the whole batch's (bnpo: to their mean, as TRL's gradient accumulation). Per token:
-        L_t = -min(rho_t A, clip(rho_t, 1-eps_low, 1+eps_high) A) + beta * KL_t
-        rho_t = exp(logp_t - old_logp_t)                   (importance_sampling_level 'token')
-        rho_t = exp(mean_s (logp_s - old_logp_s)), all t   ('sequence', GSPO)
-        KL_t = exp(ref_t - logp_t) - (ref_t - logp_t) - 1  (k3; x rho_t if use_bias_correction_kl)
-    summed over the completion tokens (mask) and divided as loss_type says (the branches below).
-    Shapes: logp, old_logp, ref_logp, mask (n, T); advantages (n,). ref_logp None when beta == 0."""
+def grpo_loss(logp, old_logp, ref_logp, advantages, mask,
+              beta=0.04, epsilon_low=0.2, epsilon_high=0.2,
+              loss_type="grpo", num_seqs=None, num_tokens=None,
+              max_len=None, num_micro_batches=1,
+              importance_sampling_level="token",
+              use_bias_correction_kl=False):
+    """GRPO objective on one micro-batch, normalised so that the
+    micro-batches' gradients add up to the whole batch's (bnpo: to their
+    mean, as TRL's gradient accumulation). Per token:
+        L_t = -min(rho_t A, clip(rho_t, 1-eps_low, 1+eps_high) A)
+              + beta * KL_t
+        rho_t = exp(logp_t - old_logp_t)         (level 'token')
+        rho_t = exp(mean_s (logp_s - old_logp_s)), all t
+                                                 ('sequence', GSPO)
+        KL_t = exp(ref_t - logp_t) - (ref_t - logp_t) - 1
+               (k3; x rho_t if use_bias_correction_kl)
+    summed over the completion tokens (mask) and divided as loss_type says
+    (the branches below). Shapes: logp, old_logp, ref_logp, mask (n, T);
+    advantages (n,). ref_logp None when beta == 0."""
     mask = mask.to(logp.dtype)
     num_seqs = num_seqs or logp.size(0)
     log_ratio = logp - old_logp  # (n, T)
-    if importance_sampling_level == "sequence":  # one ratio per completion
-        log_ratio = ((log_ratio * mask).sum(1) / mask.sum(1).clamp(min=1))[:, None]  # (n, 1)
+    # one ratio per completion
+    if importance_sampling_level == "sequence":
+        seq_mean = (log_ratio * mask).sum(1) / mask.sum(1).clamp(min=1)
+        log_ratio = seq_mean[:, None]  # (n, 1)
     ratio = torch.exp(log_ratio)
     clipped = torch.clamp(ratio, 1 - epsilon_low, 1 + epsilon_high)
     A = advantages[:, None]
@@ -415,50 +554,72 @@ def grpo_loss(logp, old_logp, ref_logp, advantages, mask, beta=0.04, epsilon_low
     if beta != 0:
         d = ref_logp - logp
         kl = torch.exp(d) - d - 1  # k3 estimator, >= 0
-        if use_bias_correction_kl:  # estimated under the old policy: reweight it to the new one
+        # estimated under the old policy: reweight it to the new one
+        if use_bias_correction_kl:
             kl = kl * ratio
         per_token = per_token + beta * kl
-    if loss_type == "grpo":  # mean over each completion's tokens, then / num_seqs (DeepSeekMath)
-        loss = ((per_token * mask).sum(1) / mask.sum(1).clamp(min=1)).sum() / num_seqs
-    elif loss_type == "bnpo":  # / this micro-batch's tokens / num_micro_batches
-        loss = (per_token * mask).sum() / mask.sum().clamp(min=1) / num_micro_batches
-    elif loss_type == "dapo":  # / the whole batch's tokens (token-level, TRL's default)
-        loss = (per_token * mask).sum() / (num_tokens or mask.sum().clamp(min=1))
-    elif loss_type == "dr_grpo":  # / (num_seqs * max_len) (Dr. GRPO, arXiv 2503.20783)
+    # grpo: mean over each completion's tokens, then / num_seqs
+    # (DeepSeekMath)
+    if loss_type == "grpo":
+        per_seq = (per_token * mask).sum(1) / mask.sum(1).clamp(min=1)
+        loss = per_seq.sum() / num_seqs
+    # bnpo: / this micro-batch's tokens / num_micro_batches
+    elif loss_type == "bnpo":
+        tokens = mask.sum().clamp(min=1)
+        loss = (per_token * mask).sum() / tokens / num_micro_batches
+    # dapo: / the whole batch's tokens (token-level, TRL's default)
+    elif loss_type == "dapo":
+        tokens = num_tokens or mask.sum().clamp(min=1)
+        loss = (per_token * mask).sum() / tokens
+    # dr_grpo: / (num_seqs * max_len) (Dr. GRPO, arXiv 2503.20783)
+    elif loss_type == "dr_grpo":
         loss = (per_token * mask).sum() / (num_seqs * (max_len or logp.size(1)))
     else:
-        raise UserError(f"loss_type must be one of {', '.join(LOSS_TYPES)}, got {loss_type!r}")
-    with torch.no_grad():  # statistics for the log line only (TRL's clip_ratio/low, /high, /region)
-        low = ((ratio < 1 - epsilon_low) & (A < 0)).expand_as(mask).float() * mask
-        high = ((ratio > 1 + epsilon_high) & (A > 0)).expand_as(mask).float() * mask
-        stats = {"clipped_low": low.sum().item(), "clipped_high": high.sum().item(),
+        raise UserError(f"loss_type must be one of {', '.join(LOSS_TYPES)}, "
+                        f"got {loss_type!r}")
+    # statistics for the log line only
+    # (TRL's clip_ratio/low, /high, /region)
+    with torch.no_grad():
+        low = (ratio < 1 - epsilon_low) & (A < 0)
+        high = (ratio > 1 + epsilon_high) & (A > 0)
+        low = low.expand_as(mask).float() * mask
+        high = high.expand_as(mask).float() * mask
+        kl_sum = (kl * mask).sum().item() if kl is not None else 0.0
+        stats = {"clipped_low": low.sum().item(),
+                 "clipped_high": high.sum().item(),
                  "clipped_tokens": (low + high).sum().item(),
-                 "kl_sum": (kl * mask).sum().item() if kl is not None else 0.0}
+                 "kl_sum": kl_sum}
     return loss, stats
 
 
 def update(model, optimizer, cfg, stats, apply=True, timer=None):
-    """7: the ranks' gradients and `stats` summed (in place; nothing to do in one process), clip,
-    AdamW on the LoRA parameters. apply=False (TracIn kept no rollout): no clip, no AdamW step,
-    whose moments would still move the adapter on a zero gradient. -> (grad norm, skip reason).
-    NaN/Inf: a non-finite loss or gradient norm leaves the weights and the AdamW state untouched,
-    the step logged as skipped (skip_reason); grpo_updates stops the generation's remaining
-    updates (earlier ones stay applied); train_grpo.Run.train stops the run after
-    max_skipped_steps in a row. The step still counts as an iteration: the schedule advances and
-    its rollouts are recorded (marked skipped). The other two ways into a skipped step: NaN/Inf
-    logits in sampling (model.generate raises NonFiniteLogits, train_grpo.grpo_step returns
-    before any backward) and a non-finite TracIn influence (tracin_backward's skip reason,
-    apply=False here)."""
+    """7: the ranks' gradients and `stats` summed (in place; nothing to do
+    in one process), clip, AdamW on the LoRA parameters.
+    apply=False (TracIn kept no rollout): no clip, no AdamW step, whose
+    moments would still move the adapter on a zero gradient.
+    -> (grad norm, skip reason).
+    NaN/Inf: a non-finite loss or gradient norm leaves the weights and the
+    AdamW state untouched, the step logged as skipped (skip_reason);
+    grpo_updates stops the generation's remaining updates (earlier ones
+    stay applied); train_grpo.Run.train stops the run after
+    max_skipped_steps in a row. The step still counts as an iteration:
+    the schedule advances and its rollouts are recorded (marked skipped).
+    The other two ways into a skipped step: NaN/Inf logits in sampling
+    (model.generate raises NonFiniteLogits, train_grpo.grpo_step returns
+    before any backward) and a non-finite TracIn influence
+    (tracin_backward's skip reason, apply=False here)."""
     skip_reason, timer = None, timer or PhaseTimer()
     params = lora_parameters(model)
     with timer("optimizer"):
-        distributed.sum_grads(params)  # all ranks' LoRA gradients, before the clip
-        distributed.sum_stats(stats)   # and every statistic the step returned
+        # all ranks' LoRA gradients, before the clip
+        distributed.sum_grads(params)
+        # and every statistic the step returned
+        distributed.sum_stats(stats)
         grad_norm = torch.tensor(0.0)
         if apply:
             grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg["grad_clip"])
-        finite = math.isfinite(grad_norm.item()) \
-            and all(math.isfinite(v) for v in stats["losses"])
+        losses_finite = all(math.isfinite(v) for v in stats["losses"])
+        finite = math.isfinite(grad_norm.item()) and losses_finite
         if not finite:
             skip_reason = "non-finite loss or gradient"
             print(f"warning: {skip_reason}; step skipped, weights untouched")
