@@ -1,43 +1,58 @@
 """
-A GPT in the nanoGPT mould (GPT-2 names: wte, wpe, c_attn, c_proj, c_fc, lm_head), with
+A GPT in the nanoGPT mould (GPT-2 names: wte, wpe, c_attn, c_proj, c_fc,
+lm_head), with
   - F.scaled_dot_product_attention,
-  - left-padded batches: `pad_left[b]` pad tokens precede row b's prompt; they are masked out
-    as keys and positions restart at 0 on the first real token, so a row's numbers do not
-    depend on what else is in the batch (up to rounding: matmuls of other shapes sum in
-    another order, about 3e-8 on the logits),
-  - a KV cache for decoding (KVCache): each new token attends to the cached keys/values
-    instead of recomputing the whole prefix,
-  - `keep_last=k`: the LM head runs on the last k positions only (GRPO needs completion
-    logits only; the head is the largest matmul and logits the largest activation),
+  - left-padded batches: `pad_left[b]` pad tokens precede row b's prompt;
+    they are masked out as keys and positions restart at 0 on the first
+    real token, so a row's numbers do not depend on what else is in the
+    batch (up to rounding: matmuls of other shapes sum in another order,
+    about 3e-8 on the logits),
+  - a KV cache for decoding (KVCache): each new token attends to the
+    cached keys/values instead of recomputing the whole prefix,
+  - `keep_last=k`: the LM head runs on the last k positions only (GRPO
+    needs completion logits only; the head is the largest matmul and
+    logits the largest activation),
   - optional gradient checkpointing per block,
-  - the families of real checkpoints as a few switches (GPTConfig.arch and below): GPT-2 is
-    this GPT with biases and tanh GELU; Qwen2 and Llama swap LayerNorm for RMSNorm, learned
-    positions for RoPE, GELU for SwiGLU, and may share key/value heads (grouped-query attention),
-and `generate`, GRPO's pass 1: batched KV-cache sampling that returns token ids and a completion
-mask, never logits. Layout of a batch (prompts of different lengths are left-padded, so every
-completion starts at the same column P and the cache advances one column per step for all rows):
+  - the families of real checkpoints as a few switches (GPTConfig.arch and
+    below): GPT-2 is this GPT with biases and tanh GELU; Qwen2 and Llama
+    swap LayerNorm for RMSNorm, learned positions for RoPE, GELU for
+    SwiGLU, and may share key/value heads (grouped-query attention),
+and `generate`, GRPO's pass 1: batched KV-cache sampling that returns
+token ids and a completion mask, never logits. Layout of a batch (prompts
+of different lengths are left-padded, so every completion starts at the
+same column P and the cache advances one column per step for all rows):
 
     row 0:  [pad pad q q q q | c c c EOT pad]
     row 1:  [q q q q q q     | c c c c   c  ]
-             pad_left = (2, 0)      completion_mask = (1 1 1 1 0), (1 1 1 1 1)
+             pad_left = (2, 0)
+             completion_mask = (1 1 1 1 0), (1 1 1 1 1)
 
-Loading a Hugging Face directory lives in pretrained/hf.py (from_pretrained), checkpoint files in
-runs/checkpoint.py: this file is the model alone.
+Loading a Hugging Face directory lives in pretrained/hf.py
+(from_pretrained), checkpoint files in runs/checkpoint.py:
+this file is the model alone.
 
-bf16 (dtype='bfloat16', scale/device.py: the base weights stored in bf16, every pass under bf16
-autocast, the `amp` the run hands to each pass). What stays float32, each commented where it happens:
-  - LoRA's weights and their AdamW state (lora.LoRALinear); their matmuls run in bf16 under autocast
-  - the adapter folded in for sampling, W + s B A: summed in float32, stored in the base's dtype
-    (lora.folded_for_sampling)
-  - RMSNorm's statistics (model.RMSNorm) and RoPE's angles (model.rope_cos_sin)
-  - a decode step's attention scores, probabilities and weighted values (model.one_query_attention)
+bf16 (dtype='bfloat16', scale/device.py: the base weights stored in bf16,
+every pass under bf16 autocast, the `amp` the run hands to each pass).
+What stays float32, each commented where it happens:
+  - LoRA's weights and their AdamW state (lora.LoRALinear);
+    their matmuls run in bf16 under autocast
+  - the adapter folded in for sampling, W + s B A: summed in float32,
+    stored in the base's dtype (lora.folded_for_sampling)
+  - RMSNorm's statistics (model.RMSNorm)
+    and RoPE's angles (model.rope_cos_sin)
+  - a decode step's attention scores, probabilities and weighted values
+    (model.one_query_attention)
   - sampling's softmax and cumulative distribution (model.sample_next)
-  - log-probs and their logsumexp (grpo.SelectiveLogSoftmax), the entropy (grpo.completion_logprobs),
-    rewards and advantages (grpo.compute_group_advantages), ratio, KL and loss (grpo.grpo_loss)
-  - per-sample gradients, G and the influence inner products (ghost.outer_product_sum,
-    ghost.summed_gradient); post-hoc attribution sums them in float64 (tracin.hook_products)
-Not float32: the KV cache is kept in autocast's dtype (model.GPT.new_cache), and the logits in the
-head's (SelectiveLogSoftmax upcasts one row at a time).
+  - log-probs and their logsumexp (grpo.SelectiveLogSoftmax),
+    the entropy (grpo.completion_logprobs),
+    rewards and advantages (grpo.compute_group_advantages),
+    ratio, KL and loss (grpo.grpo_loss)
+  - per-sample gradients, G and the influence inner products
+    (ghost.outer_product_sum, ghost.summed_gradient);
+    post-hoc attribution sums them in float64 (tracin.hook_products)
+Not float32: the KV cache is kept in autocast's dtype
+(model.GPT.new_cache), and the logits in the head's
+(SelectiveLogSoftmax upcasts one row at a time).
 """
 import math
 from dataclasses import dataclass
@@ -59,51 +74,64 @@ class GPTConfig:
     n_embd: int = 128
     dropout: float = 0.0
     bias: bool = False
-    grad_checkpoint: bool = False  # recompute each block's activations in backward
-    # family switches: the defaults are the tiny GPT; pretrained/hf.from_pretrained sets them from config.json
-    arch: str = "gpt2"          # 'gpt2': LayerNorm, learned positions, GELU MLP, one fused c_attn;
-                                # 'llama' (Qwen2 too): RMSNorm, RoPE, SwiGLU MLP, q/k/v/o_proj
-    n_kv_head: int = 0          # grouped-query attention: n_kv_head key/value heads (0 = n_head)
-    n_inner: int = 0            # MLP width (0 = 4 * n_embd)
-    gelu: str = "none"          # F.gelu's `approximate`: 'tanh' is GPT-2's gelu_new
+    # recompute each block's activations in backward
+    grad_checkpoint: bool = False
+    # family switches: the defaults are the tiny GPT;
+    # pretrained/hf.from_pretrained sets them from config.json
+    # 'gpt2': LayerNorm, learned positions, GELU MLP, one fused c_attn;
+    # 'llama' (Qwen2 too): RMSNorm, RoPE, SwiGLU MLP, q/k/v/o_proj
+    arch: str = "gpt2"
+    # grouped-query attention: n_kv_head key/value heads (0 = n_head)
+    n_kv_head: int = 0
+    n_inner: int = 0      # MLP width (0 = 4 * n_embd)
+    gelu: str = "none"    # F.gelu's `approximate`: 'tanh' is GPT-2's gelu_new
     norm_eps: float = 1e-5
     rope_theta: float = 10000.0
-    qkv_bias: bool = False      # a bias on q, k, v only (Qwen2); `bias`: one everywhere (GPT-2)
-    tie_head: bool = True       # lm_head shares wte's weight
+    # a bias on q, k, v only (Qwen2); `bias`: one everywhere (GPT-2)
+    qkv_bias: bool = False
+    tie_head: bool = True  # lm_head shares wte's weight
 
 
 class KVCache:
-    """Keys/values of every layer for a batch, preallocated to `max_len` columns.
+    """Keys/values of every layer for a batch, preallocated to `max_len`
+    columns.
 
-    Column j of the cache holds the token at column j of the (left-padded) input. `pos` is the
-    number of filled columns; `pad_left` (B,) says where each row's real tokens start.
+    Column j of the cache holds the token at column j of the (left-padded)
+    input. `pos` is the number of filled columns; `pad_left` (B,) says
+    where each row's real tokens start.
     """
 
-    def __init__(self, n_layer, B, n_head, max_len, head_dim, pad_left, device, dtype):
-        self.k = torch.zeros(n_layer, B, n_head, max_len, head_dim, device=device, dtype=dtype)
+    def __init__(self, n_layer, B, n_head, max_len, head_dim, pad_left,
+                 device, dtype):
+        shape = (n_layer, B, n_head, max_len, head_dim)
+        self.k = torch.zeros(shape, device=device, dtype=dtype)
         self.v = torch.zeros_like(self.k)
         self.pad_left = pad_left
         self.pos = 0
 
     def repeat_interleave(self, n):
-        """Each row becomes n: the prompt's prefill is shared by its n samples, not recomputed."""
+        """Each row becomes n: the prompt's prefill is shared by its
+        n samples, not recomputed."""
         self.k = self.k.repeat_interleave(n, dim=1)
         self.v = self.v.repeat_interleave(n, dim=1)
         self.pad_left = self.pad_left.repeat_interleave(n)
 
 
 def attention_mask(pad_left, q_start, Tq, Tk, device):
-    """(B, 1, Tq, Tk) bool: query column q_start+i may see key column j iff j <= q_start+i and
-    j is not padding. A padding query also sees itself, so no softmax row is empty (an empty
-    row gives NaN, and NaN * 0 would leak into the real rows through the values)."""
-    q = torch.arange(q_start, q_start + Tq, device=device)[:, None]      # (Tq, 1)
-    k = torch.arange(Tk, device=device)[None, :]                         # (1, Tk)
-    real = k[None] >= pad_left[:, None, None]                            # (B, 1, Tk)
-    return (((k <= q)[None] & real) | (k == q)[None])[:, None]            # (B, 1, Tq, Tk)
+    """(B, 1, Tq, Tk) bool: query column q_start+i may see key column j iff
+    j <= q_start+i and j is not padding. A padding query also sees itself,
+    so no softmax row is empty (an empty row gives NaN, and NaN * 0 would
+    leak into the real rows through the values)."""
+    q = torch.arange(q_start, q_start + Tq, device=device)[:, None]  # (Tq, 1)
+    k = torch.arange(Tk, device=device)[None, :]                     # (1, Tk)
+    real = k[None] >= pad_left[:, None, None]                        # (B, 1, Tk)
+    seen = ((k <= q)[None] & real) | (k == q)[None]                  # (B, Tq, Tk)
+    return seen[:, None]                                             # (B, 1, Tq, Tk)
 
 
 class RMSNorm(nn.Module):
-    """x / sqrt(mean(x^2) + eps) * weight (Qwen2, Llama), in float32 whatever the weights' dtype."""
+    """x / sqrt(mean(x^2) + eps) * weight (Qwen2, Llama), in float32
+    whatever the weights' dtype."""
 
     def __init__(self, n, eps):
         super().__init__()
@@ -122,35 +150,42 @@ def make_norm(config):
 
 
 def rope_cos_sin(pos, head_dim, theta):
-    """Rotary position embedding (RoFormer, arXiv 2104.09864): pair i of a head is rotated by the
-    angle pos * theta^(-2i / head_dim). pos (B|1, T) -> cos, sin (B|1, 1, T, head_dim), float32."""
-    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, device=pos.device).float() / head_dim)
+    """Rotary position embedding (RoFormer, arXiv 2104.09864): pair i of
+    a head is rotated by the angle pos * theta^(-2i / head_dim).
+    pos (B|1, T) -> cos, sin (B|1, 1, T, head_dim), float32."""
+    pairs = torch.arange(0, head_dim, 2, device=pos.device).float()
+    inv_freq = 1.0 / theta ** (pairs / head_dim)
     angles = pos[..., None].float() * inv_freq  # (B, T, head_dim / 2)
-    angles = torch.cat((angles, angles), dim=-1)[:, None]  # (B, 1, T, head_dim) for rotate_half
+    # (B, 1, T, head_dim) for rotate_half
+    angles = torch.cat((angles, angles), dim=-1)[:, None]
     return angles.cos(), angles.sin()
 
 
 def apply_rope(x, cos, sin):
-    """x (B, H, T, hd) rotated: each head's first and second half form the pairs (rotate_half)."""
+    """x (B, H, T, hd) rotated: each head's first and second half form the
+    pairs (rotate_half)."""
     x1, x2 = x.chunk(2, dim=-1)
     return x * cos.to(x.dtype) + torch.cat((-x2, x1), dim=-1) * sin.to(x.dtype)
 
 
 def one_query_attention(q, keys, values, seen, k_new=None, v_new=None):
-    """ONE query per row (a decode step): softmax(q K^T / sqrt(hd)) V over the columns `seen`, in
-    float32 whatever autocast says (bf16 would round the softmax). q (B, H, 1, hd); keys, values
-    (B, H, L, hd); seen (B, 1, 1, L) bool. k_new, v_new (B, H, 1, hd): one more column beside the
-    cache's, not written into it (the compiled decode step, scale/compiled.py). Returns
-    (B, H, 1, hd), q's dtype."""
+    """ONE query per row (a decode step): softmax(q K^T / sqrt(hd)) V over
+    the columns `seen`, in float32 whatever autocast says (bf16 would round
+    the softmax). q (B, H, 1, hd); keys, values (B, H, L, hd);
+    seen (B, 1, 1, L) bool. k_new, v_new (B, H, 1, hd): one more column
+    beside the cache's, not written into it (the compiled decode step,
+    scale/compiled.py). Returns (B, H, 1, hd), q's dtype."""
     dtype, scale = q.dtype, q.size(-1) ** -0.5
-    with torch.autocast(q.device.type, enabled=False):  # else autocast makes both matmuls bf16
+    # else autocast makes both matmuls bf16
+    with torch.autocast(q.device.type, enabled=False):
         q = q.float()
         scores = q @ keys.float().transpose(-2, -1) * scale  # (B, H, 1, L)
         att = scores.masked_fill(~seen, float("-inf"))
         if k_new is None:
             return (att.softmax(-1) @ values.float()).to(dtype)
-        own = (q * k_new.float()).sum(-1, keepdim=True) * scale  # the new column's score
-        att = torch.cat((att, own), -1).softmax(-1)              # (B, H, 1, L + 1)
+        # the new column's score
+        own = (q * k_new.float()).sum(-1, keepdim=True) * scale
+        att = torch.cat((att, own), -1).softmax(-1)  # (B, H, 1, L + 1)
         y = att[..., :-1] @ values.float() + att[..., -1:] * v_new.float()
         return y.to(dtype)
 
@@ -158,10 +193,13 @@ def one_query_attention(q, keys, values, seen, k_new=None, v_new=None):
 class CausalSelfAttention(nn.Module):
     def __init__(self, config):
         super().__init__()
-        assert config.n_embd % config.n_head == 0, "n_embd must be divisible by n_head"
+        divisible = config.n_embd % config.n_head == 0
+        assert divisible, "n_embd must be divisible by n_head"
         C, self.hd = config.n_embd, config.n_embd // config.n_head
-        self.n_head, self.n_kv_head = config.n_head, config.n_kv_head or config.n_head
-        assert self.n_head % self.n_kv_head == 0, "n_head must be a multiple of n_kv_head"
+        self.n_head = config.n_head
+        self.n_kv_head = config.n_kv_head or config.n_head
+        grouped = self.n_head % self.n_kv_head == 0
+        assert grouped, "n_head must be a multiple of n_kv_head"
         kv = self.n_kv_head * self.hd
         self.split = (C, kv, kv)
         if config.arch == "gpt2":  # q, k, v from one fused matmul
@@ -173,48 +211,62 @@ class CausalSelfAttention(nn.Module):
             self.k_proj = nn.Linear(C, kv, bias=qkv_bias)
             self.v_proj = nn.Linear(C, kv, bias=qkv_bias)
             self.o_proj = nn.Linear(C, C, bias=config.bias)
-        self.resid_dropout, self.dropout = nn.Dropout(config.dropout), config.dropout
+        self.resid_dropout = nn.Dropout(config.dropout)
+        self.dropout = config.dropout
 
     def project_qkv(self, x, rope=None):
-        """x (B, T, C) -> q (B, H, T, hd), k and v (B, Hkv, T, hd), rotated if RoPE."""
+        """x (B, T, C) -> q (B, H, T, hd), k and v (B, Hkv, T, hd),
+        rotated if RoPE."""
         B, T, _ = x.size()
         if hasattr(self, "c_attn"):
             q, k, v = self.c_attn(x).split(self.split, dim=2)
         else:
             q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
-        q = q.view(B, T, self.n_head, self.hd).transpose(1, 2)  # (B, H, T, hd); k, v: Hkv heads
-        k, v = (t.view(B, T, self.n_kv_head, self.hd).transpose(1, 2) for t in (k, v))
+        # (B, H, T, hd); k, v: Hkv heads
+        q = q.view(B, T, self.n_head, self.hd).transpose(1, 2)
+        k = k.view(B, T, self.n_kv_head, self.hd).transpose(1, 2)
+        v = v.view(B, T, self.n_kv_head, self.hd).transpose(1, 2)
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         return q, k, v
 
     def shared_kv(self, *kv):
-        """Grouped-query attention: each key/value head serves n_head / n_kv_head query heads."""
+        """Grouped-query attention: each key/value head serves
+        n_head / n_kv_head query heads."""
         if self.n_kv_head == self.n_head:
             return kv
-        return tuple(t.repeat_interleave(self.n_head // self.n_kv_head, dim=1) for t in kv)
+        n = self.n_head // self.n_kv_head
+        return tuple(t.repeat_interleave(n, dim=1) for t in kv)
 
     def project_out(self, y):
-        """y (B, H, T, hd) -> (B, T, C): the heads side by side, then the output projection."""
+        """y (B, H, T, hd) -> (B, T, C): the heads side by side,
+        then the output projection."""
         B, _, T, _ = y.size()
         y = y.transpose(1, 2).contiguous().view(B, T, self.n_head * self.hd)
-        return self.resid_dropout(self.c_proj(y) if hasattr(self, "c_proj") else self.o_proj(y))
+        proj = self.c_proj if hasattr(self, "c_proj") else self.o_proj
+        return self.resid_dropout(proj(y))
 
     def forward(self, x, mask=None, cache=None, layer=0, rope=None):
         q, k, v = self.project_qkv(x, rope)
         T = x.size(1)
-        if cache is not None:  # write this step's keys/values, then attend over all filled columns
+        # write this step's keys/values, then attend over all filled columns
+        if cache is not None:
             start, end = cache.pos, cache.pos + T
-            cache.k[layer, :, :, start:end], cache.v[layer, :, :, start:end] = k, v
+            cache.k[layer, :, :, start:end] = k
+            cache.v[layer, :, :, start:end] = v
             k, v = cache.k[layer, :, :, :end], cache.v[layer, :, :, :end]
         k, v = self.shared_kv(k, v)
-        dropout_p = self.dropout if self.training else 0.0
+        p = self.dropout if self.training else 0.0
         if mask is None:  # no padding, no cache: the fused causal kernel
-            y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
-        elif T == 1 and not self.training:  # decoding, one query: written out, float32
-            y = one_query_attention(q, k, v, mask)  # (B, H, 1, hd); no SDPA per-call overhead
+            y = F.scaled_dot_product_attention(q, k, v, dropout_p=p,
+                                               is_causal=True)
+        # decoding, one query: written out, float32;
+        # no SDPA per-call overhead
+        elif T == 1 and not self.training:
+            y = one_query_attention(q, k, v, mask)  # (B, H, 1, hd)
         else:
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask,
+                                               dropout_p=p)
         return self.project_out(y)
 
 
@@ -233,8 +285,10 @@ class MLP(nn.Module):
 
     def forward(self, x):
         if hasattr(self, "c_fc"):
-            return self.dropout(self.c_proj(F.gelu(self.c_fc(x), approximate=self.gelu)))
-        return self.dropout(self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x)))
+            h = F.gelu(self.c_fc(x), approximate=self.gelu)
+            return self.dropout(self.c_proj(h))
+        h = F.silu(self.gate_proj(x)) * self.up_proj(x)
+        return self.dropout(self.down_proj(h))
 
 
 class Block(nn.Module):
@@ -253,24 +307,31 @@ class Block(nn.Module):
 class GPT(nn.Module):
     def __init__(self, config):
         super().__init__()
-        assert config.arch in ("gpt2", "llama"), f"arch: 'gpt2' or 'llama', not {config.arch!r}"
+        known = config.arch in ("gpt2", "llama")
+        assert known, f"arch: 'gpt2' or 'llama', not {config.arch!r}"
         self.config = config
+        wte = nn.Embedding(config.vocab_size, config.n_embd)
+        # learned positions; 'llama' rotates q and k instead (RoPE)
+        wpe = {}
+        if config.arch == "gpt2":
+            wpe = dict(wpe=nn.Embedding(config.block_size, config.n_embd))
         self.transformer = nn.ModuleDict(dict(
-            wte=nn.Embedding(config.vocab_size, config.n_embd),
-            # learned positions; 'llama' rotates q and k instead (RoPE)
-            **(dict(wpe=nn.Embedding(config.block_size, config.n_embd))
-               if config.arch == "gpt2" else {}),
+            wte=wte,
+            **wpe,
             drop=nn.Dropout(config.dropout),
             h=nn.ModuleList([Block(config) for _ in range(config.n_layer)]),
             ln_f=make_norm(config),
         ))
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         if config.tie_head:
-            self.transformer.wte.weight = self.lm_head.weight  # weight tying, as in GPT-2
+            # weight tying, as in GPT-2
+            self.transformer.wte.weight = self.lm_head.weight
         self.apply(self._init_weights)
-        for pn, p in self.named_parameters():  # GPT-2: scale residual projections by depth
+        # GPT-2: scale residual projections by depth
+        std = 0.02 / math.sqrt(2 * config.n_layer)
+        for pn, p in self.named_parameters():
             if pn.endswith("c_proj.weight"):
-                torch.nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
+                torch.nn.init.normal_(p, mean=0.0, std=std)
 
     def _init_weights(self, module):
         if isinstance(module, nn.Linear):
@@ -281,13 +342,17 @@ class GPT(nn.Module):
             torch.nn.init.normal_(module.weight, mean=0.0, std=0.02)
 
     def load_weights(self, sd):
-        """Take sd's tensors as the parameters (assign: no copy), the head tied to wte again."""
+        """Take sd's tensors as the parameters (assign: no copy),
+        the head tied to wte again."""
         self.load_state_dict(sd, assign=True)
-        if self.config.tie_head:  # assign made two Parameters of one tensor: make them one again
+        # assign made two Parameters of one tensor: make them one again
+        if self.config.tie_head:
             self.lm_head.weight = self.transformer.wte.weight
 
     def num_params(self):
-        wpe = self.transformer.wpe.weight.numel() if "wpe" in self.transformer else 0
+        wpe = 0
+        if "wpe" in self.transformer:
+            wpe = self.transformer.wpe.weight.numel()
         return sum(p.numel() for p in self.parameters()) - wpe
 
     def new_cache(self, B, max_len, pad_left=None):
@@ -295,35 +360,49 @@ class GPT(nn.Module):
         if pad_left is None:
             pad_left = torch.zeros(B, dtype=torch.long, device=p.device)
         kind = p.device.type
-        dtype = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else p.dtype
-        return KVCache(c.n_layer, B, c.n_kv_head or c.n_head, max_len, c.n_embd // c.n_head,
-                       pad_left, p.device, dtype)
+        dtype = p.dtype
+        if torch.is_autocast_enabled(kind):
+            dtype = torch.get_autocast_dtype(kind)
+        return KVCache(c.n_layer, B, c.n_kv_head or c.n_head, max_len,
+                       c.n_embd // c.n_head, pad_left, p.device, dtype)
 
-    def forward(self, idx, targets=None, pad_left=None, cache=None, keep_last=None):
-        """idx (B, T) ids; pad_left (B,) left padding per row; cache: a KVCache read, appended to.
-        targets (B, T), -1 = ignore: -> (logits (B, T, V), mean cross-entropy); else (logits of the
-        last keep_last positions (B, keep_last, V), None), keep_last 1 (all sampling needs)."""
+    def forward(self, idx, targets=None, pad_left=None, cache=None,
+                keep_last=None):
+        """idx (B, T) ids; pad_left (B,) left padding per row;
+        cache: a KVCache read, appended to.
+        targets (B, T), -1 = ignore: -> (logits (B, T, V), mean
+        cross-entropy); else (logits of the last keep_last positions
+        (B, keep_last, V), None), keep_last 1 (all sampling needs)."""
         B, T = idx.size()
-        start, pad_left = (cache.pos, cache.pad_left) if cache is not None else (0, pad_left)
-        if start + T > self.config.block_size:
-            raise UserError(f"{start + T} tokens exceed block_size={self.config.block_size}")
+        start = 0
+        if cache is not None:
+            start, pad_left = cache.pos, cache.pad_left
+        block_size = self.config.block_size
+        if start + T > block_size:
+            raise UserError(f"{start + T} tokens exceed block_size={block_size}")
         cols = torch.arange(start, start + T, device=idx.device)
         if pad_left is None and cache is None:
-            pos, mask = cols[None], None  # (1, T); no mask -> the fused causal kernel
+            # (1, T); no mask -> the fused causal kernel
+            pos, mask = cols[None], None
         else:
-            pos = (cols[None] - pad_left[:, None]).clamp(min=0)  # (B, T): 0 at the first real token
+            # (B, T): 0 at the first real token
+            pos = (cols[None] - pad_left[:, None]).clamp(min=0)
             mask = attention_mask(pad_left, start, T, start + T, idx.device)
         x, rope = self.transformer.wte(idx), None
         if "wpe" in self.transformer:
             x = x + self.transformer.wpe(pos)
         else:  # RoPE: cos/sin of each position, shared by every layer
-            rope = rope_cos_sin(pos, self.config.n_embd // self.config.n_head,
-                                self.config.rope_theta)
+            head_dim = self.config.n_embd // self.config.n_head
+            rope = rope_cos_sin(pos, head_dim, self.config.rope_theta)
         x = self.transformer.drop(x)
+        checkpointed = (self.config.grad_checkpoint and self.training
+                        and torch.is_grad_enabled())
         for i, block in enumerate(self.transformer.h):
-            if self.config.grad_checkpoint and self.training and torch.is_grad_enabled():
-                # store only the block's input; recompute its insides during backward
-                x = activation_checkpoint(block, x, mask, cache, i, rope, use_reentrant=False)
+            if checkpointed:
+                # store only the block's input;
+                # recompute its insides during backward
+                x = activation_checkpoint(block, x, mask, cache, i, rope,
+                                          use_reentrant=False)
             else:
                 x = block(x, mask, cache, i, rope)
         if cache is not None:
@@ -331,29 +410,35 @@ class GPT(nn.Module):
         x = self.transformer.ln_f(x)
         if targets is not None:
             logits = self.lm_head(x)  # (B, T, V)
-            loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1),
-                                   ignore_index=-1)
+            flat = logits.view(-1, logits.size(-1))
+            loss = F.cross_entropy(flat, targets.reshape(-1), ignore_index=-1)
             return logits, loss
-        # contiguous: on a strided slice the head copies its (V, C) weight per row (bf16: 10x)
-        return self.lm_head(x[:, -(keep_last or 1):].contiguous()), None  # (B, keep_last, V)
+        # contiguous: on a strided slice the head copies its (V, C) weight
+        # per row (bf16: 10x)
+        last = x[:, -(keep_last or 1):].contiguous()
+        return self.lm_head(last), None  # (B, keep_last, V)
 
 
-# ---------------------------------------------------------------------------------------------
+# -----------------------------------------------------------------------------
 # PASS 1: sampling
 
 class NonFiniteLogits(FloatingPointError):
-    """The model produced NaN/Inf logits while sampling: its weights have diverged."""
+    """The model produced NaN/Inf logits while sampling: its weights have
+    diverged."""
 
 
 def pad_id(stops):
-    """The id that pads prompts and finished rows: the first stop id, 0 when none stops a row."""
+    """The id that pads prompts and finished rows: the first stop id,
+    0 when none stops a row."""
     return int(stops[0]) if len(stops) else 0
 
 
 def pad_prompts(prompts, pad, device):
-    """Left-pad token lists into one (B, P) tensor; returns (idx, pad_left)."""
+    """Left-pad token lists into one (B, P) tensor;
+    returns (idx, pad_left)."""
     if not prompts or any(len(p) == 0 for p in prompts):
-        raise UserError("every prompt must have at least one token (got an empty prompt)")
+        raise UserError("every prompt must have at least one token "
+                        "(got an empty prompt)")
     P = max(len(p) for p in prompts)
     idx = torch.full((len(prompts), P), pad, dtype=torch.long)
     for i, p in enumerate(prompts):
@@ -362,95 +447,132 @@ def pad_prompts(prompts, pad, device):
     return idx.to(device), pad_left.to(device)
 
 
-# the smallest temperature > 0 taken: logits / temperature, and the log-probs' gradients that
-# carry 1 / temperature, must stay far inside float32 (3.4e38); below it sampling is greedy anyway
+# the smallest temperature > 0 taken: logits / temperature, and the
+# log-probs' gradients that carry 1 / temperature, must stay far inside
+# float32 (3.4e38); below it sampling is greedy anyway
 MIN_TEMPERATURE = 1e-4
 
 
 def sample_next(logits, temperature, top_k, top_p, generator, u=None):
-    """logits (N, V) of the last position only -> next token ids (N,), by inverse CDF from ONE
-    uniform u_i per row (from `generator` unless given): the first token whose cumulative
-    probability exceeds u_i. A row depends on its u_i and its logits only: processes sample as
-    one process (up to the logits' rounding, scale/distributed.py)."""
+    """logits (N, V) of the last position only -> next token ids (N,),
+    by inverse CDF from ONE uniform u_i per row (from `generator` unless
+    given): the first token whose cumulative probability exceeds u_i.
+    A row depends on its u_i and its logits only: processes sample as one
+    process (up to the logits' rounding, scale/distributed.py)."""
     if temperature == 0:
-        return logits.argmax(dim=-1)                      # greedy
-    logits = logits.float() / temperature                 # float32 under bf16 (see scale/device.py)
+        return logits.argmax(dim=-1)  # greedy
+    # float32 under bf16 (see scale/device.py)
+    logits = logits.float() / temperature
     if top_k is not None and top_k < logits.size(-1):
         kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
-    if top_p is not None and top_p < 1.0:                 # nucleus: smallest set with mass >= top_p
+    # nucleus: the smallest set with mass >= top_p
+    if top_p is not None and top_p < 1.0:
         sorted_logits, order = torch.sort(logits, descending=True, dim=-1)
         cum = sorted_logits.softmax(-1).cumsum(-1)
-        drop = cum - sorted_logits.softmax(-1) >= top_p   # tokens entirely beyond the nucleus
-        drop[:, 0] = False                                # the likeliest token stays, for any top_p
-        logits = logits.masked_fill(torch.zeros_like(drop).scatter(-1, order, drop), float("-inf"))
+        # tokens entirely beyond the nucleus
+        drop = cum - sorted_logits.softmax(-1) >= top_p
+        drop[:, 0] = False  # the likeliest token stays, for any top_p
+        dropped = torch.zeros_like(drop).scatter(-1, order, drop)
+        logits = logits.masked_fill(dropped, float("-inf"))
     cdf = logits.softmax(dim=-1).cumsum(-1)
     if u is None:
         u = torch.rand(cdf.size(0), generator=generator, device=cdf.device)
-    nxt = torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(-1), right=True).squeeze(-1)
-    return nxt.clamp_(max=cdf.size(-1) - 1)  # right=True never lands on a zero-probability token
+    target = (u * cdf[:, -1]).unsqueeze(-1)
+    nxt = torch.searchsorted(cdf, target, right=True).squeeze(-1)
+    # right=True never lands on a zero-probability token
+    return nxt.clamp_(max=cdf.size(-1) - 1)
 
 
-@torch.no_grad()  # pass 1 needs no graph: no activations are stored for backward
-def generate(model, prompts, max_new_tokens, eot_id, num_samples=1, temperature=1.0,
-             top_k=None, top_p=None, seed=None, generator=None, check_every=None, vocab_size=None,
-             u=None, decode=None):
-    """prompts: token-id lists, `num_samples` completions each; eot_id: the end id or a tuple (the
-    first pads); ids >= vocab_size are never drawn. -> (idx (N, P + T), pad_left (N,), completion
-    mask (N, T), 1 up to and including end-of-text), N = B * num_samples, laid out as the module
-    docstring shows; only the last position's logits (N, V) ever exist, none are returned. u
-    (max_new_tokens, N): a uniform per row and step (sample_next). decode: compile's one-column
-    step (scale/compiled.CompiledDecode), None: the model's forward with the cache."""
+# pass 1 needs no graph: no activations are stored for backward
+@torch.no_grad()
+def generate(model, prompts, max_new_tokens, eot_id, num_samples=1,
+             temperature=1.0, top_k=None, top_p=None, seed=None,
+             generator=None, check_every=None, vocab_size=None, u=None,
+             decode=None):
+    """prompts: token-id lists, `num_samples` completions each; eot_id: the
+    end id or a tuple (the first pads); ids >= vocab_size are never drawn.
+    -> (idx (N, P + T), pad_left (N,), completion mask (N, T), 1 up to and
+    including end-of-text), N = B * num_samples, laid out as the module
+    docstring shows; only the last position's logits (N, V) ever exist,
+    none are returned.
+    u (max_new_tokens, N): a uniform per row and step (sample_next).
+    decode: compile's one-column step (scale/compiled.CompiledDecode),
+    None: the model's forward with the cache."""
     device = next(model.parameters()).device
-    eot_ids = tuple(eot_id) if isinstance(eot_id, (tuple, list)) else (eot_id,)
+    several = isinstance(eot_id, (tuple, list))
+    eot_ids = tuple(eot_id) if several else (eot_id,)
     stops = torch.tensor(eot_ids, device=device, dtype=torch.long)
-    eot_id = pad_id(eot_ids)  # what pads prompts and finished rows; () = nothing stops a row
-    check_every = check_every or (8 if device.type == "cuda" else 1)  # see "all rows done?" below
+    # what pads prompts and finished rows; () = nothing stops a row
+    eot_id = pad_id(eot_ids)
+    # see "all rows done?" below
+    check_every = check_every or (8 if device.type == "cuda" else 1)
     idx, pad_left = pad_prompts(prompts, eot_id, device)
     (B, P), N = idx.shape, len(prompts) * num_samples
     L = P + max_new_tokens  # the cache's columns
+    block_size = model.config.block_size
     if max_new_tokens < 1:
-        raise UserError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
-    if L > model.config.block_size:
-        raise UserError(f"prompt of {P} tokens + max_new_tokens={max_new_tokens} exceeds the "
-                        f"context of {model.config.block_size} tokens; shorten either")
+        raise UserError("max_new_tokens must be at least 1, "
+                        f"got {max_new_tokens}")
+    if L > block_size:
+        raise UserError(f"prompt of {P} tokens + "
+                        f"max_new_tokens={max_new_tokens} exceeds the "
+                        f"context of {block_size} tokens; shorten either")
     if generator is None and seed is not None:
         generator = torch.Generator(device=device).manual_seed(seed)
     if u is None and temperature > 0:
-        u = torch.rand(max_new_tokens, N, generator=generator, device=device)  # (S, N)
+        u = torch.rand(max_new_tokens, N, generator=generator,
+                       device=device)  # (S, N)
     if u is not None and tuple(u.shape) != (max_new_tokens, N):
-        raise ValueError(f"u must be (max_new_tokens, rows) = ({max_new_tokens}, {N}), "
-                         f"got {tuple(u.shape)}")
+        raise ValueError("u must be (max_new_tokens, rows) = "
+                         f"({max_new_tokens}, {N}), got {tuple(u.shape)}")
     was_training = model.training
     model.eval()
-    cache = model.new_cache(B, decode.cache_len(L) if decode else L, pad_left)  # compiled: bucketed
-    logits, _ = model(idx, cache=cache)                   # prefill once per prompt: (B, 1, V)
-    cache.repeat_interleave(num_samples)                  # share the prefill among the samples
-    logits = logits[:, -1].repeat_interleave(num_samples, dim=0)   # (N, V)
-    out = torch.full((N, max_new_tokens), eot_id, dtype=torch.long, device=device)
+    cache_len = decode.cache_len(L) if decode else L  # compiled: bucketed
+    cache = model.new_cache(B, cache_len, pad_left)
+    # prefill once per prompt: (B, 1, V)
+    logits, _ = model(idx, cache=cache)
+    # share the prefill among the samples
+    cache.repeat_interleave(num_samples)
+    logits = logits[:, -1].repeat_interleave(num_samples, dim=0)  # (N, V)
+    out = torch.full((N, max_new_tokens), eot_id, dtype=torch.long,
+                     device=device)
     done = torch.zeros(N, dtype=torch.bool, device=device)
     nonfinite = torch.zeros(N, dtype=torch.bool, device=device)
     for t in range(max_new_tokens):
-        nonfinite |= ~torch.isfinite(logits).all(-1)  # NaN/Inf: no host sync; raised at the end
+        # NaN/Inf: no host sync; raised at the end
+        nonfinite |= ~torch.isfinite(logits).all(-1)
         u_t = None if u is None else u[t]
-        nxt = sample_next(logits[:, :vocab_size], temperature, top_k, top_p, generator, u_t)
-        del logits                                        # the only logits alive, kept by nothing
-        nxt = nxt.masked_fill(done, eot_id)               # finished rows only emit padding
+        nxt = sample_next(logits[:, :vocab_size], temperature, top_k, top_p,
+                          generator, u_t)
+        del logits  # the only logits alive, kept by nothing
+        nxt = nxt.masked_fill(done, eot_id)  # finished rows only emit padding
         out[:, t] = nxt
         done |= torch.isin(nxt, stops)
-        # all rows done? bool() waits for the device: on a GPU, asking every step would stall the
-        # kernel queue once per token, so there we ask every 8 steps (at most 7 wasted at the end)
-        if t + 1 == max_new_tokens or (t % check_every == check_every - 1 and bool(done.all())):
+        # all rows done? bool() waits for the device: on a GPU, asking every
+        # step would stall the kernel queue once per token, so there we ask
+        # every 8 steps (at most 7 wasted at the end)
+        if t + 1 == max_new_tokens:
             break
-        # one new column for every row: the model's forward, or the compiled step (same arithmetic)
-        logits = decode(nxt[:, None], cache) if decode else model(nxt[:, None], cache=cache)[0]
+        if t % check_every == check_every - 1 and bool(done.all()):
+            break
+        # one new column for every row: the model's forward,
+        # or the compiled step (same arithmetic)
+        if decode:
+            logits = decode(nxt[:, None], cache)
+        else:
+            logits = model(nxt[:, None], cache=cache)[0]
         logits = logits[:, -1]
     model.train(was_training)
     if bool(nonfinite.any()):
-        raise NonFiniteLogits(f"NaN/Inf logits in {int(nonfinite.sum())} of {N} sampled rows")
+        raise NonFiniteLogits(f"NaN/Inf logits in {int(nonfinite.sum())} "
+                              f"of {N} sampled rows")
     # mask: 1 up to and including the first end-of-text of each row
     is_eot = torch.isin(out[:, :t + 1], stops).long()
-    mask = ((is_eot.cumsum(1) - is_eot) == 0).long()      # 0 strictly after the first EOT
-    T = int(mask.sum(0).nonzero().max()) + 1              # drop columns no row reached, all padding
-    return torch.cat([idx.repeat_interleave(num_samples, dim=0), out[:, :T]], dim=1), \
-        pad_left.repeat_interleave(num_samples), mask[:, :T]
+    # 0 strictly after the first EOT
+    mask = ((is_eot.cumsum(1) - is_eot) == 0).long()
+    # drop columns no row reached, all padding
+    T = int(mask.sum(0).nonzero().max()) + 1
+    prompt_rows = idx.repeat_interleave(num_samples, dim=0)
+    idx = torch.cat([prompt_rows, out[:, :T]], dim=1)
+    return idx, pad_left.repeat_interleave(num_samples), mask[:, :T]
