@@ -1,18 +1,23 @@
 """
-Supervised training of the small base GPT on the task, so that GRPO has a policy to improve.
+Supervised training of the small base GPT on the task, so that GRPO has
+a policy to improve.
 
-    python train_base.py config/tiny_base.py            # under a minute on a 2-core CPU
+    python train_base.py config/tiny_base.py  # < 1 minute on a 2-core CPU
     python train_base.py config/tiny_base.py --init_from=resume
     # 2 processes (scale/distributed.py):
     torchrun --standalone --nproc_per_node=2 train_base.py config/tiny_base.py
 
-Loss: next-token cross-entropy on the solution tokens only (the question is given, not learned).
-Prints one line per log_interval, evaluates greedy test accuracy every eval_interval, and writes
-out_dir/ckpt.pt atomically (a crash mid-write never leaves half a checkpoint).
+Loss: next-token cross-entropy on the solution tokens only (the question
+is given, not learned). Prints one line per log_interval, evaluates greedy
+test accuracy every eval_interval, and writes out_dir/ckpt.pt atomically
+(a crash mid-write never leaves half a checkpoint).
 """
-# configurator first: a Ctrl-C during the slow imports below (torch) is one line, not a traceback
-from configurator import (Interrupted, UserError, check, check_adam_lr, check_choice, check_decay,
-                          check_finite, check_nonnegative, check_positive, cli_main, configure)
+# configurator first: a Ctrl-C during the slow imports below (torch)
+# is one line, not a traceback
+from configurator import (Interrupted, UserError, check, check_adam_lr,
+                          check_choice, check_decay, check_finite,
+                          check_nonnegative, check_positive, cli_main,
+                          configure)
 import math
 import os
 import random
@@ -23,45 +28,59 @@ from types import SimpleNamespace
 import torch
 
 from scale import distributed
-from data.datadir import check_task_data, data_fingerprint, load_split, load_tokenizer
+from data.datadir import (check_task_data, data_fingerprint, load_split,
+                          load_tokenizer)
 from data.gsm_synth.prepare import TEMPLATES
 from scale.device import check_device
-from runs.checkpoint import CheckpointWriteError, load_checkpoint, save_checkpoint
+from runs.checkpoint import (CheckpointWriteError, load_checkpoint,
+                             save_checkpoint)
 from rewards import REWARD_FUNCS
-from checks.base_knobs import (build_model, check_batch, check_eval_cache, check_loads,
-                              check_resume, check_same_data)
+from checks.base_knobs import (build_model, check_batch, check_eval_cache,
+                               check_loads, check_resume, check_same_data)
 from runs.base import base_exists
 from runs.rundir import run_lock, stop_note
 from model import NonFiniteLogits, generate
-from data.prompts import decode_completions, encode_prompt, encode_text, stop_tokens
-from data.tasks import TASKS, base_data, check_base_knobs, portable_path, resolve_data_dir
+from data.prompts import (decode_completions, encode_prompt, encode_text,
+                          stop_tokens)
+from data.tasks import (TASKS, base_data, check_base_knobs, portable_path,
+                        resolve_data_dir)
 
 # -----------------------------------------------------------------------------
 # default config values (override with a config file and/or --key=value)
 out_dir = "out/base"
-init_from = "scratch"       # 'scratch' or 'resume' (from out_dir/ckpt.pt)
+init_from = "scratch"  # 'scratch' or 'resume' (from out_dir/ckpt.pt)
 seed = 1337
-device = "cpu"              # 'cpu', 'cuda', 'cuda:1', 'mps'
-task = "arith"              # 'arith' (data/gsm_synth) or 'countdown' (data/countdown/searched.py)
+device = "cpu"         # 'cpu', 'cuda', 'cuda:1', 'mps'
+# 'arith' (data/gsm_synth) or 'countdown' (data/countdown/searched.py)
+task = "arith"
 # task 'arith': synthetic GSM8K-style problems (data/gsm_synth/prepare.py)
-task_steps = 2              # operations per problem
-task_min_steps = 0          # problems have task_min_steps..task_steps operations (0 = task_steps)
-task_max_operand = 20       # operands drawn from 1..task_max_operand
-task_ops = "+-"             # any of '+-*/'
-task_noise = 0.0            # share of training solutions that stop one step early (see prepare.py)
+task_steps = 2         # operations per problem
+# problems have task_min_steps..task_steps operations (0 = task_steps)
+task_min_steps = 0
+task_max_operand = 20  # operands drawn from 1..task_max_operand
+task_ops = "+-"        # any of '+-*/'
+# share of training solutions that stop one step early (see prepare.py)
+task_noise = 0.0
 n_train = 20000
-# task 'countdown': reach a target from every given number once; solutions show a search
-# (data/countdown)
+# task 'countdown': reach a target from every given number once;
+# solutions show a search (data/countdown)
 countdown_numbers = 3       # numbers per problem
 countdown_max_number = 12   # numbers drawn from 1..countdown_max_number
 countdown_max_target = 100  # targets at most this
-countdown_max_misses = 3    # a reference solution shows 0..this many missed tries before the hit
-countdown_variants = 1      # searched solutions per training problem (each with other misses)
-countdown_pairs = 0         # two-number problems added to the training rows: the search's arithmetic
-countdown_check = False     # every try sets its result beside the target: "70-5=65 vs 43 no."
-countdown_ordered = False   # the tries walked in one fixed order, some skipped, to the first hit
-countdown_closest = False   # each try's last step the one that comes closest to the target
-countdown_give_up = 0.0     # share of training solutions that stop at their last miss (RL's room)
+# a reference solution shows 0..this many missed tries before the hit
+countdown_max_misses = 3
+# searched solutions per training problem (each with other misses)
+countdown_variants = 1
+# two-number problems added to the training rows: the search's arithmetic
+countdown_pairs = 0
+# every try sets its result beside the target: "70-5=65 vs 43 no."
+countdown_check = False
+# the tries walked in one fixed order, some skipped, to the first hit
+countdown_ordered = False
+# each try's last step the one that comes closest to the target
+countdown_closest = False
+# share of training solutions that stop at their last miss (RL's room)
+countdown_give_up = 0.0
 # model
 n_layer = 4
 n_head = 4
@@ -74,8 +93,9 @@ batch_size = 64
 max_iters = 2000
 learning_rate = 3e-3
 min_lr = 3e-4
-lr_decay_iters = 0          # cosine reaches min_lr here; 0 = max_iters
-                            # (set it to stop early and resume later)
+# cosine reaches min_lr here; 0 = max_iters
+# (set it to stop early and resume later)
+lr_decay_iters = 0
 warmup_iters = 100
 weight_decay = 0.1
 beta1, beta2 = 0.9, 0.99
@@ -83,78 +103,99 @@ grad_clip = 1.0
 # logging / evaluation
 log_interval = 50
 eval_interval = 500
-eval_n = 200                # test problems scored greedily at each eval
+eval_n = 200  # test problems scored greedily at each eval
 max_new_tokens = 40
-dtype = "auto"              # 'bfloat16': autocast (weights and AdamW stay float32); 'float32';
-                            # 'auto': bf16 where the device runs it fast (CUDA with bf16,
-                            # CPUs with AMX / AVX512-BF16)
+# 'bfloat16': autocast (weights and AdamW stay float32); 'float32';
+# 'auto': bf16 where the device runs it fast (CUDA with bf16,
+# CPUs with AMX / AVX512-BF16)
+dtype = "auto"
 # -----------------------------------------------------------------------------
 defaults = {k: v for k, v in dict(globals()).items()
             if not k.startswith("_") and isinstance(v, (int, float, bool, str))}
-EVAL_BATCH = 100            # test problems generated at once by evaluate (its KV cache's rows)
+# test problems generated at once by evaluate (its KV cache's rows)
+EVAL_BATCH = 100
 
 
 def load_task(cfg, verbose=True):
     """Prepare the task data if missing; return (data_dir, tokenizer)."""
-    data_dir = base_data(cfg, verbose)  # (its errors name this script's keys: countdown_variants)
+    # (its errors name this script's keys: countdown_variants)
+    data_dir = base_data(cfg, verbose)
     return data_dir, load_tokenizer(data_dir)
 
 
 def get_lr(it, max_iters, learning_rate, min_lr, warmup_iters):
-    """Linear warmup, then cosine decay from learning_rate to min_lr at max_iters."""
+    """Linear warmup, then cosine decay from learning_rate to min_lr
+    at max_iters."""
     if it < warmup_iters:
         return learning_rate * (it + 1) / (warmup_iters + 1)
     ratio = min(1.0, (it - warmup_iters) / max(1, max_iters - warmup_iters))
-    return min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (learning_rate - min_lr)
+    cosine = 0.5 * (1.0 + math.cos(math.pi * ratio))
+    return min_lr + cosine * (learning_rate - min_lr)
 
 
 @torch.no_grad()
-def evaluate(model, enc, examples, max_new_tokens, k=1, temperature=1.0, batch=EVAL_BATCH, seed=0,
-             task="arith"):
-    """Greedy accuracy on `examples`; with k > 1 also pass@k (any of k samples correct), correct as
-    the task's correctness reward says (tasks.TASKS).
-    Under torchrun every rank must call it: each scores a contiguous run of whole chunks of `batch`
-    problems and the counts are summed. Whole chunks, because a chunk's pass@k draws depend on all
-    its rows (one generator, seeded seed + the chunk's start), so they stay those of one process."""
+def evaluate(model, enc, examples, max_new_tokens, k=1, temperature=1.0,
+             batch=EVAL_BATCH, seed=0, task="arith"):
+    """Greedy accuracy on `examples`; with k > 1 also pass@k (any of k
+    samples correct), correct as the task's correctness reward says
+    (tasks.TASKS).
+    Under torchrun every rank must call it: each scores a contiguous run of
+    whole chunks of `batch` problems and the counts are summed. Whole
+    chunks, because a chunk's pass@k draws depend on all its rows (one
+    generator, seeded seed + the chunk's start), so they stay those of one
+    process."""
     if not examples:  # an accuracy over no problem would be NaN
-        raise UserError("no test problems to evaluate: eval_n must be >= 1 and the test split "
-                        "must not be empty")
+        raise UserError("no test problems to evaluate: eval_n must be >= 1 "
+                        "and the test split must not be empty")
     greedy, passk, failed = 0, 0, None
     correct = REWARD_FUNCS[TASKS[task]["correct"]]
     starts = range(0, len(examples), batch)
+    stops = stop_tokens(enc)
     try:
         for i in starts[distributed.split(len(starts))]:
             chunk = examples[i:i + batch]
             prompts = [encode_prompt(enc, e["question"]) for e in chunk]
-            idx, _, mask = generate(model, prompts, max_new_tokens, stop_tokens(enc), temperature=0,
-                                    vocab_size=enc.n_vocab)
+            idx, _, mask = generate(model, prompts, max_new_tokens, stops,
+                                    temperature=0, vocab_size=enc.n_vocab)
             texts = decode_completions(enc, idx, mask)
-            greedy += sum(correct(t, e["answer"]) == 1.0 for t, e in zip(texts, chunk))
+            greedy += sum(correct(t, e["answer"]) == 1.0
+                          for t, e in zip(texts, chunk))
             if k > 1:
-                idx, _, mask = generate(model, prompts, max_new_tokens, stop_tokens(enc),
-                                        num_samples=k, temperature=temperature, seed=seed + i,
+                idx, _, mask = generate(model, prompts, max_new_tokens, stops,
+                                        num_samples=k,
+                                        temperature=temperature,
+                                        seed=seed + i,
                                         vocab_size=enc.n_vocab)
                 texts = decode_completions(enc, idx, mask)
-                passk += sum(any(correct(texts[j * k + s], e["answer"]) == 1.0 for s in range(k))
-                             for j, e in enumerate(chunk))
-    except NonFiniteLogits as e:  # other ranks must still reach the sum below, and fail with it
+
+                def solved(j, e):  # any of the problem's k samples
+                    return any(correct(texts[j * k + s], e["answer"]) == 1.0
+                               for s in range(k))
+                passk += sum(solved(j, e) for j, e in enumerate(chunk))
+    # other ranks must still reach the sum below, and fail with it
+    except NonFiniteLogits as e:
         failed = e
-    greedy, passk, n_failed = distributed.sum_floats([greedy, passk, int(failed is not None)])
+    counts = [greedy, passk, int(failed is not None)]
+    greedy, passk, n_failed = distributed.sum_floats(counts)
     if n_failed:
-        raise failed or NonFiniteLogits("non-finite logits in another process's share of "
-                                        "the evaluation")
+        raise failed or NonFiniteLogits("non-finite logits in another "
+                                        "process's share of the evaluation")
     n = len(examples)
-    return {"accuracy": greedy / n, f"pass@{k}": passk / n} if k > 1 else {"accuracy": greedy / n}
+    if k > 1:
+        return {"accuracy": greedy / n, f"pass@{k}": passk / n}
+    return {"accuracy": greedy / n}
 
 
 def tokenize_examples(enc, examples):
     """(prompt ids, completion ids + EOT) per example."""
-    return [(encode_prompt(enc, e["question"]), encode_text(enc, e["solution"]) + [enc.eot_token])
+    return [(encode_prompt(enc, e["question"]),
+             encode_text(enc, e["solution"]) + [enc.eot_token])
             for e in examples]
 
 
 def get_batch(pairs, batch_size, rng, device):
-    """Right-padded (x, y) with y = -1 on prompt tokens and padding: only solutions are learned."""
+    """Right-padded (x, y) with y = -1 on prompt tokens and padding:
+    only solutions are learned."""
     rows = [pairs[rng.randrange(len(pairs))] for _ in range(batch_size)]
     T = max(len(p) + len(c) for p, c in rows) - 1
     x = torch.zeros(batch_size, T, dtype=torch.long)
@@ -167,18 +208,24 @@ def get_batch(pairs, batch_size, rng, device):
 
 
 def validate(cfg):
-    """Every knob, before any work or file is written (one line: key, value, what is allowed)."""
-    check(cfg, "out_dir", cfg["out_dir"] != "", "give a directory, e.g. --out_dir=out/base")
+    """Every knob, before any work or file is written
+    (one line: key, value, what is allowed)."""
+    check(cfg, "out_dir", cfg["out_dir"] != "",
+          "give a directory, e.g. --out_dir=out/base")
     check_finite(cfg, "grad_clip")
     check_choice(cfg, "init_from", ("scratch", "resume"))
     check_choice(cfg, "task", ("arith", "countdown"))
-    check_base_knobs(cfg, defaults)  # the task's data knobs, sizes bounded; others' refused
-    check_positive(cfg, "batch_size", "learning_rate", "grad_clip", "log_interval",
-                   "eval_interval", "eval_n", "max_new_tokens", "n_layer", "n_head", "n_embd",
-                   "block_size", "n_train", "task_steps", "countdown_variants", "task_max_operand")
+    # the task's data knobs, sizes bounded; others' refused
+    check_base_knobs(cfg, defaults)
+    check_positive(cfg, "batch_size", "learning_rate", "grad_clip",
+                   "log_interval", "eval_interval", "eval_n",
+                   "max_new_tokens", "n_layer", "n_head", "n_embd",
+                   "block_size", "n_train", "task_steps",
+                   "countdown_variants", "task_max_operand")
     check(cfg, "max_iters", cfg["max_iters"] >= 1,
           "must be >= 1 (0 would leave a random-weights base for GRPO)")
-    check_nonnegative(cfg, "min_lr", "warmup_iters", "lr_decay_iters", "weight_decay")
+    check_nonnegative(cfg, "min_lr", "warmup_iters", "lr_decay_iters",
+                      "weight_decay")
     check(cfg, "n_embd", cfg["n_embd"] % cfg["n_head"] == 0,
           f"must be a multiple of n_head={cfg['n_head']}")
     for k in ("dropout", "beta1", "beta2"):
@@ -186,16 +233,20 @@ def validate(cfg):
     check_adam_lr(cfg, cfg["beta1"], "learning_rate", "min_lr")
     check_decay(cfg)
     check(cfg, "max_new_tokens", cfg["max_new_tokens"] < cfg["block_size"],
-          f"must be < block_size={cfg['block_size']}: a question and its answer share the context")
-    check(cfg, "task_ops", cfg["task_ops"] != "" and set(cfg["task_ops"]) <= set(TEMPLATES),
+          f"must be < block_size={cfg['block_size']}: "
+          "a question and its answer share the context")
+    ops = cfg["task_ops"]
+    check(cfg, "task_ops", ops != "" and set(ops) <= set(TEMPLATES),
           f"one or more of the operations {''.join(TEMPLATES)!r}, e.g. '+-'")
     check(cfg, "task_noise", 0 <= cfg["task_noise"] <= 1, "must be in [0, 1]")
-    check(cfg, "task_min_steps", 0 <= cfg["task_min_steps"] <= cfg["task_steps"],
-          f"must be in [0, task_steps={cfg['task_steps']}] "
+    steps = cfg["task_steps"]
+    check(cfg, "task_min_steps", 0 <= cfg["task_min_steps"] <= steps,
+          f"must be in [0, task_steps={steps}] "
           "(0 = every problem has task_steps operations)")
-    check(cfg, "task_noise", cfg["task_noise"] == 0 or cfg["task_steps"] >= 2,
+    check(cfg, "task_noise", cfg["task_noise"] == 0 or steps >= 2,
           "needs task_steps >= 2 (a noisy solution stops one step early)")
-    world = distributed.launched_world_size()  # checked before any process group
+    # checked before any process group
+    world = distributed.launched_world_size()
     check(cfg, "batch_size", cfg["batch_size"] % world == 0,
           f"must split evenly over the {world} processes")
 
@@ -203,69 +254,101 @@ def validate(cfg):
 def main(argv):
     cfg = configure(defaults, argv)
     ckpt = None
-    if cfg["init_from"] == "resume":  # the saved run's config; only what argv gives overrides it
+    # the saved run's config; only what argv gives overrides it
+    if cfg["init_from"] == "resume":
         path = os.path.join(cfg["out_dir"], "ckpt.pt")
         ckpt = load_checkpoint(path)
-        kinds = dict(model=dict, model_args=dict, config=dict, optimizer=dict, rng=dict,
-                     iter_num=int)
-        if "lora" in ckpt or any(not isinstance(ckpt.get(k), t) for k, t in kinds.items()) \
-                or not isinstance(ckpt.get("data_dir", ""), str) \
-                or not isinstance(ckpt["rng"].get("torch"), torch.Tensor):
-            raise UserError(f"{path} is not a train_base.py checkpoint (a GRPO run's, or changed "
-                            f"since): give the out_dir of the base to resume")
+        kinds = dict(model=dict, model_args=dict, config=dict,
+                     optimizer=dict, rng=dict, iter_num=int)
+        wrong_kind = any(not isinstance(ckpt.get(k), t)
+                         for k, t in kinds.items())
+        not_base = ("lora" in ckpt or wrong_kind
+                    or not isinstance(ckpt.get("data_dir", ""), str)
+                    or not isinstance(ckpt["rng"].get("torch"), torch.Tensor))
+        if not_base:
+            raise UserError(
+                f"{path} is not a train_base.py checkpoint "
+                "(a GRPO run's, or changed since): "
+                "give the out_dir of the base to resume")
         cfg = configure(defaults, argv, saved=ckpt.get("config", {}))
         check_resume(cfg, ckpt, path)
     validate(cfg)
-    with distributed.process_group(cfg["device"]) as cfg["device"]:  # torchrun: cuda:LOCAL_RANK
+    # torchrun: cuda:LOCAL_RANK
+    with distributed.process_group(cfg["device"]) as cfg["device"]:
         # 'auto' resolved; bf16 autocast or none
         cfg["dtype"], amp = check_device(cfg["device"], cfg["dtype"])
-        # from here, a second run in this out_dir is refused (rank 0 locks it for the whole job)
-        with run_lock(cfg["out_dir"]) if distributed.is_main() else nullcontext():
+        # from here, a second run in this out_dir is refused
+        # (rank 0 locks it for the whole job)
+        lock = run_lock(cfg["out_dir"]) if distributed.is_main() else nullcontext()
+        with lock:
             run = setup(cfg, ckpt)
-            # every pass computes in this precision (bf16 autocast, or the weights' own)
+            # every pass computes in this precision
+            # (bf16 autocast, or the weights' own)
             run.amp = amp
-            check_eval_cache(run.model, run.enc, run.test, cfg, EVAL_BATCH, amp)  # before iter 0
-            # weights and optimizer state now live in the model and optimizer: free the loaded copy
+            # before iter 0
+            check_eval_cache(run.model, run.enc, run.test, cfg, EVAL_BATCH,
+                             amp)
+            # weights and optimizer state now live in the model and
+            # optimizer: free the loaded copy
             del ckpt
             return train(cfg, run)
 
 
 def setup(cfg, ckpt):
-    """The task data, the model and its optimizer: new, or restored from the checkpoint `ckpt`."""
+    """The task data, the model and its optimizer: new, or restored from
+    the checkpoint `ckpt`."""
     ckpt_path = os.path.join(cfg["out_dir"], "ckpt.pt")
     # (a link to a disk not mounted is refused, never written over)
     if ckpt is None and base_exists(ckpt_path, "checkpoint") and distributed.is_main():
-        raise UserError(f"{ckpt_path} exists: continue that run with --init_from=resume, or train "
-                        f"a new base with another --out_dir (or delete {ckpt_path})")
+        raise UserError(
+            f"{ckpt_path} exists: continue that run with --init_from=resume, "
+            "or train a new base with another --out_dir "
+            f"(or delete {ckpt_path})")
     torch.manual_seed(cfg["seed"])
-    run = SimpleNamespace(ckpt_path=ckpt_path, rng=random.Random(cfg["seed"]), iter_num=0,
-                          elapsed_before=0.0, last_ckpt=None,
-                          metrics={} if ckpt is None else ckpt.get("metrics", {}))
-    with distributed.main_first():  # rank 0 writes any missing task data, the others then read it
+    metrics = {} if ckpt is None else ckpt.get("metrics", {})
+    run = SimpleNamespace(ckpt_path=ckpt_path,
+                          rng=random.Random(cfg["seed"]),
+                          iter_num=0,
+                          elapsed_before=0.0,
+                          last_ckpt=None,
+                          metrics=metrics)
+    # rank 0 writes any missing task data, the others then read it
+    with distributed.main_first():
         run.data_dir, run.enc = task_files(cfg, ckpt)
     # another task's rows put in its place: refused
     check_task_data(run.data_dir, cfg["task"], resuming=ckpt is not None)
     splits = {s: load_split(run.data_dir, s) for s in ("train", "val", "test")}
-    run.data_fingerprint = data_fingerprint(run.data_dir)  # checkpoints record it
+    # checkpoints record it
+    run.data_fingerprint = data_fingerprint(run.data_dir)
     if ckpt is not None:
-        check_same_data(ckpt, ckpt_path, run.data_dir, run.enc, run.data_fingerprint)
+        check_same_data(ckpt, ckpt_path, run.data_dir, run.enc,
+                        run.data_fingerprint)
     run.train_pairs = tokenize_examples(run.enc, splits["train"])
     run.test = splits["test"][:cfg["eval_n"]]
+    block_size = cfg["block_size"]
     longest = max(len(p) + len(c) for p, c in run.train_pairs)
-    if longest > cfg["block_size"]:
+    if longest > block_size:
         raise UserError(f"training sequences reach {longest} tokens "
-                        f"but block_size={cfg['block_size']}")
+                        f"but block_size={block_size}")
     check_batch(cfg, longest, run.enc.n_vocab)  # its logits fit the memory
-    longest = max(len(encode_prompt(run.enc, e["question"])) for e in run.test)
-    if longest + cfg["max_new_tokens"] > cfg["block_size"]:  # now, not at the first evaluation
-        raise UserError(f"config key 'max_new_tokens' = {cfg['max_new_tokens']} is not allowed: "
-                        f"the longest test question ({longest} tokens) + max_new_tokens must fit "
-                        f"block_size={cfg['block_size']}: give at most "
-                        f"{cfg['block_size'] - longest}")
-    run.model_args = dict(block_size=cfg["block_size"], vocab_size=run.enc.n_vocab,
-                          n_layer=cfg["n_layer"], n_head=cfg["n_head"], n_embd=cfg["n_embd"],
-                          dropout=cfg["dropout"], bias=cfg["bias"])
-    if ckpt is not None:  # the weights' shapes (check_resume: cfg's too); dropout as configured now
+    longest = max(len(encode_prompt(run.enc, e["question"]))
+                  for e in run.test)
+    # now, not at the first evaluation
+    if longest + cfg["max_new_tokens"] > block_size:
+        raise UserError(
+            f"config key 'max_new_tokens' = {cfg['max_new_tokens']} "
+            f"is not allowed: the longest test question ({longest} tokens) "
+            f"+ max_new_tokens must fit block_size={block_size}: "
+            f"give at most {block_size - longest}")
+    run.model_args = dict(block_size=block_size,
+                          vocab_size=run.enc.n_vocab,
+                          n_layer=cfg["n_layer"],
+                          n_head=cfg["n_head"],
+                          n_embd=cfg["n_embd"],
+                          dropout=cfg["dropout"],
+                          bias=cfg["bias"])
+    # the weights' shapes (check_resume: cfg's too); dropout as configured now
+    if ckpt is not None:
         run.model_args = {**ckpt["model_args"], "dropout": cfg["dropout"]}
     run.model = build_model(run.model_args, cfg["device"], ckpt, ckpt_path)
     if ckpt is not None:
@@ -275,68 +358,92 @@ def setup(cfg, ckpt):
         run.rng.setstate(ckpt["rng"]["python"])
         print(f"resuming from {ckpt_path} at iter {run.iter_num}")
     n_params = run.model.num_params() / 1e6
-    distributed.print0(f"GPT with {n_params:.2f}M parameters, vocab {run.enc.n_vocab}")
-    decay = [p for p in run.model.parameters() if p.dim() >= 2]  # gains, biases: no weight decay
+    distributed.print0(f"GPT with {n_params:.2f}M parameters, "
+                       f"vocab {run.enc.n_vocab}")
+    # gains, biases: no weight decay
+    decay = [p for p in run.model.parameters() if p.dim() >= 2]
     no_decay = [p for p in run.model.parameters() if p.dim() < 2]
-    run.optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": cfg["weight_decay"]},
-                                       {"params": no_decay, "weight_decay": 0.0}],
-                                      lr=cfg["learning_rate"], betas=(cfg["beta1"], cfg["beta2"]))
+    groups = [{"params": decay, "weight_decay": cfg["weight_decay"]},
+              {"params": no_decay, "weight_decay": 0.0}]
+    run.optimizer = torch.optim.AdamW(groups, lr=cfg["learning_rate"],
+                                      betas=(cfg["beta1"], cfg["beta2"]))
     if ckpt is not None:
         try:
             run.optimizer.load_state_dict(ckpt["optimizer"])
-        except (ValueError, KeyError, TypeError) as e:  # groups or sizes of another model
-            raise UserError(f"{ckpt_path}: its optimizer state does not fit the model ({e}); "
+        # groups or sizes of another model
+        except (ValueError, KeyError, TypeError) as e:
+            raise UserError(f"{ckpt_path}: its optimizer state does not fit "
+                            f"the model ({e}); "
                             "train a new base with another --out_dir") from None
     return run
 
 
 def task_files(cfg, ckpt):
-    """(data_dir, tokenizer): a resumed run's are those its checkpoint recorded (in this copy of the
-    project); a new run's, or a resumed one's whose directory is gone, load_task's (built again from
-    the saved knobs; check_same_data then compares them with the checkpoint's)."""
-    recorded = resolve_data_dir(ckpt.get("data_dir", "")) if ckpt is not None else ""
+    """(data_dir, tokenizer): a resumed run's are those its checkpoint
+    recorded (in this copy of the project); a new run's, or a resumed
+    one's whose directory is gone, load_task's (built again from the saved
+    knobs; check_same_data then compares them with the checkpoint's)."""
+    recorded = ""
+    if ckpt is not None:
+        recorded = resolve_data_dir(ckpt.get("data_dir", ""))
     if recorded and os.path.isdir(recorded):
         return recorded, load_tokenizer(recorded)
     return load_task(cfg)
 
 
 def rank_rows(x, y):
-    """Under torchrun: this rank's contiguous rows of the whole batch (every rank drew all of it
-    from the same seeded stream) and the factor that turns the mean loss over its target tokens
-    into its share of the mean over the whole batch's, so that the summed gradients are the
+    """Under torchrun: this rank's contiguous rows of the whole batch
+    (every rank drew all of it from the same seeded stream) and the factor
+    that turns the mean loss over its target tokens into its share of the
+    mean over the whole batch's, so that the summed gradients are the
     single-process gradient. In one process: (x, y, 1.0)."""
     if distributed.world_size() == 1:
         return x, y, 1.0
     rows = distributed.shard(x.size(0))
-    return x[rows], y[rows], ((y[rows] != -1).sum() / (y != -1).sum()).item()
+    share = ((y[rows] != -1).sum() / (y != -1).sum()).item()
+    return x[rows], y[rows], share
 
 
 def train(cfg, run):
-    """Training loop: a line per log_interval, an evaluation and a checkpoint per eval_interval."""
+    """Training loop: a line per log_interval, an evaluation and
+    a checkpoint per eval_interval."""
     model, optimizer, rng = run.model, run.optimizer, run.rng
 
     def checkpoint(metrics):
-        if distributed.is_main():  # every rank holds the same weights; rank 0 writes them
-            state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                     "model_args": run.model_args, "iter_num": run.iter_num, "config": cfg,
-                     "data_dir": portable_path(run.data_dir),  # relative to the project
-                     "data_fingerprint": run.data_fingerprint,  # the data it is bound to
-                     "train_seconds": run.elapsed_before + time.time() - t_start,
-                     "metrics": metrics,
-                     "rng": {"torch": torch.get_rng_state(), "python": rng.getstate()}}
-            check_loads(state, run.ckpt_path)  # ckpt.pt is replaced only by a state that loads
+        # every rank holds the same weights; rank 0 writes them
+        if distributed.is_main():
+            elapsed = run.elapsed_before + time.time() - t_start
+            rng_state = {"torch": torch.get_rng_state(),
+                         "python": rng.getstate()}
+            state = {
+                "model": model.state_dict(),
+                "optimizer": optimizer.state_dict(),
+                "model_args": run.model_args,
+                "iter_num": run.iter_num,
+                "config": cfg,
+                # relative to the project
+                "data_dir": portable_path(run.data_dir),
+                # the data it is bound to
+                "data_fingerprint": run.data_fingerprint,
+                "train_seconds": elapsed,
+                "metrics": metrics,
+                "rng": rng_state}
+            # ckpt.pt is replaced only by a state that loads
+            check_loads(state, run.ckpt_path)
             save_checkpoint(state, run.ckpt_path)
         run.last_ckpt = run.iter_num
 
     t_start = t_log = time.time()
     metrics = run.metrics  # a resumed run's last evaluation until the next
+    decay_iters = cfg["lr_decay_iters"] or cfg["max_iters"]
     try:
         while run.iter_num < cfg["max_iters"]:
-            lr = get_lr(run.iter_num, cfg["lr_decay_iters"] or cfg["max_iters"],
-                        cfg["learning_rate"], cfg["min_lr"], cfg["warmup_iters"])
+            lr = get_lr(run.iter_num, decay_iters, cfg["learning_rate"],
+                        cfg["min_lr"], cfg["warmup_iters"])
             for g in optimizer.param_groups:
                 g["lr"] = lr
-            batch = get_batch(run.train_pairs, cfg["batch_size"], rng, cfg["device"])
+            batch = get_batch(run.train_pairs, cfg["batch_size"], rng,
+                              cfg["device"])
             x, y, share = rank_rows(*batch)
             model.train()
             with run.amp:
@@ -344,43 +451,59 @@ def train(cfg, run):
             if share != 1.0:
                 loss = loss * share
             loss.backward()
-            # summed over ranks by an explicit all-reduce per tensor: one code path with the single
-            # process; DDP would overlap it with the backward, which pays off only for a large model
-            distributed.all_reduce_sum([p.grad for p in model.parameters() if p.grad is not None])
+            # summed over ranks by an explicit all-reduce per tensor: one
+            # code path with the single process; DDP would overlap it with
+            # the backward, which pays off only for a large model
+            grads = [p.grad for p in model.parameters() if p.grad is not None]
+            distributed.all_reduce_sum(grads)
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg["grad_clip"])
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             run.iter_num += 1
             it = run.iter_num
             at_eval = it % cfg["eval_interval"] == 0 or it == cfg["max_iters"]
-            if at_eval or it % cfg["log_interval"] == 0:  # whole batch's loss: ranks' shares summed
+            at_log = it % cfg["log_interval"] == 0
+            # whole batch's loss: ranks' shares summed
+            if at_eval or at_log:
                 loss_value = distributed.sum_floats([loss.item()])[0]
-            if (at_eval or it % cfg["log_interval"] == 0) and not math.isfinite(loss_value):
+            if (at_eval or at_log) and not math.isfinite(loss_value):
                 last = run.ckpt_path if run.last_ckpt is not None else "none"
-                raise UserError(f"the training loss is {loss_value} at iter {it}: "
-                                f"training diverged; lower learning_rate (last checkpoint: {last})")
-            if it % cfg["log_interval"] == 0 and distributed.is_main():
-                dt, t_log = (time.time() - t_log) / cfg["log_interval"], time.time()
+                raise UserError(
+                    f"the training loss is {loss_value} at iter {it}: "
+                    "training diverged; lower learning_rate "
+                    f"(last checkpoint: {last})")
+            if at_log and distributed.is_main():
+                dt = (time.time() - t_log) / cfg["log_interval"]
+                t_log = time.time()
+                elapsed = run.elapsed_before + time.time() - t_start
                 print(f"iter {it:5d} | loss {loss_value:.4f} | lr {lr:.2e}"
                       f" | {dt * 1000:.0f} ms/iter"
-                      f" | {run.elapsed_before + time.time() - t_start:.0f}s")
-            if at_eval:  # every rank scores its share of the test problems
+                      f" | {elapsed:.0f}s")
+            # every rank scores its share of the test problems
+            if at_eval:
                 with run.amp:
-                    metrics = evaluate(model, run.enc, run.test, cfg["max_new_tokens"],
+                    metrics = evaluate(model, run.enc, run.test,
+                                       cfg["max_new_tokens"],
                                        task=cfg["task"])
             if at_eval and distributed.is_main():
-                print(f"eval  {it:5d} | test accuracy {metrics['accuracy']:.3f} "
+                accuracy = metrics["accuracy"]
+                print(f"eval  {it:5d} | test accuracy {accuracy:.3f} "
                       f"(greedy, {len(run.test)} problems)")
             if at_eval:
                 checkpoint(metrics)
-    except (KeyboardInterrupt, CheckpointWriteError) as e:  # Ctrl-C, full disk: where to go on from
-        where = (f"train_base.py stopped at iter {run.iter_num} of {cfg['max_iters']}; "
-                 f"{stop_note('train_base.py', cfg['out_dir'], run.last_ckpt, remove_files=False)}")
+    # Ctrl-C, full disk: where to go on from
+    except (KeyboardInterrupt, CheckpointWriteError) as e:
+        note = stop_note("train_base.py", cfg["out_dir"], run.last_ckpt,
+                         remove_files=False)
+        where = (f"train_base.py stopped at iter {run.iter_num} "
+                 f"of {cfg['max_iters']}; {note}")
         if isinstance(e, KeyboardInterrupt):
             raise Interrupted(where) from None
         raise UserError(f"{e}; {where}") from None
     total = run.elapsed_before + time.time() - t_start
-    acc = f", test accuracy {metrics['accuracy']:.3f}" if "accuracy" in metrics else ""
+    acc = ""
+    if "accuracy" in metrics:
+        acc = f", test accuracy {metrics['accuracy']:.3f}"
     distributed.print0(f"done: {run.iter_num} iters in {total:.0f}s{acc}, "
                        f"checkpoint {run.ckpt_path}")
     return metrics
