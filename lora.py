@@ -1,11 +1,14 @@
 """
-Hand-rolled LoRA (Hu et al. 2021): a frozen linear map W plus a trainable low-rank update,
+Hand-rolled LoRA (Hu et al. 2021): a frozen linear map W plus a trainable
+low-rank update,
 
-    out = W x + s * B (A x),     A: (r, in) random,  B: (out, r) zeros,  s = alpha / r
+    out = W x + s * B (A x),
+    A: (r, in) random,  B: (out, r) zeros,  s = alpha / r
 
-so a fresh adapter changes nothing (B = 0) and only r * (in + out) numbers per layer train.
-`lora_A` and `lora_B` are plain nn.Linear modules on purpose: TracIn's hooks (ghost.py) attach
-to them and read x, h = A x and the gradients at h and at B h.
+so a fresh adapter changes nothing (B = 0) and only r * (in + out) numbers
+per layer train. `lora_A` and `lora_B` are plain nn.Linear modules on
+purpose: TracIn's hooks (ghost.py) attach to them and read x, h = A x and
+the gradients at h and at B h.
 """
 import re
 from contextlib import contextmanager
@@ -18,12 +21,16 @@ from configurator import UserError
 
 
 class LoRALinear(nn.Module):
-    def __init__(self, base: nn.Linear, r: int, alpha: float, dropout: float = 0.0):
-        super().__init__()  # r >= 1: checked by apply_lora (and lora_r at config time)
+    def __init__(self, base: nn.Linear, r: int, alpha: float,
+                 dropout: float = 0.0):
+        # r >= 1: checked by apply_lora (and lora_r at config time)
+        super().__init__()
         self.base = base
-        # float32 even on a bf16 base (trained weights, AdamW state: scale/device.py), its device
+        # float32 even on a bf16 base (trained weights, AdamW state:
+        # scale/device.py), on its device
         device = base.weight.device
-        self.lora_A = nn.Linear(base.in_features, r, bias=False, device=device)  # kaiming-uniform
+        # kaiming-uniform
+        self.lora_A = nn.Linear(base.in_features, r, bias=False, device=device)
         self.lora_B = nn.Linear(r, base.out_features, bias=False, device=device)
         nn.init.zeros_(self.lora_B.weight)  # B = 0: the adapter starts as a no-op
         self.lora_dropout = nn.Dropout(dropout)
@@ -32,21 +39,26 @@ class LoRALinear(nn.Module):
         self.folded = None     # W + s B A while folded_for_sampling()
 
     def forward(self, x):
-        if self.disabled:  # checked first: a fold made before disable_lora holds the adapter
+        # checked first: a fold made before disable_lora holds the adapter
+        if self.disabled:
             return self.base(x)  # the base model, exactly
-        if self.folded is not None and not torch.is_grad_enabled():  # pass 1: one matmul, not three
+        # pass 1: one matmul, not three
+        if self.folded is not None and not torch.is_grad_enabled():
             return F.linear(x, self.folded, self.base.bias)
         out = self.base(x)
-        # a bf16 base feeds bf16 x: the adapter's matmuls run in float32 (autocast's dtype if on)
+        # a bf16 base feeds bf16 x: the adapter's matmuls run in float32
+        # (autocast's dtype if on)
         if not torch.is_autocast_enabled(x.device.type):
             x = x.to(self.lora_A.weight.dtype)
         u = self.lora_B(self.lora_A(self.lora_dropout(x)))
         return out + (u * self.scaling).to(out.dtype)
 
 
-def apply_lora(model, r=8, alpha=16, dropout=0.0, targets=("c_attn", "c_proj", "c_fc")):
-    """Wrap every nn.Linear whose name's last part is in `targets` (or whose full name matches a
-    target used as a regex) in a LoRALinear; freeze every other parameter. Returns the names."""
+def apply_lora(model, r=8, alpha=16, dropout=0.0,
+               targets=("c_attn", "c_proj", "c_fc")):
+    """Wrap every nn.Linear whose name's last part is in `targets` (or
+    whose full name matches a target used as a regex) in a LoRALinear;
+    freeze every other parameter. Returns the names."""
     if r <= 0:
         raise UserError(f"LoRA rank r must be a positive integer, got r={r}")
     targets = [targets] if isinstance(targets, str) else list(targets)
@@ -54,26 +66,33 @@ def apply_lora(model, r=8, alpha=16, dropout=0.0, targets=("c_attn", "c_proj", "
         try:
             re.compile(t)
         except (re.error, TypeError) as e:
-            raise UserError(
-                f"LoRA target {t!r} is neither a layer name nor a valid regex ({e})") from None
-    names = [n for n, m in model.named_modules() if isinstance(m, nn.Linear)
-             and not n.split(".")[-1].startswith("lora_")
-             and any(n.split(".")[-1] == t or re.fullmatch(t, n) for t in targets)]
+            raise UserError(f"LoRA target {t!r} is neither a layer name "
+                            f"nor a valid regex ({e})") from None
+
+    def targeted(n):
+        last = n.split(".")[-1]
+        if last.startswith("lora_"):
+            return False
+        return any(last == t or re.fullmatch(t, n) for t in targets)
+    linears = [n for n, m in model.named_modules() if isinstance(m, nn.Linear)]
+    names = [n for n in linears if targeted(n)]
     if not names:
-        linear = sorted({n.split(".")[-1] for n, m in model.named_modules()
-                         if isinstance(m, nn.Linear)})
-        raise UserError(f"LoRA targets {targets} match no nn.Linear in the model "
-                        f"(its linear layers: {linear})")
+        linear = sorted({n.split(".")[-1] for n in linears})
+        raise UserError(f"LoRA targets {targets} match no nn.Linear in the "
+                        f"model (its linear layers: {linear})")
     for p in model.parameters():
         p.requires_grad_(False)
     for name in names:
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name)
         try:
-            setattr(parent, child, LoRALinear(getattr(parent, child), r, alpha, dropout))
-        except (RuntimeError, MemoryError) as e:  # A, B: r x (d_in + d_out) numbers a layer
-            raise UserError(f"cannot allocate a LoRA adapter of rank r={r} on {name}: "
-                            f"{(str(e).splitlines() or [''])[0][:160]}; lower it") from None
+            adapted = LoRALinear(getattr(parent, child), r, alpha, dropout)
+            setattr(parent, child, adapted)
+        # A, B: r x (d_in + d_out) numbers a layer
+        except (RuntimeError, MemoryError) as e:
+            first_line = (str(e).splitlines() or [""])[0][:160]
+            raise UserError(f"cannot allocate a LoRA adapter of rank r={r} "
+                            f"on {name}: {first_line}; lower it") from None
     return names
 
 
@@ -87,26 +106,30 @@ def lora_parameters(model):
 
 def lora_state_dict(model):
     """Only the adapter: a few hundred KB instead of the whole model."""
-    return {k: v.detach().clone() for k, v in model.state_dict().items() if ".lora_" in k}
+    return {k: v.detach().clone() for k, v in model.state_dict().items()
+            if ".lora_" in k}
 
 
 def load_lora_state_dict(model, sd):
     own = lora_state_dict(model)
     if set(own) != set(sd):
-        missing, extra = sorted(set(own) - set(sd)), sorted(set(sd) - set(own))
-        raise UserError(f"LoRA weights do not fit this model: missing {missing[:3]}, "
-                        f"unexpected {extra[:3]} (were they saved with other lora_targets?)")
+        missing = sorted(set(own) - set(sd))
+        extra = sorted(set(sd) - set(own))
+        raise UserError(f"LoRA weights do not fit this model: "
+                        f"missing {missing[:3]}, unexpected {extra[:3]} "
+                        "(were they saved with other lora_targets?)")
     for k, v in sd.items():
         if own[k].shape != v.shape:
-            raise UserError(f"LoRA weight {k} has shape {tuple(v.shape)}, model expects "
-                            f"{tuple(own[k].shape)} (another lora_r, or a base of another shape?)")
+            raise UserError(f"LoRA weight {k} has shape {tuple(v.shape)}, "
+                            f"model expects {tuple(own[k].shape)} "
+                            "(another lora_r, or a base of another shape?)")
     model.load_state_dict(sd, strict=False)
 
 
 @contextmanager
 def disable_lora(model):
-    """Run the base model through the same module objects: GRPO's reference policy costs no
-    second copy of the weights."""
+    """Run the base model through the same module objects: GRPO's reference
+    policy costs no second copy of the weights."""
     mods = lora_modules(model)
     previous = [m.disabled for m in mods]
     for m in mods:
@@ -120,17 +143,22 @@ def disable_lora(model):
 
 @contextmanager
 def folded_for_sampling(model):
-    """Pass 1 with W' = W + s B A: one matmul per adapted layer and token instead of three. Every
-    adapted layer holds its own copy W' while sampling runs (memory: the adapted weights once
-    more, in the matmul's dtype: autocast's, else the base's); W, A and B are never written, so
-    nothing drifts however often it folds."""
+    """Pass 1 with W' = W + s B A: one matmul per adapted layer and token
+    instead of three. Every adapted layer holds its own copy W' while
+    sampling runs (memory: the adapted weights once more, in the matmul's
+    dtype: autocast's, else the base's); W, A and B are never written,
+    so nothing drifts however often it folds."""
     mods = [m for m in lora_modules(model) if not m.disabled]
     kind = next(model.parameters()).device.type
     autocast = torch.is_autocast_enabled(kind)
     with torch.no_grad():  # W' is a constant
         for m in mods:
-            delta = (m.lora_B.weight @ m.lora_A.weight) * m.scaling  # (d_out, d_in), float32
-            dtype = torch.get_autocast_dtype(kind) if autocast else m.base.weight.dtype
+            # (d_out, d_in), float32
+            delta = (m.lora_B.weight @ m.lora_A.weight) * m.scaling
+            if autocast:
+                dtype = torch.get_autocast_dtype(kind)
+            else:
+                dtype = m.base.weight.dtype
             m.folded = (m.base.weight.float() + delta).to(dtype)
     try:
         yield model
@@ -141,14 +169,16 @@ def folded_for_sampling(model):
 
 @torch.no_grad()
 def merge_lora(model):
-    """Fold W <- W + s * B A into each base layer and drop the adapters (for fast inference)."""
+    """Fold W <- W + s * B A into each base layer and drop the adapters
+    (for fast inference)."""
     for name, m in list(model.named_modules()):
         if isinstance(m, LoRALinear):
-            # a new tensor, not +=: the base weight may be shared (lm_head is tied to wte)
-            # float32, then the base's dtype
+            # a new tensor, not +=: the base weight may be shared
+            # (lm_head is tied to wte); float32, then the base's dtype
+            W = m.base.weight
             delta = (m.lora_B.weight @ m.lora_A.weight) * m.scaling
-            m.base.weight = nn.Parameter((m.base.weight + delta).to(m.base.weight.dtype),
-                                         requires_grad=m.base.weight.requires_grad)
+            merged = (W + delta).to(W.dtype)
+            m.base.weight = nn.Parameter(merged, requires_grad=W.requires_grad)
             parent_name, _, child = name.rpartition(".")
             setattr(model.get_submodule(parent_name), child, m.base)
     return model
