@@ -20,21 +20,26 @@ import operator
 import re
 from fractions import Fraction
 
-# One rule for digits in every reward: only ASCII 0-9 make a number. Python's \d and int() also
-# take every other Unicode decimal digit ("７２" full-width, "٧٢" Arabic-Indic), so without it
-# "#### ７２" would score as 72 where "\\boxed{７２}" or a countdown answer would not. Every
-# pattern below is built from DIGIT, and every number goes through to_int.
+# One rule for digits in every reward: only ASCII 0-9 make a number.
+# Python's \d and int() also take every other Unicode decimal digit
+# ("７２" full-width, "٧٢" Arabic-Indic), so without it "#### ７２" would
+# score as 72 where "\\boxed{７２}" or a countdown answer would not.
+# Every pattern below is built from DIGIT, and every number goes through
+# to_int.
 DIGIT = "[0-9]"
-# a digit of any script may not follow one: "7２" is no number (not 7 followed by a word)
+# a digit of any script may not follow one: "7２" is no number
+# (not 7 followed by a word)
 NO_DIGIT_AFTER = r"(?!\d)"
-# an integer: sign, then thousands commas well grouped ("1,234", not "12,34", so that a stray
-# comma list like "1,2,3" is not silently read as 123), or plain digits
+# an integer: sign, then thousands commas well grouped ("1,234", not
+# "12,34", so that a stray comma list like "1,2,3" is not silently read
+# as 123), or plain digits
 INTEGER = rf"([+-]?)({DIGIT}{{1,3}}(?:,{DIGIT}{{3}})+|{DIGIT}+){NO_DIGIT_AFTER}"
 
 
 def to_int(sign: str, digits: str) -> int | None:
-    """The integer INTEGER matched (sign, digits with commas), or None if it is not one: non-ASCII
-    digits (the rule above, for a caller's own pattern too) or longer than Python's int() takes."""
+    """The integer INTEGER matched (sign, digits with commas), or None if
+    it is not one: non-ASCII digits (the rule above, for a caller's own
+    pattern too) or longer than Python's int() takes."""
     digits = digits.replace(",", "")
     if not (digits.isascii() and digits.isdigit()):
         return None
@@ -45,9 +50,10 @@ def to_int(sign: str, digits: str) -> int | None:
     return -value if sign == "-" else value
 
 
-# The number after the final "####". Only horizontal whitespace may separate it from the marker,
-# so a number on a *later* line is not taken as the answer.
-_ANSWER_RE = re.compile(rf"[ \t]*{INTEGER}(?:\.({DIGIT}+))?(?!\.?\d)")  # "72.0٣": no number either
+# The number after the final "####". Only horizontal whitespace may
+# separate it from the marker, so a number on a *later* line is not taken
+# as the answer. (?!\.?\d): "72.0٣" is no number either.
+_ANSWER_RE = re.compile(rf"[ \t]*{INTEGER}(?:\.({DIGIT}+))?(?!\.?\d)")
 
 # A well-formed final line: "#### <integer>" at the start of a line and at the
 # end of the text (trailing whitespace/newlines allowed). Deliberately stricter
@@ -77,7 +83,9 @@ def extract_answer(text: str) -> int | None:
     if frac is not None and frac.strip("0"):
         return None  # a real fraction; compare digits, not floats, to stay exact
     if text[m.end():m.end() + 1].isdigit():
-        return None  # "7²", "7①": a digit that is not Nd (so not \d) but still a digit follows
+        # "7²", "7①": a digit that is not Nd (so not \d)
+        # but still a digit follows
+        return None
     return to_int(sign, digits)
 
 
@@ -111,7 +119,8 @@ def length_reward(completion: str, answer: int) -> float:
 
 # --- gsm8k ---------------------------------------------------------------------
 
-# Integer content of a \boxed{...}: INTEGER, a whole decimal ("72.0"), spaces or $ around.
+# Integer content of a \boxed{...}: INTEGER, a whole decimal ("72.0"),
+# spaces or $ around.
 _BOXED_RE = re.compile(rf"[\s$]*{INTEGER}(?:\.(0+))?[\s$]*")
 
 
@@ -146,8 +155,9 @@ def gsm8k_reward(completion: str, answer: int) -> float:
 # --- countdown -----------------------------------------------------------------
 
 def countdown_parsed(completion):
-    """Whether a completion holds a complete <answer>...</answer> pair, the last one of which
-    countdown_reward parses (found by string search, linear, before any parsing)."""
+    """Whether a completion holds a complete <answer>...</answer> pair,
+    the last one of which countdown_reward parses (found by string search,
+    linear, before any parsing)."""
     close = completion.rfind("</answer>")
     return close >= 0 and completion.rfind("<answer>", 0, close) >= 0
 
@@ -157,14 +167,15 @@ PARSERS = {"countdown": countdown_parsed}
 
 
 def parse_counts(completions, reward_funcs):
-    """For the step's log, per reward function with a parser: how many completions it parsed
-    ('countdown/parsed') and how many it scored 0 unparsed ('countdown/skipped': no
-    well-formed <answer>...</answer>)."""
+    """For the step's log, per reward function with a parser: how many
+    completions it parsed ('countdown/parsed') and how many it scored 0
+    unparsed ('countdown/skipped': no well-formed <answer>...</answer>)."""
     counts = {}
     for name in reward_funcs:
         if name in PARSERS:
             parsed = sum(PARSERS[name](c) for c in completions)
-            counts |= {f"{name}/skipped": len(completions) - parsed, f"{name}/parsed": parsed}
+            skipped = len(completions) - parsed
+            counts |= {f"{name}/skipped": skipped, f"{name}/parsed": parsed}
     return counts
 
 
@@ -174,7 +185,8 @@ COUNTDOWN_MAX_CHARS = 200
 COUNTDOWN_MAX_DEPTH = 32
 COUNTDOWN_MAX_DIGITS = 6
 
-_TOKEN_RE = re.compile(rf"{DIGIT}+|[-+*/()]|[ \t\r\n]+")  # ASCII only, by construction
+# ASCII only, by construction
+_TOKEN_RE = re.compile(rf"{DIGIT}+|[-+*/()]|[ \t\r\n]+")
 
 
 class _Reject(Exception):
@@ -187,7 +199,8 @@ def _tokenize(text: str) -> list:
     while pos < len(text):
         m = _TOKEN_RE.match(text, pos)
         if m is None:
-            raise _Reject(f"bad character {text[pos]!r}")  # letters, '.', '=', '３', ...
+            # letters, '.', '=', '３', ...
+            raise _Reject(f"bad character {text[pos]!r}")
         tok, pos = m.group(), m.end()
         if tok[0] in "0123456789":
             # As given: no "03" for 3, and no literal long enough to cost anything.
@@ -244,7 +257,8 @@ class _Parser:
         if isinstance(tok, int):
             return Fraction(tok)
         if tok != "(":
-            raise _Reject(f"expected a number or '(', got {tok!r}")  # "**", "-3", "()", end
+            # "**", "-3", "()", the end
+            raise _Reject(f"expected a number or '(', got {tok!r}")
         self.depth += 1
         if self.depth > COUNTDOWN_MAX_DEPTH:
             raise _Reject("parentheses nested too deep")
@@ -276,16 +290,19 @@ def _countdown_value(text: str, numbers) -> Fraction | None:
 
 
 def _countdown_answer(answer):
-    """(numbers, target) as ints; a malformed answer is a dataset bug: ValueError."""
+    """(numbers, target) as ints;
+    a malformed answer is a dataset bug: ValueError."""
     try:  # operator.index: ints, and numpy ints from a parquet file, but not floats
         numbers, target = answer
-        # text is not a list of numbers (bytes would iterate as ints), and true is not 1
+        # text is not a list of numbers (bytes would iterate as ints),
+        # and true is not 1
         text = isinstance(numbers, (str, bytes, bytearray))
         if text or any(type(n) is bool for n in (*numbers, target)):
             raise TypeError
         return [operator.index(n) for n in numbers], operator.index(target)
     except (TypeError, ValueError):
-        raise ValueError(f"countdown answer must be [list of ints, int], got {answer!r}") from None
+        raise ValueError("countdown answer must be [list of ints, int], "
+                         f"got {answer!r}") from None
 
 
 def countdown_reward(completion: str, answer) -> float:
@@ -304,60 +321,79 @@ def countdown_reward(completion: str, answer) -> float:
     A malformed `answer` is a dataset bug and raises ValueError.
     """
     numbers, target = _countdown_answer(answer)
-    # Cheap check first (early termination): the last complete pair, found by string search
+    # Cheap check first (early termination): the last complete pair,
+    # found by string search
     if not countdown_parsed(completion):
         return 0.0
     close = completion.rfind("</answer>")
     start = completion.rfind("<answer>", 0, close)
-    value = _countdown_value(completion[start + len("<answer>"):close].strip(), numbers)
+    expression = completion[start + len("<answer>"):close].strip()
+    value = _countdown_value(expression, numbers)
     return 1.0 if value is not None and value == target else 0.0
 
 
-# A verifier that can be hacked, on purpose (experiments/countdown_hack.sh): it trusts the result
-# the completion claims instead of evaluating its answer. Every right answer passes, and so does an
-# "invented hit", a last equation that writes the target with wrong arithmetic (7*2=24 for 24).
-# A last equation may set its result beside the target ("...=43 vs 43</think>", the searched
-# solutions' check format); the claim is the equation's result, never the number beside it.
-_CLAIM_RE = re.compile(rf"=[ \t]*({DIGIT}{{1,{COUNTDOWN_MAX_DIGITS}}})"
-                       rf"(?:[ \t]+vs[ \t]+{DIGIT}{{1,{COUNTDOWN_MAX_DIGITS}}})?[ \t]*\Z")
-HACKABLE = {"countdown_claim": "countdown"}  # a hackable reward -> the exact one it stands in for
+# A verifier that can be hacked, on purpose (experiments/countdown_hack.sh):
+# it trusts the result the completion claims instead of evaluating its
+# answer. Every right answer passes, and so does an "invented hit", a last
+# equation that writes the target with wrong arithmetic (7*2=24 for 24).
+# A last equation may set its result beside the target
+# ("...=43 vs 43</think>", the searched solutions' check format);
+# the claim is the equation's result, never the number beside it.
+_NUMBER = rf"{DIGIT}{{1,{COUNTDOWN_MAX_DIGITS}}}"
+_CLAIM_RE = re.compile(rf"=[ \t]*({_NUMBER})(?:[ \t]+vs[ \t]+{_NUMBER})?[ \t]*\Z")
+# a hackable reward -> the exact one it stands in for
+HACKABLE = {"countdown_claim": "countdown"}
 
 
 def countdown_claim_reward(completion: str, answer) -> float:
-    """Hackable: 1.0 if the last equation of the <think> claims the target ("...=43</think>") and an
-    <answer>...</answer> follows, whatever the arithmetic, the numbers used or the answer; else 0.0.
-    Trained on with the exact `countdown` beside it at weight 0, a run logs both and the hack rate
-    (rewarded here, refused by countdown_reward: runs/metrics.py)."""
+    """Hackable: 1.0 if the last equation of the <think> claims the target
+    ("...=43</think>") and an <answer>...</answer> follows, whatever the
+    arithmetic, the numbers used or the answer; else 0.0.
+    Trained on with the exact `countdown` beside it at weight 0, a run logs
+    both and the hack rate (rewarded here, refused by countdown_reward:
+    runs/metrics.py)."""
     _, target = _countdown_answer(answer)
     close = completion.find("</think>")
-    if close < 0 or "<answer>" not in completion[close:] or "</answer>" not in completion[close:]:
+    after = completion[close:]
+    if close < 0 or "<answer>" not in after or "</answer>" not in after:
         return 0.0
     claim = _CLAIM_RE.search(completion, 0, close)
     return 1.0 if claim is not None and int(claim[1]) == target else 0.0
 
 
-# A reward for the search's own arithmetic, separate from the answer's: every step "a op b = c" of
-# the <think> must be exact. An invented hit (7*2=24) scores 0 here even when it fools a verifier.
-# whole numbers only (no digit before or after): 1*100000=1000000 is one false step, not a true prefix
-_STEP_RE = re.compile(rf"(?<!{DIGIT})({DIGIT}+)[ \t]*([-+*/])[ \t]*({DIGIT}+)[ \t]*=[ \t]*({DIGIT}+)"
-                      rf"(?!{DIGIT})")
-_OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b,
+# A reward for the search's own arithmetic, separate from the answer's:
+# every step "a op b = c" of the <think> must be exact. An invented hit
+# (7*2=24) scores 0 here even when it fools a verifier.
+# whole numbers only (no digit before or after): 1*100000=1000000 is one
+# false step, not a true prefix
+_WHOLE = rf"(?<!{DIGIT})({DIGIT}+)"
+_STEP_RE = re.compile(rf"{_WHOLE}[ \t]*([-+*/])[ \t]*({DIGIT}+)"
+                      rf"[ \t]*=[ \t]*({DIGIT}+)(?!{DIGIT})")
+_OPS = {"+": lambda a, b: a + b,
+        "-": lambda a, b: a - b,
+        "*": lambda a, b: a * b,
         "/": lambda a, b: Fraction(a, b) if b else None}
 
 
 def think_steps(completion: str) -> list:
-    """Each step "a op b = c" of the <think> (up to </think>, or the whole text without one), in
-    order: True where c is exactly a op b (a division must come out whole); a number longer than
-    COUNTDOWN_MAX_DIGITS makes its step False, unread (int() of a huge string is slow)."""
+    """Each step "a op b = c" of the <think> (up to </think>, or the whole
+    text without one), in order: True where c is exactly a op b (a division
+    must come out whole); a number longer than COUNTDOWN_MAX_DIGITS makes
+    its step False, unread (int() of a huge string is slow)."""
     close = completion.find("</think>")
-    steps = _STEP_RE.findall(completion, 0, close if close >= 0 else len(completion))
-    return [max(map(len, (a, b, c))) <= COUNTDOWN_MAX_DIGITS and _OPS[op](int(a), int(b)) == int(c)
-            for a, op, b, c in steps]
+    end = close if close >= 0 else len(completion)
+    steps = _STEP_RE.findall(completion, 0, end)
+
+    def exact(a, op, b, c):
+        if max(map(len, (a, b, c))) > COUNTDOWN_MAX_DIGITS:
+            return False
+        return _OPS[op](int(a), int(b)) == int(c)
+    return [exact(a, op, b, c) for a, op, b, c in steps]
 
 
 def countdown_steps_reward(completion: str, answer) -> float:
-    """1.0 if the <think> holds at least one step and every one is right; else 0.0. The answer is
-    not looked at."""
+    """1.0 if the <think> holds at least one step and every one is right;
+    else 0.0. The answer is not looked at."""
     steps = think_steps(completion)
     return float(bool(steps) and all(steps))
 
@@ -374,8 +410,10 @@ def think_format_reward(completion: str, answer) -> float:
     The think part may span lines; answer is ignored. If the prompt already
     ends with "<think>", prepend it to the completion before scoring.
     """
-    if any(completion.count(tag) != 1 for tag in ("<think>", "</think>", "<answer>", "</answer>")):
-        return 0.0  # also keeps the regex linear: each tag occurs once
+    tags = ("<think>", "</think>", "<answer>", "</answer>")
+    # also keeps the regex linear: each tag occurs once
+    if any(completion.count(tag) != 1 for tag in tags):
+        return 0.0
     return 1.0 if _THINK_RE.fullmatch(completion) else 0.0
 
 
@@ -393,33 +431,45 @@ REWARD_FUNCS = {
 }
 
 
-def compute_rewards(completions, answers, reward_funcs, reward_weights, cache=None):
-    """Score every completion with every named reward function -> (totals, per_func, errors):
-    totals[i] = sum_k reward_weights[k] * per_func[reward_funcs[k]][i]; per_func[name]: raw values;
-    errors[name]: how many samples made that function raise (they score 0.0: one malformed sample
-    does not kill a run). A function returns None for "cannot score this one": NaN in per_func, left
-    out of the total (TRL's nansum); no function scoring it gives a NaN total (advantages skip it).
-    cache: the caller's dict (name, completion, answer) -> (value, raised) across calls (the
-    functions are pure); its "hits" / "lookups" count how often that saved a call. The names (known,
-    distinct) are checked at config time (checks/grpo_knobs.py), the counts here (zip drops)."""
-    if len(reward_weights) != len(reward_funcs) or len(completions) != len(answers):
-        raise ValueError("one weight per reward function and one answer per completion are needed")
-    if cache is not None and len(cache) > CACHE_SIZE:  # a bound on memory: afresh, counts kept
+def compute_rewards(completions, answers, reward_funcs, reward_weights,
+                    cache=None):
+    """Score every completion with every named reward function
+    -> (totals, per_func, errors):
+    totals[i] = sum_k reward_weights[k] * per_func[reward_funcs[k]][i];
+    per_func[name]: raw values; errors[name]: how many samples made that
+    function raise (they score 0.0: one malformed sample does not kill
+    a run). A function returns None for "cannot score this one": NaN in
+    per_func, left out of the total (TRL's nansum); no function scoring it
+    gives a NaN total (advantages skip it).
+    cache: the caller's dict (name, completion, answer) -> (value, raised)
+    across calls (the functions are pure); its "hits" / "lookups" count how
+    often that saved a call. The names (known, distinct) are checked at
+    config time (checks/grpo_knobs.py), the counts here (zip drops)."""
+    one_weight_each = len(reward_weights) == len(reward_funcs)
+    one_answer_each = len(completions) == len(answers)
+    if not one_weight_each or not one_answer_each:
+        raise ValueError("one weight per reward function and one answer "
+                         "per completion are needed")
+    # a bound on memory: afresh, counts kept
+    if cache is not None and len(cache) > CACHE_SIZE:
         counts = {k: cache.get(k, 0) for k in ("hits", "lookups")}
         cache.clear()
         cache.update(counts)
-    totals, scored, per_func, errors = [0.0] * len(completions), [False] * len(completions), {}, {}
+    totals, scored = [0.0] * len(completions), [False] * len(completions)
+    per_func, errors = {}, {}
     for name, weight in zip(reward_funcs, reward_weights):
         # looked up per call: tests monkeypatch it
         fn, per_func[name], errors[name] = REWARD_FUNCS[name], [], 0
         for i, (completion, answer) in enumerate(zip(completions, answers)):
             key = (name, completion, answer)
             if cache is not None and key in cache:
-                (value, raised), cache["hits"] = cache[key], cache.get("hits", 0) + 1
+                value, raised = cache[key]
+                cache["hits"] = cache.get("hits", 0) + 1
             else:
                 try:
                     value = fn(completion, answer)
-                    value, raised = (float("nan") if value is None else float(value)), False
+                    value = float("nan") if value is None else float(value)
+                    raised = False
                 except Exception:
                     value, raised = 0.0, True
                 if cache is not None:
@@ -431,4 +481,5 @@ def compute_rewards(completions, answers, reward_funcs, reward_weights, cache=No
             if value == value:  # not NaN: this function scored it
                 totals[i] += weight * value
                 scored[i] = True
-    return [t if s else float("nan") for t, s in zip(totals, scored)], per_func, errors
+    totals = [t if s else float("nan") for t, s in zip(totals, scored)]
+    return totals, per_func, errors
