@@ -110,8 +110,7 @@ def _parse_cli_value(raw, default):
         except ValueError:
             return value
     if isinstance(default, str) and not isinstance(value, str):
-        # a text key takes the text as typed: --question=1234
-        return raw
+        return raw  # a text key takes the text as typed: --question=1234
     sequence = isinstance(default, (list, tuple))
     if sequence and isinstance(value, str):
         # --reward_funcs=correctness,format
@@ -124,8 +123,7 @@ def _parse_cli_value(raw, default):
 def _check_type(key, value, default):
     """Return value (converted where lossless)
     or raise UserError if it does not fit the default's type."""
-    # None means "no fixed type", e.g. an optional path
-    if default is None:
+    if default is None:  # None means "no fixed type", e.g. an optional path
         return value
     # bool is a subclass of int, so it is excluded explicitly:
     # --batch_size=True is surely a mistake
@@ -159,8 +157,7 @@ def configure(defaults: dict, argv: list[str],
     is printed once, after every argument (a later one may undo an
     earlier one)."""
     cfg = dict(defaults)
-    # torchrun: rank 0 speaks
-    rank0 = os.environ.get("RANK", "0") == "0"
+    rank0 = os.environ.get("RANK", "0") == "0"  # torchrun: rank 0 speaks
     say = print if rank0 else (lambda *a, **k: None)
     if saved is not None:
         saved = {k: _check_type(k, v, defaults[k])

@@ -74,7 +74,8 @@ class Rollouts:
     a field makes a copy (dataclasses.replace)."""
     # (n, P+T) long: prompt left-padded to P, then T completion ids
     idx: torch.Tensor
-    pad_left: torch.Tensor     # (n,) long: padding columns before each prompt
+    # (n,) long: padding columns before each prompt
+    pad_left: torch.Tensor
     # (n, T) long: 1 on the completion tokens the loss counts
     mask: torch.Tensor
     # (n,) float32: A_i, exactly 0 in a group of equal rewards
@@ -153,11 +154,9 @@ def rank_part(rollouts, micro_batch_size):
 class StepResult:
     """What one step returns beside its rollouts
     (runs/metrics.step_log writes it down)."""
-    # policy_backward's sums (every rank's, every update)
-    stats: dict = None
+    stats: dict = None  # policy_backward's sums (every rank's, every update)
     grad_norm: float = 0.0  # before the clip; 0 when TracIn kept no rollout
-    # why the weights were left untouched, None: updated
-    skip_reason: str = None
+    skip_reason: str = None  # why the weights were left untouched, None: updated
     # more log keys (TracIn's validation reward)
     extra: dict = field(default_factory=dict)
     times: dict = field(default_factory=dict)  # PhaseTimer.seconds
@@ -280,8 +279,7 @@ def compute_group_advantages(rewards, group_size, scale_rewards="group",
         group_std = r.std(dim=1, keepdim=True)  # (B, 1)
         batch_std = r.std()                     # ()
         too_few = torch.zeros_like(group_std, dtype=torch.bool)
-    # nan-mean and nan-std over the scored completions of each group
-    else:
+    else:  # nan-mean and nan-std over the scored completions of each group
         n = scored.sum(1, keepdim=True)
         mean = torch.nansum(r, 1, keepdim=True) / n.clamp(min=1)
         centered = torch.where(scored, r - mean, 0.0)
@@ -292,8 +290,7 @@ def compute_group_advantages(rewards, group_size, scale_rewards="group",
         else:
             batch_std = torch.tensor(0.0)
         too_few = n < 2
-    # all (scored) rewards equal
-    zero_std = (group_std < 1e-6) | too_few
+    zero_std = (group_std < 1e-6) | too_few  # all (scored) rewards equal
     if scale_rewards == "group":
         std = torch.where(zero_std, torch.ones_like(group_std), group_std)
         adv = centered / (std + epsilon)
@@ -437,8 +434,7 @@ def completion_logprobs(model, idx, pad_left, T, temperature,
     """Per-token log-probs (N, T) of the last T tokens of idx (the
     completion) under logits / the sampling temperature (the policy that
     sampled), entropy if asked; the LM head runs on T rows."""
-    # (N, T, V)
-    logits, _ = model(idx[:, :-1], pad_left=pad_left, keep_last=T)
+    logits, _ = model(idx[:, :-1], pad_left=pad_left, keep_last=T)  # (N, T, V)
     # greedy sampling: plain log-probs
     temperature = temperature if temperature > 0 else 1.0
     # (N, T); no (N, T, V) copy
@@ -542,8 +538,7 @@ def grpo_loss(logp, old_logp, ref_logp, advantages, mask,
     mask = mask.to(logp.dtype)
     num_seqs = num_seqs or logp.size(0)
     log_ratio = logp - old_logp  # (n, T)
-    # one ratio per completion
-    if importance_sampling_level == "sequence":
+    if importance_sampling_level == "sequence":  # one ratio per completion
         seq_mean = (log_ratio * mask).sum(1) / mask.sum(1).clamp(min=1)
         log_ratio = seq_mean[:, None]  # (n, 1)
     ratio = torch.exp(log_ratio)
@@ -613,8 +608,7 @@ def update(model, optimizer, cfg, stats, apply=True, timer=None):
     with timer("optimizer"):
         # all ranks' LoRA gradients, before the clip
         distributed.sum_grads(params)
-        # and every statistic the step returned
-        distributed.sum_stats(stats)
+        distributed.sum_stats(stats)  # and every statistic the step returned
         grad_norm = torch.tensor(0.0)
         if apply:
             grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg["grad_clip"])

@@ -530,10 +530,8 @@ def generate(model, prompts, max_new_tokens, eot_id, num_samples=1,
     model.eval()
     cache_len = decode.cache_len(L) if decode else L  # compiled: bucketed
     cache = model.new_cache(B, cache_len, pad_left)
-    # prefill once per prompt: (B, 1, V)
-    logits, _ = model(idx, cache=cache)
-    # share the prefill among the samples
-    cache.repeat_interleave(num_samples)
+    logits, _ = model(idx, cache=cache)  # prefill once per prompt: (B, 1, V)
+    cache.repeat_interleave(num_samples)  # share the prefill among the samples
     logits = logits[:, -1].repeat_interleave(num_samples, dim=0)  # (N, V)
     out = torch.full((N, max_new_tokens), eot_id, dtype=torch.long,
                      device=device)

@@ -96,8 +96,7 @@ def main(argv):
                                 top_p=cfg["top_p"],
                                 seed=cfg["seed"],
                                 vocab_size=enc.n_vocab)
-    # finite weights whose activations overflow
-    except NonFiniteLogits as e:
+    except NonFiniteLogits as e:  # finite weights whose activations overflow
         raise UserError(f"{cfg['ckpt']}: {e}, from finite weights "
                         "(activations that overflow): "
                         "use a model whose weights have not diverged") from None

@@ -215,8 +215,7 @@ def hook_products(model, train_chunks, test_chunks, temperature, layer_filter):
     G = sum_j g_test_j from ONE ordinary backward of the summed test loss
     (no hooks); g_i from the hooks, chunk by chunk."""
     model.zero_grad(set_to_none=True)
-    # before the hooks exist: no per-sample test buffers
-    for c in test_chunks:
+    for c in test_chunks:  # before the hooks exist: no per-sample test buffers
         # micro-batches add up in .grad
         sample_losses(model, *c, temperature).backward()
     # {layer: (G_A, G_B)}; .grad cleared for the capture
@@ -238,8 +237,7 @@ def hook_products(model, train_chunks, test_chunks, temperature, layer_filter):
                        for dA, dBt in train_grads.values())
             tr_sq.append(sum(squares))
             del train_grads  # this chunk's per-sample gradients
-    # float64 sums
-    inner = torch.cat(inner).double().cpu()
+    inner = torch.cat(inner).double().cpu()  # float64 sums
     tr_sq = torch.cat(tr_sq).double().cpu()
     return inner, tr_sq, te_sq.double().cpu()
 

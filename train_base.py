@@ -463,8 +463,7 @@ def train(cfg, run):
             it = run.iter_num
             at_eval = it % cfg["eval_interval"] == 0 or it == cfg["max_iters"]
             at_log = it % cfg["log_interval"] == 0
-            # whole batch's loss: ranks' shares summed
-            if at_eval or at_log:
+            if at_eval or at_log:  # whole batch's loss: ranks' shares summed
                 loss_value = distributed.sum_floats([loss.item()])[0]
             if (at_eval or at_log) and not math.isfinite(loss_value):
                 last = run.ckpt_path if run.last_ckpt is not None else "none"
@@ -479,8 +478,7 @@ def train(cfg, run):
                 print(f"iter {it:5d} | loss {loss_value:.4f} | lr {lr:.2e}"
                       f" | {dt * 1000:.0f} ms/iter"
                       f" | {elapsed:.0f}s")
-            # every rank scores its share of the test problems
-            if at_eval:
+            if at_eval:  # every rank scores its share of the test problems
                 with run.amp:
                     metrics = evaluate(model, run.enc, run.test,
                                        cfg["max_new_tokens"],

@@ -174,8 +174,7 @@ def grpo_step(model, optimizer, enc, batch, cfg, generator, amp,
     timer = PhaseTimer("generation", "reward", "policy", "reference")
     sampled_val = isinstance(val, Prompts)  # 'pg': val rollouts sampled too
     batches = [batch, val] if sampled_val else [batch]
-    # 2-3: one generate call for every prompt, then rewards and advantages
-    try:
+    try:  # 2-3: one generate call for every prompt, then rewards and advantages
         rollouts, *val_rollouts = make_rollouts(
             model, enc, batches, cfg, generator,
             cache=cache, decode=decode, timer=timer, amp=amp)
