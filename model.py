@@ -256,9 +256,9 @@ class CausalSelfAttention(nn.Module):
             cache.v[layer, :, :, start:end] = v
             k, v = cache.k[layer, :, :, :end], cache.v[layer, :, :, :end]
         k, v = self.shared_kv(k, v)
-        p = self.dropout if self.training else 0.0
+        dropout_p = self.dropout if self.training else 0.0
         if mask is None:  # no padding, no cache: the fused causal kernel
-            y = F.scaled_dot_product_attention(q, k, v, dropout_p=p,
+            y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p,
                                                is_causal=True)
         # decoding, one query: written out, float32;
         # no SDPA per-call overhead
@@ -266,7 +266,7 @@ class CausalSelfAttention(nn.Module):
             y = one_query_attention(q, k, v, mask)  # (B, H, 1, hd)
         else:
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask,
-                                               dropout_p=p)
+                                               dropout_p=dropout_p)
         return self.project_out(y)
 
 

@@ -56,8 +56,8 @@ def main(argv):
     # no NaN / Inf temperature, a seed torch.manual_seed takes
     check_finite(cfg)
     check_positive(cfg, "num_questions", "num_samples", "max_new_tokens")
-    t = cfg["temperature"]
-    check(cfg, "temperature", t == 0 or t >= MIN_TEMPERATURE,
+    temperature = cfg["temperature"]
+    check(cfg, "temperature", temperature == 0 or temperature >= MIN_TEMPERATURE,
           f"must be 0 (greedy) or >= {MIN_TEMPERATURE}: "
           "logits / temperature overflows below it")
     check(cfg, "top_k", cfg["top_k"] >= 0, "must be >= 0 (0 = off)")

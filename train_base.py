@@ -260,9 +260,8 @@ def main(argv):
         ckpt = load_checkpoint(path)
         kinds = dict(model=dict, model_args=dict, config=dict,
                      optimizer=dict, rng=dict, iter_num=int)
-        wrong_kind = any(not isinstance(ckpt.get(k), t)
-                         for k, t in kinds.items())
-        not_base = ("lora" in ckpt or wrong_kind
+        not_base = ("lora" in ckpt
+                    or any(not isinstance(ckpt.get(k), t) for k, t in kinds.items())
                     or not isinstance(ckpt.get("data_dir", ""), str)
                     or not isinstance(ckpt["rng"].get("torch"), torch.Tensor))
         if not_base:
