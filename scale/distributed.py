@@ -18,7 +18,9 @@ This file holds primitives only; the step calls them in sight, where they act (g
   - the gradient (grpo.grpo_updates, tracin.tracin_backward): rank r keeps its contiguous rows
     (grpo.rank_part: whole groups; the loss divides by the whole batch's counts); grpo.update sums the
     LoRA gradients and the step's statistics over the ranks right before the clip (`sum_grads`,
-    `sum_stats`), so every rank takes the single-process update, up to the order of float sums.
+    `sum_stats`), so every rank takes the single-process update, up to the order of float sums
+    (loss_type 'bnpo' divides by each micro-batch's tokens: equal where the ranks' micro-batches
+    are the single process's).
   - TracIn: each rank captures the per-rollout gradients of its rows and computes the (replicated)
     validation gradient itself; the selection sees every rank's influence (`all_gather_cat`).
   - evaluation: each rank scores a contiguous run of whole chunks of the test problems and the counts
