@@ -20,6 +20,7 @@ from contextlib import contextmanager
 from configurator import UserError
 
 LOCK_NAME = "run.lock"
+MAX_ITER = 2 ** 53  # a larger iter is damage: as a float (a figure's axis) it loses its neighbours
 _held = set()  # lock paths this process holds: a nested lock on the same directory is a no-op
 
 
@@ -228,8 +229,15 @@ def rewind(out_dir, iter_num):
 
 
 def read_jsonl(path):
-    """The dicts in a JSONL file. A malformed line (a crash cut the last one off, or a hand edit)
-    is dropped with a warning naming it, so one bad line never blocks a resume or a plot."""
+    """The dicts in a JSONL file (numbered_jsonl, without the line numbers)."""
+    return [row for _, row in numbered_jsonl(path)]
+
+
+def numbered_jsonl(path):
+    """(line number, dict) for each line of a JSONL file. A malformed line (a crash cut the last one
+    off, or a hand edit), or one nested too deep for Python's JSON reader (it recurses: a line of
+    100,000 brackets would raise RecursionError), is dropped with a warning naming it, so one bad
+    line never blocks a resume or a plot."""
     rows = []
     with open(path, errors="replace") as f:  # a garbled byte spoils its line only
         for n, line in enumerate(f, 1):
@@ -237,12 +245,13 @@ def read_jsonl(path):
                 row = json.loads(line)
                 if not isinstance(row, dict):
                     raise ValueError("not a JSON object")
-            except ValueError as e:
+            except (ValueError, RecursionError) as e:
+                why = "nested too deep" if isinstance(e, RecursionError) else str(e)[:60]
                 cut = "" if line.endswith("\n") else " (cut off: written during a crash?)"
-                print(f"warning: {path} line {n} is not valid JSON{cut}; skipped ({str(e)[:60]})",
+                print(f"warning: {path} line {n} is not valid JSON{cut}; skipped ({why})",
                       file=sys.stderr)  # stdout may be a table (summarize > table.md)
                 continue
-            rows.append(row)
+            rows.append((n, row))
     return rows
 
 

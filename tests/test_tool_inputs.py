@@ -49,6 +49,14 @@ BAD = [
     (dict(completion_mask=[[1, 1], [1, 1, 0], [1, 1, 1], [1, 1, 1]]), "mask of its length"),
     (dict(completion_mask=["abc", [1, 1, 0], [1, 1, 1], [1, 1, 1]]), "mask of its length"),
     (dict(answers=None), "lacks ['answers']"),
+    (dict(selected=["no", "no", "yes", "no"]), "value of selected that is not true or false"),
+    (dict(selected=[2, 0, 1, 0]), "value of selected that is not true or false"),
+    (dict(defective=["no", True]), "value of defective that is not true or false"),
+    (dict(influence=[None, 0.1, 0.2, 0.3]), "value of influence that is not a number"),
+    (dict(influence=[True, 0.1, 0.2, 0.3]), "value of influence that is not a number"),
+    (dict(influence="0.1"), "not a list"),
+    (dict(iter=10 ** 400), "iter that is not a whole number from 0 to 2**53"),
+    (dict(iter=-1), "iter that is not a whole number from 0 to 2**53"),
 ]
 
 
@@ -62,7 +70,7 @@ def test_a_record_that_is_json_but_not_a_rollout_record_is_skipped_by_name(tmp_p
     path.write_text(json.dumps(damaged(**changes)) + "\n" + json.dumps(GOOD) + "\n")
     assert attribute.load_rollouts(str(path), ENC) == alone
     err = capsys.readouterr().err
-    assert f"{path}: record 1 " in err and said in err and "record 2" not in err
+    assert f"{path} line 1: the record " in err and said in err and "line 2" not in err
 
 
 def test_the_record_check_passes_what_a_run_writes():
@@ -70,6 +78,49 @@ def test_the_record_check_passes_what_a_run_writes():
     assert record_problem({**GOOD, "selected": [True] * 4, "influence": [0.1] * 4,
                            "defective": [False, True]}, 257) is None
     assert "below 3" in record_problem(GOOD, 3)  # the model's vocabulary bounds the ids
+
+
+@pytest.mark.parametrize("answers, form, ok", [
+    ([[[1, 2], 3], [[4, 5, 6], 9]], "countdown", True),
+    ([1, 2], "countdown", False),               # a number where [numbers, target] is read
+    (["7", [[1, 2], 3]], "countdown", False),   # text
+    ([[1, 2, 3], [[1, 2], 3]], "countdown", False),  # no target
+    ([[[1.5, 2], 3], [[1, 2], 3]], "countdown", False),  # not whole numbers
+    ([[[1, 2], None], [[1, 2], 3]], "countdown", False),
+    ([1, 2], "number", True),
+    ([[[1, 2], 3], 2], "number", False),
+    (["x", 2], None, True),                     # a reader that reads no answer checks none
+])
+def test_answers_are_checked_for_the_form_a_reader_reads(answers, form, ok):
+    problem = record_problem({**GOOD, "answers": answers}, 257, form=form)
+    assert (problem is None) == ok
+    assert ok or "answer that is not of the task's form" in problem
+
+
+@pytest.mark.parametrize("copies", [2, 3])
+def test_a_rollouts_file_with_every_record_repeated_is_read_once_with_a_word(tmp_path, capsys, copies):
+    later = {**GOOD, "iter": 4}
+    path = tmp_path / "rollouts.jsonl"
+    path.write_text(json.dumps(GOOD) + "\n" + json.dumps(later) + "\n")
+    once = attribute.load_rollouts(str(path), ENC)
+    assert not capsys.readouterr().err
+    path.write_text((json.dumps(GOOD) + "\n" + json.dumps(later) + "\n") * copies)
+    assert attribute.load_rollouts(str(path), ENC) == once
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{2 * copies - 2} records repeat" in err[0]
+    assert "first: line 3, iter 3, as line 1" in err[0]
+
+
+@pytest.mark.parametrize("deep", ["[" * 100_000 + "]" * 100_000,
+                                  '{"a": ' + "[" * 100_000 + "]" * 100_000 + "}",
+                                  '{"a": ' + '{"b": ' * 100_000 + "1" + "}" * 100_001],
+                         ids=["list", "list in a dict", "dicts"])
+def test_a_line_nested_too_deep_is_skipped_by_name(tmp_path, capsys, deep):
+    path = tmp_path / "rollouts.jsonl"
+    path.write_text(json.dumps(GOOD) + "\n" + deep + "\n" + json.dumps({**GOOD, "iter": 4}) + "\n")
+    assert [r["iter"] for r in rundir.read_jsonl(str(path))] == [3, 4]
+    assert f"{path} line 2 is not valid JSON; skipped (nested too deep)" in capsys.readouterr().err
+    assert len(attribute.load_rollouts(str(path), ENC)) == 6
 
 
 def test_attributions_of_different_rollouts_are_not_summed(tmp_path):
@@ -99,9 +150,23 @@ def test_null_or_text_log_values_are_left_out_of_the_figure_and_the_table(tmp_pa
     per_step = [list(l.get_ydata()) for ax in fig.axes for l in ax.get_lines()
                 if l.get_label() == "_per step"]
     assert [0.2, 0.4, 0.6] in per_step  # the reward, the null step left out
+    assert "log.jsonl line 4: step_seconds is \"x\", not a number; left out" in capsys.readouterr().err
     summarize.main([run])
     row = [c.strip() for c in capsys.readouterr().out.strip().splitlines()[-1].split("|")[1:-1]]
     assert row[4] == "1.67"  # (1 + 1 + 3) / 3: the text value left out, not a crash
+
+
+@pytest.mark.parametrize("step, elapsed", [(10 ** 400, 4.0), (2 ** 53 + 1, 4.0), (-4, 4.0), (4.0, 4.0),
+                                           (4, float("inf")), (4, "4"), (4, None)],
+                         ids=["10**400", "2**53+1", "negative", "float", "inf", "text", "null"])
+def test_a_log_line_a_figure_cannot_place_is_skipped_by_name(tmp_path, capsys, step, elapsed):
+    """An iter of 10**400 overflowed the figure (a float holds none that large)."""
+    lines = [{"iter": i, "elapsed": float(i), "reward": 0.1 * i, "step_seconds": 1.0} for i in range(4)]
+    run = write_log(tmp_path / "r", [*lines, {"iter": step, "elapsed": elapsed, "reward": 0.9}])
+    assert [l["iter"] for l in plot.load_log(run)] == [0, 1, 2, 3]
+    assert "log.jsonl line 5: a line without iter" in capsys.readouterr().err
+    plot.main([run, f"--out={tmp_path / 'fig.png'}"])
+    assert (tmp_path / "fig.png").stat().st_size > 0
 
 
 def test_two_runs_of_one_name_keep_their_paths_and_one_run_twice_is_refused(tmp_path):
