@@ -10,6 +10,7 @@ import ast
 import difflib
 import math
 import os
+import re
 import signal
 import sys
 import traceback
@@ -171,6 +172,8 @@ def configure(defaults: dict, argv: list[str], saved: dict | None = None) -> dic
                                 "(a byte that is not UTF-8, "
                                 "from a terminal or file in another encoding?): "
                                 "give it as UTF-8 text")
+            if isinstance(value, str) and value.startswith("~") and PATH_KEY.search(key):
+                value = _home(key, value)  # quoted or in a config file: no shell expanded it
             if saved is None:
                 say(f"Overriding: {key} = {value}")
             cfg[key] = given[key] = value
@@ -178,6 +181,18 @@ def configure(defaults: dict, argv: list[str], saved: dict | None = None) -> dic
         if key in saved and saved[key] != cfg[key] and key not in ("init_from", "out_dir"):
             say(f"resume: {key} = {cfg[key]} (the saved run had {saved[key]})")
     return cfg
+
+
+PATH_KEY = re.compile(r"(^|_)(dir|root|ckpt|file|json|html|figure|config|path)$")  # a path's name
+
+
+def _home(key, value):
+    """A path knob's ~ or ~user as the shell would expand it: never a folder named '~'."""
+    path = os.path.expanduser(value)
+    if path.startswith("~"):
+        raise UserError(f"{key} {value!r} starts with a ~ that names no home directory here: "
+                        "give the path in full")
+    return path
 
 
 def check(cfg, key, ok, allowed):

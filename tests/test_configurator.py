@@ -195,3 +195,30 @@ def test_only_rank_zero_prints_the_overrides(monkeypatch, capsys, rank, printed)
         monkeypatch.setenv("RANK", rank)
     assert configure(DEFAULTS, ["--batch_size=4"])["batch_size"] == 4
     assert ("Overriding: batch_size = 4" in capsys.readouterr().out) == printed
+
+
+PATHS = {"out_dir": "out", "base_ckpt": "", "questions_file": "", "question": "", "html": ""}
+
+
+@pytest.mark.parametrize("given, want", [("~/x", "HOME/x"), ("~", "HOME"), ("~/", "HOME/"),
+                                         ("out/~x", "out/~x"), ("x~/y", "x~/y")])
+@pytest.mark.parametrize("key", ["out_dir", "base_ckpt", "questions_file", "html"])
+@pytest.mark.parametrize("how", ["command line", "config file"])
+def test_a_path_knobs_tilde_is_the_home_directory(tmp_path, monkeypatch, given, want, key, how):
+    """Quoted on the command line or written in a config file, no shell expands ~: the run
+    wrote into a folder named '~' beside the project."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    arg = f"--{key}={given}" if how == "command line" else write(tmp_path, f"{key} = {given!r}\n")
+    cfg = configure(PATHS, [arg])
+    assert cfg[key] == want.replace("HOME", str(tmp_path / "home"))
+
+
+def test_a_tilde_in_text_that_is_no_path_is_kept(monkeypatch):
+    monkeypatch.setenv("HOME", "/home/someone")
+    assert configure(PATHS, ["--question=~/x"])["question"] == "~/x"
+
+
+def test_a_tilde_naming_no_user_is_refused():
+    with pytest.raises(UserError, match="out_dir '~no_such_user_zz/x' starts with a ~ that "
+                                        "names no home directory here"):
+        configure(PATHS, ["--out_dir=~no_such_user_zz/x"])
