@@ -286,6 +286,8 @@ def cli_main(main, argv=None):
     finally:
         if on_term:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        if argv is None:  # a script's end: Ctrl-C now would only cut short the interpreter's own
+            signal.signal(signal.SIGINT, signal.SIG_IGN)  # clean-up (torch's atexit: a traceback)
 
 
 def _distributed():

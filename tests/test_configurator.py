@@ -222,3 +222,42 @@ def test_a_tilde_naming_no_user_is_refused():
     with pytest.raises(UserError, match="out_dir '~no_such_user_zz/x' starts with a ~ that "
                                         "names no home directory here"):
         configure(PATHS, ["--out_dir=~no_such_user_zz/x"])
+
+
+ENDING = """
+import atexit, os, signal, sys, time, weakref
+sys.path.insert(0, {root!r})
+from configurator import UserError, cli_main
+
+class Library:  # torch keeps its operator libraries alive until the interpreter's clean-up
+    pass
+
+def ctrl_c():  # Ctrl-C while the interpreter cleans up (torch's atexit finalizers)
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(0.2)
+
+def main(argv):
+    if {how!r} == "atexit":
+        atexit.register(ctrl_c)
+    else:
+        main.keep = Library()
+        weakref.finalize(main.keep, ctrl_c)
+    print("done")
+    if {fails!r}:
+        raise UserError("refused")
+
+cli_main(main)
+"""
+
+
+@pytest.mark.parametrize("how", ["atexit", "finalizer"])
+@pytest.mark.parametrize("fails, code", [(False, 0), (True, 2)])
+def test_ctrl_c_once_a_script_has_ended_adds_no_traceback(tmp_path, how, fails, code):
+    """Before: 'Exception ignored in atexit callback ... KeyboardInterrupt' after 'done'."""
+    import subprocess
+    script = tmp_path / "s.py"
+    script.write_text(ENDING.format(root=os.path.dirname(os.path.dirname(
+        os.path.abspath(__file__))), how=how, fails=fails))
+    p = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    assert p.stdout == "done\n" and p.returncode == code
+    assert p.stderr == ("error: refused\n" if fails else "")
