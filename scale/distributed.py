@@ -62,12 +62,27 @@ def setup(device):
         return 0, 1, device
     rank, world, local = (int(os.environ[k]) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
     if device.startswith("cuda"):
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        per_node = int(os.environ.get("LOCAL_WORLD_SIZE", local + 1))  # torchrun's processes here
+        if per_node > gpus:  # each rank of the node finds it: local rank 0 says it, all end (2)
+            if local == 0:
+                raise UserError(no_gpu(device, per_node, gpus))
+            raise SystemExit(2)
         device = f"cuda:{local}"
         torch.cuda.set_device(device)  # nccl uses the current device for this rank's communicator
     if not dist.is_initialized():
         dist.init_process_group("nccl" if device.startswith("cuda") else "gloo", timeout=TIMEOUT)
     _state.update(rank=rank, world_size=world)
     return rank, world, device
+
+
+def no_gpu(device, per_node, gpus):
+    """Why torchrun's per_node processes of this node do not each have a GPU, and the fix."""
+    if not gpus:
+        return (f"device={device!r} but torch.cuda.is_available() is False on this machine "
+                f"(torch {torch.__version__}); use --device=cpu, or install a CUDA build of torch")
+    return (f"device={device!r} under torchrun: {per_node} processes on this machine, one GPU "
+            f"each, but it has {gpus}; start at most --nproc_per_node={gpus}")
 
 
 def rank():
