@@ -370,7 +370,8 @@ def train(cfg, run):
                       f"(greedy, {len(run.test)} problems)")
             if at_eval:
                 checkpoint(metrics)
-    except (KeyboardInterrupt, CheckpointWriteError) as e:  # Ctrl-C, full disk: where to go on from
+    except (KeyboardInterrupt, CheckpointWriteError, distributed.PeerLost) as e:  # Ctrl-C, full
+        # disk, a rank lost under torchrun: where to go on from
         where = (f"train_base.py stopped at iter {run.iter_num} of {cfg['max_iters']}; "
                  f"{stop_note('train_base.py', cfg['out_dir'], run.last_ckpt, remove_files=False)}")
         if isinstance(e, KeyboardInterrupt):

@@ -26,7 +26,9 @@ train_base.py does the same with its batch of training rows (train_base.rank_row
 each rank draws its own masks, so the run is equivalent but no longer equal to one process's.
 """
 import os
+import socket
 import sys
+import time
 from contextlib import contextmanager
 from datetime import timedelta
 
@@ -40,7 +42,7 @@ from configurator import UserError
 # writes while the others wait at the next collective (the evaluation is shared, unevenly when the test
 # chunks do not split evenly).
 TIMEOUT = timedelta(minutes=10)
-_state = {"rank": 0, "world_size": 1}  # this process's place in the job, set by setup()
+_state = {"rank": 0, "world_size": 1, "peers": []}  # this process's place in the job, set by setup()
 
 
 def launched():
@@ -73,6 +75,10 @@ def setup(device):
     if not dist.is_initialized():
         dist.init_process_group("nccl" if device.startswith("cuda") else "gloo", timeout=TIMEOUT)
     _state.update(rank=rank, world_size=world)
+    peers = [None] * world  # (host, PID) of every rank: a rank that dies can then be named
+    with peers_alive():
+        dist.all_gather_object(peers, (socket.gethostname(), os.getpid()))
+    _state["peers"] = peers
     return rank, world, device
 
 
@@ -83,6 +89,57 @@ def no_gpu(device, per_node, gpus):
                 f"(torch {torch.__version__}); use --device=cpu, or install a CUDA build of torch")
     return (f"device={device!r} under torchrun: {per_node} processes on this machine, one GPU "
             f"each, but it has {gpus}; start at most --nproc_per_node={gpus}")
+
+
+class PeerLost(ConnectionError):
+    """A collective failed because another rank ended (killed, out of memory, crashed): the job
+    cannot go on. An OSError, so the loops say where the run stopped and how to resume it."""
+
+
+def lost_ranks():
+    """The ranks on this machine whose process has ended (their PID gone, or a zombie)."""
+    host = socket.gethostname()
+    return [(r, peer[1]) for r, peer in enumerate(_state["peers"])  # None: the gather failed
+            if peer and peer[0] == host and r != rank() and not _alive(peer[1])]
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)  # signal 0: sends nothing, only asks whether the process exists
+        with open(f"/proc/{pid}/stat") as f:  # Linux: a killed one its parent has not reaped
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except ProcessLookupError:
+        return False
+    except (OSError, IndexError):
+        return True
+
+
+# what gloo and nccl say when the other end of a collective is gone or silent
+GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "timed out",
+        "Timed out", "NCCL communicator was aborted")
+
+
+@contextmanager
+def peers_alive():
+    """A collective: if it fails because another rank ended, PeerLost names that rank in one
+    line, instead of gloo's traceback; any other error passes unchanged."""
+    try:
+        yield
+    except RuntimeError as e:
+        text = str(e)
+        lost = lost_ranks()
+        for _ in range(40 if not lost and any(g in text for g in GONE) else 0):
+            time.sleep(0.05)  # a killed process closes its sockets before it is seen as ended
+            lost = lost_ranks()
+            if lost:
+                break
+        if not lost and not any(g in text for g in GONE):
+            raise
+        who = ", ".join(f"rank {r} (PID {pid})" for r, pid in lost) or \
+            "another rank (on another machine, or stuck)"
+        said = (text.splitlines() or [type(e).__name__])[0].split("] ")[-1].split(". ")[0]
+        raise PeerLost(f"{who} ended during a step, so this job cannot go on "
+                       f"({said[:80]})") from None
 
 
 def rank():
@@ -101,8 +158,9 @@ def is_main():
 def all_reduce_sum(tensors):
     """Sum each tensor over the ranks, in place (the same values on every rank afterwards)."""
     if world_size() > 1:
-        for t in tensors:
-            dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        with peers_alive():
+            for t in tensors:
+                dist.all_reduce(t, op=dist.ReduceOp.SUM)
     return tensors
 
 
@@ -137,7 +195,8 @@ def sum_floats(values):
         return list(values)
     t = torch.tensor(list(values), dtype=torch.float64,
                      device=f"cuda:{torch.cuda.current_device()}" if dist.get_backend() == "nccl" else "cpu")
-    dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    with peers_alive():
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
     return t.tolist()
 
 
@@ -162,7 +221,8 @@ def all_gather_cat(t):
     if world_size() == 1:
         return t
     parts = [torch.empty_like(t) for _ in range(world_size())]
-    dist.all_gather(parts, t.contiguous())
+    with peers_alive():
+        dist.all_gather(parts, t.contiguous())
     return torch.cat(parts)
 
 
@@ -183,10 +243,12 @@ def _exit_now(code):
 def main_first():
     """Rank 0 runs the block first (it writes files, e.g. the task data), then the others (they read them)."""
     if not is_main():  # (world_size() > 1 here)
-        dist.barrier()
+        with peers_alive():
+            dist.barrier()
     yield
     if is_main() and world_size() > 1:
-        dist.barrier()
+        with peers_alive():
+            dist.barrier()
 
 
 @contextmanager
@@ -201,9 +263,10 @@ def process_group(device):
 def teardown():
     """Release the process group at the end of a run (a no-op in a single process)."""
     if dist.is_initialized():
-        dist.barrier()  # a rank that finishes first must not tear down while rank 0 still evaluates or writes
+        with peers_alive():  # a rank that finishes first must not tear down while rank 0 still works
+            dist.barrier()
         dist.destroy_process_group()
-    _state.update(rank=0, world_size=1)
+    _state.update(rank=0, world_size=1, peers=[])
 
 
 def finish():

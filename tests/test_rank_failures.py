@@ -3,6 +3,7 @@
 # rank). References: torch.cuda's counts set by hand; the rank processes started as torchrun would.
 # Run: python -m pytest -q tests/test_rank_failures.py
 import os
+import socket
 import subprocess
 import sys
 
@@ -56,12 +57,13 @@ def test_enough_gpus_under_torchrun_take_one_each(monkeypatch, gpus, per_node):
     monkeypatch.setattr(torch.cuda, "set_device", taken.append)
     monkeypatch.setattr(distributed.dist, "init_process_group", lambda *a, **k: None)
     monkeypatch.setattr(distributed.dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(distributed.dist, "all_gather_object", lambda found, mine: None)
     try:
         for local in range(per_node):
             launch_env(monkeypatch, local, per_node)
             assert distributed.setup("cuda")[2] == f"cuda:{local}"
     finally:
-        distributed._state.update(rank=0, world_size=1)
+        distributed._state.update(rank=0, world_size=1, peers=[])
     assert taken == [f"cuda:{i}" for i in range(per_node)]
 
 
@@ -79,3 +81,85 @@ def test_torchrun_ranks_given_cuda_without_a_gpu_end_in_one_line(tmp_path):
     assert err0.startswith("error: device='cuda' but torch.cuda.is_available() is False")
     assert len(err0.splitlines()) == 1 and err1 == ""
     assert not os.path.exists(tmp_path / "r")
+
+
+PAIR = """
+import os, signal, sys
+sys.path.insert(0, {root!r})
+import torch
+from scale import distributed
+distributed.setup("cpu")
+if distributed.rank() == 1:
+    os.kill(os.getpid(), signal.SIGKILL)  # kill -9 of one rank, mid-job
+try:
+    {collective}
+except distributed.PeerLost as e:
+    print(e)
+"""
+
+
+@pytest.mark.parametrize("collective", [
+    "distributed.all_reduce_sum([torch.ones(3)])", "distributed.all_gather_cat(torch.ones(2, 2))",
+    "distributed.sum_floats([1.0, 2.0])", "distributed.teardown()"])
+def test_a_rank_killed_mid_job_is_named_by_the_one_left(tmp_path, collective):
+    """Before: gloo's 'Connection closed by peer' traceback, no rank named."""
+    script = tmp_path / "pair.py"
+    script.write_text(PAIR.format(root=ROOT, collective=collective))
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = str(free.getsockname()[1])
+    procs = [subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True,
+                              env={**os.environ, "RANK": str(r), "WORLD_SIZE": "2",
+                                   "LOCAL_RANK": str(r), "MASTER_ADDR": "127.0.0.1",
+                                   "MASTER_PORT": port})
+             for r in range(2)]
+    (out0, err0), _ = (p.communicate(timeout=120) for p in procs)
+    assert procs[1].returncode == -9 and procs[0].returncode == 0, err0
+    assert out0.startswith(f"rank 1 (PID {procs[1].pid}) ended during a step, so this job "
+                           "cannot go on (") and len(out0.splitlines()) == 1
+
+
+def test_another_error_in_a_collective_passes_unchanged():
+    with pytest.raises(RuntimeError, match="sizes differ"):
+        with distributed.peers_alive():
+            raise RuntimeError("sizes differ")
+
+
+def lost(*a, **k):
+    raise distributed.PeerLost("rank 1 (PID 4242) ended during a step, so this job cannot go on")
+
+
+def test_a_grpo_run_that_loses_a_rank_says_how_to_resume(tiny_setup, tmp_path, monkeypatch,
+                                                       chars_reward):
+    import train_grpo as tg
+    from test_train_grpo import run
+    out, real, calls = tmp_path / "r", tg.grpo_step, []
+
+    def third_loses_a_rank(*a, **k):
+        calls.append(1)
+        return lost() if len(calls) == 3 else real(*a, **k)
+    monkeypatch.setattr(tg, "grpo_step", third_loses_a_rank)
+    with pytest.raises(UserError) as e:
+        run(tiny_setup, out, "--max_iters=5", "--ckpt_interval=2")
+    msg = str(e.value)
+    assert msg.startswith("rank 1 (PID 4242) ended during a step") and "\n" not in msg
+    assert f"{out}/ckpt.pt (iter 2)" in msg
+    assert msg.endswith(f"python train_grpo.py --out_dir={out} --init_from=resume")
+    assert not (out / "run.lock").exists()
+
+
+def test_a_base_run_that_loses_a_rank_says_how_to_resume(tmp_path, monkeypatch):
+    import train_base as tb
+    from test_train_base import ARGS
+    out, real, calls = tmp_path / "b", tb.evaluate, []
+
+    def second_loses_a_rank(*a, **k):
+        calls.append(1)
+        return lost() if len(calls) == 2 else real(*a, **k)
+    monkeypatch.setattr(tb, "evaluate", second_loses_a_rank)
+    with pytest.raises(UserError) as e:
+        tb.main([f"--out_dir={out}", "--max_iters=20", "--eval_interval=10", *ARGS])
+    msg = str(e.value)
+    assert msg.startswith("rank 1 (PID 4242) ended during a step") and "\n" not in msg
+    assert msg.endswith(f"python train_base.py --out_dir={out} --init_from=resume")
