@@ -6,6 +6,7 @@
 # earlier file. Run: python -m pytest -q tests/test_tool_inputs.py
 import errno
 import json
+import os
 
 import pytest
 
@@ -217,3 +218,44 @@ def test_sample_refuses_a_number_torch_cannot_take_before_loading(tmp_path, arg,
     import sample
     with pytest.raises(UserError, match=f"'{key}' = .* is not allowed"):
         sample.main([f"--ckpt={tmp_path}/none.pt", arg])  # refused before the missing file is read
+
+
+@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EDQUOT, errno.EIO])
+@pytest.mark.parametrize("fails_at", ["write", "close"])
+def test_a_full_disk_during_the_html_report_names_it_and_leaves_nothing(tmp_path, monkeypatch,
+                                                                        code, fails_at):
+    """Before: the error named the temporary file beside the report."""
+    path = tmp_path / "report.html"
+    scores = [entry(0, 1.0), entry(1, -1.0)]
+    res = {**result(scores), "num_train_samples": 2, "max_influence_score": 1.0,
+           "mean_influence_score": 0.0, "most_influential_positive": scores[:1],
+           "most_influential_negative": scores[1:]}
+    sections = [{"question": "q", "completion": "c", "correct": None, "result": res}]
+    meta = {"run": "r", "mode": "simple", "n_probe": 4, "layer_filter": "", "top_k": 2,
+            "checkpoints": ["ckpt_000001.pt"]}
+    report.write_report(str(path), sections, meta)
+    earlier = path.read_bytes()
+    real_open = open
+
+    class FullDisk:  # the page is too big for what is left (raised by write, or by close's flush)
+        def __init__(self, name, *a, **k):
+            self.f = real_open(name, *a, **k)
+
+        def write(self, text):
+            self.f.write(text[:5])
+            if fails_at == "write":
+                raise OSError(code, os.strerror(code))
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.f.close()
+            if fails_at == "close" and exc[0] is None:
+                raise OSError(code, os.strerror(code))
+    monkeypatch.setattr(report, "open", FullDisk, raising=False)
+    with pytest.raises(OSError) as e:
+        report.write_report(str(path), sections, {**meta, "top_k": 1})
+    assert e.value.filename == str(path) and e.value.errno == code
+    assert "(writing the HTML report)" in e.value.strerror
+    assert path.read_bytes() == earlier and [p.name for p in tmp_path.iterdir()] == ["report.html"]
