@@ -27,7 +27,7 @@ from analysis.report import write_report
 from data.tasks import load_task_split
 from model import load_checkpoint
 from runs.metrics import read_records
-from runs.rundir import run_files, run_lock, unused_out_dir, write_json
+from runs.rundir import reader_lock, run_files, unused_out_dir, write_json
 from sample import encode_prompt, encode_text, stop_tokens
 from runs.loading import load_policy
 from scale.device import check_device
@@ -270,7 +270,10 @@ def main(argv):
     if not ckpts:
         raise UserError(not_a_run(run))
     sections, audited = [], None
-    with run_lock(run):  # a training run (or another attribution) in this directory is refused
+    here = os.path.abspath(run)
+    in_run = [p for p in (json_path, html_path, fig_path) if p and os.path.dirname(os.path.abspath(p)) == here]
+    writes_run = bool(in_run) or bool(questions and not cfg["out_json"])  # a question's JSON: there
+    with reader_lock(run, writes_run):  # a training run (or another attribution) here is refused
         iters, ckpts = [s for s, _ in ckpts], [p for _, p in ckpts]
         model, enc, data_dir = load_policy(ckpts[-1], cfg["device"], base_ckpt=cfg["base_ckpt"])
         check_fits(cfg, model, enc, questions)  # before the audit's or any question's output is written

@@ -2,6 +2,7 @@
 Run directories (out_dir): one process at a time, nothing half-written, logs that survive a crash.
 
     with run_lock(out_dir):              # a second run in the same out_dir is refused, naming the PID
+    with reader_lock(out_dir, False):    # the same, or none where a reader cannot write and need not
         ...
     rows = read_jsonl(path)              # a line cut off by a crash is dropped with a warning
     rewind(out_dir, iter_num)            # resume: drop what was written after the checkpoint
@@ -143,6 +144,23 @@ def run_lock(out_dir, busy="wait for it to end, or use another --out_dir"):
                 os.rmdir(out_dir)  # a run refused before it wrote anything leaves no empty directory behind
         except OSError:
             pass  # not empty: the run wrote its files there
+
+
+@contextmanager
+def reader_lock(out_dir, writes_there):
+    """run_lock(out_dir) for a command that reads a run (attribution). A run it cannot write (a
+    read-only disk, another user's) is read without the lock when none of its outputs goes there
+    (writes_there False); a run that may still be training is then the user's to rule out."""
+    if not writes_there:
+        try:
+            check_writable(out_dir)
+        except UserError:
+            print(f"note: {out_dir} cannot be written: read without its lock (every output "
+                  "goes elsewhere)", file=sys.stderr)
+            yield
+            return
+    with run_lock(out_dir):
+        yield
 
 
 def check_output_dir(path, key, ours, own_names=()):
