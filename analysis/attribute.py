@@ -59,19 +59,22 @@ defaults = dict(
 )
 
 
-def load_rollouts(path, enc, vocab_size=None):
+def load_rollouts(path, enc, vocab_size=None, block_size=None):
     """Every recorded rollout with nonzero advantage (zero advantage = zero gradient = zero influence).
     A malformed line (e.g. cut off by a crash) or record (record_problem; vocab_size: the model's,
-    default the tokenizer's) is skipped with a warning naming it."""
+    default the tokenizer's) is skipped with a warning naming it; a rollout longer than the model's
+    context (block_size) is refused, naming its line."""
     if not os.path.exists(path):
         raise UserError(f"no recorded rollouts at {path}: was this run made by train_grpo.py?")
     samples, stops = [], stop_tokens(enc)
-    for r in read_records(path, min(vocab_size or enc.n_vocab, enc.n_vocab)):
+    for line, r in read_records(path, min(vocab_size or enc.n_vocab, enc.n_vocab), numbered=True):
         G = len(r["rewards"]) // len(r["prompts"])
         for j, (toks, m) in enumerate(zip(r["completion_tokens"], r["completion_mask"])):
             if r["advantages"][j] == 0:
                 continue
             n = sum(m)
+            if block_size:  # the whole rollout is one forward pass: it must fit the context
+                check_fits_block(path, line, r, encode_prompt(enc, r["prompts"][j // G]), n, block_size)
             samples.append({"iter": r["iter"], "prompt": r["prompts"][j // G], "answer": r["answers"][j // G],
                             "completion": enc.decode([t for t in toks[:n] if t not in stops]),
                             "reward": r["rewards"][j], "advantage": r["advantages"][j],
@@ -81,6 +84,16 @@ def load_rollouts(path, enc, vocab_size=None):
     if not samples:
         raise UserError(f"{path} holds no rollout with a nonzero advantage: nothing to attribute")
     return samples
+
+
+def check_fits_block(path, line, record, prompt, n, block_size):
+    """A recorded rollout (prompt + its n completion tokens) the model's context cannot hold (its
+    last token is only predicted, as in sampling: block_size + 1 tokens fit)."""
+    if len(prompt) + n - 1 > block_size:
+        raise UserError(f"{path} line {line}: a rollout of iter {record['iter']} is {len(prompt)} "
+                        f"prompt + {n} completion tokens, beyond the model's context of {block_size}: "
+                        f"a record edited by hand, or a base of a shorter context than the run's "
+                        f"(--base_ckpt)")
 
 
 def not_a_run(run):
@@ -280,7 +293,8 @@ def main(argv):
         run_cfg = load_checkpoint(ckpts[-1]).get("config", {})
         temperature = run_cfg.get("temperature", 1.0)
         temperature = temperature if temperature > 0 else 1.0  # greedy sampling: plain log-probs
-        train = load_rollouts(os.path.join(run, "rollouts.jsonl"), enc, model.config.vocab_size)
+        train = load_rollouts(os.path.join(run, "rollouts.jsonl"), enc, model.config.vocab_size,
+                              model.config.block_size)
         if cfg["audit"]:
             audited = run_audit(cfg, model, enc, data_dir, run_cfg, ckpts, iters, train, temperature, json_path)
         for _, question in questions:

@@ -68,11 +68,12 @@ def rollout_record(questions, answers, rollouts, cfg):
 RECORD_KEYS = ("iter", "prompts", "answers", "completion_tokens", "completion_mask", "rewards", "advantages")
 
 
-def read_records(path, vocab_size, needs=(), form=None):
+def read_records(path, vocab_size, needs=(), form=None, numbered=False):
     """The records of a rollouts.jsonl that can be read back (record_problem); any other is skipped
     with a warning naming its line. needs: keys a reader needs beyond RECORD_KEYS (a TracIn run's);
     form: the answers' form it reads (data.datadir.answer_form: 'countdown'), or None. A record of an
-    iteration read already (a file copied onto itself) is read once, with one warning."""
+    iteration read already (a file copied onto itself) is read once, with one warning.
+    numbered: (line number, record) pairs, for a reader that names a record it refuses."""
     records, seen, repeats = [], {}, []
     for n, r in numbered_jsonl(path):
         problem = record_problem(r, vocab_size, needs, form)
@@ -82,7 +83,7 @@ def read_records(path, vocab_size, needs=(), form=None):
             repeats.append((n, r["iter"]))
         else:
             seen[r["iter"]] = n
-            records.append(r)
+            records.append((n, r) if numbered else r)
     if repeats:
         n, it = repeats[0]
         print(f"warning: {path}: {len(repeats)} records repeat an earlier record's iteration "

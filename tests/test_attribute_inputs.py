@@ -129,3 +129,16 @@ def test_a_read_only_run_that_an_output_goes_into_is_refused(run, tmp_path, read
     args = [a.replace("OUT", str(tmp_path)).replace("RUN", str(run)) for a in args]
     err = refused(run, capsys, "--question=Mia has 2 pears.", *args)
     assert f"cannot write to out_dir {run}: Read-only file system" in err
+
+
+@pytest.mark.parametrize("line", [1, 2])
+def test_a_recorded_prompt_beyond_the_context_is_refused_before_any_work(run, capsys, no_work,
+                                                                         line):
+    import json
+    path = run / "rollouts.jsonl"
+    records = [json.loads(x) for x in path.read_text().splitlines()]
+    records[line - 1]["prompts"][0] = "1+1=" * 60  # far beyond the tiny model's 128 positions
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    err = refused(run, capsys, "--question=Mia has 2 pears.")
+    assert f"{path} line {line}: a rollout of iter {records[line - 1]['iter']} is " in err
+    assert "beyond the model's context of 128" in err

@@ -259,3 +259,24 @@ def test_a_full_disk_during_the_html_report_names_it_and_leaves_nothing(tmp_path
     assert e.value.filename == str(path) and e.value.errno == code
     assert "(writing the HTML report)" in e.value.strerror
     assert path.read_bytes() == earlier and [p.name for p in tmp_path.iterdir()] == ["report.html"]
+
+
+@pytest.mark.parametrize("where", [0, 1, 2])
+@pytest.mark.parametrize("extra, fits", [(0, True), (1, False), (20, False)])
+def test_a_rollout_beyond_the_models_context_is_refused_naming_its_line(tmp_path, where, extra,
+                                                                        fits):
+    """Before: 'N tokens exceed block_size=B' from the model, no file or record named. A rollout
+    of block_size + 1 tokens fits: its last token is only predicted, as when it was sampled."""
+    from sample import encode_prompt
+    long = "P" + "x" * 40
+    block = len(encode_prompt(ENC, long)) + 3 - 1 - extra  # its completion: 3 tokens
+    records = [{**GOOD, "iter": i} for i in range(3)]
+    records[where] = {**records[where], "prompts": [long, "P1"]}
+    path = tmp_path / "rollouts.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    if fits:
+        assert len(attribute.load_rollouts(str(path), ENC, block_size=block)) == 9
+        return
+    with pytest.raises(UserError, match=f"{path} line {where + 1}: a rollout of iter {where} is "
+                                        f".* beyond the model's context of {block}: "):
+        attribute.load_rollouts(str(path), ENC, block_size=block)
