@@ -74,7 +74,8 @@ def load_rollouts(path, enc, vocab_size=None, block_size=None):
                 continue
             n = sum(m)
             if block_size:  # the whole rollout is one forward pass: it must fit the context
-                check_fits_block(path, line, r, encode_prompt(enc, r["prompts"][j // G]), n, block_size)
+                prompt = encode_prompt(enc, r["prompts"][j // G])
+                check_fits_block(path, line, r, prompt, n, block_size)
             samples.append({"iter": r["iter"], "prompt": r["prompts"][j // G], "answer": r["answers"][j // G],
                             "completion": enc.decode([t for t in toks[:n] if t not in stops]),
                             "reward": r["rewards"][j], "advantage": r["advantages"][j],
@@ -90,10 +91,11 @@ def check_fits_block(path, line, record, prompt, n, block_size):
     """A recorded rollout (prompt + its n completion tokens) the model's context cannot hold (its
     last token is only predicted, as in sampling: block_size + 1 tokens fit)."""
     if len(prompt) + n - 1 > block_size:
-        raise UserError(f"{path} line {line}: a rollout of iter {record['iter']} is {len(prompt)} "
-                        f"prompt + {n} completion tokens, beyond the model's context of {block_size}: "
-                        f"a record edited by hand, or a base of a shorter context than the run's "
-                        f"(--base_ckpt)")
+        where = f"{path} line {line}: a rollout of iter {record['iter']}"
+        size = f"{len(prompt)} prompt + {n} completion tokens"
+        raise UserError(f"{where} is {size}, beyond the model's context of {block_size}: a "
+                        f"record edited by hand, or a base of a shorter context than the "
+                        f"run's (--base_ckpt)")
 
 
 def not_a_run(run):
@@ -283,8 +285,8 @@ def main(argv):
     if not ckpts:
         raise UserError(not_a_run(run))
     sections, audited = [], None
-    here = os.path.abspath(run)
-    in_run = [p for p in (json_path, html_path, fig_path) if p and os.path.dirname(os.path.abspath(p)) == here]
+    folder = lambda p: os.path.dirname(os.path.abspath(p))  # noqa: E731
+    in_run = [p for p in (json_path, html_path, fig_path) if p and folder(p) == os.path.abspath(run)]
     writes_run = bool(in_run) or bool(questions and not cfg["out_json"])  # a question's JSON: there
     with reader_lock(run, writes_run):  # a training run (or another attribution) here is refused
         iters, ckpts = [s for s, _ in ckpts], [p for _, p in ckpts]

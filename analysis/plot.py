@@ -48,14 +48,15 @@ def kind(log):
 COLS = [("iter", "step"), ("elapsed", "wall time (s, evaluations included)")]
 
 
-TEXT_KEYS = ("skip_reason",)  # the log's only text; every other value is a number, true / false or null
+TEXT_KEYS = ("skip_reason",)  # the log's only text; any other value: a number, true / false, null
 
 
 def load_log(run_dir):
-    """The list of dicts in run_dir/log.jsonl, one per line. A malformed line (half written by a run still
-    going, or cut off by a crash), or one whose iter or elapsed is not a number a figure can place, is
-    skipped with a warning naming it; a value of another key that is not a number (text written by hand)
-    is left out with a warning; two lines of the same iteration (two runs' logs in one file) are an error."""
+    """The list of dicts in run_dir/log.jsonl, one per line. A malformed line (half written by a run
+    still going, or cut off by a crash), or one whose iter or elapsed is not a number a figure can
+    place, is skipped with a warning naming it; another key's value that is not a number (text
+    written by hand) is left out with a warning; two lines of the same iteration (two runs' logs in
+    one file) are an error."""
     if not os.path.isdir(run_dir):
         raise UserError(f"{run_dir} is not a directory: pass the --out_dir of train_grpo.py runs")
     path = os.path.join(run_dir, "log.jsonl")
@@ -65,8 +66,9 @@ def load_log(run_dir):
     for n, line in numbered_jsonl(path):
         step, elapsed = line.get("iter"), line.get("elapsed")
         if type(step) is not int or not 0 <= step <= MAX_ITER or not is_finite(elapsed):
-            print(f"warning: {path} line {n}: a line without iter (a whole number from 0 to 2**53) "
-                  f"and elapsed (a finite number); skipped ({json.dumps(line)[:60]})", file=sys.stderr)
+            text = json.dumps(line)[:60]
+            print(f"warning: {path} line {n}: a line without iter (a whole number from 0 to "
+                  f"2**53) and elapsed (a finite number); skipped ({text})", file=sys.stderr)
             continue
         for key in [k for k, v in line.items() if not plain(k, v)]:
             print(f"warning: {path} line {n}: {key} is {json.dumps(line.pop(key))[:30]}, not a "
@@ -84,8 +86,9 @@ def load_log(run_dir):
 
 
 def plain(key, value):
-    """Whether a log value is what a run writes: a number, true / false, null, or text under TEXT_KEYS."""
-    return value is None or isinstance(value, (int, float)) or (key in TEXT_KEYS and isinstance(value, str))
+    """Whether a log value is what a run writes: a number, true / false, null, or TEXT_KEYS' text."""
+    text = key in TEXT_KEYS and isinstance(value, str)
+    return value is None or isinstance(value, (int, float)) or text
 
 
 def is_finite(x):
