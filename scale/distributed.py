@@ -22,6 +22,8 @@ This file holds primitives only; the step calls them in sight, where they act (g
   - evaluation: each rank scores a contiguous run of whole chunks of the test problems and the counts
     are summed (train_base.evaluate).
   - rank 0 alone takes the out_dir lock, logs and writes checkpoints (`is_main`, `print0`).
+  - a rank that ends mid-job (kill -9): each collective's failure names it (`peers_alive`, PeerLost),
+    and the loops say where the run stopped and how to resume it.
 train_base.py does the same with its batch of training rows (train_base.rank_rows); with dropout > 0
 each rank draws its own masks, so the run is equivalent but no longer equal to one process's.
 """
@@ -135,11 +137,11 @@ def peers_alive():
                 break
         if not lost and not any(g in text for g in GONE):
             raise
-        who = ", ".join(f"rank {r} (PID {pid})" for r, pid in lost) or \
-            "another rank (on another machine, or stuck)"
+        who = ", ".join(f"rank {r} (PID {pid})" for r, pid in lost)
+        what = (f"{who} ended during a step" if lost else
+                "a rank stopped answering during a step (it ended on another machine, or is stuck)")
         said = (text.splitlines() or [type(e).__name__])[0].split("] ")[-1].split(". ")[0]
-        raise PeerLost(f"{who} ended during a step, so this job cannot go on "
-                       f"({said[:80]})") from None
+        raise PeerLost(f"{what}, so this job cannot go on ({said[:80]})") from None
 
 
 def rank():
