@@ -22,8 +22,8 @@ This file holds primitives only; the step calls them in sight, where they act (g
   - evaluation: each rank scores a contiguous run of whole chunks of the test problems and the counts
     are summed (train_base.evaluate).
   - rank 0 alone takes the out_dir lock, logs and writes checkpoints (`is_main`, `print0`).
-  - a rank that ends mid-job (kill -9): each collective's failure names it (`peers_alive`, PeerLost),
-    and the loops say where the run stopped and how to resume it.
+  - a rank that ends mid-job (kill -9): the training loops name it (`lost_peer`, from the (host, PID)
+    of every rank gathered at set-up), with where the run stopped and how to resume it.
 train_base.py does the same with its batch of training rows (train_base.rank_rows); with dropout > 0
 each rank draws its own masks, so the run is equivalent but no longer equal to one process's.
 """
@@ -78,8 +78,7 @@ def setup(device):
         dist.init_process_group("nccl" if device.startswith("cuda") else "gloo", timeout=TIMEOUT)
     _state.update(rank=rank, world_size=world)
     peers = [None] * world  # (host, PID) of every rank: a rank that dies can then be named
-    with peers_alive():
-        dist.all_gather_object(peers, (socket.gethostname(), os.getpid()))
+    dist.all_gather_object(peers, (socket.gethostname(), os.getpid()))
     _state["peers"] = peers
     return rank, world, device
 
@@ -91,11 +90,6 @@ def no_gpu(device, per_node, gpus):
                 f"(torch {torch.__version__}); use --device=cpu, or install a CUDA build of torch")
     return (f"device={device!r} under torchrun: {per_node} processes on this machine, one GPU "
             f"each, but it has {gpus}; start at most --nproc_per_node={gpus}")
-
-
-class PeerLost(ConnectionError):
-    """A collective failed because another rank ended (killed, out of memory, crashed): the job
-    cannot go on. An OSError, so the loops say where the run stopped and how to resume it."""
 
 
 def lost_ranks():
@@ -121,27 +115,26 @@ GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", 
         "Timed out", "NCCL communicator was aborted")
 
 
-@contextmanager
-def peers_alive():
-    """A collective: if it fails because another rank ended, PeerLost names that rank in one
-    line, instead of gloo's traceback; any other error passes unchanged."""
-    try:
-        yield
-    except RuntimeError as e:
-        text = str(e)
+def lost_peer(e):
+    """Why a collective failed, in one line, where another rank ended mid-job (kill -9, out of
+    memory) or stopped answering; None for any other error, or in one process. The training loops
+    add where the run stopped and how to resume it."""
+    text = str(e)
+    if world_size() == 1 or not isinstance(e, RuntimeError):
+        return None
+    lost = lost_ranks()
+    for _ in range(40 if not lost and any(g in text for g in GONE) else 0):
+        time.sleep(0.05)  # a killed process closes its sockets before it is seen as ended
         lost = lost_ranks()
-        for _ in range(40 if not lost and any(g in text for g in GONE) else 0):
-            time.sleep(0.05)  # a killed process closes its sockets before it is seen as ended
-            lost = lost_ranks()
-            if lost:
-                break
-        if not lost and not any(g in text for g in GONE):
-            raise
-        who = ", ".join(f"rank {r} (PID {pid})" for r, pid in lost)
-        what = (f"{who} ended during a step" if lost else
-                "a rank stopped answering during a step (it ended on another machine, or is stuck)")
-        said = (text.splitlines() or [type(e).__name__])[0].split("] ")[-1].split(". ")[0]
-        raise PeerLost(f"{what}, so this job cannot go on ({said[:80]})") from None
+        if lost:
+            break
+    if not lost and not any(g in text for g in GONE):
+        return None
+    who = ", ".join(f"rank {r} (PID {pid})" for r, pid in lost)
+    what = (f"{who} ended during a step" if lost else
+            "a rank stopped answering during a step (it ended on another machine, or is stuck)")
+    said = (text.splitlines() or [type(e).__name__])[0].split("] ")[-1].split(". ")[0]
+    return f"{what}, so this job cannot go on ({said[:80]})"
 
 
 def rank():
@@ -160,9 +153,8 @@ def is_main():
 def all_reduce_sum(tensors):
     """Sum each tensor over the ranks, in place (the same values on every rank afterwards)."""
     if world_size() > 1:
-        with peers_alive():
-            for t in tensors:
-                dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        for t in tensors:
+            dist.all_reduce(t, op=dist.ReduceOp.SUM)
     return tensors
 
 
@@ -197,8 +189,7 @@ def sum_floats(values):
         return list(values)
     t = torch.tensor(list(values), dtype=torch.float64,
                      device=f"cuda:{torch.cuda.current_device()}" if dist.get_backend() == "nccl" else "cpu")
-    with peers_alive():
-        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    dist.all_reduce(t, op=dist.ReduceOp.SUM)
     return t.tolist()
 
 
@@ -223,8 +214,7 @@ def all_gather_cat(t):
     if world_size() == 1:
         return t
     parts = [torch.empty_like(t) for _ in range(world_size())]
-    with peers_alive():
-        dist.all_gather(parts, t.contiguous())
+    dist.all_gather(parts, t.contiguous())
     return torch.cat(parts)
 
 
@@ -245,12 +235,10 @@ def _exit_now(code):
 def main_first():
     """Rank 0 runs the block first (it writes files, e.g. the task data), then the others (they read them)."""
     if not is_main():  # (world_size() > 1 here)
-        with peers_alive():
-            dist.barrier()
+        dist.barrier()
     yield
     if is_main() and world_size() > 1:
-        with peers_alive():
-            dist.barrier()
+        dist.barrier()
 
 
 @contextmanager
@@ -265,8 +253,7 @@ def process_group(device):
 def teardown():
     """Release the process group at the end of a run (a no-op in a single process)."""
     if dist.is_initialized():
-        with peers_alive():  # a rank that finishes first must not tear down while rank 0 still works
-            dist.barrier()
+        dist.barrier()  # a rank that finishes first must not tear down while rank 0 still evaluates or writes
         dist.destroy_process_group()
     _state.update(rank=0, world_size=1, peers=[])
 
