@@ -1,6 +1,8 @@
-# torchrun's ranks when the job cannot go on: --device=cuda on a machine without a GPU for each
-# process ends every rank with status 2 and one line from the node's first rank (no traceback per
-# rank). References: torch.cuda's counts set by hand; the rank processes started as torchrun would.
+# torchrun's ranks when the job cannot go on. --device=cuda on a machine without a GPU for each
+# process: every rank ends with status 2, one line from the node's first rank (no traceback per
+# rank). A rank killed mid-job (kill -9): the ranks left name it, rank and PID, and the training
+# loops add the last checkpoint and the resume command. References: torch.cuda's counts set by
+# hand; two rank processes started as torchrun would, one killing itself; a reaped process's PID.
 # Run: python -m pytest -q tests/test_rank_failures.py
 import os
 import socket
