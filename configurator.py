@@ -10,6 +10,7 @@ import ast
 import difflib
 import math
 import os
+import re
 import signal
 import sys
 import traceback
@@ -175,6 +176,8 @@ def configure(defaults: dict, argv: list[str], saved: dict | None = None) -> dic
                                 "(a byte that is not UTF-8, "
                                 "from a terminal or file in another encoding?): "
                                 "give it as UTF-8 text")
+            if isinstance(value, str) and value.startswith("~") and PATH_KEY.search(key):
+                value = _home(key, value)  # quoted or in a config file: no shell expanded it
             if saved is None:
                 say(f"Overriding: {key} = {value}")
             cfg[key] = given[key] = value
@@ -185,24 +188,40 @@ def configure(defaults: dict, argv: list[str], saved: dict | None = None) -> dic
     for key in given if saved is not None else ():
         if key in saved and saved[key] != cfg[key] and key not in ("init_from", "out_dir"):
             say(f"resume: {key} = {cfg[key]} (the saved run had {saved[key]})")
-    _SOURCES.append((cfg, sources))
-    del _SOURCES[:-8]  # the last few configs: a script makes one or two (and its base's)
-    return cfg
+    return Config(cfg, sources)
 
 
-_SOURCES = []  # [(a config configure returned, {key: the config file that set it})]
+class Config(dict):
+    """The knobs configure settles on, and `sources`: {key: the config file that set it last}.
+    A copy ({**cfg}, what a checkpoint saves) is a plain dict of the knobs."""
+
+    def __init__(self, knobs, sources):
+        super().__init__(knobs)
+        self.sources = sources
 
 
 def set_in(cfg, key):
     """The config file that set cfg[key] (configure's argv), or None: typed on the command line, a
     default, or a resumed run's. Errors name it, so no one looks for a --key they never typed."""
-    return next((src.get(key) for c, src in _SOURCES if c is cfg), None)
+    return getattr(cfg, "sources", {}).get(key)
 
 
 def named(cfg, key):
     """"config key 'K' = V", with the config file that set it: "(set in config/x.py)"."""
     where = set_in(cfg, key)
     return f"config key '{key}' = {cfg[key]!r}" + (f" (set in {where})" if where else "")
+
+
+PATH_KEY = re.compile(r"(^|_)(dir|root|ckpt|file|json|html|figure|config|path)$")  # a path's name
+
+
+def _home(key, value):
+    """A path knob's ~ or ~user as the shell would expand it: never a folder named '~'."""
+    path = os.path.expanduser(value)
+    if path.startswith("~"):
+        raise UserError(f"{key} {value!r} starts with a ~ that names no home directory here: "
+                        "give the path in full")
+    return path
 
 
 def check(cfg, key, ok, allowed):
@@ -304,6 +323,8 @@ def cli_main(main, argv=None):
     finally:
         if on_term:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        if argv is None:  # a script's end: Ctrl-C now would only cut short the interpreter's own
+            signal.signal(signal.SIGINT, signal.SIG_IGN)  # clean-up (torch's atexit: a traceback)
 
 
 def _distributed():

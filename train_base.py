@@ -318,7 +318,7 @@ def train(cfg, run):
     def checkpoint(metrics):
         if distributed.is_main():  # every rank holds the same weights; rank 0 writes them
             state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                     "model_args": run.model_args, "iter_num": run.iter_num, "config": cfg,
+                     "model_args": run.model_args, "iter_num": run.iter_num, "config": dict(cfg),
                      "data_dir": portable_path(run.data_dir),  # relative to the project
                      "data_fingerprint": run.data_fingerprint,  # the data it is bound to
                      "train_seconds": run.elapsed_before + time.time() - t_start,
@@ -373,12 +373,16 @@ def train(cfg, run):
                       f"(greedy, {len(run.test)} problems)")
             if at_eval:
                 checkpoint(metrics)
-    except (KeyboardInterrupt, CheckpointWriteError) as e:  # Ctrl-C, full disk: where to go on from
+    except (KeyboardInterrupt, CheckpointWriteError, RuntimeError) as e:  # Ctrl-C, full disk,
+        # a rank lost under torchrun (distributed.lost_peer): where to go on from
+        lost = distributed.lost_peer(e)
+        if isinstance(e, RuntimeError) and lost is None:
+            raise
         where = (f"train_base.py stopped at iter {run.iter_num} of {cfg['max_iters']}; "
                  f"{stop_note('train_base.py', cfg['out_dir'], run.last_ckpt, remove_files=False)}")
         if isinstance(e, KeyboardInterrupt):
             raise Interrupted(where) from None
-        raise UserError(f"{e}; {where}") from None
+        raise UserError(f"{lost or e}; {where}") from None
     total = run.elapsed_before + time.time() - t_start
     acc = f", test accuracy {metrics['accuracy']:.3f}" if "accuracy" in metrics else ""
     distributed.print0(f"done: {run.iter_num} iters in {total:.0f}s{acc}, "

@@ -450,6 +450,11 @@ class Run:
         except (OSError, CheckpointWriteError) as e:  # a full disk: the reason, then how to go on
             raise UserError(f"{f'{e.filename}: ' if getattr(e, 'filename', None) else ''}"
                             f"{getattr(e, 'strerror', None) or e}; {self.stopped()}") from None
+        except RuntimeError as e:  # torchrun: another rank ended (kill -9): named, then how to go on
+            lost = distributed.lost_peer(e)
+            if lost is None:
+                raise
+            raise UserError(f"{lost}; {self.stopped()}") from None
         finally:
             for f in (log_f, roll_f):
                 try:
