@@ -5,6 +5,7 @@
 # hand; two rank processes started as torchrun would, one killing itself; a reaped process's PID.
 # Run: python -m pytest -q tests/test_rank_failures.py
 import os
+import signal
 import socket
 import subprocess
 import sys
