@@ -11,6 +11,7 @@ import ast
 import difflib
 import math
 import os
+import re
 import signal
 import sys
 import traceback
@@ -206,6 +207,10 @@ def configure(defaults: dict, argv: list[str],
                                 "a lone surrogate (a byte that is not UTF-8, "
                                 "from a terminal or file in another "
                                 "encoding?): give it as UTF-8 text")
+            # quoted or in a config file: no shell expanded it
+            tilde = isinstance(value, str) and value.startswith("~")
+            if tilde and PATH_KEY.search(key):
+                value = _home(key, value)
             if saved is None:
                 say(f"Overriding: {key} = {value}")
             cfg[key] = given[key] = value
@@ -218,21 +223,24 @@ def configure(defaults: dict, argv: list[str],
         if key in saved and saved[key] != cfg[key] and not kept:
             say(f"resume: {key} = {cfg[key]} "
                 f"(the saved run had {saved[key]})")
-    _SOURCES.append((cfg, sources))
-    # the last few configs: a script makes one or two (and its base's)
-    del _SOURCES[:-8]
-    return cfg
+    return Config(cfg, sources)
 
 
-# [(a config configure returned, {key: the config file that set it})]
-_SOURCES = []
+class Config(dict):
+    """The knobs configure settles on, and `sources`:
+    {key: the config file that set it last}. A copy ({**cfg}, what
+    a checkpoint saves) is a plain dict of the knobs."""
+
+    def __init__(self, knobs, sources):
+        super().__init__(knobs)
+        self.sources = sources
 
 
 def set_in(cfg, key):
     """The config file that set cfg[key] (configure's argv), or None:
     typed on the command line, a default, or a resumed run's. Errors name
     it, so no one looks for a --key they never typed."""
-    return next((src.get(key) for c, src in _SOURCES if c is cfg), None)
+    return getattr(cfg, "sources", {}).get(key)
 
 
 def named(cfg, key):
@@ -241,6 +249,20 @@ def named(cfg, key):
     where = set_in(cfg, key)
     set_by = f" (set in {where})" if where else ""
     return f"config key '{key}' = {cfg[key]!r}" + set_by
+
+
+# a path's name
+PATH_KEY = re.compile(r"(^|_)(dir|root|ckpt|file|json|html|figure|config|path)$")
+
+
+def _home(key, value):
+    """A path knob's ~ or ~user as the shell would expand it:
+    never a folder named '~'."""
+    path = os.path.expanduser(value)
+    if path.startswith("~"):
+        raise UserError(f"{key} {value!r} starts with a ~ that names no home "
+                        "directory here: give the path in full")
+    return path
 
 
 def check(cfg, key, ok, allowed):
@@ -365,6 +387,10 @@ def cli_main(main, argv=None):
     finally:
         if on_term:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        # a script's end: Ctrl-C now would only cut short the interpreter's
+        # own clean-up (torch's atexit: a traceback)
+        if argv is None:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _distributed():

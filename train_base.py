@@ -419,7 +419,7 @@ def train(cfg, run):
                 "optimizer": optimizer.state_dict(),
                 "model_args": run.model_args,
                 "iter_num": run.iter_num,
-                "config": cfg,
+                "config": dict(cfg),
                 # relative to the project
                 "data_dir": portable_path(run.data_dir),
                 # the data it is bound to
@@ -488,15 +488,19 @@ def train(cfg, run):
                       f"(greedy, {len(run.test)} problems)")
             if at_eval:
                 checkpoint(metrics)
-    # Ctrl-C, full disk: where to go on from
-    except (KeyboardInterrupt, CheckpointWriteError) as e:
+    # Ctrl-C, full disk, a rank lost under torchrun (distributed.lost_peer):
+    # where to go on from
+    except (KeyboardInterrupt, CheckpointWriteError, RuntimeError) as e:
+        lost = distributed.lost_peer(e)
+        if isinstance(e, RuntimeError) and lost is None:
+            raise
         note = stop_note("train_base.py", cfg["out_dir"], run.last_ckpt,
                          remove_files=False)
         where = (f"train_base.py stopped at iter {run.iter_num} "
                  f"of {cfg['max_iters']}; {note}")
         if isinstance(e, KeyboardInterrupt):
             raise Interrupted(where) from None
-        raise UserError(f"{e}; {where}") from None
+        raise UserError(f"{lost or e}; {where}") from None
     total = run.elapsed_before + time.time() - t_start
     acc = ""
     if "accuracy" in metrics:

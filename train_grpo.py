@@ -609,6 +609,12 @@ class Run:
             where = f"{filename}: " if filename else ""
             reason = getattr(e, "strerror", None) or e
             raise UserError(f"{where}{reason}; {self.stopped()}") from None
+        # torchrun: another rank ended (kill -9): named, then how to go on
+        except RuntimeError as e:
+            lost = distributed.lost_peer(e)
+            if lost is None:
+                raise
+            raise UserError(f"{lost}; {self.stopped()}") from None
         finally:
             for f in (log_f, roll_f):
                 try:

@@ -26,7 +26,7 @@ from analysis.report import write_report
 from data.tasks import load_task_split
 from runs.checkpoint import load_checkpoint
 from runs.metrics import read_records
-from runs.rundir import run_files, run_lock, unused_out_dir, write_json
+from runs.rundir import reader_lock, run_files, unused_out_dir, write_json
 from data.prompts import encode_prompt, encode_text, stop_tokens
 from runs.loading import load_policy
 from scale.device import check_device
@@ -58,20 +58,24 @@ defaults = dict(
 )
 
 
-def load_rollouts(path, enc, vocab_size=None):
+def load_rollouts(path, enc, vocab_size=None, block_size=None):
     """Every recorded rollout with nonzero advantage and a token its loss counted (zero advantage,
     or a mask of zeros: a truncated completion under mask_truncated_completions, give zero gradient
     and zero influence). A malformed line (e.g. cut off by a crash) or record (record_problem;
-    vocab_size: the model's, default the tokenizer's) is skipped with a warning naming it."""
+    vocab_size: the model's, default the tokenizer's) is skipped with a warning naming it; a
+    rollout longer than the model's context (block_size) is refused, naming its line."""
     if not os.path.exists(path):
         raise UserError(f"no recorded rollouts at {path}: was this run made by train_grpo.py?")
     samples, stops = [], stop_tokens(enc)
-    for r in read_records(path, min(vocab_size or enc.n_vocab, enc.n_vocab)):
+    for line, r in read_records(path, min(vocab_size or enc.n_vocab, enc.n_vocab), numbered=True):
         G = len(r["rewards"]) // len(r["prompts"])
         for j, (toks, m) in enumerate(zip(r["completion_tokens"], r["completion_mask"])):
             n = sum(m)
             if r["advantages"][j] == 0 or n == 0:
                 continue
+            if block_size:  # the whole rollout is one forward pass: it must fit the context
+                prompt = encode_prompt(enc, r["prompts"][j // G])
+                check_fits_block(path, line, r, prompt, n, block_size)
             samples.append({"iter": r["iter"], "prompt": r["prompts"][j // G], "answer": r["answers"][j // G],
                             "completion": enc.decode([t for t in toks[:n] if t not in stops]),
                             "reward": r["rewards"][j], "advantage": r["advantages"][j],
@@ -82,6 +86,17 @@ def load_rollouts(path, enc, vocab_size=None):
     if not samples:
         raise UserError(f"{path} holds no rollout with a nonzero advantage: nothing to attribute")
     return samples
+
+
+def check_fits_block(path, line, record, prompt, n, block_size):
+    """A recorded rollout (prompt + its n completion tokens) the model's context cannot hold (its
+    last token is only predicted, as in sampling: block_size + 1 tokens fit)."""
+    if len(prompt) + n - 1 > block_size:
+        where = f"{path} line {line}: a rollout of iter {record['iter']}"
+        size = f"{len(prompt)} prompt + {n} completion tokens"
+        raise UserError(f"{where} is {size}, beyond the model's context of {block_size}: a "
+                        f"record edited by hand, or a base of a shorter context than the "
+                        f"run's (--base_ckpt)")
 
 
 def not_a_run(run):
@@ -272,14 +287,18 @@ def main(argv):
     if not ckpts:
         raise UserError(not_a_run(run))
     sections, audited = [], None
-    with run_lock(run):  # a training run (or another attribution) in this directory is refused
+    folder = lambda p: os.path.dirname(os.path.abspath(p))  # noqa: E731
+    in_run = [p for p in (json_path, html_path, fig_path) if p and folder(p) == os.path.abspath(run)]
+    writes_run = bool(in_run) or bool(questions and not cfg["out_json"])  # a question's JSON: there
+    with reader_lock(run, writes_run):  # a training run (or another attribution) here is refused
         iters, ckpts = [s for s, _ in ckpts], [p for _, p in ckpts]
         model, enc, data_dir = load_policy(ckpts[-1], cfg["device"], base_ckpt=cfg["base_ckpt"])
         check_fits(cfg, model, enc, questions)  # before the audit's or any question's output is written
         run_cfg = load_checkpoint(ckpts[-1]).get("config", {})
         temperature = run_cfg.get("temperature", 1.0)
         temperature = temperature if temperature > 0 else 1.0  # greedy sampling: plain log-probs
-        train = load_rollouts(os.path.join(run, "rollouts.jsonl"), enc, model.config.vocab_size)
+        train = load_rollouts(os.path.join(run, "rollouts.jsonl"), enc, model.config.vocab_size,
+                              model.config.block_size)
         if cfg["audit"]:
             audited = run_audit(cfg, model, enc, data_dir, run_cfg, ckpts, iters, train, temperature, json_path)
         for _, question in questions:

@@ -20,7 +20,8 @@ import os
 import torch
 
 from analysis.outputs import check_new_file, figure_format, has_mark, save_figure
-from analysis.plot import SMOOTH, has_matplotlib, load_log, moving_average, split_args
+from analysis.plot import (SMOOTH, has_matplotlib, is_number, load_log, moving_average,
+                           split_args)
 from data.datadir import load_tokenizer
 from data.tasks import resolve_data_dir
 from runs.checkpoint import load_checkpoint
@@ -64,6 +65,13 @@ def load_run(run_dir):
     if "countdown_claim" not in cfg.get("reward_funcs", ()):
         raise UserError(f"{run_dir} was not trained on the hackable verifier (reward_funcs "
                         f"{tuple(cfg.get('reward_funcs', ()))}): see experiments/countdown_hack.sh")
+    if not any(is_number(s.get("rewards/countdown")) for s in log):  # no true accuracy, no hack rate
+        funcs = tuple(cfg["reward_funcs"])
+        why = (f"its reward_funcs {funcs} lack it: add it at weight 0, as "
+               f"experiments/countdown_hack.sh does" if "countdown" not in funcs
+               else "no training step in its log scored it (stopped before the first?)")
+        raise UserError(f"{run_dir} never scored the exact reward 'countdown' (its true accuracy "
+                        f"and hack rate are unknown): {why}")
     return log, cfg, load_tokenizer(resolve_data_dir(ckpt.get("data_dir", "")))
 
 
@@ -71,7 +79,8 @@ def kept_counts(run_dir, enc):
     """{'hack'/'right'/'other': [rollouts, kept, sum of influence]} over rollouts.jsonl."""
     counts = {k: [0, 0, 0.0] for k in ("hack", "right", "other")}
     path = os.path.join(run_dir, "rollouts.jsonl")
-    for line in read_records(path, enc.n_vocab, needs=("selected", "influence")):
+    needs = ("selected", "influence")  # each checked: true / false, a number
+    for line in read_records(path, enc.n_vocab, needs, form="countdown"):
         group = len(line["completion_tokens"]) // len(line["answers"])
         texts = decode_completions(enc, torch.tensor(line["completion_tokens"]),
                                    torch.tensor(line["completion_mask"]))

@@ -18,11 +18,12 @@ Needs matplotlib, which requirements.txt leaves optional: pip install matplotlib
 # configurator first: a Ctrl-C during the imports below is one line, not a traceback
 from configurator import UserError, cli_main
 import json
+import math
 import os
 import sys
 
 from analysis.outputs import check_new_file, figure_format, has_mark, save_figure
-from runs.rundir import read_jsonl
+from runs.rundir import MAX_ITER, numbered_jsonl
 
 SMOOTH = 10  # reward, selection rate and step time are noisy step to step: also draw their moving average
 ROWS = [("reward", "reward"), ("test/accuracy", "test accuracy"),
@@ -47,22 +48,32 @@ def kind(log):
 COLS = [("iter", "step"), ("elapsed", "wall time (s, evaluations included)")]
 
 
+TEXT_KEYS = ("skip_reason",)  # the log's only text; any other value: a number, true / false, null
+
+
 def load_log(run_dir):
-    """The list of dicts in run_dir/log.jsonl, one per line. A malformed line (half written by a run still
-    going, or cut off by a crash) is skipped with a warning; two lines of the same iteration (two runs'
-    logs in one file) are an error."""
+    """The list of dicts in run_dir/log.jsonl, one per line. A malformed line (half written by a run
+    still going, or cut off by a crash), or one whose iter or elapsed is not a number a figure can
+    place, is skipped with a warning naming it; another key's value that is not a number (text
+    written by hand) is left out with a warning; two lines of the same iteration (two runs' logs in
+    one file) are an error."""
     if not os.path.isdir(run_dir):
         raise UserError(f"{run_dir} is not a directory: pass the --out_dir of train_grpo.py runs")
     path = os.path.join(run_dir, "log.jsonl")
     if not os.path.isfile(path):
         raise UserError(f"no log.jsonl in {run_dir}: is it the --out_dir of a train_grpo.py run?")
     log = []
-    for line in read_jsonl(path):
-        if not isinstance(line.get("iter"), int) or not isinstance(line.get("elapsed"), (int, float)):
-            print(f"warning: {path}: a line without iter and elapsed; skipped ({json.dumps(line)[:60]})",
-                  file=sys.stderr)
-        else:
-            log.append(line)
+    for n, line in numbered_jsonl(path):
+        step, elapsed = line.get("iter"), line.get("elapsed")
+        if type(step) is not int or not 0 <= step <= MAX_ITER or not is_finite(elapsed):
+            text = json.dumps(line)[:60]
+            print(f"warning: {path} line {n}: a line without iter (a whole number from 0 to "
+                  f"2**53) and elapsed (a finite number); skipped ({text})", file=sys.stderr)
+            continue
+        for key in [k for k, v in line.items() if not plain(k, v)]:
+            print(f"warning: {path} line {n}: {key} is {json.dumps(line.pop(key))[:30]}, not a "
+                  f"number; left out", file=sys.stderr)
+        log.append(line)
     if not log:
         raise UserError(f"{path} holds no log line: the run logs its first line after the evaluation at step 0")
     seen = set()
@@ -72,6 +83,16 @@ def load_log(run_dir):
                             f"one file? Each run needs its own --out_dir")
         seen.add(line["iter"])
     return log
+
+
+def plain(key, value):
+    """Whether a log value is what a run writes: a number, true / false, null, or TEXT_KEYS' text."""
+    text = key in TEXT_KEYS and isinstance(value, str)
+    return value is None or isinstance(value, (int, float)) or text
+
+
+def is_finite(x):
+    return is_number(x) and math.isfinite(x)
 
 
 def is_number(x):

@@ -215,8 +215,11 @@ def write_report(path, sections, meta, audit=None, ours=lambda path: True):
     try:
         with open(tmp, "w", encoding="utf-8") as f:
             f.write(page)
-    except BaseException:
-        os.remove(tmp)
+    except BaseException as e:
+        if os.path.lexists(tmp):
+            os.remove(tmp)
+        if isinstance(e, OSError):  # a full disk: named by the report's path, not the temporary file's
+            raise OSError(e.errno, f"{e.strerror or e} (writing the HTML report)", path) from None
         raise
     put_in_place(tmp, path, ours, "analysis.attribute")
 

@@ -136,9 +136,6 @@ def read_hf_weights(path, arch, shapes, dtype):
     return sd
 
 
-# ---------------------------------------------------------------------------------------------
-# out: what other tools read
-
 def from_pretrained(path, dtype=torch.float32):
     """nanoGPT's GPT.from_pretrained: a GPT-2, Qwen2 or Llama-family model from a local
     Hugging Face directory (config.json + model.safetensors, or shards named in
@@ -162,6 +159,9 @@ def from_pretrained(path, dtype=torch.float32):
     model.load_weights(sd)  # the loaded tensors become the parameters: no copy
     return model.eval()
 
+
+# ---------------------------------------------------------------------------------------------
+# out: what other tools read
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
                    "merges.txt", "generation_config.json", "chat_template.jinja")

@@ -22,7 +22,7 @@ from scale import distributed
 
 def load_base(path, data_dir="", dtype=torch.float32, ckpt=None, **overrides):
     """(model, tokenizer, data_dir) of a base model: a train_base.py checkpoint (with its task's
-    tokenizer and data), or a Hugging Face model directory (GPT.from_pretrained, its own tokenizer,
+    tokenizer and data), or a Hugging Face model directory (pretrained/hf.from_pretrained, its own tokenizer,
     and data_dir as given: '' = none yet, see tasks.task_data), in `dtype` (a checkpoint's stays float32:
     cast it after its fingerprint; ckpt: the checkpoint at path, if already loaded). overrides: GPTConfig fields."""
     if not os.path.isdir(path):

@@ -9,7 +9,8 @@ import torch
 
 from rewards import HACKABLE
 from data.tasks import TASKS
-from runs.rundir import read_jsonl
+from data.datadir import answer_form
+from runs.rundir import MAX_ITER, numbered_jsonl
 
 
 def step_log(rollouts, result, cfg, cache=None):
@@ -69,35 +70,66 @@ def rollout_record(questions, answers, rollouts, cfg):
 RECORD_KEYS = ("iter", "prompts", "answers", "completion_tokens", "completion_mask", "rewards", "advantages")
 
 
-def read_records(path, vocab_size, needs=()):
+def read_records(path, vocab_size, needs=(), form=None, numbered=False):
     """The records of a rollouts.jsonl that can be read back (record_problem); any other is skipped
-    with a warning naming it. needs: keys a reader needs beyond RECORD_KEYS (a TracIn run's)."""
-    records = []
-    for n, r in enumerate(read_jsonl(path), 1):
-        problem = record_problem(r, vocab_size, needs)
+    with a warning naming its line. needs: keys a reader needs beyond RECORD_KEYS (a TracIn run's);
+    form: the answers' form it reads (data.datadir.answer_form: 'countdown'), or None. A record of an
+    iteration read already (a file copied onto itself) is read once, with one warning.
+    numbered: (line number, record) pairs, for a reader that names a record it refuses."""
+    records, seen, repeats = [], {}, []
+    for n, r in numbered_jsonl(path):
+        problem = record_problem(r, vocab_size, needs, form)
         if problem:
-            print(f"warning: {path}: record {n} {problem}; skipped", file=sys.stderr)
+            print(f"warning: {path} line {n}: the record {problem}; skipped", file=sys.stderr)
+        elif r["iter"] in seen:
+            repeats.append((n, r["iter"]))
         else:
-            records.append(r)
+            seen[r["iter"]] = n
+            records.append((n, r) if numbered else r)
+    if repeats:
+        n, it = repeats[0]
+        print(f"warning: {path}: {len(repeats)} records repeat an earlier record's iteration "
+              f"(first: line {n}, iter {it}, as line {seen[it]}): a file copied onto itself? "
+              f"each iteration read once", file=sys.stderr)
     return records
 
 
-def record_problem(r, vocab_size, needs=()):
+def _number(x):
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def _flag(x):  # a TracIn run's selected / a planted defect: true or false (1 or 0)
+    return type(x) is bool or (_number(x) and x in (0, 1))
+
+
+def record_problem(r, vocab_size, needs=(), form=None):
     """Why a rollouts.jsonl record cannot be read back (None: it can), as rollout_record writes it:
-    P prompts and answers, N = G P rollouts, each with token ids below vocab_size and a 0/1 mask."""
+    P prompts and answers, N = G P rollouts, each with token ids below vocab_size and a 0/1 mask;
+    with a TracIn run's influence (numbers) and selected (true / false); answers of the form given."""
     missing = [k for k in (*RECORD_KEYS, *needs) if k not in r]
     if missing or not r["prompts"]:
         return f"lacks {missing or 'prompts'}"
-    if type(r["iter"]) is not int or not all(isinstance(r[k], list) for k in RECORD_KEYS[1:]):
-        return "has an iter that is not a whole number, or a field that is not a list"
+    if type(r["iter"]) is not int or not 0 <= r["iter"] <= MAX_ITER:
+        return "has an iter that is not a whole number from 0 to 2**53"
+    if not all(isinstance(r[k], list) for k in RECORD_KEYS[1:]):
+        return "has a field that is not a list"
     P, N = len(r["prompts"]), len(r["rewards"])
+    extra = (("defective", P, _flag), ("selected", N, _flag), ("influence", N, _number))
+    present = [(k, n, ok) for k, n, ok in extra if k in r]
+    if not all(isinstance(r[k], list) for k, _, _ in present):
+        return "has a field that is not a list"
     lengths = [len(r[k]) for k in ("completion_tokens", "completion_mask", "advantages")]
-    optional = [len(r[k]) == n for k, n in (("defective", P), ("selected", N), ("influence", N)) if k in r]
+    optional = [len(r[k]) == n for k, n, _ in present]
     if len(r["answers"]) != P or N % P or any(n != N for n in lengths) or not all(optional):
         return "has lists of mismatched lengths"
-    number = lambda x: isinstance(x, (int, float)) and not isinstance(x, bool)
-    if not (all(isinstance(p, str) for p in r["prompts"]) and all(map(number, r["rewards"]))
-            and all(number(a) and math.isfinite(a) for a in r["advantages"])):  # rewards: NaN unscored
+    for k, _, ok in present:
+        if not all(map(ok, r[k])):
+            what = "a number" if ok is _number else "true or false"
+            return f"has a value of {k} that is not {what}"
+    if form and not all(answer_form(a) == form for a in r["answers"]):
+        return f"has an answer that is not of the task's form ({FORMS.get(form, form)})"
+    if not (all(isinstance(p, str) for p in r["prompts"]) and all(map(_number, r["rewards"]))
+            and all(_number(a) and math.isfinite(a) for a in r["advantages"])):  # rewards: NaN unscored
         return "has a prompt that is not text, a reward that is not a number or an advantage that is not finite"
     token = lambda t: isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab_size
     for toks, m in zip(r["completion_tokens"], r["completion_mask"]):
@@ -105,6 +137,9 @@ def record_problem(r, vocab_size, needs=()):
                 and all(map(token, toks)) and all(x in (0, 1) for x in m)):
             return f"has a completion that is not token ids below {vocab_size} with a 0/1 mask of its length"
     return None
+
+
+FORMS = {"countdown": "[numbers, target], whole numbers", "number": "a whole number"}
 
 
 def print_step(log, cfg, lr):

@@ -2,6 +2,7 @@
 Run directories (out_dir): one process at a time, nothing half-written, logs that survive a crash.
 
     with run_lock(out_dir):              # a second run in the same out_dir is refused, naming the PID
+    with reader_lock(out_dir, False):    # the same, or none where a reader cannot write and need not
         ...
     rows = read_jsonl(path)              # a line cut off by a crash is dropped with a warning
     rewind(out_dir, iter_num)            # resume: drop what was written after the checkpoint
@@ -20,6 +21,7 @@ from contextlib import contextmanager
 from configurator import UserError
 
 LOCK_NAME = "run.lock"
+MAX_ITER = 2 ** 53  # a larger iter is damage: as a float (a figure's axis) it loses its neighbours
 _held = set()  # lock paths this process holds: a nested lock on the same directory is a no-op
 
 
@@ -144,6 +146,23 @@ def run_lock(out_dir, busy="wait for it to end, or use another --out_dir"):
             pass  # not empty: the run wrote its files there
 
 
+@contextmanager
+def reader_lock(out_dir, writes_there):
+    """run_lock(out_dir) for a command that reads a run (attribution). A run it cannot write (a
+    read-only disk, another user's) is read without the lock when none of its outputs goes there
+    (writes_there False); a run that may still be training is then the user's to rule out."""
+    if not writes_there:
+        try:
+            check_writable(out_dir)
+        except UserError:
+            print(f"note: {out_dir} cannot be written: read without its lock (every output "
+                  "goes elsewhere)", file=sys.stderr)
+            yield
+            return
+    with run_lock(out_dir):
+        yield
+
+
 def check_output_dir(path, key, ours, own_names=()):
     """Whether a command may write the directory `path` (key: its name for messages), decided before any
     work: False where it is new (or an empty directory: nothing to lose), True where it exists and
@@ -228,8 +247,15 @@ def rewind(out_dir, iter_num):
 
 
 def read_jsonl(path):
-    """The dicts in a JSONL file. A malformed line (a crash cut the last one off, or a hand edit)
-    is dropped with a warning naming it, so one bad line never blocks a resume or a plot."""
+    """The dicts in a JSONL file (numbered_jsonl, without the line numbers)."""
+    return [row for _, row in numbered_jsonl(path)]
+
+
+def numbered_jsonl(path):
+    """(line number, dict) for each line of a JSONL file. A malformed line (a crash cut the last one
+    off, or a hand edit), or one nested too deep for Python's JSON reader (it recurses: a line of
+    100,000 brackets would raise RecursionError), is dropped with a warning naming it, so one bad
+    line never blocks a resume or a plot."""
     rows = []
     with open(path, errors="replace") as f:  # a garbled byte spoils its line only
         for n, line in enumerate(f, 1):
@@ -237,12 +263,13 @@ def read_jsonl(path):
                 row = json.loads(line)
                 if not isinstance(row, dict):
                     raise ValueError("not a JSON object")
-            except ValueError as e:
+            except (ValueError, RecursionError) as e:
+                why = "nested too deep" if isinstance(e, RecursionError) else str(e)[:60]
                 cut = "" if line.endswith("\n") else " (cut off: written during a crash?)"
-                print(f"warning: {path} line {n} is not valid JSON{cut}; skipped ({str(e)[:60]})",
+                print(f"warning: {path} line {n} is not valid JSON{cut}; skipped ({why})",
                       file=sys.stderr)  # stdout may be a table (summarize > table.md)
                 continue
-            rows.append(row)
+            rows.append((n, row))
     return rows
 
 

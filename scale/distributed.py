@@ -18,17 +18,23 @@ This file holds primitives only; the step calls them in sight, where they act (g
   - the gradient (grpo.grpo_updates, tracin.tracin_backward): rank r keeps its contiguous rows
     (grpo.rank_part: whole groups; the loss divides by the whole batch's counts); grpo.update sums the
     LoRA gradients and the step's statistics over the ranks right before the clip (`sum_grads`,
-    `sum_stats`), so every rank takes the single-process update, up to the order of float sums.
+    `sum_stats`), so every rank takes the single-process update, up to the order of float sums
+    (loss_type 'bnpo' divides by each micro-batch's tokens: equal where the ranks' micro-batches
+    are the single process's).
   - TracIn: each rank captures the per-rollout gradients of its rows and computes the (replicated)
     validation gradient itself; the selection sees every rank's influence (`all_gather_cat`).
   - evaluation: each rank scores a contiguous run of whole chunks of the test problems and the counts
     are summed (train_base.evaluate).
   - rank 0 alone takes the out_dir lock, logs and writes checkpoints (`is_main`, `print0`).
+  - a rank that ends mid-job (kill -9): the training loops name it (`lost_peer`, from the (host, PID)
+    of every rank gathered at set-up), with where the run stopped and how to resume it.
 train_base.py does the same with its batch of training rows (train_base.rank_rows); with dropout > 0
 each rank draws its own masks, so the run is equivalent but no longer equal to one process's.
 """
 import os
+import socket
 import sys
+import time
 from contextlib import contextmanager
 from datetime import timedelta
 
@@ -42,7 +48,7 @@ from configurator import UserError
 # writes while the others wait at the next collective (the evaluation is shared, unevenly when the test
 # chunks do not split evenly).
 TIMEOUT = timedelta(minutes=10)
-_state = {"rank": 0, "world_size": 1}  # this process's place in the job, set by setup()
+_state = {"rank": 0, "world_size": 1, "peers": []}  # this process's place in the job, set by setup()
 
 
 def launched():
@@ -64,12 +70,75 @@ def setup(device):
         return 0, 1, device
     rank, world, local = (int(os.environ[k]) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
     if device.startswith("cuda"):
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        per_node = int(os.environ.get("LOCAL_WORLD_SIZE", local + 1))  # torchrun's processes here
+        if per_node > gpus:  # each rank of the node finds it: local rank 0 says it, all end (2)
+            if local == 0:
+                raise UserError(no_gpu(device, per_node, gpus))
+            raise SystemExit(2)
         device = f"cuda:{local}"
         torch.cuda.set_device(device)  # nccl uses the current device for this rank's communicator
     if not dist.is_initialized():
         dist.init_process_group("nccl" if device.startswith("cuda") else "gloo", timeout=TIMEOUT)
     _state.update(rank=rank, world_size=world)
+    peers = [None] * world  # (host, PID) of every rank: a rank that dies can then be named
+    dist.all_gather_object(peers, (socket.gethostname(), os.getpid()))
+    _state["peers"] = peers
     return rank, world, device
+
+
+def no_gpu(device, per_node, gpus):
+    """Why torchrun's per_node processes of this node do not each have a GPU, and the fix."""
+    if not gpus:
+        return (f"device={device!r} but torch.cuda.is_available() is False on this machine "
+                f"(torch {torch.__version__}); use --device=cpu, or install a CUDA build of torch")
+    return (f"device={device!r} under torchrun: {per_node} processes on this machine, one GPU "
+            f"each, but it has {gpus}; start at most --nproc_per_node={gpus}")
+
+
+def lost_ranks():
+    """The ranks on this machine whose process has ended (their PID gone, or a zombie)."""
+    host = socket.gethostname()
+    return [(r, peer[1]) for r, peer in enumerate(_state["peers"])  # None: the gather failed
+            if peer and peer[0] == host and r != rank() and not _alive(peer[1])]
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)  # signal 0: sends nothing, only asks whether the process exists
+        with open(f"/proc/{pid}/stat") as f:  # Linux: a killed one its parent has not reaped
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except ProcessLookupError:
+        return False
+    except (OSError, IndexError):
+        return True
+
+
+# what gloo and nccl say when the other end of a collective is gone or silent
+GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "timed out",
+        "Timed out", "NCCL communicator was aborted")
+
+
+def lost_peer(e):
+    """Why a collective failed, in one line, where another rank ended mid-job (kill -9, out of
+    memory) or stopped answering; None for any other error, or in one process. The training loops
+    add where the run stopped and how to resume it."""
+    text = str(e)
+    if world_size() == 1 or not isinstance(e, RuntimeError):
+        return None
+    lost = lost_ranks()
+    for _ in range(40 if not lost and any(g in text for g in GONE) else 0):
+        time.sleep(0.05)  # a killed process closes its sockets before it is seen as ended
+        lost = lost_ranks()
+        if lost:
+            break
+    if not lost and not any(g in text for g in GONE):
+        return None
+    who = ", ".join(f"rank {r} (PID {pid})" for r, pid in lost)
+    what = (f"{who} ended during a step" if lost else
+            "a rank stopped answering during a step (it ended on another machine, or is stuck)")
+    said = (text.splitlines() or [type(e).__name__])[0].split("] ")[-1].split(". ")[0]
+    return f"{what}, so this job cannot go on ({said[:80]})"
 
 
 def rank():
@@ -190,7 +259,7 @@ def teardown():
     if dist.is_initialized():
         dist.barrier()  # a rank that finishes first must not tear down while rank 0 still evaluates or writes
         dist.destroy_process_group()
-    _state.update(rank=0, world_size=1)
+    _state.update(rank=0, world_size=1, peers=[])
 
 
 def finish():

@@ -84,3 +84,61 @@ def test_a_byte_that_is_not_utf8_on_a_real_command_line_is_one_line(run):
     assert res.returncode == 2, res.stderr
     assert res.stderr.decode() == ("error: question holds U+DCFF, a lone surrogate (a byte that is not UTF-8, from a "
                                    "terminal or file in another encoding?): give it as UTF-8 text\n")
+
+
+@pytest.fixture
+def read_only(monkeypatch):
+    """Every file the run module would create inside `root` fails as on a read-only disk (the
+    lock, its write probe): a root user's chmod would not stop a write."""
+    import builtins
+    import errno
+    import os
+    from runs import rundir
+    roots = []
+
+    def guarded(name, mode="r", *a, **k):
+        inside = any(os.path.abspath(name).startswith(f"{r}{os.sep}") for r in roots)
+        if inside and any(c in mode for c in "wax+"):
+            raise OSError(errno.EROFS, "Read-only file system", name)
+        return builtins.open(name, mode, *a, **k)
+    monkeypatch.setattr(rundir, "open", guarded, raising=False)
+    return roots
+
+
+def test_a_read_only_run_with_every_output_elsewhere_is_attributed(run, tmp_path, read_only,
+                                                                   capsys):
+    """Before: refused, 'cannot write to out_dir ...: Read-only file system'."""
+    read_only.append(str(run))
+    before = sorted(p.name for p in run.iterdir())
+    out = tmp_path / "elsewhere"
+    out.mkdir()
+    cli_main(attribute.main, [f"--out_dir={run}", "--n_probe=4", "--question=Mia has 2 pears.",
+                              f"--out_json={out}/a.json", f"--html={out}/r.html", "--figure="])
+    err = capsys.readouterr().err
+    assert f"note: {run} cannot be written: read without its lock" in err
+    assert sorted(p.name for p in out.iterdir()) == ["a.json", "r.html"]
+    assert sorted(p.name for p in run.iterdir()) == before
+
+
+@pytest.mark.parametrize("args", [["--out_json=OUT/a.json", "--figure="],    # the report: the run's
+                                  ["--html=OUT/r.html", "--figure="],        # the JSON: the run's
+                                  ["--out_json=OUT/a.json", "--html=", "--figure=RUN/f.png"]])
+def test_a_read_only_run_that_an_output_goes_into_is_refused(run, tmp_path, read_only, capsys,
+                                                             no_work, args):
+    read_only.append(str(run))
+    args = [a.replace("OUT", str(tmp_path)).replace("RUN", str(run)) for a in args]
+    err = refused(run, capsys, "--question=Mia has 2 pears.", *args)
+    assert f"cannot write to out_dir {run}: Read-only file system" in err
+
+
+@pytest.mark.parametrize("line", [1, 2])
+def test_a_recorded_prompt_beyond_the_context_is_refused_before_any_work(run, capsys, no_work,
+                                                                         line):
+    import json
+    path = run / "rollouts.jsonl"
+    records = [json.loads(x) for x in path.read_text().splitlines()]
+    records[line - 1]["prompts"][0] = "1+1=" * 60  # far beyond the tiny model's 128 positions
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    err = refused(run, capsys, "--question=Mia has 2 pears.")
+    assert f"{path} line {line}: a rollout of iter {records[line - 1]['iter']} is " in err
+    assert "beyond the model's context of 128" in err

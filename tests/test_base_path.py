@@ -25,7 +25,7 @@ def train_if_missing(base_ckpt, base_config, device, trainer):
 
 
 class NoTraining:
-    """train_base as ensure_base sees it: its defaults, and a main that records each call."""
+    """train_base as train_if_missing calls it: its defaults, and a main that records each call."""
     defaults = tb.defaults
 
     def __init__(self):

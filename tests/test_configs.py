@@ -15,7 +15,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 @pytest.mark.parametrize("path", sorted(glob.glob(os.path.join(ROOT, "config", "*.py"))))
 def test_shipped_configs_are_valid(path):
     """Every config file's keys exist in the script it is for, with the right types; a GRPO config's
-    base_config is a valid train_base config too (what ensure_base will run)."""
+    base_config is a valid train_base config too (what train_grpo.train_missing_base will run)."""
     script = train_base if os.path.basename(path).endswith("_base.py") else train_grpo
     cfg = configure(script.defaults, [path])
     if script is train_grpo and not cfg["base_ckpt"].endswith(".pt"):  # a Hugging Face directory: its own task

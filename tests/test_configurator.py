@@ -195,3 +195,69 @@ def test_only_rank_zero_prints_the_overrides(monkeypatch, capsys, rank, printed)
         monkeypatch.setenv("RANK", rank)
     assert configure(DEFAULTS, ["--batch_size=4"])["batch_size"] == 4
     assert ("Overriding: batch_size = 4" in capsys.readouterr().out) == printed
+
+
+PATHS = {"out_dir": "out", "base_ckpt": "", "questions_file": "", "question": "", "html": ""}
+
+
+@pytest.mark.parametrize("given, want", [("~/x", "HOME/x"), ("~", "HOME"), ("~/", "HOME/"),
+                                         ("out/~x", "out/~x"), ("x~/y", "x~/y")])
+@pytest.mark.parametrize("key", ["out_dir", "base_ckpt", "questions_file", "html"])
+@pytest.mark.parametrize("how", ["command line", "config file"])
+def test_a_path_knobs_tilde_is_the_home_directory(tmp_path, monkeypatch, given, want, key, how):
+    """Quoted on the command line or written in a config file, no shell expands ~: the run
+    wrote into a folder named '~' beside the project."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    arg = f"--{key}={given}" if how == "command line" else write(tmp_path, f"{key} = {given!r}\n")
+    cfg = configure(PATHS, [arg])
+    assert cfg[key] == want.replace("HOME", str(tmp_path / "home"))
+
+
+def test_a_tilde_in_text_that_is_no_path_is_kept(monkeypatch):
+    monkeypatch.setenv("HOME", "/home/someone")
+    assert configure(PATHS, ["--question=~/x"])["question"] == "~/x"
+
+
+def test_a_tilde_naming_no_user_is_refused():
+    with pytest.raises(UserError, match="out_dir '~no_such_user_zz/x' starts with a ~ that "
+                                        "names no home directory here"):
+        configure(PATHS, ["--out_dir=~no_such_user_zz/x"])
+
+
+ENDING = """
+import atexit, os, signal, sys, time, weakref
+sys.path.insert(0, {root!r})
+from configurator import UserError, cli_main
+
+class Library:  # torch keeps its operator libraries alive until the interpreter's clean-up
+    pass
+
+def ctrl_c():  # Ctrl-C while the interpreter cleans up (torch's atexit finalizers)
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(0.2)
+
+def main(argv):
+    if {how!r} == "atexit":
+        atexit.register(ctrl_c)
+    else:
+        main.keep = Library()
+        weakref.finalize(main.keep, ctrl_c)
+    print("done")
+    if {fails!r}:
+        raise UserError("refused")
+
+cli_main(main)
+"""
+
+
+@pytest.mark.parametrize("how", ["atexit", "finalizer"])
+@pytest.mark.parametrize("fails, code", [(False, 0), (True, 2)])
+def test_ctrl_c_once_a_script_has_ended_adds_no_traceback(tmp_path, how, fails, code):
+    """Before: 'Exception ignored in atexit callback ... KeyboardInterrupt' after 'done'."""
+    import subprocess
+    script = tmp_path / "s.py"
+    script.write_text(ENDING.format(root=os.path.dirname(os.path.dirname(
+        os.path.abspath(__file__))), how=how, fails=fails))
+    p = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    assert p.stdout == "done\n" and p.returncode == code
+    assert p.stderr == ("error: refused\n" if fails else "")

@@ -268,7 +268,8 @@ def failing_worker(rank, world, port, argv):
 
 def test_an_error_on_one_rank_ends_every_rank(tiny_setup, tmp_path, capfd):
     """Rank 1 prints its one line and exits at once; rank 0, waiting for it in the gradient all-reduce,
-    fails instead of waiting (the join's limit only keeps a regression from hanging the suite)."""
+    fails instead of waiting, naming rank 1 and the resume command (the join's limit only keeps a
+    regression from hanging the suite)."""
     argv = []
     real_main, tg.main = tg.main, argv.extend
     try:
@@ -281,9 +282,11 @@ def test_an_error_on_one_rank_ends_every_rank(tiny_setup, tmp_path, capfd):
     codes = [p.exitcode for p in ctx.processes]
     for p in ctx.processes:
         p.kill()
-    assert codes == [1, 2]  # rank 0: the failed collective's traceback; rank 1: the user error's status
+    assert codes == [2, 2]  # rank 1: the user error's status; rank 0: it names the rank it lost
     err = capfd.readouterr().err
-    assert "error: rank 1: planted failure" in err and "Traceback" in err
+    assert "error: rank 1: planted failure" in err and "Traceback" not in err
+    lost = f"error: rank 0: rank 1 (PID {ctx.processes[1].pid}) ended during a step"
+    assert lost in err and "--init_from=resume" in err
 
 
 def base_worker(rank, world, port, argv, data_dir):

@@ -20,17 +20,10 @@ from conftest import build_gpt
 from data.datadir import bound_data, changed_data, data_fingerprint
 from data.gsm_synth.prepare import prepare
 from data.tasks import BASE_KEYS
-from runs.loading import base_to_train, load_base
+from runs.loading import load_base
+from test_base_path import NoTraining, train_if_missing
 from model import MIN_TEMPERATURE
 from tracin import select_rollouts
-
-
-def train_if_missing(base_ckpt, base_config, device, trainer):
-    """train_grpo.train_missing_base with `trainer` for train_base: base_to_train's arguments, if any,
-    handed to trainer.main."""
-    argv = base_to_train(base_ckpt, base_config, trainer.defaults["out_dir"])
-    if argv is not None:
-        trainer.main([*argv, f"--device={device}"])
 
 
 def grpo_validate(base, **knobs):
@@ -124,16 +117,6 @@ def test_a_tokenizer_as_large_as_the_embedding_is_allowed(tmp_path, pad_rows, ok
 
 
 # --- a missing base is trained where base_config puts it, however that is spelt -------------------
-class Recorder:
-    defaults = tb.defaults
-
-    def __init__(self):
-        self.calls = []
-
-    def main(self, argv):
-        self.calls.append(argv)
-
-
 @pytest.mark.parametrize("base, out_dir", [("./out/base/ckpt.pt", "out/base"),
                                            ("out/base/ckpt.pt", "./out/base"),
                                            ("out//base/./ckpt.pt", "out/base/"),
@@ -141,7 +124,7 @@ class Recorder:
 def test_a_missing_base_in_any_spelling_is_trained(tmp_path, monkeypatch, base, out_dir):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "c.py").write_text(f"out_dir = {out_dir!r}\n")
-    trainer = Recorder()
+    trainer = NoTraining()
     train_if_missing(base, "c.py", "cpu", trainer)
     assert len(trainer.calls) == 1
     with pytest.raises(UserError, match="only .* where base_config puts it, is trained"):

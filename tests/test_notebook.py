@@ -97,3 +97,106 @@ def test_notebook_runs(monkeypatch):
     text = "".join(o.get("text", "") for o in outputs)
     assert "exactly 0: True" in text and "all exactly 1: True" in text
     assert "LoRA off == base exactly: True" in text
+
+
+# ---- a cell interrupted (Ctrl-C, the stop button) leaves nothing on the model; started outside
+# the project, the first cell says where to start. The cells' own source runs here (exec) on a
+# tiny model, the project function it waits on replaced by one that is interrupted.
+
+def cell(step, nth=0):
+    return [source for source, s in code_cells() if s == step][nth]
+
+
+def interrupted(*args, **kwargs):
+    raise KeyboardInterrupt
+
+
+def hooks_left(model):
+    return [name for name, m in model.named_modules()
+            if m._forward_hooks or m._forward_pre_hooks or m._backward_hooks]
+
+
+@pytest.fixture
+def world():
+    """What the cells before the one under test leave: a tiny model with LoRA, its optimizer."""
+    import contextlib
+    import time
+
+    import torch
+
+    from conftest import build_gpt
+    from lora import apply_lora, lora_parameters
+    model = build_gpt()
+    apply_lora(model, 2, 4, 0.0, ("c_attn",))
+    optimizer = torch.optim.AdamW(lora_parameters(model), lr=1e-3)
+    cfg = {"seed": 0, "micro_batch_size": 4, "temperature": 1.0, "beta": 0.0,
+           "reward_funcs": ("correctness",), "reward_weights": (1.0,)}
+    return dict(model=model, optimizer=optimizer, cfg=cfg, torch=torch, time=time, amp=contextlib.nullcontext(),
+                contextlib=contextlib, enc=None, prompts=[[1, 2]], answers=[3], T=2,
+                rollouts=None, rollouts_t=None, rank_part=a_batch)
+
+
+def a_batch(rollouts, micro_batch_size):
+    from types import SimpleNamespace
+    return SimpleNamespace(idx=None, pad_left=None)
+
+
+@pytest.mark.parametrize("step, waits_on", [("grpo-2", "sample_rollouts"),
+                                            ("grpo-4", "completion_logprobs"),
+                                            ("tracin-1", "policy_backward")])
+def test_a_cell_interrupted_leaves_no_hook_behind(world, monkeypatch, step, waits_on):
+    """Before: the sampling cell's forward hook stayed on the model; run again, every forward
+    was counted twice, and the next cell failed with KeyError 'cache'."""
+    import grpo
+    monkeypatch.setattr(grpo, waits_on, interrupted)
+    monkeypatch.setattr(grpo, "rank_part", a_batch)
+    world[waits_on] = interrupted  # a name an earlier cell imported
+    with pytest.raises(KeyboardInterrupt):
+        exec(cell(step), world)
+    assert hooks_left(world["model"]) == []
+    assert not world["optimizer"]._optimizer_step_pre_hooks  # ghost_mode's refusal taken off
+
+
+def test_the_validation_cell_interrupted_takes_the_capture_off(world, monkeypatch):
+    import contextlib
+
+    import tracin
+    from ghost import ghost_mode, install_ghost_hooks
+    capture = contextlib.ExitStack()  # what the capture cell (tracin-1) leaves open for this one
+    world.update(capture=capture, hooks=capture.enter_context(install_ghost_hooks(world["model"])))
+    capture.enter_context(ghost_mode(world["optimizer"]))
+    assert hooks_left(world["model"])
+    monkeypatch.setattr(tracin, "informative_rows", lambda batch, cfg: batch)
+    world.update(policy_backward=interrupted, val_batch=None)
+    with pytest.raises(KeyboardInterrupt):
+        exec(cell("tracin-2"), world)
+    assert hooks_left(world["model"]) == []
+
+
+@pytest.mark.parametrize("start, given", [("notebooks", {}), ("", {}), ("data/countdown", {}),
+                                          ("ELSEWHERE", {"JPY_SESSION_NAME": NOTEBOOK}),
+                                          ("ELSEWHERE", {"__vsc_ipynb_file__": NOTEBOOK})])
+def test_the_first_cell_finds_the_project_root(tmp_path, monkeypatch, start, given):
+    import sys
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.delenv("JPY_SESSION_NAME", raising=False)
+    monkeypatch.chdir(tmp_path if start == "ELSEWHERE" else os.path.join(ROOT, start))
+    ns = {k: v for k, v in given.items() if k.startswith("__")}
+    for k, v in given.items():
+        if not k.startswith("__"):
+            monkeypatch.setenv(k, v)
+    exec(code_cells()[0][0], ns)
+    assert os.getcwd() == ROOT and sys.path[0] == ROOT
+
+
+def test_the_first_cell_outside_the_project_says_where_to_start(tmp_path, monkeypatch):
+    """Before: the working directory stayed where it was; the set-up cell then failed with
+    ModuleNotFoundError: No module named 'train_base'."""
+    import sys
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.delenv("JPY_SESSION_NAME", raising=False)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(RuntimeError, match=f"{tmp_path} is not inside the project: start Jupyter "
+                                           "in the project's folder"):
+        exec(code_cells()[0][0], {})
+    assert os.getcwd() == str(tmp_path)

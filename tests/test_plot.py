@@ -129,7 +129,7 @@ def test_malformed_lines_anywhere_are_skipped_with_a_warning(tmp_path, capsys):
     assert [l["iter"] for l in plot.load_log(run)] == [0, 1, 2, 4, 5, 6, 7, 8, 9, 10]
     out = capsys.readouterr().err
     assert "log.jsonl line 4 is not valid JSON" in out and "log.jsonl line 7 is not valid JSON" in out
-    assert "a line without iter and elapsed; skipped" in out
+    assert "line 9: a line without iter (a whole number" in out
 
 
 @pytest.mark.parametrize("second_start", [0, 4])

@@ -143,7 +143,7 @@ def test_a_base_batch_beyond_the_memory_is_refused_before_iteration_0(tmp_path, 
     ("n_head = 3\n", r"training the base with base_config .*b.py: config key 'n_embd'"),
 ])
 def test_a_base_config_at_fault_is_named(tmp_path, monkeypatch, text, said):
-    """The base a fresh run trains first (runs/loading.ensure_base): its config file is named."""
+    """The base a fresh run trains first (train_grpo.train_missing_base): its config file is named."""
     conf = tmp_path / "b.py"
     out = tmp_path / "base"
     conf.write_text(f"out_dir = {str(out)!r}\nmax_iters = 1\n{text}")

@@ -112,7 +112,7 @@ def test_rollouts_record_without_its_keys_is_skipped(run, capsys):
     lines = path.read_text().splitlines(keepends=True)
     path.write_text(lines[0] + '{"iter": 7, "prompts": ["q"]}\n' + "".join(lines[1:]))
     assert attribute.load_rollouts(str(path), enc) == whole
-    assert "record 2 lacks" in capsys.readouterr().err
+    assert "line 2: the record lacks" in capsys.readouterr().err
 
 
 def _enc(run):
