@@ -17,10 +17,11 @@ gB, give every sample's LoRA gradient from ONE ordinary batched backward.
 Two samples' gradient inner product needs no materialised gradient at all
 (the "ghost" form):
 
-    <G, G'> = sum_{t,s} (g_t . g'_s) (x_t . x'_s)  cost O(T^2 (d + p)) a pair
-    or, materialised, G = g^T x, then a dot product  cost O(T d p) a sample
+    <G, G'> = sum_{t,s} (g_t . g'_s) (x_t . x'_s)  T^2 products a pair
+    or, materialised, G = g^T x, then a dot product  d p numbers a sample
 
-and ghost wins when 2 T^2 < d p (private-transformers' rule).
+and ghost is chosen when 2 T^2 < d p, comparing what each form holds
+(private-transformers' rule).
 When only <G_i, sum_j G'_j> is needed (TracIn's selection and
 attribution), the sum G' = sum_j G'_j comes from one ordinary backward of
 the summed loss, each G_i is formed from the buffers (one batched matmul
@@ -263,7 +264,8 @@ def summed_gradient(model, layer_filter=None):
                                    "back-propagate the summed loss first")
             if layer_filter is None or layer_filter in name:
                 out[name] = (a.grad.float(), b.grad.float())
-            # the next backward (the train capture) must not add into G
+            # G is read: the next backward (post-hoc: the train capture)
+            # must not add into it
             a.grad = b.grad = None
     return out
 

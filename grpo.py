@@ -72,36 +72,21 @@ class Rollouts:
     n = prompts x group_size rows, a prompt's rows adjacent.
     score_rollouts makes one with its first ten fields; a pass that adds
     a field makes a copy (dataclasses.replace)."""
-    # (n, P+T) long: prompt left-padded to P, then T completion ids
-    idx: torch.Tensor
-    # (n,) long: padding columns before each prompt
-    pad_left: torch.Tensor
-    # (n, T) long: 1 on the completion tokens the loss counts
-    mask: torch.Tensor
-    # (n,) float32: A_i, exactly 0 in a group of equal rewards
-    advantages: torch.Tensor
-    # (n,) float32: weighted reward, NaN where no function scored
-    rewards: torch.Tensor = None
-    # reward function -> n scores (NaN where it could not score)
-    per_fn: dict = None
-    # reward function -> how many completions it raised on
-    errors: dict = None
-    # e.g. 'countdown/parsed': n (rewards.parse_counts)
-    parse_counts: dict = None
-    # groups whose rewards were all equal (no learning signal)
-    n_zero_std: int = 0
-    # (n,) bool: no stop token (ran into max_new_tokens)
-    truncated: torch.Tensor = None
-    # (n, T) PASS 3's log-probs (with_reference)
-    ref_logp: torch.Tensor = None
-    # (n, T) the sampling policy's log-probs (mu > 1: grpo_updates)
-    old_logp: torch.Tensor = None
-    # (n,) TracIn: <g_i, G> (tracin.tracin_backward)
-    influence: torch.Tensor = None
-    # (n,) bool TracIn: the rows trained on
-    selected: torch.Tensor = None
-    # grpo_loss's divisors if the rows are part of a batch
-    counts: dict = field(default=None)
+    idx: torch.Tensor               # (n, P+T) long: prompt left-padded to P, then T ids
+    pad_left: torch.Tensor          # (n,) long: padding columns before each prompt
+    mask: torch.Tensor              # (n, T) long: 1 on the tokens the loss counts
+    advantages: torch.Tensor        # (n,) float32: A_i, 0 in a group of equal rewards
+    rewards: torch.Tensor = None    # (n,) float32: NaN where no function scored
+    per_fn: dict = None             # reward function -> n scores (NaN: not scored)
+    errors: dict = None             # reward function -> completions it raised on
+    parse_counts: dict = None       # e.g. 'countdown/parsed': n (rewards.parse_counts)
+    n_zero_std: int = 0             # groups of equal rewards (no learning signal)
+    truncated: torch.Tensor = None  # (n,) bool: no stop token (hit max_new_tokens)
+    ref_logp: torch.Tensor = None   # (n, T) PASS 3's log-probs (with_reference)
+    old_logp: torch.Tensor = None   # (n, T) the sampling policy's (mu > 1)
+    influence: torch.Tensor = None  # (n,) TracIn: <g_i, G> (tracin_backward)
+    selected: torch.Tensor = None   # (n,) bool TracIn: the rows trained on
+    counts: dict = None             # grpo_loss's divisors when part of a batch
 
     def __len__(self):
         return self.idx.size(0)
@@ -142,8 +127,9 @@ def batch_counts(mask):
 
 def rank_part(rollouts, micro_batch_size):
     """This rank's rows for passes 3 and 2 (all in one process): whole
-    prompts, the loss divided by the whole batch's counts and, for bnpo,
-    by every rank's micro-batches."""
+    prompts (checks/grpo_knobs.py makes batch_size divide evenly), the loss
+    divided by the whole batch's counts and, for bnpo, by every rank's
+    micro-batches."""
     rows = distributed.shard(len(rollouts))
     own_micro_batches = -(-(rows.stop - rows.start) // micro_batch_size)
     micro_batches = distributed.world_size() * own_micro_batches
@@ -154,11 +140,10 @@ def rank_part(rollouts, micro_batch_size):
 class StepResult:
     """What one step returns beside its rollouts
     (runs/metrics.step_log writes it down)."""
-    stats: dict = None  # policy_backward's sums (every rank's, every update)
-    grad_norm: float = 0.0  # before the clip; 0 when TracIn kept no rollout
-    skip_reason: str = None  # why the weights were left untouched, None: updated
-    # more log keys (TracIn's validation reward)
-    extra: dict = field(default_factory=dict)
+    stats: dict = None        # policy_backward's sums (every rank's, every update)
+    grad_norm: float = 0.0    # before the clip; 0 when TracIn kept no rollout
+    skip_reason: str = None   # why the weights were left alone; None: updated
+    extra: dict = field(default_factory=dict)  # more log keys (TracIn's val reward)
     times: dict = field(default_factory=dict)  # PhaseTimer.seconds
 
 
@@ -402,9 +387,9 @@ def policy_backward(model, batch, cfg, beta, timer=None, amp=nullcontext()):
                 stats[k] += loss_stats[k]
             stats["clipped"] += loss_stats["clipped_tokens"]
             stats["ent_sum"] += (entropy * mask[sl]).sum().item()
-            # this micro-batch's graph: the logits saved for the backward,
-            # the activations. The backward has run, so nothing else holds
-            # them; logp and entropy are (n, T)
+            # the backward has already freed this micro-batch's graph (the
+            # logits SelectiveLogSoftmax saved, the activations); these are
+            # (n, T) tensors and their graph's last nodes
             del logp, ref_logp, entropy, loss
     return stats
 

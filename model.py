@@ -37,7 +37,7 @@ What stays float32, each commented where it happens:
   - LoRA's weights and their AdamW state (lora.LoRALinear);
     their matmuls run in bf16 under autocast
   - the adapter folded in for sampling, W + s B A: summed in float32,
-    stored in the base's dtype (lora.folded_for_sampling)
+    stored in the matmul's dtype (lora.folded_for_sampling)
   - RMSNorm's statistics (model.RMSNorm)
     and RoPE's angles (model.rope_cos_sin)
   - a decode step's attention scores, probabilities and weighted values

@@ -14,8 +14,8 @@ and their update is summed from the same per-sample gradients
 
 Post-hoc (find_critical_samples;
 its command line: python -m analysis.attribute):
-every recorded rollout scored by its influence on a test answer,
-summed over the checkpoints (TracInCP).
+the rollouts given (the command line: those that moved a weight) scored by
+their influence on a test answer, summed over the checkpoints (TracInCP).
 """
 # configurator first: a Ctrl-C during the slow imports below (torch)
 # is one line, not a traceback
@@ -125,7 +125,8 @@ def tracin_backward(model, optimizer, rollouts, val_batch, cfg,
     # (the summed gradient nobody reads).
     # ghost_mode: optimizer.step() raises, no update.
     with install_ghost_hooks(model) as hooks, ghost_mode(optimizer):
-        # pass 2 and the backward: per-sample factors
+        # pass 2 and the backward: per-sample factors (the seconds of the
+        # capture phases include policy_backward's own "policy" seconds)
         with timer("grad_capture_train"):
             stats = policy_backward(model, batch, cfg, cfg["beta"], timer, amp)
         # 'summed': no hook keeps, G adds up in .grad
@@ -329,6 +330,7 @@ def find_critical_samples(model, checkpoints, train_samples, test_samples,
                 eta = learning_rates[t]
             else:
                 eta = state.get("lr", 1.0)
+            # k_t given, or checked once all iterations are known (below)
             k = checkpoint_steps[t] if checkpoint_steps is not None else 1.0
             iters.append(state.get("iter_num"))
             # its adapter and optimizer state: one checkpoint in memory

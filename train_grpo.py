@@ -70,7 +70,7 @@ from train_base import evaluate, get_lr
 out_dir = "out/grpo"
 # 'base': new LoRA on base_ckpt; 'resume': continue from out_dir/ckpt.pt
 init_from = "base"
-# base_ckpt may also be a Hugging Face directory (GPT.from_pretrained)
+# base_ckpt may also be a Hugging Face directory (pretrained/hf.from_pretrained)
 base_ckpt = "out/base/ckpt.pt"
 base_config = "config/tiny_base.py"  # trains the base when base_ckpt is missing
 # 'arith' (data/gsm_synth), 'gsm8k', 'countdown' (data/tasks.py): the base's

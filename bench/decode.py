@@ -13,7 +13,7 @@ Two rows of bench/run.py about generation, the largest phase of every GRPO step:
                 compiled (scale/compiled.py; the first, untimed step compiles).
   vs_generate   greedy sampling of the same prompts and number of new tokens with model.generate and with
                 transformers' generate, on the same random GPT-2 weights (a directory written here, read by
-                GPT.from_pretrained), at the tiny shape (4 x 128), 6 x 384 and GPT-2 small, float32 and bf16;
+                from_pretrained), at the tiny shape (4 x 128), 6 x 384 and GPT-2 small, float32 and bf16;
                 the ratio, and how many rows' tokens are identical. A note instead when transformers is missing.
                 With --compile=MODE (a torch.compile mode; 'default' = inductor's), the project's generate with
                 the decode step compiled too (scale/compiled.py): the three interleaved, once per round; the
@@ -160,7 +160,7 @@ def interleaved_calls(variants, device, repeats):
 
 
 def hf_pair(n_layer, n_head, width, vocab, block, dtype, seed, tmp):
-    """(transformers GPT2LMHeadModel, the project's GPT.from_pretrained of the same directory), in dtype."""
+    """(transformers GPT2LMHeadModel, the project's from_pretrained of the same directory), in dtype."""
     from transformers import GPT2Config, GPT2LMHeadModel
     from transformers.utils import logging
     logging.disable_progress_bar()  # save_pretrained's bars are not bench output

@@ -6,6 +6,6 @@ Llama-family) and hand its adapter back.
     tokenizer.py  the directory's byte-level BPE tokenizer as a tiktoken.Encoding, its chat format, stop ids
     export.py     python -m pretrained.export --out_dir=RUN: a peft adapter and a merged model directory
 
-Where it plugs in: GPT.from_pretrained (model.py) reads the directory through hf.py; runs/loading.load_base
+Where it plugs in: hf.from_pretrained builds model.py's GPT from a directory; runs/loading.load_base
 loads its tokenizer through pretrained/tokenizer.py. Nothing here runs inside a GRPO or TracIn step.
 """

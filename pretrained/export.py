@@ -5,7 +5,7 @@ What a run trained, in the formats other tools read (a run on a Hugging Face bas
     python -m pretrained.export --out_dir=out/qwen_grpo --merged=True   # and out/qwen_grpo/merged: W + s B A folded in
 
 The adapter loads in peft on the base it was trained on, the merged directory in transformers and in
-GPT.from_pretrained:
+pretrained/hf.from_pretrained:
     model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(BASE), "out/qwen_grpo/peft_adapter")
     model = AutoModelForCausalLM.from_pretrained("out/qwen_grpo/merged")
 

@@ -283,7 +283,7 @@ def save_peft_adapter(model, out, base_path, r, alpha, source=None):
 def save_pretrained(model, out, base_path, dtype, source=None):
     """A merged model (no LoRA layers left) as a Hugging Face directory in `dtype`: the base's
     config.json, the weights under the checkpoint's names (GPT-2's Conv1D transposed back, a tied
-    head written once), and the base's tokenizer files. GPT.from_pretrained and transformers read it."""
+    head written once), and the base's tokenizer files. from_pretrained and transformers read it."""
     from safetensors.torch import save_file
     arch, tied = model.config.arch, model.config.tie_head
     tensors = {}

@@ -1,4 +1,4 @@
-"""GPT.from_pretrained, sampling and training on Hugging Face directories, and the exported adapter,
+"""pretrained/hf.from_pretrained, sampling and training on Hugging Face directories, and the exported adapter,
 against transformers and peft on tiny random models made in a temporary directory (tests/hf_dirs.py).
 Run: python -m pytest -q tests/test_pretrained.py"""
 import json
