@@ -37,19 +37,29 @@ from lora import LoRALinear, load_lora_state_dict, lora_state_dict
 from scale import distributed
 
 
-def select_rollouts(influence, rule="positive", topk_frac=0.5):
-    """Rollouts to train on (bool): 'positive', influence > 0 (to first
-    order, training on it lowers the validation loss); 'topk', the top
-    fraction by influence."""
-    if rule == "positive":
-        return influence > 0
-    if rule == "topk":
-        k = max(1, int(round(topk_frac * influence.numel())))
-        mask = torch.zeros_like(influence, dtype=torch.bool)
-        mask[torch.topk(influence, k).indices] = True
-        return mask
-    raise UserError("tracin_selection must be 'positive' or 'topk', "
-                    f"got {rule!r}")
+def reference_solutions(enc, examples, device):
+    """The validation batch for tracin_val_loss='nll': each prompt followed
+    by its clean reference solution (nll_row, A = +1), laid out as
+    model.generate lays out rollouts: its gradient is that of the
+    solutions' negative log-likelihood, so no sampling is needed."""
+    rows = [nll_row(enc, e["question"], encode_text(enc, e["solution"]))
+            for e in examples]
+    idx, pad_left, mask, adv = rollout_batch(enc, rows, device)
+    return Rollouts(idx, pad_left, mask, adv)
+
+
+def nll_row(enc, question, completion, advantage=1.0):
+    """A question and a given completion (token ids) as a rollout row,
+    end-of-text appended, every token counted.
+    With A = +1 its GRPO loss (ratio 1, no KL) has the gradient of the
+    completion's mean negative log-likelihood, -grad mean_t log p(y_t);
+    with A = -1, minus that. TracIn's 'nll' validation rows and post-hoc
+    attribution's test answers are such rows."""
+    toks = completion + [enc.eot_token]
+    return {"prompt": question,
+            "completion_tokens": toks,
+            "completion_mask": [1] * len(toks),
+            "advantage": advantage}
 
 
 def rollout_batch(enc, samples, device):
@@ -70,31 +80,6 @@ def rollout_batch(enc, samples, device):
     adv = torch.tensor([float(s["advantage"]) for s in samples])
     idx = torch.cat([idx, comp.to(device)], 1)
     return idx, pad_left, mask.to(device), adv.to(device)
-
-
-def nll_row(enc, question, completion, advantage=1.0):
-    """A question and a given completion (token ids) as a rollout row,
-    end-of-text appended, every token counted.
-    With A = +1 its GRPO loss (ratio 1, no KL) has the gradient of the
-    completion's mean negative log-likelihood, -grad mean_t log p(y_t);
-    with A = -1, minus that. TracIn's 'nll' validation rows and post-hoc
-    attribution's test answers are such rows."""
-    toks = completion + [enc.eot_token]
-    return {"prompt": question,
-            "completion_tokens": toks,
-            "completion_mask": [1] * len(toks),
-            "advantage": advantage}
-
-
-def reference_solutions(enc, examples, device):
-    """The validation batch for tracin_val_loss='nll': each prompt followed
-    by its clean reference solution (nll_row, A = +1), laid out as
-    model.generate lays out rollouts: its gradient is that of the
-    solutions' negative log-likelihood, so no sampling is needed."""
-    rows = [nll_row(enc, e["question"], encode_text(enc, e["solution"]))
-            for e in examples]
-    idx, pad_left, mask, adv = rollout_batch(enc, rows, device)
-    return Rollouts(idx, pad_left, mask, adv)
 
 
 def tracin_backward(model, optimizer, rollouts, val_batch, cfg,
@@ -182,6 +167,21 @@ def informative_rows(batch, cfg):
     return batch.part(keep)
 
 
+def select_rollouts(influence, rule="positive", topk_frac=0.5):
+    """Rollouts to train on (bool): 'positive', influence > 0 (to first
+    order, training on it lowers the validation loss); 'topk', the top
+    fraction by influence."""
+    if rule == "positive":
+        return influence > 0
+    if rule == "topk":
+        k = max(1, int(round(topk_frac * influence.numel())))
+        mask = torch.zeros_like(influence, dtype=torch.bool)
+        mask[torch.topk(influence, k).indices] = True
+        return mask
+    raise UserError("tracin_selection must be 'positive' or 'topk', "
+                    f"got {rule!r}")
+
+
 # -----------------------------------------------------------------------------
 # post-hoc attribution over a finished run's checkpoints
 # (TracInCP, Pruthi et al. 2020)
@@ -200,60 +200,6 @@ def informative_rows(batch, cfg):
 # -mean_t log pi(y_t).
 # log pi uses logits / temperature, the run's sampling temperature
 # (0 = greedy: plain log-probs).
-
-def sample_losses(model, idx, pad_left, mask, advantages, temperature=1.0):
-    """sum_i -A_i * mean_t log pi(y_t) over completion tokens: the GRPO
-    loss at ratio 1, no KL ('grpo'), written out; its backward gives every
-    sample its own gradient in the hooks."""
-    T = mask.size(1)
-    logp, _ = completion_logprobs(model, idx, pad_left, T, temperature)  # (n, T)
-    mask = mask.to(logp.dtype)
-    return -(advantages * (logp * mask).sum(1) / mask.sum(1).clamp(min=1)).sum()
-
-
-def hook_products(model, train_chunks, test_chunks, temperature, layer_filter):
-    """One checkpoint: (<g_i, G> (n,), ||g_i||^2 (n,), ||G||^2),
-    G = sum_j g_test_j from ONE ordinary backward of the summed test loss
-    (no hooks); g_i from the hooks, chunk by chunk."""
-    model.zero_grad(set_to_none=True)
-    for c in test_chunks:  # before the hooks exist: no per-sample test buffers
-        # micro-batches add up in .grad
-        sample_losses(model, *c, temperature).backward()
-    # {layer: (G_A, G_B)}; .grad cleared for the capture
-    G = summed_gradient(model, layer_filter)
-    # ||G||^2
-    te_sq = sum(GA.pow(2).sum() + GB.pow(2).sum() for GA, GB in G.values())
-    inner, tr_sq = [], []
-    with install_ghost_hooks(model) as hooks:
-        for c in train_chunks:  # chunk by chunk: buffers stay small
-            sample_losses(model, *c, temperature).backward()
-            # G's layers only
-            train_grads = per_sample_grads(hooks.collect("train"), G.keys())
-            # the buffers: the per-sample gradients hold what is needed
-            hooks.clear("train")
-            # <g_i, G>: (chunk,)
-            inner.append(summed_inner_products(train_grads, G))
-            # ||g_i||^2: (chunk,)
-            squares = (dA.pow(2).sum((1, 2)) + dBt.pow(2).sum((1, 2))
-                       for dA, dBt in train_grads.values())
-            tr_sq.append(sum(squares))
-            del train_grads  # this chunk's per-sample gradients
-    inner = torch.cat(inner).double().cpu()  # float64 sums
-    tr_sq = torch.cat(tr_sq).double().cpu()
-    return inner, tr_sq, te_sq.double().cpu()
-
-
-def trapezoid_steps(iters):
-    """Training steps each checkpoint stands for,
-    from the iterations s_0 < ... < s_{n-1} it was saved at:
-    (s_{i+1} - s_{i-1}) / 2 with s_{-1} = s_0 and s_n = s_{n-1}
-    (trapezoid rule), so the weights add up to s_{n-1} - s_0 steps.
-    A single checkpoint stands for itself: weight 1."""
-    s = [iters[0], *iters, iters[-1]]
-    if len(iters) == 1:
-        return [1.0]
-    return [(s[i + 2] - s[i]) / 2 for i in range(len(iters))]
-
 
 def find_critical_samples(model, checkpoints, train_samples, test_samples,
                           enc, mode="memory_efficient", learning_rates=None,
@@ -377,6 +323,60 @@ def step_weights(iters):
     if known and all(a < b for a, b in zip(iters, iters[1:])):
         return trapezoid_steps(iters)
     return [1.0] * len(iters)
+
+
+def trapezoid_steps(iters):
+    """Training steps each checkpoint stands for,
+    from the iterations s_0 < ... < s_{n-1} it was saved at:
+    (s_{i+1} - s_{i-1}) / 2 with s_{-1} = s_0 and s_n = s_{n-1}
+    (trapezoid rule), so the weights add up to s_{n-1} - s_0 steps.
+    A single checkpoint stands for itself: weight 1."""
+    s = [iters[0], *iters, iters[-1]]
+    if len(iters) == 1:
+        return [1.0]
+    return [(s[i + 2] - s[i]) / 2 for i in range(len(iters))]
+
+
+def hook_products(model, train_chunks, test_chunks, temperature, layer_filter):
+    """One checkpoint: (<g_i, G> (n,), ||g_i||^2 (n,), ||G||^2),
+    G = sum_j g_test_j from ONE ordinary backward of the summed test loss
+    (no hooks); g_i from the hooks, chunk by chunk."""
+    model.zero_grad(set_to_none=True)
+    for c in test_chunks:  # before the hooks exist: no per-sample test buffers
+        # micro-batches add up in .grad
+        sample_losses(model, *c, temperature).backward()
+    # {layer: (G_A, G_B)}; .grad cleared for the capture
+    G = summed_gradient(model, layer_filter)
+    # ||G||^2
+    te_sq = sum(GA.pow(2).sum() + GB.pow(2).sum() for GA, GB in G.values())
+    inner, tr_sq = [], []
+    with install_ghost_hooks(model) as hooks:
+        for c in train_chunks:  # chunk by chunk: buffers stay small
+            sample_losses(model, *c, temperature).backward()
+            # G's layers only
+            train_grads = per_sample_grads(hooks.collect("train"), G.keys())
+            # the buffers: the per-sample gradients hold what is needed
+            hooks.clear("train")
+            # <g_i, G>: (chunk,)
+            inner.append(summed_inner_products(train_grads, G))
+            # ||g_i||^2: (chunk,)
+            squares = (dA.pow(2).sum((1, 2)) + dBt.pow(2).sum((1, 2))
+                       for dA, dBt in train_grads.values())
+            tr_sq.append(sum(squares))
+            del train_grads  # this chunk's per-sample gradients
+    inner = torch.cat(inner).double().cpu()  # float64 sums
+    tr_sq = torch.cat(tr_sq).double().cpu()
+    return inner, tr_sq, te_sq.double().cpu()
+
+
+def sample_losses(model, idx, pad_left, mask, advantages, temperature=1.0):
+    """sum_i -A_i * mean_t log pi(y_t) over completion tokens: the GRPO
+    loss at ratio 1, no KL ('grpo'), written out; its backward gives every
+    sample its own gradient in the hooks."""
+    T = mask.size(1)
+    logp, _ = completion_logprobs(model, idx, pad_left, T, temperature)  # (n, T)
+    mask = mask.to(logp.dtype)
+    return -(advantages * (logp * mask).sum(1) / mask.sum(1).clamp(min=1)).sum()
 
 
 def read_checkpoint(path):
