@@ -1,5 +1,5 @@
-# Base model for the tiny GRPO / TracIn demos: about a minute on a laptop CPU (docs/experiments.md,
-# "The same demo at 1 and 2 threads": 190 s at one thread on a busy 2-core Xeon).
+# Base model for the tiny GRPO / TracIn demos: about a minute on a laptop CPU (71 s at 2 threads,
+# 187 s at 1 on a shared 2-core Xeon: docs/experiments.md, "The same demo at 1 and 2 threads").
 # python train_base.py config/tiny_base.py
 # It has a habit for GRPO to unlearn: greedy decoding stops one step early on nearly every test
 # problem (0-3 % right), while samples at temperature 1 go on, and are right, about a third of the
