@@ -2,7 +2,7 @@
 Supervised training of the small base GPT on the task, so that GRPO has
 a policy to improve.
 
-    python train_base.py config/tiny_base.py  # < 1 minute on a 2-core CPU
+    python train_base.py config/tiny_base.py  # about a minute on a 2-core CPU
     python train_base.py config/tiny_base.py --init_from=resume
     # 2 processes (scale/distributed.py):
     torchrun --standalone --nproc_per_node=2 train_base.py config/tiny_base.py

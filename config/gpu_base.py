@@ -1,8 +1,8 @@
 # Base model for the GPU TracIn demo (config/gpu_tracin.py): a 6-layer, 384-wide GPT (~10.7 M
 # parameters) on a harder task, 3-step problems with operands up to 30, bf16 autocast on CUDA.
 # python train_base.py config/gpu_base.py   (37 s on an H100: docs/experiments.md)
-# Like tiny_base it is deliberately stopped early (and trained on 55 % early-stopping
-# solutions), so that RL has room to improve it.
+# It is deliberately stopped early (and trained on 55 % early-stopping solutions), so that RL has
+# room to improve it.
 out_dir = "out/gpu_base"
 device = "cuda"
 dtype = "bfloat16"

@@ -11,7 +11,8 @@ import subprocess
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPTS = ["countdown.sh", "countdown_defect.sh", "countdown_hack.sh", "defect.sh", "audit.sh"]
+SCRIPTS = ["countdown.sh", "countdown_defect.sh", "countdown_hack.sh", "defect.sh", "audit.sh",
+           "threads.sh"]
 FAKE = r"""#!/usr/bin/env bash
 { printf 'CALL'; printf ' <%s>' "$@"; echo; } >> "$CALLS"
 out=""
@@ -19,11 +20,12 @@ for a in "$@"; do
   case "$a" in --out_dir=*) out=${a#--out_dir=};; --out_json=*) json=${a#--out_json=};; esac
 done
 case "$1" in
-  train_grpo.py)
+  train_grpo.py|train_base.py)
     if [ -n "${STOP_IN:-}" ] && [[ "$out" == *"$STOP_IN" ]]; then
       echo "interrupted" >&2; exit 130
     fi
-    mkdir -p "$out" && touch "$out/ckpt.pt" ;;
+    mkdir -p "$out" && touch "$out/ckpt.pt" && echo "${OMP_NUM_THREADS:-}" > "$out/threads"
+    if [ "$1" = train_base.py ]; then echo "done: 8 iters in 1s, test accuracy 0.5"; fi ;;
   -c) case "$2" in *matplotlib*) exit 1;; *) echo "2.x";; esac ;;
   *) if [ "$1 $2" = "-m analysis.attribute" ]; then echo '{"result": {}}' | tr -d '\n' > "$json"; exit 0; fi
      if [ -n "${FAIL_TABLE:-}" ]; then echo "table failed" >&2; exit 1; fi; echo "| table |" ;;
@@ -124,7 +126,7 @@ def test_bad_arguments_are_refused_before_any_work(fake, tmp_path, script, key, 
     uses = {"countdown.sh": ("SEED", "OUT"), "countdown_defect.sh": ("SEEDS", "THREADS", "OUT"),
             "countdown_hack.sh": ("SEEDS", "THREADS", "OUT"),
             "defect.sh": ("SEEDS", "THREADS", "OUT"),
-            "audit.sh": ("SEEDS", "THREADS", "OUT")}[script]
+            "audit.sh": ("SEEDS", "THREADS", "OUT"), "threads.sh": ("THREADS", "OUT")}[script]
     if key not in uses:
         pytest.skip(f"{script} takes no {key}")
     (tmp_path / "runs").mkdir()
@@ -228,3 +230,32 @@ def test_audit_names_a_run_its_runs_directory_lacks(fake, tmp_path):
     assert r.stderr.strip() == (f"error: RUNS={runs} holds no run pg_s1: give the OUT of "
                                 "experiments/defect.sh run with these SEEDS, e.g. RUNS=out/cmpC")
 
+
+
+def test_threads_trains_a_base_and_the_demo_at_each_thread_count(fake, tmp_path):
+    """Per thread count, in the order given: the base into its own directory, then TracIn-GRPO on
+    that base, both at that count; after a stop the same command resumes what was started."""
+    out = str(tmp_path / "thr eads")
+    r, _ = fake("threads.sh", OUT=out, THREADS="2 1", STOP_IN="/tracin_t1")
+    assert r.returncode == 130, r.stderr
+    r, _ = fake("threads.sh", OUT=out, THREADS="2 1")
+    assert r.returncode == 0, r.stderr
+    calls = (tmp_path / "calls.txt").read_text().splitlines()
+    base = "CALL <train_base.py> <config/tiny_base.py> <--out_dir={}/base_t{}> <--init_from=resume>"
+    tracin = ("CALL <train_grpo.py> <config/tiny_tracin.py> <--base_ckpt={0}/base_t{1}/ckpt.pt> "
+              "<--out_dir={0}/tracin_t{1}>")
+    assert calls[:4] == [base.format(out, 2), tracin.format(out, 2) + " <--init_from=resume>",
+                         base.format(out, 1), tracin.format(out, 1)]
+    for run, n in [("base_t2", 2), ("tracin_t2", 2), ("base_t1", 1), ("tracin_t1", 1)]:
+        assert open(os.path.join(out, run, "threads")).read().strip() == str(n)
+    summary = open(os.path.join(out, "summary.md")).read()
+    assert "threads.sh, commit" in summary and "2,1 thread(s)" in summary
+    assert "- 2 thread(s): done: 8 iters" in summary and "| table |" in summary
+
+
+@pytest.mark.parametrize("threads, said", [("1 1", "1 is given twice"), ("1,2", '"1,2" is not'),
+                                           ("2 0", '"0" is not a whole number from 1')])
+def test_threads_refuses_a_bad_list_of_counts(fake, tmp_path, threads, said):
+    r, calls = fake("threads.sh", OUT=str(tmp_path / "o"), THREADS=threads)
+    assert r.returncode == 2 and not calls and said in r.stderr, r.stderr
+    assert not os.path.exists(tmp_path / "o")
