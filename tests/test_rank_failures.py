@@ -149,20 +149,27 @@ def test_another_error_or_one_process_is_no_lost_rank(two_ranks):
     assert distributed.lost_peer(ValueError(GLOO)) is None
 
 
+def losing_a_rank_at(n, real, join):
+    """`real`, except that its n-th call finds rank 1 gone (join: as under torchrun) and raises
+    gloo's error, as a collective does."""
+    calls = []
+
+    def call(*a, **k):
+        calls.append(1)
+        if len(calls) < n:
+            return real(*a, **k)
+        join()
+        raise RuntimeError(GLOO)
+    return call
+
+
 def test_a_grpo_run_that_loses_a_rank_says_how_to_resume(tiny_setup, tmp_path, monkeypatch,
                                                        chars_reward, two_ranks):
     import train_grpo as tg
     from test_train_grpo import run
-    out, real, calls = tmp_path / "r", tg.grpo_step, []
+    out = tmp_path / "r"
     join, pid = two_ranks
-
-    def third_loses_a_rank(*a, **k):
-        calls.append(1)
-        if len(calls) < 3:
-            return real(*a, **k)
-        join()  # as under torchrun, rank 1 gone: gloo's error in a collective
-        raise RuntimeError(GLOO)
-    monkeypatch.setattr(tg, "grpo_step", third_loses_a_rank)
+    monkeypatch.setattr(tg, "grpo_step", losing_a_rank_at(3, tg.grpo_step, join))
     with pytest.raises(UserError) as e:
         run(tiny_setup, out, "--max_iters=5", "--ckpt_interval=2")
     msg = str(e.value)
@@ -175,16 +182,9 @@ def test_a_grpo_run_that_loses_a_rank_says_how_to_resume(tiny_setup, tmp_path, m
 def test_a_base_run_that_loses_a_rank_says_how_to_resume(tmp_path, monkeypatch, two_ranks):
     import train_base as tb
     from test_train_base import ARGS
-    out, real, calls = tmp_path / "b", tb.evaluate, []
+    out = tmp_path / "b"
     join, pid = two_ranks
-
-    def second_loses_a_rank(*a, **k):
-        calls.append(1)
-        if len(calls) < 2:
-            return real(*a, **k)
-        join()
-        raise RuntimeError(GLOO)
-    monkeypatch.setattr(tb, "evaluate", second_loses_a_rank)
+    monkeypatch.setattr(tb, "evaluate", losing_a_rank_at(2, tb.evaluate, join))
     with pytest.raises(UserError) as e:
         tb.main([f"--out_dir={out}", "--max_iters=20", "--eval_interval=10", *ARGS])
     msg = str(e.value)
