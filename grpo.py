@@ -19,6 +19,16 @@ Under torchrun each rank samples and back-propagates its share, in sight:
 `distributed.split` and `gather_sampled` in sample_rollouts, `rank_part`
 in grpo_updates, `sum_grads` / `sum_stats` in update
 (scale/distributed.py; each a no-op in one process).
+
+Where the large tensors die, in step order (each place says what it frees):
+  - model.generate: each step's (N, V) logits, deleted before the next
+    forward; lora.folded_for_sampling: the folded W' copies, after pass 1;
+  - completion_logprobs: the (N, T, V) logits, freed at once without grad
+    (passes 3 and "old"), kept by SelectiveLogSoftmax for pass 2's backward;
+  - policy_backward: each micro-batch's graph, by its loss.backward();
+  - update: the LoRA .grad, by zero_grad(set_to_none=True);
+  - TracIn (tracin.tracin_backward): the per-sample gradients and G after
+    the selection, the hooks' buffers when the hooks are removed.
 """
 import math
 import time

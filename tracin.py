@@ -12,6 +12,19 @@ Only rollouts with positive influence (or the top fraction) are trained on,
 and their update is summed from the same per-sample gradients
 (no extra forward or backward).
 
+What it costs next to standard GRPO:
+  - compute: a forward and backward over the validation rows ('pg' also
+    samples and scores them, in the same generate call); each g_i formed
+    from the hooks' buffers, O(T d r) a rollout and layer; <g_i, G>,
+    O(d r). Saved: the capture forms no batch weight gradient (two matmuls
+    a layer), and the update needs no fourth pass.
+  - memory: the buffers x, h, gA, gB of every adapted layer for the whole
+    batch, n T (d_in + 2 r + d_out) numbers a layer, until collected; then
+    n r (d_in + d_out) float32 per-sample gradients. Standard GRPO frees
+    each micro-batch's activations after its backward.
+  - knobs: num_iterations 1, no gradient checkpointing, lora_dropout 0
+    (the hooks need each block's activations: checks/grpo_knobs.py).
+
 Post-hoc (find_critical_samples;
 its command line: python -m analysis.attribute):
 the rollouts given (the command line: those that moved a weight) scored by
