@@ -3,9 +3,10 @@ The parts of one GRPO step, in the order train_grpo.grpo_step runs them
 (TracIn, tracin.py, reuses them):
   make_rollouts  PASS 1 sampling (no grad, no logits kept), rewards,
                  group-relative advantages
-  grpo_updates   PASS 3 reference, then PASS 2 policy per micro-batch,
-                 the GRPO loss, backward (policy_backward),
-                 num_iterations times
+  grpo_updates   PASS 3 reference (once), then num_iterations times:
+                 PASS 2 policy per micro-batch, the GRPO loss, backward
+                 (policy_backward) and update; with num_iterations > 1
+                 the sampling policy's log-probs are taken once first
   update         the ranks' sums, clip, AdamW on the LoRA parameters;
                  skipped on any NaN/Inf
 and the math under them: compute_group_advantages, completion_logprobs,
@@ -28,7 +29,8 @@ Where the large tensors die, in step order (each place says what it frees):
   - policy_backward: each micro-batch's graph, by its loss.backward();
   - update: the LoRA .grad, by zero_grad(set_to_none=True);
   - TracIn (tracin.tracin_backward): the per-sample gradients and G after
-    the selection, the hooks' buffers when the hooks are removed.
+    the selection (the collected buffers live until the per-sample
+    gradients are formed from them).
 """
 import math
 import time
@@ -443,7 +445,7 @@ def completion_logprobs(model, idx, pad_left, T, temperature,
                 return -(r.softmax(-1) * r.log_softmax(-1)).sum(-1)
             entropy = torch.stack([row_entropy(row) for row in logits])
     # (N, T, V), the pass's largest activation: freed here without grad
-    # (passes 1 and 3); on the policy pass SelectiveLogSoftmax saved it,
+    # (pass 3, the "old" log-probs); on pass 2 SelectiveLogSoftmax saved it,
     # so autograd holds it until loss.backward() has run
     del logits
     return logp, entropy

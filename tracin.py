@@ -8,6 +8,12 @@ where standard GRPO calls grpo.grpo_updates):
 the influence of rollout i on a validation batch is <g_i, G>,
 G the gradient of the (mean) validation loss:
 a first-order estimate of how much one step on i lowers it.
+The validation loss (tracin_val_loss; train_grpo.Run.validation_batch
+builds the batch): 'pg', validation prompts sampled in the step's own
+generate call, scored by the task's own rewards (the run's may be
+hackable), their GRPO loss without KL; 'nll', their clean reference
+solutions as rows with A = +1 (reference_solutions), whose GRPO loss
+is the solutions' mean negative log-likelihood.
 Only rollouts with positive influence (or the top fraction) are trained on,
 and their update is summed from the same per-sample gradients
 (no extra forward or backward).
@@ -19,8 +25,8 @@ What it costs next to standard GRPO:
     O(d r). Saved: the capture forms no batch weight gradient (two matmuls
     a layer), and the update needs no fourth pass.
   - memory: the buffers x, h, gA, gB of every adapted layer for the whole
-    batch, n T (d_in + 2 r + d_out) numbers a layer, until collected; then
-    n r (d_in + d_out) float32 per-sample gradients. Standard GRPO frees
+    batch, n T (d_in + 2 r + d_out) numbers a layer, until the per-sample
+    gradients, n r (d_in + d_out) float32, are formed from them. Standard GRPO frees
     each micro-batch's activations after its backward.
   - knobs: num_iterations 1, no gradient checkpointing, lora_dropout 0
     (the hooks need each block's activations: checks/grpo_knobs.py).
@@ -97,15 +103,17 @@ def rollout_batch(enc, samples, device):
 
 def tracin_backward(model, optimizer, rollouts, val_batch, cfg,
                     timer=None, amp=nullcontext()):
-    """TracIn-GRPO's backward, in place of grpo.policy_backward:
+    """TracIn-GRPO's passes 3 and 2 and backward, where standard GRPO runs
+    grpo.grpo_updates (grpo_step then calls update itself):
     every rollout's LoRA gradient g_i from the hooks,
     influence_i = <g_i, G>, the selection, and the selected rollouts'
     summed gradient written into .grad from the hooks' buffers
     (no 4th pass).
     G: the gradient of the validation loss (val_batch: Rollouts),
     normalised as grpo_loss does (1/n_val for 'grpo'; g_i carries its
-    1/n too). 'summed' influence: G from ONE ordinary backward, then
-    <g_i, G>, O(T d r) per rollout; 'matrix': row sums of the [N, N_val]
+    1/n too). 'summed' influence: G from ordinary backwards (one per
+    micro-batch, adding up in .grad), then <g_i, G>, O(T d r) per
+    rollout; 'matrix': row sums of the [N, N_val]
     matrix of captured validation rows (equal up to rounding).
     Under torchrun each rank captures its rows; the selection sees every
     rank's influence.
@@ -352,8 +360,8 @@ def trapezoid_steps(iters):
 
 def hook_products(model, train_chunks, test_chunks, temperature, layer_filter):
     """One checkpoint: (<g_i, G> (n,), ||g_i||^2 (n,), ||G||^2),
-    G = sum_j g_test_j from ONE ordinary backward of the summed test loss
-    (no hooks); g_i from the hooks, chunk by chunk."""
+    G = sum_j g_test_j from ordinary backwards of the test loss, chunk by
+    chunk into .grad (no hooks); g_i from the hooks, chunk by chunk."""
     model.zero_grad(set_to_none=True)
     for c in test_chunks:  # before the hooks exist: no per-sample test buffers
         # micro-batches add up in .grad
