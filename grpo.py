@@ -29,8 +29,7 @@ Where the large tensors die, in step order (each place says what it frees):
   - policy_backward: each micro-batch's graph, by its loss.backward();
   - update: the LoRA .grad, by zero_grad(set_to_none=True);
   - TracIn (tracin.tracin_backward): the per-sample gradients and G after
-    the selection (the collected buffers live until the per-sample
-    gradients are formed from them).
+    the selection; the hooks' buffers when the hooks are removed.
 """
 import math
 import time

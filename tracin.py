@@ -25,9 +25,11 @@ What it costs next to standard GRPO:
     O(d r). Saved: the capture forms no batch weight gradient (two matmuls
     a layer), and the update needs no fourth pass.
   - memory: the buffers x, h, gA, gB of every adapted layer for the whole
-    batch, n T (d_in + 2 r + d_out) numbers a layer, until the per-sample
-    gradients, n r (d_in + d_out) float32, are formed from them. Standard GRPO frees
-    each micro-batch's activations after its backward.
+    batch, n T (d_in + 2 r + d_out) numbers a layer (with several
+    micro-batches twice, briefly, while collected), until the per-sample
+    gradients, n r (d_in + d_out) float32, are formed from them and the
+    hooks are removed. Standard GRPO frees each micro-batch's activations
+    after its backward.
   - knobs: num_iterations 1, no gradient checkpointing, lora_dropout 0
     (the hooks need each block's activations: checks/grpo_knobs.py).
 
