@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU measurements of one short session, in one command (aimed at under 8 minutes on an H100):
+# The GPU measurements in one command, short enough to run twice on a machine held for 15 minutes
 #   1. tests/test_cuda.py                       the CUDA tests
 #   2. python -m bench --rows=vs_generate,limits  sampling against transformers' generate (float32, bf16),
 #                                               and a standard step against its matmul limit
