@@ -108,17 +108,17 @@ class Rollouts:
         part's own whole-batch counts; `counts` overrides), so that the
         parts' gradients add up to the batch's. errors and n_zero_std stay
         the whole batch's."""
-        # a bool mask goes to each tensor's device
-        # (advantages stay on the CPU)
+        cpu_rows = rows.cpu() if torch.is_tensor(rows) else rows
+
         def take(v):
+            # a bool mask goes to each tensor's device (advantages: the CPU)
             if torch.is_tensor(v):
                 return v[rows.to(v.device) if torch.is_tensor(rows) else rows]
             if isinstance(v, dict):  # per_fn: a list per reward function
                 return {k: take(x) for k, x in v.items()}
-            if isinstance(v, list):
-                keep = torch.zeros(len(v), dtype=torch.bool)
-                keep[rows.cpu() if torch.is_tensor(rows) else rows] = True
-                return [x for x, k in zip(v, keep.tolist()) if k]
+            if isinstance(v, list):  # the same rows, by their positions
+                picked = torch.arange(len(v))[cpu_rows].tolist()
+                return [v[i] for i in picked]
             return v
         whole = self.counts or batch_counts(self.mask)
         per_row = ("idx", "pad_left", "mask", "advantages", "rewards",
