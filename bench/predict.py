@@ -31,7 +31,7 @@ from bench.memory import memory_variant, predicted_memory
 from lora import apply_lora, lora_parameters
 from model import GPT, GPTConfig
 from runs.checkpoint import load_checkpoint
-from pretrained.hfconfig import hf_config_args, read_json
+from pretrained.hfconfig import hf_config_args, read_object
 from checks.grpo_knobs import validate
 from scale.device import bf16_is_fast, check_device_name, check_dtype
 import train_grpo
@@ -57,7 +57,7 @@ def model_shape(base):
                         f"of a downloaded model (or a name of {', '.join(PUBLISHED)}), or measure "
                         f"this project's own models with python -m bench")
     if os.path.isfile(file):
-        return hf_config_args(read_json(file), base), file
+        return hf_config_args(read_object(file), base), file
     name = os.path.basename(os.path.normpath(base)).lower()
     if base.endswith(".pt"):  # a train_base.py checkpoint (train_grpo.py trains it if missing)
         raise UserError(f"base_ckpt={base} names a train_base.py checkpoint of this project (none "

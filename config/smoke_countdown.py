@@ -1,5 +1,5 @@
 # CPU smoke run of the countdown task end to end on a tiny model directory: prepare, sample, reward, GRPO with
-# TracIn, then analysis.attribute and pretrained/export.py on the run (tests/test_smoke.py makes the directory and runs it all).
+# TracIn, then analysis.attribute and export.py on the run (tests/test_smoke.py makes the directory and runs it all).
 # python train_grpo.py config/smoke_countdown.py --base_ckpt=DIR   (rewards may be all zero on a random model)
 out_dir = "out/smoke_countdown"
 task = "countdown"

@@ -27,7 +27,7 @@ from data.countdown import names as countdown_names
 from data.gsm8k import names as gsm8k_names
 from data.gsm_synth import names as synth_names
 from data.tokenizer import build_encoding
-from runs.rundir import check_output_dir, write_atomic
+from fileio import check_output_dir, read_json, write_atomic
 
 TASK_FILE = ".task"
 TASKS = ("arith", "gsm8k", "countdown")
@@ -221,15 +221,6 @@ def write_task_dir(out, task, splits, meta, files=None):
 
 
 # --- reading: what every script reads from a task's directory -------------------------------------
-def read_json(path):
-    """The JSON in a file; OSError if it cannot be read, ValueError if it is not JSON."""
-    with open(path) as f:
-        try:
-            return json.load(f)
-        except (ValueError, RecursionError) as e:
-            raise ValueError(f"not valid JSON ({e})") from None
-
-
 def read_tokenizer(path):
     """The tiktoken.Encoding in a tokenizer.json; OSError or ValueError if it is missing or damaged."""
     tok = read_json(path)

@@ -2,10 +2,10 @@
 Llama-family) and hand its adapter back.
 
     hf.py         config.json -> GPTConfig switches, the tensor-name table, safetensors in and out
-    hfconfig.py   config.json checked field by field (type, range, what this GPT implements); JSON read safely
+    hfconfig.py   config.json checked field by field (type, range, what this GPT implements)
     tokenizer.py  the directory's byte-level BPE tokenizer as a tiktoken.Encoding, its chat format, stop ids
-    export.py     python -m pretrained.export --out_dir=RUN: a peft adapter and a merged model directory
 
 Where it plugs in: hf.from_pretrained builds model.py's GPT from a directory; runs/loading.load_base
-loads its tokenizer through pretrained/tokenizer.py. Nothing here runs inside a GRPO or TracIn step.
+loads its tokenizer through pretrained/tokenizer.py; the command export.py writes a run's peft adapter
+and merged model with hf.py. Nothing here runs inside a GRPO or TracIn step.
 """

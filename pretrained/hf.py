@@ -17,7 +17,8 @@ import torch.nn as nn
 
 from configurator import UserError
 from model import GPT, GPTConfig
-from pretrained.hfconfig import config_dtype, hf_config_args, read_json
+from fileio import check_output_dir, pid_alive
+from pretrained.hfconfig import config_dtype, hf_config_args, read_object
 
 
 # module and tensor names here -> a Hugging Face checkpoint's, replaced in this order (GPT-2: the same)
@@ -41,7 +42,7 @@ def read_hf_config(path):
                             f"{os.path.join(path, 'ckpt.pt')}")
         raise UserError(f"{path} is not a Hugging Face model directory (no config.json)" if os.path.isdir(path)
                         else f"model directory not found: {path}")
-    return read_json(file, "model config")
+    return read_object(file, "model config")
 
 
 def hf_weight_files(path):
@@ -53,7 +54,7 @@ def hf_weight_files(path):
         found = [f for f in os.listdir(path) if f.endswith((".bin", ".pt", ".pth", ".h5", ".msgpack"))]
         raise UserError(f"{path} has no model.safetensors nor model.safetensors.index.json"
                         + (f" (found {found[0]}: only safetensors weights are read)" if found else ""))
-    weight_map = read_json(index, "safetensors index").get("weight_map")
+    weight_map = read_object(index, "safetensors index").get("weight_map")
     try:
         files = {}
         for key, name in weight_map.items():
@@ -186,24 +187,17 @@ def is_export(path):
         return False
 
 
-def check_out(out, key="out"):
-    """Refuse, before any work, a target that is not new, empty or an earlier export (runs.rundir)."""
-    from runs.rundir import check_output_dir
-    return check_output_dir(out, key, is_export, EXPORT_FILES)
-
-
 def remove_stale_partials(out):
     """Remove what an export into `out` killed outright (SIGKILL, a power cut) left beside it: its
     .<name>.<PID>.*.partial directory, model-sized; an earlier export it had moved aside
     (.partial.old) goes back to `out` if nothing is there. Only a dead process's: a live one may
     still be writing."""
-    from runs.rundir import _pid_alive
     parent, name = os.path.split(os.path.abspath(out))
     pattern = re.compile(rf"\.{re.escape(name)}\.(\d+)\.[^.]+\.partial(\.old)?")
     entries = os.listdir(parent) if os.path.isdir(parent) else []
     for entry in sorted(entries, key=lambda e: e.endswith(".old")):
         m = pattern.fullmatch(entry)
-        if not m or int(m.group(1)) == os.getpid() or _pid_alive(int(m.group(1))):
+        if not m or int(m.group(1)) == os.getpid() or pid_alive(int(m.group(1))):
             continue
         stale = os.path.join(parent, entry)
         if m.group(2) and not os.path.lexists(out):
@@ -224,7 +218,7 @@ def new_directory(out):
     directory) is replaced."""
     import tempfile
     remove_stale_partials(out)
-    check_out(out)
+    check_output_dir(out, "out", is_export, EXPORT_FILES)  # new, empty or an earlier export
     parent, name = os.path.split(os.path.abspath(out))
     os.makedirs(parent, exist_ok=True)
     return tempfile.mkdtemp(prefix=f".{name}.{os.getpid()}.", suffix=".partial", dir=parent)
@@ -237,7 +231,7 @@ def finish_directory(tmp, out, source):
         json.dump({"written_by": "pretrained.export", **(source or {})}, f, indent=1)
     old = None
     try:
-        if check_out(out):  # checked again: it may have changed while the model was written
+        if check_output_dir(out, "out", is_export, EXPORT_FILES):  # again: changed while we wrote?
             old = tmp + ".old"
             os.rename(out, old)
         os.rename(tmp, out)  # onto an empty directory or none (a filled one raises: never overwritten)

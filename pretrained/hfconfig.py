@@ -4,32 +4,31 @@ range this project's GPT implements, else one line naming the file, the key, the
 allowed. A value that passed unchecked would reach the model as a traceback (a layer count written
 as a string), or worse, as a different model (the string "false" is truthy: a tied head).
 
-    read_json(file)               -> the JSON object in file (one-line errors, deep nesting included)
+    read_object(file)             -> the JSON object in file (one-line errors, deep nesting included)
     hf_config_args(config, path)  -> GPTConfig arguments (model.py), or UserError
     config_dtype(config, path)    -> the float dtype the weights are stored in
 """
-import json
 import math
 
 import torch
 
 from configurator import UserError
+from fileio import read_json
 
 # transformers' dtype names a directory may store weights in; an integer dtype means quantized weights,
 # which this GPT would read as plain numbers (truncated, unscaled)
 FLOAT_DTYPES = ("float32", "float16", "bfloat16", "float64")
 
 
-def read_json(file, what="JSON object"):
-    """The JSON object in `file`. Every failure is one line naming the file: unreadable, not UTF-8, not
-    JSON, nested so deep that Python's parser recurses out (RecursionError), or not an object."""
+def read_object(file, what="JSON object"):
+    """The JSON object in `file` (fileio.read_json), refused in one line naming the file: unreadable,
+    not JSON (not UTF-8, or nested so deep that Python's parser recurses out), or not an object."""
     try:
-        with open(file, encoding="utf-8") as f:
-            obj = json.load(f)
-    except (OSError, ValueError) as e:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        obj = read_json(file)
+    except OSError as e:
         raise UserError(f"{file} cannot be read as JSON ({type(e).__name__}: {str(e)[:120]})") from None
-    except RecursionError:
-        raise UserError(f"{file} is nested too deeply to be a {what}: the file is damaged") from None
+    except ValueError as e:
+        raise UserError(f"{file} is {str(e)[:140]}: the file is damaged") from None
     if not isinstance(obj, dict):
         raise UserError(f"{file} is not a {what} (a JSON object); found a JSON {type(obj).__name__}")
     return obj

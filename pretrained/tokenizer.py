@@ -25,7 +25,7 @@ import regex  # tiktoken's own dependency, for the special-token split below
 import tiktoken
 
 from configurator import UserError
-from pretrained.hfconfig import read_json, shown
+from pretrained.hfconfig import read_object, shown
 
 SUPPORTED = "only byte-level BPE (GPT-2, Qwen2, SmolLM2, Llama 3) is supported"
 GPT2_PAT = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
@@ -50,7 +50,7 @@ BYTE_OF_CHAR = {c: b for b, c in _bytes_to_unicode().items()}
 
 def _json(path):
     """The JSON object in path, or None if there is no such file."""
-    return read_json(path) if os.path.isfile(path) else None
+    return read_object(path) if os.path.isfile(path) else None
 
 
 def _read_text(path):

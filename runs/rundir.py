@@ -7,7 +7,6 @@ Run directories (out_dir): one process at a time, nothing half-written, logs tha
     rows = read_jsonl(path)              # a line cut off by a crash is dropped with a warning
     rewind(out_dir, iter_num)            # resume: drop what was written after the checkpoint
     stop_note(script, out_dir, last_ckpt)  # Ctrl-C or a full disk: the command that goes on from there
-    check_output_dir(path, key, ours)    # export, data preparation: never a directory someone else made
 """
 import glob
 import json
@@ -15,28 +14,15 @@ import os
 import re
 import shlex
 import sys
-import tempfile
 from contextlib import contextmanager
 
 from configurator import UserError
+from fileio import pid_alive, write_atomic
 
 LOCK_NAME = "run.lock"
 MAX_ITER = 2 ** 53  # a larger iter is damage: as a float (a figure's axis) it loses its neighbours
 _held = set()  # lock paths this process holds: a nested lock on the same directory is a no-op
 
-
-def _pid_alive(pid):
-    try:
-        os.kill(pid, 0)  # signal 0: no signal sent, only "does this process exist?"
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # it exists, owned by another user
-    try:  # Linux: a killed process not yet reaped by its parent (a zombie) holds nothing
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return True
 
 
 def _command(pid):
@@ -120,7 +106,7 @@ def run_lock(out_dir, busy="wait for it to end, or use another --out_dir"):
                     break
                 except FileExistsError:
                     pid = _lock_pid(path)
-                    if pid > 0 and pid != os.getpid() and _pid_alive(pid):
+                    if pid > 0 and pid != os.getpid() and pid_alive(pid):
                         hint = (f"if PID {pid}{_command(pid)} is not a run, the lock may be stale "
                                 f"(its PID reused after a crash): remove {path}")
                         raise UserError(f"{out_dir} is in use by another run (PID {pid}); {busy}; "
@@ -162,36 +148,6 @@ def reader_lock(out_dir, writes_there):
     with run_lock(out_dir):
         yield
 
-
-def check_output_dir(path, key, ours, own_names=()):
-    """Whether a command may write the directory `path` (key: its name for messages), decided before any
-    work: False where it is new (or an empty directory: nothing to lose), True where it exists and
-    ours(path) says this command wrote it (it may be replaced). Anything else is refused in one line: a
-    file, a symbolic link, a directory someone else filled (named: first the files not in own_names,
-    the names this command writes), a place that takes no new file."""
-    if not path:
-        raise UserError(f"{key} is empty: give a directory")
-    if os.path.islink(path):
-        raise UserError(f"{key} {path} is a symbolic link: it is never replaced; give another path")
-    if os.path.exists(path) and not os.path.isdir(path):
-        raise UserError(f"{key} {path} is a file: it is never overwritten; give another path")
-    if os.path.isdir(path) and os.listdir(path) and not ours(path):
-        names = sorted(os.listdir(path), key=lambda n: (n in own_names, n))  # another's files first
-        more = f" and {len(names) - 8} more" if len(names) > 8 else ""
-        raise UserError(f"{key} {path} exists and holds files this command did not write "
-                        f"({', '.join(names[:8])}{more}): nothing there is overwritten; "
-                        f"give another path, or remove it")
-    existing = os.path.dirname(os.path.abspath(path))  # the new directory goes beside the target, first
-    while not os.path.exists(existing):                 # as a temporary one: where it will be created
-        existing = os.path.dirname(existing)
-    try:
-        if not os.path.isdir(existing):
-            raise NotADirectoryError(20, "Not a directory")
-        tempfile.TemporaryFile(dir=existing).close()
-    except OSError as e:
-        raise UserError(f"cannot write {key} {path}: {existing} takes no new file ({e.strerror or e}); give a "
-                        f"path in a writable directory") from None
-    return os.path.isdir(path) and bool(os.listdir(path))
 
 
 RUN_FILES = ("ckpt.pt", "ckpt_[0-9]*.pt", "log.jsonl", "rollouts.jsonl")  # what a train_grpo.py run writes
@@ -272,21 +228,6 @@ def numbered_jsonl(path):
             rows.append((n, row))
     return rows
 
-
-def write_atomic(path, text, what="the task data"):
-    """Write via a temporary file and a rename: an interrupted write never leaves a half file under
-    path. A failed write (a full disk) removes the temporary file and names path. The project's one
-    text write of this kind (task data, a resumed run's JSONL, post-hoc results' JSON;
-    checkpoints: model.save_checkpoint)."""
-    tmp = f"{path}.{os.getpid()}.tmp"
-    try:
-        with open(tmp, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except OSError as e:
-        if os.path.lexists(tmp):
-            os.remove(tmp)
-        raise OSError(e.errno, f"{e.strerror or e} (writing {what})", path) from None
 
 
 def truncate_jsonl(path, max_iter):

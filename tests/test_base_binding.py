@@ -19,7 +19,7 @@ from analysis import attribute  # noqa: E402
 from configurator import UserError  # noqa: E402
 from hf_dirs import make_dir, write_config  # noqa: E402
 from runs.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
-from pretrained import export  # noqa: E402
+import export  # noqa: E402
 import runs.loading  # noqa: E402
 import sample  # noqa: E402
 

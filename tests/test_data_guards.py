@@ -28,6 +28,7 @@ from data.countdown.solutions import all_tries, max_solutions, max_tries, search
 from data.curriculum import parse_levels
 from data.gsm8k import prepare as gsm8k
 from data.gsm_synth import prepare as synth
+from fileio import write_atomic
 from runs.checkpoint import load_checkpoint, save_checkpoint
 from checks.grpo_knobs import validate as validate_grpo
 from test_task_data import TEST, TRAIN, write_gsm8k
@@ -307,7 +308,7 @@ def test_a_write_that_fails_removes_its_temporary_file(tmp_path, monkeypatch):
         raise OSError(28, "No space left on device")
     monkeypatch.setattr(os, "replace", to_full)
     with pytest.raises(OSError) as e:
-        datadir.write_atomic(str(tmp_path / "train.jsonl"), "x" * 100)
+        write_atomic(str(tmp_path / "train.jsonl"), "x" * 100)
     monkeypatch.setattr(os, "replace", real_replace)
     assert e.value.filename == str(tmp_path / "train.jsonl") and e.value.errno == 28
     assert os.listdir(tmp_path) == []

@@ -44,7 +44,7 @@ def interrupt_during_import(tmp_path, argv, slow):
 
 
 @pytest.mark.parametrize("argv, slow", [
-    (["-m", "pretrained.export", "--out_dir=x"], "torch"),
+    (["export.py", "--out_dir=x"], "torch"),
     (["-m", "analysis.countdown_demo", "x"], "torch"),
     (["-m", "bench.predict", "config/gsm8k_qwen15b.py"], "torch"),
     (["-m", "bench"], "torch"),

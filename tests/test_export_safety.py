@@ -1,4 +1,4 @@
-# `python -m pretrained.export` when something else happens at the same time: a second export into
+# `python export.py` when something else happens at the same time: a second export into
 # the same
 # directory (refused: the directory is taken), a merged model a run may be trained on (never
 # replaced, refused
@@ -20,7 +20,8 @@ import pytest
 pytest.importorskip("transformers", reason="transformers writes the tiny test model directories")
 pytest.importorskip("tokenizers", reason="tokenizers trains the test tokenizers")
 from configurator import UserError  # noqa: E402
-from pretrained import export, hf  # noqa: E402
+import export  # noqa: E402
+from pretrained import hf  # noqa: E402
 from test_output_safety import hf_run, no_load, tree  # noqa: E402,F401 (fixtures)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -52,7 +53,7 @@ def test_a_second_export_into_the_same_directory_meanwhile_is_refused(hf_run, tm
 def test_an_export_in_another_process_holds_the_directory_until_it_ends(hf_run, tmp_path, no_load):
     _, run = hf_run
     out = str(tmp_path / "merged")
-    code = (f"import time\nfrom pretrained.export import claimed\n"
+    code = (f"import time\nfrom export import claimed\n"
             f"with claimed({out!r}, 'merged_dir'):\n print('held', flush=True)\n time.sleep(60)")
     holder = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE,
                               text=True)
@@ -103,7 +104,7 @@ def slow(tensors, path, metadata=None):  # half a file written, then the process
     time.sleep(60)
 safetensors.torch.save_file = slow
 from configurator import cli_main
-from pretrained import export
+import export  # noqa: E402
 cli_main(export.main, sys.argv[1:])
 """
 

@@ -2,7 +2,7 @@
 # same instant (a barrier releases them together), on a free directory and on one holding a stale lock
 # (a dead PID); in every trial exactly one must hold it. Run: python -m pytest tests/test_lock_race.py -q
 # Reference: the count of holders, recorded by each holder while all the others are still trying.
-# The export lock (pretrained/export.claimed): a lock file its holder removed as it let go is not held.
+# The export lock (export.claimed): a lock file its holder removed as it let go is not held.
 import multiprocessing
 import os
 import random
@@ -109,7 +109,7 @@ def test_an_export_lock_file_its_holder_just_removed_is_not_held(tmp_path, monke
     removed file and holds nothing, so the export takes it again on the file at the path; a second
     export meanwhile is refused."""
     import fcntl
-    from pretrained import export
+    import export
     target, lock = tmp_path / "adapter", tmp_path / ".adapter.export.lock"
     real, opened = fcntl.flock, []
 

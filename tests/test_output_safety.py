@@ -1,4 +1,4 @@
-# Nothing a user made is removed or overwritten by `python -m pretrained.export`: every clash of an output
+# Nothing a user made is removed or overwritten by `python export.py`: every clash of an output
 # path (a file, a filled directory, a symbolic link, a place that takes no file, two outputs on one path, a
 # checkpoint of another run) is refused before the model is loaded and before anything is written; a
 # user's <target>.tmp survives; an export while the run is locked is refused; the iteration is named.
@@ -16,7 +16,8 @@ pytest.importorskip("transformers", reason="transformers writes the tiny test mo
 pytest.importorskip("tokenizers", reason="tokenizers trains the test tokenizers")
 from configurator import UserError  # noqa: E402
 from hf_dirs import make_dir  # noqa: E402
-from pretrained import export, hf  # noqa: E402
+import export  # noqa: E402
+from pretrained import hf  # noqa: E402
 from runs import rundir  # noqa: E402
 
 

@@ -250,7 +250,7 @@ def test_tracin_cli_attributes_on_a_directory_run(run):
 
 def test_exported_adapter_gives_the_projects_logits_in_peft(run, dirs):
     peft = pytest.importorskip("peft", reason="peft is the test-only reference for adapters (installed by .ci/run)")
-    from pretrained import export
+    import export
     from runs.loading import load_policy
     from transformers import AutoModelForCausalLM
     export.main([f"--out_dir={run}", "--merged=True"])
@@ -279,7 +279,7 @@ def test_gpt2_adapter_on_conv1d_layers_loads_in_peft(dirs, tmp_path, chars_rewar
     """GPT-2's c_attn / c_proj / c_fc are Conv1D in transformers ((in, out) weights): peft adapts them
     with fan_in_fan_out, and computes what this project's nn.Linear + LoRA computes."""
     peft = pytest.importorskip("peft", reason="peft is the test-only reference for adapters (installed by .ci/run)")
-    from pretrained import export
+    import export
     import train_grpo
     from data.gsm_synth.prepare import prepare
     from runs.loading import load_policy
@@ -308,7 +308,7 @@ def test_a_run_directory_given_as_a_model_directory_is_named(tmp_path):
 
 
 def test_export_refuses_a_run_on_the_tiny_base(tiny_setup, tmp_path, chars_reward):
-    from pretrained import export
+    import export
     import train_grpo
     train_grpo.main([f"--base_ckpt={tiny_setup}", f"--out_dir={tmp_path}/run", "--max_iters=1", "--batch_size=2",
                      "--group_size=2", "--eval_n=2", "--max_new_tokens=8"])

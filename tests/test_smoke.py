@@ -1,6 +1,6 @@
 """The real tasks end to end on a tiny random Qwen2-style directory (tests/hf_dirs.py), with the smoke
 configs: prepare (GSM8K from a fixture in the official format; Countdown generated), sample.py, the
-task's rewards, GRPO with TracIn, tracin.py's post-hoc attribution and pretrained/export.py. A random model
+task's rewards, GRPO with TracIn, tracin.py's post-hoc attribution and export.py. A random model
 scores 0 on the task, so a length reward ("chars") is added to give the groups an advantage to learn
 from; the task's own rewards still score every completion. Run: python -m pytest -q tests/test_smoke.py"""
 import glob
@@ -14,7 +14,7 @@ import pytest
 pytest.importorskip("transformers", reason="transformers writes the tiny model directory (installed by .ci/run)")
 pytest.importorskip("tokenizers", reason="tokenizers trains its tokenizer (installed by .ci/run)")
 from analysis import attribute
-from pretrained import export  # noqa: E402
+import export  # noqa: E402
 import tracin  # noqa: E402
 import train_grpo  # noqa: E402
 from hf_dirs import make_dir  # noqa: E402

@@ -1,8 +1,8 @@
 """
 What a run trained, in the formats other tools read (a run on a Hugging Face base directory):
 
-    python -m pretrained.export --out_dir=out/qwen_grpo                 # out/qwen_grpo/peft_adapter: a peft adapter
-    python -m pretrained.export --out_dir=out/qwen_grpo --merged=True   # and out/qwen_grpo/merged: W + s B A folded in
+    python export.py --out_dir=out/qwen_grpo                 # out/qwen_grpo/peft_adapter: a peft adapter
+    python export.py --out_dir=out/qwen_grpo --merged=True   # and out/qwen_grpo/merged: W + s B A folded in
 
 The adapter loads in peft on the base it was trained on, the merged directory in transformers and in
 pretrained/hf.from_pretrained:
@@ -25,7 +25,9 @@ import signal
 import sys
 from contextlib import ExitStack, contextmanager
 
-from pretrained.hf import EXPORT_MARK, check_out, hf_dtype, save_peft_adapter, save_pretrained
+from fileio import check_output_dir
+from pretrained.hf import EXPORT_FILES, EXPORT_MARK, hf_dtype, is_export
+from pretrained.hf import save_peft_adapter, save_pretrained
 from lora import LoRALinear, merge_lora
 from runs.checkpoint import load_checkpoint
 from runs.base import resolve_base
@@ -72,7 +74,7 @@ def output_dirs(cfg, run):
             raise UserError(f"--adapter_dir={adapter_dir} and --merged_dir={merged_dir} are the same directory or "
                             f"one holds the other: give two separate directories")
     replaced = [d for key, d in (("adapter_dir", adapter_dir), ("merged_dir", merged_dir))
-                if d and check_out(d, key)]
+                if d and check_output_dir(d, key, is_export, EXPORT_FILES)]
     if merged_dir in replaced:
         raise UserError(f"merged_dir {merged_dir} holds an earlier merged model "
                         f"({exported_from(merged_dir)}); a run trained on it "
