@@ -28,7 +28,7 @@ from contextlib import ExitStack, contextmanager
 from fileio import check_output_dir
 from pretrained.hf import EXPORT_FILES, EXPORT_MARK, hf_dtype, is_export
 from pretrained.hf import save_peft_adapter, save_pretrained
-from lora import LoRALinear, merge_lora
+from lora import lora_modules, merge_lora
 from runs.checkpoint import load_checkpoint
 from runs.base import resolve_base
 from runs.rundir import run_lock
@@ -212,7 +212,7 @@ def export(cfg, path, adapter_dir, merged_dir, replaced):
     with written(adapter_dir, "adapter_dir"):
         r, alpha = run_cfg["lora_r"], run_cfg["lora_alpha"]
         save_peft_adapter(model, adapter_dir, base, r, alpha, source)
-    n = sum(isinstance(m, LoRALinear) for m in model.modules())
+    n = len(lora_modules(model))
     print(f"wrote {adapter_dir}{again(adapter_dir)}: peft LoRA adapter of {said} (r={run_cfg['lora_r']}, "
           f"{n} layers, on {base})")
     if merged_dir:

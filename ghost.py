@@ -39,7 +39,7 @@ from contextlib import contextmanager
 import torch
 
 from configurator import UserError
-from lora import LoRALinear
+from lora import lora_modules
 
 
 class GhostHooks:
@@ -72,16 +72,15 @@ class GhostHooks:
         # weights: LoRA weight -> its requires_grad before,
         # put back by remove()
         self.handles, self.weights = [], {}
-        for name, m in model.named_modules():
-            if isinstance(m, LoRALinear):
-                # a dropped x is not the gradient's x
-                if m.lora_dropout.p > 0 and m.training:
-                    raise UserError("ghost hooks need lora_dropout=0")
-                hook_A = m.lora_A.register_forward_hook(self._hook_A(name))
-                hook_B = m.lora_B.register_forward_hook(self._hook_B(name))
-                self.handles += [hook_A, hook_B]
-                weights = (m.lora_A.weight, m.lora_B.weight)
-                self.weights |= {w: w.requires_grad for w in weights}
+        for name, m in lora_modules(model).items():
+            # a dropped x is not the gradient's x
+            if m.lora_dropout.p > 0 and m.training:
+                raise UserError("ghost hooks need lora_dropout=0")
+            hook_A = m.lora_A.register_forward_hook(self._hook_A(name))
+            hook_B = m.lora_B.register_forward_hook(self._hook_B(name))
+            self.handles += [hook_A, hook_B]
+            weights = (m.lora_A.weight, m.lora_B.weight)
+            self.weights |= {w: w.requires_grad for w in weights}
         if not self.handles:
             raise UserError("no LoRA layers to hook: "
                             "call lora.apply_lora(model, ...) first")
@@ -256,17 +255,16 @@ def summed_gradient(model, layer_filter=None):
     sample_losses), sum_j grad L_j / n_val for GRPO's validation loss
     ('grpo')."""
     out = {}
-    for name, m in model.named_modules():
-        if isinstance(m, LoRALinear):
-            a, b = m.lora_A.weight, m.lora_B.weight
-            if a.grad is None or b.grad is None:
-                raise RuntimeError(f"no gradient in {name}: "
-                                   "back-propagate the summed loss first")
-            if layer_filter is None or layer_filter in name:
-                out[name] = (a.grad.float(), b.grad.float())
-            # G is read: the next backward (post-hoc: the train capture)
-            # must not add into it
-            a.grad = b.grad = None
+    for name, m in lora_modules(model).items():
+        a, b = m.lora_A.weight, m.lora_B.weight
+        if a.grad is None or b.grad is None:
+            raise RuntimeError(f"no gradient in {name}: "
+                               "back-propagate the summed loss first")
+        if layer_filter is None or layer_filter in name:
+            out[name] = (a.grad.float(), b.grad.float())
+        # G is read: the next backward (post-hoc: the train capture)
+        # must not add into it
+        a.grad = b.grad = None
     return out
 
 
@@ -303,12 +301,11 @@ def subset_gradients(model, grads, weights):
     the selected rollouts needs no extra forward or backward, one
     (n,) x (n, r d) product per factor.
     weights: (n,) bool (kept or not) or float."""
-    for name, m in model.named_modules():
-        if isinstance(m, LoRALinear):
-            dA, dBt = grads[name]
-            w = weights.to(dA.device, torch.float32)
-            A, B = m.lora_A.weight, m.lora_B.weight
-            gA = (w @ dA.flatten(1)).view(dA.shape[1:])     # (r, d_in)
-            gB = (w @ dBt.flatten(1)).view(dBt.shape[1:]).T  # (d_out, r)
-            A.grad = gA.to(A.dtype)
-            B.grad = gB.to(B.dtype)
+    for name, m in lora_modules(model).items():
+        dA, dBt = grads[name]
+        w = weights.to(dA.device, torch.float32)
+        A, B = m.lora_A.weight, m.lora_B.weight
+        gA = (w @ dA.flatten(1)).view(dA.shape[1:])     # (r, d_in)
+        gB = (w @ dBt.flatten(1)).view(dBt.shape[1:]).T  # (d_out, r)
+        A.grad = gA.to(A.dtype)
+        B.grad = gB.to(B.dtype)

@@ -53,6 +53,11 @@ class LoRALinear(nn.Module):
         u = self.lora_B(self.lora_A(self.lora_dropout(x)))
         return out + (u * self.scaling).to(out.dtype)
 
+    def delta(self):
+        """s B A, the update folded into W (folded_for_sampling, merge_lora):
+        (d_out, d_in), float32 like A and B."""
+        return (self.lora_B.weight @ self.lora_A.weight) * self.scaling
+
 
 def apply_lora(model, r=8, alpha=16, dropout=0.0,
                targets=("c_attn", "c_proj", "c_fc")):
@@ -97,7 +102,8 @@ def apply_lora(model, r=8, alpha=16, dropout=0.0,
 
 
 def lora_modules(model):
-    return [m for m in model.modules() if isinstance(m, LoRALinear)]
+    """{name: LoRALinear}, in the model's order."""
+    return {n: m for n, m in model.named_modules() if isinstance(m, LoRALinear)}
 
 
 def lora_parameters(model):
@@ -130,7 +136,7 @@ def load_lora_state_dict(model, sd):
 def disable_lora(model):
     """Run the base model through the same module objects: GRPO's reference
     policy costs no second copy of the weights."""
-    mods = lora_modules(model)
+    mods = list(lora_modules(model).values())
     previous = [m.disabled for m in mods]
     for m in mods:
         m.disabled = True
@@ -148,13 +154,12 @@ def folded_for_sampling(model):
     sampling runs (memory: the adapted weights once more, in the matmul's
     dtype: autocast's, else the base's); W, A and B are never written,
     so nothing drifts however often it folds."""
-    mods = [m for m in lora_modules(model) if not m.disabled]
+    mods = [m for m in lora_modules(model).values() if not m.disabled]
     kind = next(model.parameters()).device.type
     autocast = torch.is_autocast_enabled(kind)
     with torch.no_grad():  # W' is a constant
         for m in mods:
-            # (d_out, d_in), float32
-            delta = (m.lora_B.weight @ m.lora_A.weight) * m.scaling
+            delta = m.delta()  # (d_out, d_in), float32
             if autocast:
                 dtype = torch.get_autocast_dtype(kind)
             else:
@@ -171,14 +176,12 @@ def folded_for_sampling(model):
 def merge_lora(model):
     """Fold W <- W + s * B A into each base layer and drop the adapters
     (for fast inference)."""
-    for name, m in list(model.named_modules()):
-        if isinstance(m, LoRALinear):
-            # a new tensor, not +=: the base weight may be shared
-            # (lm_head is tied to wte); float32, then the base's dtype
-            W = m.base.weight
-            delta = (m.lora_B.weight @ m.lora_A.weight) * m.scaling
-            merged = (W + delta).to(W.dtype)
-            m.base.weight = nn.Parameter(merged, requires_grad=W.requires_grad)
-            parent_name, _, child = name.rpartition(".")
-            setattr(model.get_submodule(parent_name), child, m.base)
+    for name, m in lora_modules(model).items():
+        # a new tensor, not +=: the base weight may be shared
+        # (lm_head is tied to wte); float32, then the base's dtype
+        W = m.base.weight
+        merged = (W + m.delta()).to(W.dtype)
+        m.base.weight = nn.Parameter(merged, requires_grad=W.requires_grad)
+        parent_name, _, child = name.rpartition(".")
+        setattr(model.get_submodule(parent_name), child, m.base)
     return model

@@ -18,6 +18,7 @@ import torch.nn as nn
 from configurator import UserError
 from model import GPT, GPTConfig
 from fileio import check_output_dir, pid_alive
+from lora import lora_modules
 from pretrained.hfconfig import config_dtype, hf_config_args, read_object
 
 
@@ -251,7 +252,7 @@ def save_peft_adapter(model, out, base_path, r, alpha, source=None):
     matrices and scale by lora_alpha / r, as lora.LoRALinear does."""
     from safetensors.torch import save_file
     arch = model.config.arch
-    theirs = {hf_name(n, arch): m for n, m in model.named_modules() if hasattr(m, "lora_A")}  # lora.LoRALinear
+    theirs = {hf_name(n, arch): m for n, m in lora_modules(model).items()}
     leaves = sorted({n.rsplit(".", 1)[-1] for n in theirs})
     same_leaf = {hf_name(n, arch) for n, m in model.named_modules() if n.rsplit(".", 1)[-1] in leaves
                  and (hasattr(m, "lora_A") or isinstance(m, nn.Linear)) and ".lora_" not in n}

@@ -45,7 +45,7 @@ def logits(model, idx):
 def perturb_lora(model, seed=0, std=0.1):
     """Make every adapter non-zero (lora_B starts at 0)."""
     g = torch.Generator().manual_seed(seed)
-    for m in lora_modules(model):
+    for m in lora_modules(model).values():
         m.lora_B.weight.copy_(torch.randn(m.lora_B.weight.shape, generator=g) * std)
 
 
@@ -86,16 +86,16 @@ def test_disable_lora_restores_state_on_error_and_when_nested(tiny_gpt):
     with pytest.raises(RuntimeError):
         with disable_lora(tiny_gpt):
             raise RuntimeError("boom")
-    assert all(not m.disabled for m in lora_modules(tiny_gpt))
+    assert all(not m.disabled for m in lora_modules(tiny_gpt).values())
     assert torch.equal(logits(tiny_gpt, idx), adapted)
     with disable_lora(tiny_gpt):
         base_out = logits(tiny_gpt, idx)
         with disable_lora(tiny_gpt):
             pass
         # leaving the inner context must not re-enable the adapters of the outer one
-        assert all(m.disabled for m in lora_modules(tiny_gpt))
+        assert all(m.disabled for m in lora_modules(tiny_gpt).values())
         assert torch.equal(logits(tiny_gpt, idx), base_out)
-    assert all(not m.disabled for m in lora_modules(tiny_gpt))
+    assert all(not m.disabled for m in lora_modules(tiny_gpt).values())
 
 
 # ------------------------------------------------------------------------------------------

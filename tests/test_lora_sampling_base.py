@@ -27,11 +27,11 @@ def trained_looking(family):
                 p.mul_(4.0)  # peaked logits: the tokens follow the weights, not the uniforms alone
     apply_lora(model, 4, 8, 0.0, ("c_attn", "c_fc", "q_proj", "v_proj", "up_proj"))
     with torch.no_grad():
-        for m in lora_modules(model):
+        for m in lora_modules(model).values():
             m.lora_B.weight.normal_(0, 0.5)
     base = copy.deepcopy(model)
     with torch.no_grad():
-        for m in lora_modules(base):
+        for m in lora_modules(base).values():
             m.lora_A.weight.zero_()
             m.lora_B.weight.zero_()
     return model.eval(), base.eval()
