@@ -203,13 +203,13 @@ def ghost_mode(optimizer):
 def outer_product_sum(x, g):
     """One linear map's materialised gradient per sample: sum_t g_t x_t^T.
     (n, T, d), (n, T, p) -> (n, p, d)."""
-    return torch.einsum("ntp,ntd->npd", g.float(), x.float())
+    return torch.einsum("ntp,ntd->npd", g.float(), x.float())  # float32 from bf16 buffers
 
 
 def ghost_inner_products(x1, g1, x2, g2, chunk=16):
     """<G1_i, G2_j> = sum_{t,s} (g1_it . g2_js)(x1_it . x2_js)
     without forming G. -> (n1, n2)"""
-    x2, g2 = x2.float(), g2.float()
+    x2, g2 = x2.float(), g2.float()  # float32 products from bf16 buffers
     out = []
     # chunks bound the (c, n2, T, T) intermediate
     for i in range(0, x1.size(0), chunk):
@@ -261,7 +261,7 @@ def summed_gradient(model, layer_filter=None):
             raise RuntimeError(f"no gradient in {name}: "
                                "back-propagate the summed loss first")
         if layer_filter is None or layer_filter in name:
-            out[name] = (a.grad.float(), b.grad.float())
+            out[name] = (a.grad.float(), b.grad.float())  # G: float32
         # G is read: the next backward (post-hoc: the train capture)
         # must not add into it
         a.grad = b.grad = None

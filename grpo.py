@@ -586,19 +586,27 @@ def grpo_loss(logp, old_logp, ref_logp, advantages, mask,
 def update(model, optimizer, cfg, stats, apply=True, timer=None):
     """7: the ranks' gradients and `stats` summed (in place; nothing to do
     in one process), clip, AdamW on the LoRA parameters.
-    apply=False (TracIn kept no rollout): no clip, no AdamW step, whose
-    moments would still move the adapter on a zero gradient.
+    apply=False (TracIn kept no rollout, or its influence was not finite):
+    no clip, no AdamW step, whose moments would still move the adapter on
+    a zero gradient.
     -> (grad norm, skip reason).
-    NaN/Inf: a non-finite loss or gradient norm leaves the weights and the
-    AdamW state untouched, the step logged as skipped (skip_reason);
-    grpo_updates stops the generation's remaining updates (earlier ones
-    stay applied); train_grpo.Run.train stops the run after
-    max_skipped_steps in a row. The step still counts as an iteration:
-    the schedule advances and its rollouts are recorded (marked skipped).
-    The other two ways into a skipped step: NaN/Inf logits in sampling
-    (model.generate raises NonFiniteLogits, train_grpo.grpo_step returns
-    before any backward) and a non-finite TracIn influence
-    (tracin_backward's skip reason, apply=False here)."""
+    The whole NaN/Inf path of a run. A skipped step leaves the weights and
+    AdamW's state untouched, is logged with its skip_reason and still
+    counts as an iteration (the schedule advances). The ways into one:
+      1. sampling: NaN/Inf logits in any row; model.generate raises
+         NonFiniteLogits once the rows are sampled, and
+         train_grpo.grpo_step returns before any backward
+         ('non-finite logits'; no rollouts recorded, no checkpoint);
+      2. TracIn: a non-finite influence, tracin.tracin_backward's skip
+         reason ('non-finite influence'), then apply=False here;
+      3. here: a non-finite loss or gradient norm, no optimizer.step()
+         ('non-finite loss or gradient'); grpo_updates stops the
+         generation's remaining updates (earlier ones stay applied).
+    Beyond the step, in train_grpo.py's loop: no checkpoint is written
+    while a LoRA weight is NaN/Inf (a finite gradient times a huge
+    learning rate; the next sampling meets 1.), and max_skipped_steps
+    skipped steps in a row stop the run, naming a NaN/Inf base weight or
+    the knobs to lower."""
     skip_reason, timer = None, timer or PhaseTimer()
     params = lora_parameters(model)
     with timer("optimizer"):

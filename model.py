@@ -33,9 +33,18 @@ this file is the model alone.
 
 bf16 (dtype='bfloat16', scale/device.py: the base weights stored in bf16,
 every pass under bf16 autocast, the `amp` the run hands to each pass).
-What stays float32, each commented where it happens:
-  - LoRA's weights and their AdamW state (lora.LoRALinear);
-    their matmuls run in bf16 under autocast
+The whole list; each float32 island is commented where it happens.
+bf16:
+  - the frozen base weights, and every matmul under autocast (LoRA's too)
+  - the KV cache, in autocast's dtype (model.GPT.new_cache), and the
+    logits, in the head's (SelectiveLogSoftmax upcasts one row at a time)
+  - TracIn's hook buffers (ghost.GhostHooks): h = A x, gA = dL/dh and
+    gB = dL/d(B h), as autocast's matmuls leave them, and x, the adapted
+    layer's input (float32 where a LayerNorm feeds it on CUDA, whose
+    autocast runs layer_norm in float32): half the memory; the inner
+    products upcast them
+float32:
+  - LoRA's weights, their gradients and AdamW's state (lora.LoRALinear)
   - the adapter folded in for sampling, W + s B A: summed in float32,
     stored in the matmul's dtype (lora.folded_for_sampling)
   - RMSNorm's statistics (model.RMSNorm)
@@ -46,13 +55,12 @@ What stays float32, each commented where it happens:
   - log-probs and their logsumexp (grpo.SelectiveLogSoftmax),
     the entropy (grpo.completion_logprobs),
     rewards and advantages (grpo.compute_group_advantages),
-    ratio, KL and loss (grpo.grpo_loss)
+    ratio, KL and loss (grpo.grpo_loss, from the float32 log-probs),
+    the gradient norm that clips (grpo.update, over LoRA's gradients)
   - per-sample gradients, G and the influence inner products
-    (ghost.outer_product_sum, ghost.summed_gradient);
-    post-hoc attribution sums them in float64 (tracin.hook_products)
-Not float32: the KV cache is kept in autocast's dtype
-(model.GPT.new_cache), and the logits in the head's
-(SelectiveLogSoftmax upcasts one row at a time).
+    (ghost.outer_product_sum, ghost.ghost_inner_products,
+    ghost.summed_gradient); post-hoc attribution sums them in float64
+    (tracin.hook_products)
 """
 import math
 from dataclasses import dataclass

@@ -43,7 +43,7 @@ def validate(cfg):
     world = distributed.launched_world_size()  # checked before any process group
     check(cfg, "batch_size", cfg["batch_size"] % world == 0, f"must split evenly over the {world} processes")
     check(cfg, "tracin_val_batch_size", cfg["tracin_val_batch_size"] % world == 0 or not cfg["tracin"],
-          f"must split evenly over the {world} processes (the validation prompts are shared out among them)")
+          f"must split evenly over the {world} processes")
     n = cfg["batch_size"] * cfg["group_size"]
     check(cfg, "micro_batch_size", cfg["micro_batch_size"] >= n or n % cfg["micro_batch_size"] == 0,
           f"batch_size*group_size = {n} completions must divide into micro-batches of this size")

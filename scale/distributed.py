@@ -42,6 +42,7 @@ import torch
 import torch.distributed as dist
 
 from configurator import UserError
+from fileio import pid_alive
 
 # A rank that waits longer than this in a collective (its peer died, or is stuck) fails instead of
 # waiting forever. It must exceed the longest stretch one rank works alone: rank 0's checkpoint and log
@@ -100,18 +101,7 @@ def lost_ranks():
     """The ranks on this machine whose process has ended (their PID gone, or a zombie)."""
     host = socket.gethostname()
     return [(r, peer[1]) for r, peer in enumerate(_state["peers"])  # None: the gather failed
-            if peer and peer[0] == host and r != rank() and not _alive(peer[1])]
-
-
-def _alive(pid):
-    try:
-        os.kill(pid, 0)  # signal 0: sends nothing, only asks whether the process exists
-        with open(f"/proc/{pid}/stat") as f:  # Linux: a killed one its parent has not reaped
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except ProcessLookupError:
-        return False
-    except (OSError, IndexError):
-        return True
+            if peer and peer[0] == host and r != rank() and not pid_alive(peer[1])]
 
 
 # what gloo and nccl say when the other end of a collective is gone or silent

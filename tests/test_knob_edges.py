@@ -144,3 +144,11 @@ def test_an_older_fingerprint_without_the_tokenizer_still_resumes(tmp_path):
     assert changed_data(older, data_fingerprint(d)) == ["val split"]
     with pytest.raises(UserError, match=r"changed: val split"):
         bound_data(d, {"data_fingerprint": older})
+
+
+# --- torchrun: the validation batch and the process count -----------------------------------------
+def test_a_validation_batch_that_does_not_split_over_the_processes_is_refused(tiny_setup, monkeypatch):
+    monkeypatch.setenv("RANK", "0"); monkeypatch.setenv("WORLD_SIZE", "2"); monkeypatch.setenv("LOCAL_RANK", "0")
+    grpo_validate(tiny_setup, tracin=True, batch_size=4, tracin_val_batch_size=4)
+    with pytest.raises(UserError, match=r"'tracin_val_batch_size' = 3 .* must split evenly over the 2 processes$"):
+        grpo_validate(tiny_setup, tracin=True, batch_size=4, tracin_val_batch_size=3)
