@@ -1,7 +1,7 @@
 """
 What went wrong, and which training rollouts taught it: analysis.attribute --audit=N.
 
-    python tracin.py --out_dir=out/cmpC/grpo_s3 --audit=16
+    python -m analysis.attribute --out_dir=out/cmpC/grpo_s3 --audit=16
 
 The final model answers the task's test problems greedily; the first N it gets wrong become the test
 targets, each with the model's own wrong answer. Every rollout the run trained on is then ranked by its
@@ -133,8 +133,9 @@ def detection(scores, labels):
 
 def trained_rollouts(train):
     """The rollouts the run trained on: in a TracIn run, those it selected; in a standard run, every one
-    (with nonzero advantage, as load_rollouts reads them); never those of a skipped step (NaN/Inf). The
-    others never moved a weight."""
+    (with nonzero advantage, as load_rollouts reads them); never those of a skipped step (NaN/Inf),
+    which moved no weight, nor a TracIn run's unselected ones. Left out too: a zero-advantage
+    rollout, whose KL term moves the weights when beta > 0 (attribution scores the policy term)."""
     kept = [s for s in train if s.get("selected", True) is True and not s.get("skipped")]
     if not kept:
         raise UserError("the run trained on no recorded rollout (none selected, or every step skipped): "

@@ -138,12 +138,12 @@ def read_hf_weights(path, arch, shapes, dtype):
     return sd
 
 
-def from_pretrained(path, dtype=torch.float32):
+def from_pretrained(path, dtype=torch.float32, **overrides):
     """nanoGPT's GPT.from_pretrained: a GPT-2, Qwen2 or Llama-family model from a local
     Hugging Face directory (config.json + model.safetensors, or shards named in
-    model.safetensors.index.json), its weights kept in `dtype`.
-    Nothing is downloaded: fetch the directory first (README)."""
-    config = GPTConfig(**hf_config_args(read_hf_config(path), path))
+    model.safetensors.index.json), its weights kept in `dtype`. overrides: GPTConfig fields
+    the run sets (grad_checkpoint, dropout). Nothing is downloaded: fetch the directory first (README)."""
+    config = GPTConfig(**{**hf_config_args(read_hf_config(path), path), **overrides})
     held = hf_layer_count(path)
     # checked before building n_layer blocks (fewer: an unexpected tensor, below)
     if config.n_layer > held:

@@ -33,9 +33,7 @@ def load_base(path, data_dir="", dtype=torch.float32, ckpt=None, **overrides):
                             f"{path} was trained on its own task data ({own}): leave data_dir ''")
         model = model_from_checkpoint(ckpt, path, **overrides)
         return model, load_tokenizer(own), own
-    model, enc = from_pretrained(path, dtype), load_hf_tokenizer(path)
-    for k, v in overrides.items():  # read by forward (grad_checkpoint); dropout is 0 already
-        setattr(model.config, k, v)
+    model, enc = from_pretrained(path, dtype, **overrides), load_hf_tokenizer(path)
     if enc.n_vocab > model.config.vocab_size:
         raise UserError(f"{path}: the tokenizer has {enc.n_vocab} tokens but the model only "
                         f"{model.config.vocab_size} embedding rows: tokenizer and weights do not belong together")

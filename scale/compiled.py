@@ -34,6 +34,7 @@ from model import one_query_attention, rope_cos_sin
 
 COMPILED = weakref.WeakKeyDictionary()  # model -> {mode: its compiled decode step}
 COLUMNS = 16  # the cache length is a multiple of this: one compiled graph serves the prompt lengths of one bucket
+TRIED_COMPILERS = {}  # C++ compiler -> its problem, or None where it works: tried once per process
 
 
 def check_compile(device):
@@ -60,7 +61,7 @@ def check_compile(device):
         named = " (from CXX)" if "CXX" in os.environ else ""
         raise UserError(f"compile=True on CPU needs a C++ compiler (inductor builds its kernels "
                         f"with one): {cxx!r}{named} is not on PATH; {fix}")
-    tried = check_compile.__dict__.setdefault("tried", {})  # compiler -> its problem or None
+    tried = TRIED_COMPILERS
     if cxx not in tried:
         with tempfile.TemporaryDirectory() as tmp:
             src, lib = os.path.join(tmp, "probe.cpp"), os.path.join(tmp, "probe.so")
@@ -135,7 +136,7 @@ class CompiledDecode:
     prompt, once per call) and every other forward are the model's own."""
 
     def __init__(self, model, device, mode=None):
-        """mode: torch.compile's (None: CUDA graphs on a GPU, inductor's default on a CPU; bench.py sets it)."""
+        """mode: torch.compile's (None: CUDA graphs on a GPU, inductor's default on a CPU; bench/ passes its --compile)."""
         mode = mode or ("reduce-overhead" if str(device).startswith("cuda") else None)
         self.model, self.mode = model, None if mode == "default" else mode
         self.step = compiled_step(model, self.mode)

@@ -8,26 +8,34 @@ torchrun sets RANK, WORLD_SIZE and LOCAL_RANK in each process's environment. Wit
 (`python train_grpo.py ...`) setup() initialises nothing and every helper here is a no-op, so a
 single process runs exactly the code it ran before.
 
-This file holds primitives only; the step calls them in sight, where they act (grep for `distributed.`):
-  - sampling (grpo.sample_rollouts): every rank draws the same prompts and the same uniforms for the
-    whole batch, samples its contiguous share of the prompts (`split`) with its columns of the
-    uniforms, and the shares are gathered on every rank in the single-process layout
-    (`gather_sampled`); so 1 and N processes draw the same tokens up to rounding (a row's logits
-    differ by about 3e-8 with the batch it is computed in: a token changes only where its uniform
-    falls that close to a step of the distribution), and every rank scores the batch.
-  - the gradient (grpo.grpo_updates, tracin.tracin_backward): rank r keeps its contiguous rows
-    (grpo.rank_part: whole groups; the loss divides by the whole batch's counts); grpo.update sums the
-    LoRA gradients and the step's statistics over the ranks right before the clip (`sum_grads`,
-    `sum_stats`), so every rank takes the single-process update, up to the order of float sums
-    (loss_type 'bnpo' divides by each micro-batch's tokens: equal where the ranks' micro-batches
-    are the single process's).
-  - TracIn: each rank captures the per-rollout gradients of its rows and computes the (replicated)
-    validation gradient itself; the selection sees every rank's influence (`all_gather_cat`).
-  - evaluation: each rank scores a contiguous run of whole chunks of the test problems and the counts
-    are summed (train_base.evaluate).
-  - rank 0 alone takes the out_dir lock, logs and writes checkpoints (`is_main`, `print0`).
-  - a rank that ends mid-job (kill -9): the training loops name it (`lost_peer`, from the (host, PID)
-    of every rank gathered at set-up), with where the run stopped and how to resume it.
+This file holds primitives only; the step calls them in sight, where they act (grep `distributed.`).
+One GRPO step under torchrun, in the order it runs (train_grpo.grpo_step; the numbers are its steps):
+  0. set-up (train_grpo.main, `with distributed.process_group(...)`): one process group (gloo on the
+     CPU, nccl on CUDA) and the (host, PID) of every rank, for `lost_peer`; every rank seeds its
+     generators alike, so LoRA starts the same everywhere; rank 0 alone takes the out_dir lock.
+  1. prompts: every rank draws the same batch (the same seed, the same random.Random).
+  2. pass 1, sampling (grpo.sample_rollouts): every rank draws the same uniforms for the whole batch,
+     samples its contiguous share of the prompts (`split`; TracIn's 'pg' validation prompts join
+     them in the one call) with its columns of the uniforms, and the shares are gathered on every
+     rank in the single-process layout (`gather_sampled`); so 1 and N processes draw the same tokens
+     up to rounding (a row's logits differ by about 3e-8 with the batch it is computed in: a token
+     changes only where its uniform falls that close to a step of the distribution).
+  3. rewards and advantages: every rank scores the whole batch (grpo.score_rollouts).
+  4-6. passes 3 and 2, the loss and backward (grpo.grpo_updates, tracin.tracin_backward): rank r keeps
+     its contiguous rows (grpo.rank_part: whole groups; the loss divides by the whole batch's counts).
+     TracIn: each rank captures the per-rollout gradients of its rows and computes the validation
+     gradient itself, over the whole validation batch (the same G on every rank); the selection sees
+     every rank's influence (`all_gather_cat`) and each rank writes its rows' share of the kept
+     rollouts' gradient (`shard`).
+  7. update (grpo.update): the LoRA gradients and the step's statistics summed over the ranks right
+     before the clip (`sum_grads`, `sum_stats`), so every rank takes the single-process update, up to
+     the order of float sums (loss_type 'bnpo' divides by each micro-batch's tokens: equal where the
+     ranks' micro-batches are the single process's).
+  8. log and checkpoint: rank 0 alone (`is_main`, `print0`). Evaluation: each rank scores a
+     contiguous run of whole chunks of the test problems and the counts are summed
+     (train_base.evaluate).
+A rank that ends mid-job (kill -9): the training loops name it (`lost_peer`), with where the run
+stopped and how to resume it; an error ends a rank at once (`fail`).
 train_base.py does the same with its batch of training rows (train_base.rank_rows); with dropout > 0
 each rank draws its own masks, so the run is equivalent but no longer equal to one process's.
 """

@@ -18,7 +18,7 @@ from scale import compiled
 @pytest.fixture(autouse=True)
 def untried(monkeypatch):
     """Every test starts with no compiler tried (the per-process memory set aside, restored)."""
-    monkeypatch.setattr(compiled.check_compile, "tried", {}, raising=False)
+    monkeypatch.setattr(compiled, "TRIED_COMPILERS", {})
 
 
 def fake_compiler(tmp_path, name, exit_code):
