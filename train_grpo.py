@@ -120,7 +120,7 @@ reward_weights = ()  # weighted (1.0, 0.1)
 # LoRA
 lora_r = 8
 lora_alpha = 16
-lora_dropout = 0.0  # off in RL: it would make logp and ref noisy (trl#3500)
+lora_dropout = 0.0  # off in RL: it makes the policy's logp noisy (ref skips LoRA; trl#3500)
 lora_targets = ("c_attn", "c_proj", "c_fc")
 grad_checkpoint = False
 compile = False  # torch.compile decode steps (scale/compiled.py): long runs only
