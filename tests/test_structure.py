@@ -5,7 +5,7 @@
 #   - imports flow one way: no import cycle among the project's modules (every import statement counts,
 #     inside functions too), and scale/ (primitives) imports no step file;
 #   - the lecture is a ground floor: its files import only each other, scale.distributed and
-#     data.prompts; nothing but a script imports a script (sample, train_base, train_grpo, analysis/,
+#     data.prompts; nothing but a script imports a script (sample, train_base, train_grpo, export, analysis/,
 #     bench/, experiments/); no module is reached through runpy / importlib / __import__ or handed
 #     to a function as an argument;
 #   - no attribute of a model or optimizer is assigned outside model.py / lora.py, and no ground-floor
@@ -155,7 +155,7 @@ GROUND_MAY_IMPORT = GROUND | {"scale", "scale.distributed", "data", "data.prompt
 
 def is_leaf(m):
     """A script: what a user runs; nothing below it may import it."""
-    return m in ("sample", "train_base", "train_grpo") or \
+    return m in ("sample", "train_base", "train_grpo", "export") or \
         m.split(".")[0] in ("analysis", "bench", "experiments")
 
 
