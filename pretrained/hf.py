@@ -170,6 +170,7 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 
 
 EXPORT_MARK = "grpo_export.json"  # what export wrote, from which checkpoint: the mark that it may replace it
+WRITTEN_BY = "pretrained.export"  # export.py's signature in that mark, as every export has written it
 
 
 EXPORT_FILES = {EXPORT_MARK, "adapter_config.json", "adapter_model.safetensors", "config.json",
@@ -182,7 +183,7 @@ def is_export(path):
     try:
         with open(os.path.join(path, EXPORT_MARK)) as f:
             mark = json.load(f)
-        ours = mark.get("written_by") == "pretrained.export"
+        ours = mark.get("written_by") == WRITTEN_BY
         return ours and set(os.listdir(path)) <= EXPORT_FILES
     except (OSError, ValueError, AttributeError):
         return False
@@ -229,7 +230,7 @@ def finish_directory(tmp, out, source):
     """Mark tmp as an export (source: where it came from), then put it at `out`: an earlier export
     there is moved aside first and removed only once the new one is in place."""
     with open(os.path.join(tmp, EXPORT_MARK), "w") as f:
-        json.dump({"written_by": "pretrained.export", **(source or {})}, f, indent=1)
+        json.dump({"written_by": WRITTEN_BY, **(source or {})}, f, indent=1)
     old = None
     try:
         if check_output_dir(out, "out", is_export, EXPORT_FILES):  # again: changed while we wrote?

@@ -7,5 +7,7 @@
     metrics.py  what a GRPO step logs: the log.jsonl line (TRL's metric names), the rollouts.jsonl
                 line post-hoc TracIn reads, the console line, the no-learning-signal warning
 
+The file primitives (atomic writes, output directories, JSON, live PIDs) are fileio.py's, below
+this folder, data/ and pretrained/.
 Where it plugs in: train_grpo.Run writes a step's line after grpo_step returns; nothing here runs inside it.
 """

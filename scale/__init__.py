@@ -2,7 +2,7 @@
 in sight, where they act; nothing here imports a step file or replaces a function.
 
     device.py       check_device: the device and dtype a run uses ('auto': bf16 where the hardware runs it
-                    fast), the memory columns of the log; the list of what stays float32 under bf16
+                    fast), the memory columns of the log (what stays float32 under bf16: model.py's opening)
     distributed.py  torchrun (gloo on CPU, nccl on CUDA): the process group; split / gather_sampled (the
                     sampling step's share), shard (the gradient's rows), sum_grads / sum_stats (update)
     compiled.py     compile=True: CompiledDecode, sampling's decode step compiled over a fixed-shape KV cache,

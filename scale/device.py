@@ -3,7 +3,7 @@ The device and the dtype every script runs in: check_device fails at start-up wi
 message, and resolves dtype='auto' to bfloat16 where the hardware runs it fast (bf16_is_fast);
 memory_stats gives the memory columns of the logs.
 
-What stays float32 when the frozen base runs in bf16: the list opens model.py, where most of it happens.
+What is bf16 and what stays float32 when the frozen base runs in bf16: the whole list opens model.py.
 """
 import os
 import re
