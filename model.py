@@ -35,7 +35,8 @@ bf16 (dtype='bfloat16', scale/device.py: the base weights stored in bf16,
 every pass under bf16 autocast, the `amp` the run hands to each pass).
 The whole list; each float32 island is commented where it happens.
 bf16:
-  - the frozen base weights, and every matmul under autocast (LoRA's too)
+  - the frozen base weights, and the matmuls autocast runs (LoRA's too;
+    not the float32 ones below)
   - the KV cache, in autocast's dtype (model.GPT.new_cache), and the
     logits, in the head's (SelectiveLogSoftmax upcasts one row at a time)
   - TracIn's hook buffers (ghost.GhostHooks): h = A x, gA = dL/dh and
