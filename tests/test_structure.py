@@ -3,7 +3,8 @@
 #     (an attribute of an imported project module assigned, setattr on a module, functools.wraps used to
 #     rebind a name): every seam is a call in sight;
 #   - imports flow one way: no import cycle among the project's modules (every import statement counts,
-#     inside functions too), and scale/ (primitives) imports no step file;
+#     inside functions too), no two top-level folders import each other (through any path), and
+#     scale/ (primitives) imports no step file;
 #   - the lecture is a ground floor: its files import only each other, scale.distributed and
 #     data.prompts; nothing but a script imports a script (sample, train_base, train_grpo, export, analysis/,
 #     bench/, experiments/); no module is reached through runpy / importlib / __import__ or handed
@@ -142,6 +143,33 @@ def cycles():
 
 def test_no_import_cycle_anywhere():
     assert cycles() == []
+
+
+def folder_loops(graph):
+    """Pairs of top-level folders (or files) that reach each other through their modules' imports."""
+    top = lambda m: m.split(".")[0]
+    reach = {}
+    for m, targets in graph.items():
+        reach.setdefault(top(m), set()).update(top(t) for t in targets if top(t) != top(m))
+    changed = True
+    while changed:  # the transitive closure: small enough to iterate
+        changed = False
+        for a in reach:
+            more = set().union(*(reach.get(b, set()) for b in reach[a])) - reach[a]
+            changed |= bool(more)
+            reach[a] |= more
+    return {tuple(sorted((a, b))) for a in reach for b in reach[a] if a != b and a in reach.get(b, ())}
+
+
+def test_no_two_folders_import_each_other():
+    """data/, runs/, pretrained/, ... stand on fileio.py and the lecture, never on each other both ways."""
+    assert folder_loops({m: imports(m)[1] for m in MODULES}) == set()
+
+
+def test_the_folder_check_sees_a_loop_through_a_third_folder():
+    graph = {"data.datadir": {"runs.rundir"}, "runs.rundir": {"pretrained.hf"}, "pretrained.hf": {"data.tasks"},
+             "data.tasks": set(), "fileio": set()}
+    assert folder_loops(graph) == {("data", "pretrained"), ("data", "runs"), ("pretrained", "runs")}
 
 
 def test_scale_holds_primitives_and_imports_no_step_file():
