@@ -21,6 +21,7 @@ import pytest
 import torch
 
 import ghost
+from analysis import attribute
 import tracin
 import train_grpo
 from grpo import Rollouts, policy_backward
@@ -162,7 +163,7 @@ def test_posthoc_summed_with_filter_and_chunks(world, tmp_path):
         score = scores[filt] = sum(lr * (g @ G.sum(0)) for lr, g, G in zip(lrs, tr, te))
         cos = sum(lr * (g @ G.sum(0)) / (g.norm(dim=1) * G.sum(0).norm()) for lr, g, G in zip(lrs, tr, te))
         for mb in (3, 2):
-            res = tracin.find_critical_samples(m, paths, train, test, ByteEnc(), layer_filter=filt, micro_batch=mb,
+            res = attribute.find_critical_samples(m, paths, train, test, ByteEnc(), layer_filter=filt, micro_batch=mb,
                                                normalize=True)
             got = torch.tensor([e["tracin_score"] for e in res["scores"]], dtype=torch.float64)
             got_cos = torch.tensor([e["cosine_score"] for e in res["scores"]], dtype=torch.float64)
