@@ -44,12 +44,13 @@ Post-hoc (TracInCP): a finished run's rollouts scored by their influence on a te
 summed over the training steps s. Only the saved checkpoints t are at hand, so each stands in
 for the steps around it:
     TracInCP(z_test, z_i) = sum_t w_t < g_test(theta_t), g_i(theta_t) >,   w_t = eta_t k_t
-  - eta_t: the learning rate checkpoint t was saved with (its 'lr', the schedule's value there).
-  - k_t: how many training steps checkpoint t stands for (step_weights): with the iterations
-    s_0 < s_1 < ... it was saved at, the trapezoid rule (trapezoid_steps), k_t = (s_{t+1} -
-    s_{t-1}) / 2 with the ends taking half a gap, so sum_t k_t = s_last - s_0 (one checkpoint:
-    k = 1). Where an iteration is missing or they are not strictly increasing (an iter_num
-    repeated), k_t = 1 each: Captum's TracInCP, weighted by the learning rate alone, never 0.
+  - eta_t: checkpoint t's 'lr', the learning rate of the step taken from its weights theta_t.
+  - k_t: how many training steps checkpoint t stands for (step_weights). Saved at iterations
+    s_0 < s_1 < ... < s_{n-1}, by the trapezoid rule (trapezoid_steps)
+        k_t = (s_{t+1} - s_{t-1}) / 2,   the ends half a gap (s_{-1} = s_0, s_n = s_{n-1}),
+    so sum_t k_t = s_{n-1} - s_0 (one checkpoint: k = 1). Where an iteration is missing or they
+    are not strictly increasing (an iter_num repeated), k_t = 1 each: Captum's TracInCP,
+    weighted by the learning rate alone (the trapezoid would weigh a repeated one 0).
 Sign: positive = a gradient step on z_i lowers the test loss (it helps). Train loss of a
 rollout: its GRPO loss at ratio 1 without KL, -A_i mean_t log pi(y_t); test loss: the answer's
 negative log-likelihood, -mean_t log pi(y_t) (a row with A = +1, nll_row). log pi uses

@@ -209,3 +209,22 @@ def test_zero_advantage_validation_rows_are_skipped_and_G_is_unchanged(world, mo
         assert len(none) == 1
         policy_backward(m, none, c, 0.0)
         assert all((g == 0).all() for pair in ghost.summed_gradient(m).values() for g in pair)
+
+
+@pytest.mark.parametrize("beta", [0.0, 0.1])
+def test_rollouts_tracin_can_never_keep_have_influence_exactly_zero(world, beta):
+    """tracin.py's list: a row whose mask counts no token (any beta), and with beta 0 a row of advantage 0,
+    have g_i = 0, so influence exactly 0 and 'positive' never keeps them; with beta > 0 the advantage-0 row's
+    KL term gives it an influence of its own."""
+    m, train, val = world
+    idx, pl, mask = train
+    adv, mask = TRAIN_ADV.clone(), mask.clone()
+    adv[1], mask[4] = 0.0, 0  # row 1: advantage 0; row 4: a truncated completion, masked out
+    opt = torch.optim.AdamW(lora_parameters(m), lr=0.1)
+    c = cfg(4, beta=beta, tracin_selection="positive")
+    _, infl, keep, _ = tracin.tracin_backward(m, opt, as_batch((idx, pl, mask), adv), as_batch(val, VAL_ADV), c)
+    m.zero_grad(set_to_none=True)
+    never = [4] if beta else [1, 4]
+    assert (infl[never] == 0).all() and not keep[never].any()
+    assert all(infl[i] != 0 for i in range(len(infl)) if i not in never)
+    assert keep.any() and not keep.all()  # a real selection among the others
