@@ -44,8 +44,12 @@ def test_one_nan_influence_among_finite_ones_skips_the_step(world, monkeypatch, 
     assert keep.any()  # some rollouts are kept: without the reason the update would go ahead
     assert reason == "non-finite influence"
     assert all(math.isfinite(v) for v in stats["losses"])  # GRPO's losses are left as they were
-    _, nonfinite = update(m, opt, c, stats, apply=reason is None)  # as train_grpo.grpo_step calls it
+    _, nonfinite = update(m, opt, c, stats, apply=reason is None)  # as tracin.tracin_updates calls it
     assert nonfinite is None  # the reason is TracIn's own
+    assert all(torch.equal(p, b) for p, b in zip(lora_parameters(m), before))
+    batches = as_batch(train, TRAIN_ADV), as_batch(val, VAL_ADV)
+    _, grad_norm, reason, _, keep = tracin.tracin_updates(m, opt, *batches, c)  # the step's steps 4-7 whole
+    assert reason == "non-finite influence" and grad_norm == 0.0 and keep.any()
     assert all(torch.equal(p, b) for p, b in zip(lora_parameters(m), before))
 
 

@@ -31,6 +31,9 @@
 #       (autograd_grads): scores, cosines <g_i, sum_j g_test_j> / (||g_i|| ||sum_j g_test_j||) and
 #       self-influences written out from those gradients; snapshots of the model's state.
 #   test_trapezoid_steps                  hand-computed weights.
+#   test_posthoc_checkpoints_whose_iter_num_repeats_*  the same checkpoints without iter_num (k_t = 1 each).
+#   test_posthoc_refuses_a_checkpoint_whose_unpickling_*  a directory its code makes when torch.load runs it
+#       with weights_only=False (the premise), never made by find_critical_samples.
 #   test_posthoc_unknown_mode_*           UserError by hand, before any work.
 import os
 import re
