@@ -54,9 +54,9 @@ for the steps around it:
 Sign: positive = a gradient step on z_i lowers the test loss (it helps). Train loss of a
 rollout: its GRPO loss at ratio 1 without KL, -A_i mean_t log pi(y_t); test loss: the answer's
 negative log-likelihood, -mean_t log pi(y_t) (a row with A = +1, nll_row). log pi uses
-logits / temperature, the run's sampling temperature. analysis/attribute.py reads the
-checkpoints, refuses bad input and writes the result (find_critical_samples; its command line:
-python -m analysis.attribute).
+logits / temperature, the run's sampling temperature (0, greedy: plain log-probs).
+analysis/attribute.py reads the checkpoints, refuses bad input and writes the result
+(find_critical_samples; its command line: python -m analysis.attribute).
 """
 from contextlib import nullcontext
 
