@@ -45,7 +45,7 @@ import torch
 from data.curriculum import from_config
 from scale import compiled, distributed
 from grpo import (PhaseTimer, Prompts, StepResult, grpo_updates,
-                  make_rollouts, update)
+                  make_rollouts)
 from runs.metrics import NoSignal, print_step, rollout_record, step_log
 from lora import (apply_lora, lora_parameters, lora_state_dict,
                   load_lora_state_dict)
@@ -60,7 +60,7 @@ from data.tasks import TASKS, planted_answer, portable_path, resolve_data_dir
 from data.datadir import bound_data, check_task_data
 from model import NonFiniteLogits
 from data.prompts import encode_prompt
-from tracin import reference_solutions, tracin_backward
+from tracin import reference_solutions, tracin_updates
 import train_base
 from runs.loading import base_to_train, load_frozen_base, nonfinite_weight
 from train_base import evaluate, get_lr
@@ -190,19 +190,13 @@ def grpo_step(model, optimizer, enc, batch, cfg, generator, amp,
         result = StepResult(stats, grad_norm, skip_reason,
                             times=timer.seconds)
         return rollouts, result
-    # 4-6 with per-sample gradients, against the validation loss;
-    # 7 on the kept rollouts only
+    # 4-7 on the rollouts whose gradient helps the validation loss (tracin.py)
     val_batch = val_rollouts[0] if sampled_val else val
-    stats, influence, keep, skip_reason = tracin_backward(
-        model, optimizer, rollouts, val_batch, cfg, timer, amp)
+    updates = tracin_updates(model, optimizer, rollouts, val_batch, cfg, timer, amp)
+    stats, grad_norm, skip_reason, influence, keep = updates
     rollouts = replace(rollouts, influence=influence, selected=keep)
-    apply = skip_reason is None and bool(keep.any())
-    grad_norm, nonfinite = update(model, optimizer, cfg, stats, apply, timer)
-    extra = {}
-    if sampled_val:
-        extra = {"val/reward": val_batch.rewards.nanmean().item()}
-    result = StepResult(stats, grad_norm, skip_reason or nonfinite, extra,
-                        timer.seconds)
+    extra = {"val/reward": val_batch.rewards.nanmean().item()} if sampled_val else {}
+    result = StepResult(stats, grad_norm, skip_reason, extra, timer.seconds)
     return rollouts, result
 
 

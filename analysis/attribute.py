@@ -5,22 +5,30 @@ Post-hoc TracIn on a finished run: which training rollouts helped or hurt the mo
     python -m analysis.attribute --out_dir=out/tracin --questions_file=qs.txt   # one per line; HTML: --html=PATH
     python -m analysis.attribute --out_dir=out/tracin --audit=16   # which rollouts taught 16 wrong test answers
 
-The method is tracin.find_critical_samples (TracInCP over the run's checkpoints); this file reads the run
-directory (checkpoints, rollouts.jsonl), answers the question greedily with the final model, prints the
-top rollouts and writes a JSON file per answer, an HTML page (analysis/report.py) and a figure (analysis/plot.py).
---audit (analysis/audit.py) ranks the rollouts by their influence summed over the final model's wrong test answers.
+The method is tracin.tracin_cp (TracInCP over the run's checkpoints; its weights eta_t k_t are explained
+there). find_critical_samples, below, is what a tool adds around it: the arguments refused before any work,
+checkpoints read as data (tensors only), n_probe rollouts, the modes, the model put back, a Captum-shaped
+result. The command line reads the run directory (checkpoints, rollouts.jsonl), answers the question
+greedily with the final model, prints the top rollouts and writes a JSON file per answer, an HTML page
+(analysis/report.py) and a figure (analysis/plot.py). --audit (audit, with analysis/audit.py's parts)
+ranks the rollouts by their influence summed over the final model's wrong test answers.
 """
 # configurator first: a Ctrl-C during the slow imports below (torch) is one line, not a traceback
 from configurator import UserError, check, check_choice, cli_main, configure
 import glob
 import hashlib
 import json
+import math
 import os
+import pickle
 import re
 import shlex
 
+import torch
+
 from analysis.outputs import check_new_file, has_mark
-from analysis.audit import LOSSES, audit, greedy_answers, summary_lines, trained_rollouts
+from analysis.audit import (LOSSES, TARGETS, audit_tests, defect_targets, detection_table, find_wrong,
+                            greedy_answers, summary_lines, trained_rollouts)
 from analysis.plot import has_matplotlib, plot_influence
 from analysis.report import write_report
 from data.tasks import load_task_split
@@ -30,7 +38,183 @@ from runs.rundir import reader_lock, run_files, unused_out_dir, write_json
 from data.prompts import encode_prompt, encode_text, stop_tokens
 from runs.loading import load_policy
 from scale.device import check_device
-from tracin import find_critical_samples, nll_row
+from lora import load_lora_state_dict, lora_modules, lora_state_dict
+from tracin import nll_row, rollout_batch, tracin_cp
+
+# ---------------------------------------------------------------------------------------------
+# The method (tracin.tracin_cp), with what a tool adds around it: the arguments checked before any
+# work, the checkpoints read as data, rollouts probed, the model put back, a Captum-shaped result.
+
+def find_critical_samples(model, checkpoints, train_samples, test_samples, enc, mode="memory_efficient",
+                          learning_rates=None, layer_filter=None, n_probe=None, top_k=5, temperature=1.0,
+                          micro_batch=64, normalize=False, self_influence=False, checkpoint_steps=None,
+                          load=None):
+    """Score training rollouts by their influence on test samples, tracin.tracin_cp's
+        TracInCP(z_test, z_i) = sum_t w_t <g_test(theta_t), g_i(theta_t)>,   w_t = eta_t k_t,
+    over checkpoints (GRPO checkpoints' paths, or state dicts, holding 'lora' and 'lr').
+    eta_t: learning_rates, default each checkpoint's 'lr'. k_t, the training steps checkpoint t stands
+    for: checkpoint_steps, default tracin.step_weights of the checkpoints' 'iter_num'.
+    mode: 'simple' (the last checkpoint, w = 1), 'full' (all loaded first), 'memory_efficient' (one at
+    a time). load: reads a path (default read_checkpoint: tensors and plain containers only).
+    temperature: the run's. n_probe: that many rollouts, evenly spaced.
+    normalize: also cosine_score, w_t <g_i, G_t> / (||g_i|| ||G_t||), G_t = sum_j g_test_j;
+    self_influence: also w_t ||g_i||^2. Train/eval flag, LoRA weights, .grad: restored on return."""
+    check_attribution_inputs(model, mode, checkpoints, train_samples, test_samples)
+    counts = {"n_probe": (n_probe, 0), "micro_batch": (micro_batch, 1), "top_k": (top_k, 0)}
+    per_checkpoint = {"learning rates": learning_rates, "checkpoint_steps": checkpoint_steps}
+    check_attribution_knobs(model, len(checkpoints), counts, temperature, per_checkpoint, layer_filter)
+    load = load or read_checkpoint
+    if mode == "simple":
+        checkpoints = checkpoints[-1:]
+        learning_rates, checkpoint_steps = [1.0], [1.0]
+    n = len(train_samples)
+    if n_probe and n_probe < n:
+        train_samples = [train_samples[i * n // n_probe] for i in range(n_probe)]
+    # micro-batches laid out once for every checkpoint, each padded to its own longest row only
+    # (rollouts are recorded step by step: neighbours share their step's completion length)
+    device = next(model.parameters()).device
+
+    def chunked(rows):
+        starts = range(0, len(rows), micro_batch)
+        return [rollout_batch(enc, rows[s:s + micro_batch], device) for s in starts]
+    train, test = chunked(train_samples), chunked(test_samples)
+    # 'full': every checkpoint in memory first; 'memory_efficient' reads each in turn, once
+    if mode == "full":
+        checkpoints = [load(c) if isinstance(c, str) else c for c in checkpoints]
+    names = [c if isinstance(c, str) else f"{t} (of {len(checkpoints)})" for t, c in enumerate(checkpoints)]
+
+    def states():
+        """Each checkpoint as tracin_cp reads it, in turn: its adapter and eta_t refused by name
+        before any work on it."""
+        for t, (ckpt, name) in enumerate(zip(checkpoints, names)):
+            state = load(ckpt) if isinstance(ckpt, str) else ckpt
+            lora = state["lora"] if "lora" in state else state
+            try:  # named: one checkpoint of many (a base's, another run's); tracin_cp loads it again
+                load_lora_state_dict(model, lora)
+            except UserError as e:
+                raise UserError(f"checkpoint {name}: {e}") from None
+            eta = learning_rates[t] if learning_rates is not None else state.get("lr", 1.0)
+            # k_t given, or checked once all iterations are known (tracin.step_weights)
+            k = checkpoint_steps[t] if checkpoint_steps is not None else 1.0
+            if not all(isinstance(x, (int, float)) and math.isfinite(x) for x in (eta, k)):
+                raise UserError(f"checkpoint {name}: learning rate {eta!r}, steps {k!r}: give finite "
+                                "numbers (learning_rates, checkpoint_steps)")
+            theta = {"lora": lora, "lr": eta, "iter_num": state.get("iter_num")}
+            del state, lora  # its optimizer state: one checkpoint in memory
+            yield theta
+    # put back in `finally`: the train/eval flag, LoRA weights, .grad (hook_products sets None)
+    was_training, own_lora = model.training, lora_state_dict(model)
+    grads = [(p, p.grad) for p in model.parameters()]
+    # dropout off: deterministic scores; no gradient checkpointing (the hooks need that)
+    model.eval()
+    try:
+        terms = tracin_cp(model, states(), train, test, temperature, layer_filter, checkpoint_steps)
+    finally:
+        load_lora_state_dict(model, own_lora)
+        for p, g in grads:
+            p.grad = g
+        model.train(was_training)
+    weights, contrib, cosine, selfinf = terms
+    for name, c in zip(names, contrib):
+        if not torch.isfinite(c).all():
+            raise UserError(f"NaN/Inf gradient inner products at checkpoint {name}: its adapter or the "
+                            "rollouts give non-finite gradients; leave it out")
+    asked = (cosine if normalize else [], selfinf if self_influence else [])
+    return attribution_result(train_samples, contrib, *asked, mode, weights, top_k)
+
+
+def read_checkpoint(path):
+    """A checkpoint file's dict, read as data: torch.load(weights_only=True) takes tensors and plain
+    containers only, and refuses a pickled object, whose loading could run code; the command line
+    passes runs/checkpoint.load_checkpoint, whose errors say more."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:
+        found = re.search(r"GLOBAL ([\w.]+)", str(e))  # the object torch refused to unpickle
+        if isinstance(e, pickle.UnpicklingError) and found:
+            raise UserError(f"checkpoint {path} holds a pickled Python object ({found[1]}), not only "
+                            "tensors: refused, as loading it could run code") from None
+        raise UserError(f"checkpoint {path} cannot be read ({type(e).__name__})") from None
+    if not isinstance(state, dict):
+        raise UserError(f"checkpoint {path} holds a {type(state).__name__}, not a dict")
+    return state
+
+
+def is_row(s, vocab_size):
+    """Whether rollout_batch can lay s out: a dict of 'prompt' (text), 'completion_tokens' (1+ ids
+    below vocab_size), 'completion_mask' (as long) and a finite 'advantage'."""
+    get = s.get if isinstance(s, dict) else lambda key: None
+    toks, mask, adv = get("completion_tokens"), get("completion_mask"), get("advantage")
+    return (isinstance(get("prompt"), str)
+            and isinstance(toks, list) and len(toks) > 0
+            and all(type(t) is int and 0 <= t < vocab_size for t in toks)
+            and isinstance(mask, list) and len(mask) == len(toks)
+            and type(adv) in (int, float) and math.isfinite(adv))
+
+
+def check_attribution_inputs(model, mode, checkpoints, train_samples, test_samples):
+    """find_critical_samples' mode, checkpoints and rows, checked before any work."""
+    if mode not in ("simple", "full", "memory_efficient"):
+        raise UserError(f"mode must be 'simple', 'full' or 'memory_efficient', got {mode!r}")
+    if isinstance(checkpoints, (str, dict)):  # one path's letters, one state dict's keys
+        raise UserError(f"checkpoints: give a list (of paths or state dicts), not one {checkpoints!r:.60}")
+    if not (checkpoints and train_samples and test_samples):
+        what = "no checkpoints" if not checkpoints else "nothing"
+        raise UserError(f"{what} to attribute over: give at least one checkpoint, one training rollout "
+                        "and one test sample")
+    vocab = model.config.vocab_size
+    for name, rows in (("train_samples", train_samples), ("test_samples", test_samples)):
+        i = next((i for i, s in enumerate(rows) if not is_row(s, vocab)), None)
+        if i is not None:
+            raise UserError(f"{name}[{i}] is not a rollout: give a dict of 'prompt' (text), "
+                            f"'completion_tokens' (1+ ids below {vocab}), 'completion_mask' (as long) "
+                            "and a finite 'advantage'")
+
+
+def check_attribution_knobs(model, n_checkpoints, counts, temperature, per_checkpoint, layer_filter):
+    """find_critical_samples' counts {name: (value, least)}, temperature, per-checkpoint lists
+    {name: list or None} and layer_filter, checked before any work."""
+    for name, (n, least) in counts.items():  # n_probe (None: all), micro_batch, top_k
+        if n is not None and (type(n) is not int or n < least):
+            raise UserError(f"{name} must be an integer >= {least}, got {n!r}")
+    if not temperature >= 0:  # NaN too
+        raise UserError(f"temperature must be >= 0 (the run's; 0: greedy), got {temperature!r}")
+    for name, per in per_checkpoint.items():
+        if per is not None and len(per) != n_checkpoints:
+            raise UserError(f"{n_checkpoints} checkpoints but {len(per)} {name}")
+    layers = list(lora_modules(model))
+    if layer_filter is not None and not any(layer_filter in n for n in layers):
+        raise UserError(f"layer_filter {layer_filter!r} matches no LoRA layer ({layers[:4]} ...)")
+
+
+def attribution_result(train_samples, contrib, cosine, selfinf, mode, weights, top_k):
+    """find_critical_samples' result dictionary (Captum's TracIn documentation's, plus the weights w_t,
+    oldest first). contrib, cosine, selfinf: (n,) float64 per checkpoint, none if not asked for."""
+    scores = sum(contrib)  # TracInCP: the sum over checkpoints
+    extra = {"cosine_score": sum(cosine), "self_influence": sum(selfinf)}  # 0: not asked for
+    hidden = ("completion_tokens", "completion_mask")
+    per_sample = []
+    for i, s in enumerate(train_samples):
+        shown = {k: v for k, v in s.items() if k not in hidden}
+        asked = {k: v[i].item() for k, v in extra.items() if torch.is_tensor(v)}
+        per_sample.append({**shown, "index": i, "tracin_score": scores[i].item(),
+                           "checkpoint_contributions": [c[i].item() for c in contrib], **asked})
+    n = len(per_sample)
+    order = sorted(range(n), key=lambda i: scores[i].item(), reverse=True)
+    by_size = sorted(per_sample, key=lambda e: -abs(e["tracin_score"]))
+    positive = [per_sample[i] for i in order[:top_k] if scores[i] > 0]
+    negative = [per_sample[i] for i in reversed(order[-top_k:]) if scores[i] < 0]
+    return {"mode": mode,
+            "num_checkpoints": len(weights),
+            "checkpoint_weights": weights,
+            "num_train_samples": len(order),
+            "critical_samples": by_size[:top_k],
+            "scores": per_sample,
+            "most_influential_positive": positive,
+            "most_influential_negative": negative,
+            "mean_influence_score": scores.mean().item(),
+            "max_influence_score": scores.max().item()}
+
 
 # ---------------------------------------------------------------------------------------------
 # CLI: which training rollouts of a finished run helped or hurt the model's answer to a question?
@@ -249,6 +433,24 @@ def print_top(res, score="TracIn score; positive = lowered this answer's loss"):
         for e in res[key]:
             print(f"{e['tracin_score']:+.3e} | iter {e['iter']} | reward {e['reward']:.2f} | "
                   f"{e['prompt'][:60]}... -> {e['completion']!r}")
+
+
+def audit(model, enc, checkpoints, iters, train, examples, n, task, max_new_tokens, loss="wrong", **kw):
+    """The audit of a finished run (analysis/audit.py's docstring): the first n wrong greedy answers of the final model
+    (loaded in `model`) among `examples`, every trained rollout's influence summed over them (one
+    find_critical_samples call; kw: its knobs), and, where a defect was planted, how well that ranking and
+    the self-influence find the defective-rewarded rollouts. Returns a JSON-ready dict."""
+    wrong, answered = find_wrong(model, enc, examples, n, task, max_new_tokens)
+    if not wrong:
+        raise UserError(f"the final model answers all {answered} test problems right: nothing to audit")
+    train = trained_rollouts(train)
+    res = find_critical_samples(model, checkpoints, train, audit_tests(enc, wrong, loss), enc,
+                                load=load_checkpoint, **kw)
+    labels = defect_targets(res["scores"])  # each entry carries its rollout's flag and advantage
+    return {"audit": n, "loss": loss, "iters": list(iters), "n_answered": answered, "n_scored": res["num_train_samples"],
+            "wrong": [{k: w[k] for k in ("question", "answer", "completion")} for w in wrong],
+            "targets": TARGETS if labels is not None else None, "detection": detection_table(res, labels),
+            "result": res}
 
 
 def run_audit(cfg, model, enc, data_dir, run_cfg, ckpts, iters, train, temperature, json_path):

@@ -23,12 +23,11 @@ Measured on experiment C's runs in docs/experiments.md (the advantage alone rank
 """
 import numpy as np
 
-from tracin import find_critical_samples, nll_row
+from tracin import nll_row
 from configurator import UserError, cli_main
 from rewards import REWARD_FUNCS
 from data.prompts import encode_prompt, encode_text, stop_tokens
 from model import generate
-from runs.checkpoint import load_checkpoint
 from data.tasks import TASKS
 
 FRACS = (0.01, 0.05, 0.10)  # the top fractions whose target share is reported
@@ -163,24 +162,6 @@ def detection_table(result, labels):
 
 
 TARGETS = "rewarded rollouts of defective prompts: planted wrong reference answer and advantage > 0"
-
-
-def audit(model, enc, checkpoints, iters, train, examples, n, task, max_new_tokens, loss="wrong", **kw):
-    """The audit of a finished run (module docstring): the first n wrong greedy answers of the final model
-    (loaded in `model`) among `examples`, every trained rollout's influence summed over them (one
-    find_critical_samples call; kw: its knobs), and, where a defect was planted, how well that ranking and
-    the self-influence find the defective-rewarded rollouts. Returns a JSON-ready dict."""
-    wrong, answered = find_wrong(model, enc, examples, n, task, max_new_tokens)
-    if not wrong:
-        raise UserError(f"the final model answers all {answered} test problems right: nothing to audit")
-    train = trained_rollouts(train)
-    res = find_critical_samples(model, checkpoints, train, audit_tests(enc, wrong, loss), enc,
-                                load=load_checkpoint, **kw)
-    labels = defect_targets(res["scores"])  # each entry carries its rollout's flag and advantage
-    return {"audit": n, "loss": loss, "iters": list(iters), "n_answered": answered, "n_scored": res["num_train_samples"],
-            "wrong": [{k: w[k] for k in ("question", "answer", "completion")} for w in wrong],
-            "targets": TARGETS if labels is not None else None, "detection": detection_table(res, labels),
-            "result": res}
 
 
 def summary_lines(a):

@@ -10,9 +10,9 @@ orange-red ones, curriculum runs (those that log curriculum/level) dash-dotted g
 third row is the curriculum level instead of the selection rate; several seeds of a kind get
 several shades. Labels default to the directory names.
 Also the slide figure of a post-hoc attribution (influence_figure): every scored rollout's TracIn score
-against its iteration, planted-defect rollouts marked, the top helpful and harmful labelled; tracin.py
-writes it (--figure); from the JSON files tracin.py wrote (an attribution or an audit), analysis/plot.py draws it
-again, their scores summed.
+against its iteration, planted-defect rollouts marked, the top helpful and harmful labelled;
+analysis.attribute writes it (--figure); from the JSON files analysis.attribute wrote (an attribution or an
+audit), analysis/plot.py draws it again, their scores summed.
 Needs matplotlib, which requirements.txt leaves optional: pip install matplotlib.
 """
 # configurator first: a Ctrl-C during the imports below is one line, not a traceback
@@ -36,7 +36,7 @@ RUNS_MARK, INFLUENCE_MARK = "GRPO runs figure by analysis.plot", "TracIn influen
 
 
 def written_by_plot(path):
-    """Whether the file at path is a figure analysis/plot.py (or tracin.py) drew: the only kind
+    """Whether the file at path is a figure analysis/plot.py (or analysis.attribute) drew: the only kind
     --out replaces."""
     return has_mark(path, (RUNS_MARK.encode(), INFLUENCE_MARK.encode()))
 
@@ -285,7 +285,7 @@ def main(argv):
 
 
 def load_attribution(path):
-    """(find_critical_samples' result, a title) from a JSON file tracin.py wrote: an attribution of one
+    """(find_critical_samples' result, a title) from a JSON file analysis.attribute wrote: an attribution of one
     answer (the result itself, with the question) or an audit (the result under 'result')."""
     try:
         with open(path) as f:

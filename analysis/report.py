@@ -194,11 +194,11 @@ def method_paragraph(meta):
 
 def write_report(path, sections, meta, audit=None, ours=lambda path: True):
     """Write the HTML report atomically (a reader never sees half a page); a file at path is
-    replaced only where ours(path) says tracin.py wrote it (outputs.put_in_place).
+    replaced only where ours(path) says analysis.attribute wrote it (outputs.put_in_place).
     sections: [{'question', 'completion', 'correct' (True/False/None = unknown), 'result'
     (find_critical_samples' dict)}]; with more than one, a summary comes first.
     meta: {'run', 'mode', 'n_probe', 'layer_filter', 'top_k', 'checkpoints' (names, oldest first)}.
-    audit: audit.audit's dict (analysis.attribute --audit=N), shown first."""
+    audit: attribute.audit's dict (analysis.attribute --audit=N), shown first."""
     results = [s["result"] for s in sections] + ([audit["result"]] if audit else [])
     meta = {**meta, "defect": any("defective" in e for r in results for e in r["scores"])}
     what = (f"an audit of {len(audit['wrong'])} wrong test answers and " if audit else "") + f"{len(sections)} question(s)"

@@ -1,5 +1,5 @@
 """
-Post-hoc attribution (tracin.find_critical_samples) next to Captum's TracInCP (pytorch/captum,
+Post-hoc attribution (attribute.find_critical_samples) next to Captum's TracInCP (pytorch/captum,
 captum/influence/_core/tracincp.py) on the same checkpoints, rollouts and losses, for bench/run.py:
 
   posthoc  posthoc_prompts x posthoc_group rollouts sampled from the task model, posthoc_checkpoints
@@ -23,6 +23,7 @@ import warnings
 import torch
 import torch.nn as nn
 
+from analysis import attribute
 import tracin
 from bench.memory import lora_gpt
 from bench.step import task_setup, timed
@@ -120,7 +121,7 @@ def posthoc_row(cfg, shape):
     dev, reps = cfg["device"], cfg["repeats"]
     with tempfile.TemporaryDirectory() as tmp:
         model, enc, what, paths, train, test = posthoc_inputs(cfg, tmp, shape)
-        t_ours, res = timed(lambda: tracin.find_critical_samples(model, paths, train, test, enc), dev, reps)
+        t_ours, res = timed(lambda: attribute.find_critical_samples(model, paths, train, test, enc), dev, reps)
         ours = torch.tensor([e["tracin_score"] for e in res["scores"]], dtype=torch.float64)
         tb, sb = (tracin.rollout_batch(enc, s, dev) for s in (train, test))
         t_captum, ref = timed(lambda: captum_scores(model, paths, tb, sb), dev, reps)

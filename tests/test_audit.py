@@ -110,7 +110,7 @@ def test_audit_ranks_by_the_sum_of_per_answer_attributions(run):
     wrong = audit.find_wrong(model, enc, load_task_split(data_dir, "test"), 3, "arith", 8)[0]
     assert [(w["question"], w["completion"]) for w in wrong] == expected
     for w in wrong:
-        res = tracin.find_critical_samples(model, ckpts, train, [tracin.nll_row(enc, w["question"],
+        res = attribute.find_critical_samples(model, ckpts, train, [tracin.nll_row(enc, w["question"],
                                                 w["completion_tokens"])], enc, temperature=temperature,
                                                 checkpoint_steps=[1.0, 1.5, 0.5])
         total += [e["tracin_score"] for e in res["scores"]]
@@ -149,7 +149,7 @@ def test_contrast_loss_subtracts_the_reference_solutions(run):
     assert [r["advantage"] for r in rows] == [1.0, 1.0, -1.0, -1.0]    # -NLL of each reference solution
     train = audit.trained_rollouts(attribute.load_rollouts(str(run / "rollouts.jsonl"), enc))
     ckpts = [str(run / f"ckpt_{i:06d}.pt") for i in (0, 2, 3)]
-    score = lambda tests: np.array([e["tracin_score"] for e in tracin.find_critical_samples(  # noqa: E731
+    score = lambda tests: np.array([e["tracin_score"] for e in attribute.find_critical_samples(  # noqa: E731
         model, ckpts, train, tests, enc, checkpoint_steps=[1.0, 1.5, 0.5])["scores"]])
     expected = score(rows[:2]) - score([{**r, "advantage": 1.0} for r in rows[2:]])
     got = [e["tracin_score"] for e in a["result"]["scores"]]
@@ -211,7 +211,7 @@ def test_bad_audit_arguments_are_one_line_errors_before_any_work(run, monkeypatc
 
 
 def test_audit_of_a_model_with_no_wrong_answer_is_refused(run, monkeypatch):
-    monkeypatch.setattr(audit, "find_wrong", lambda *a, **k: ([], 20))
+    monkeypatch.setattr(attribute, "find_wrong", lambda *a, **k: ([], 20))
     with pytest.raises(UserError, match="answers all 20 test problems right"):
         attribute.main([f"--out_dir={run}", "--audit=1"])
 

@@ -36,6 +36,7 @@ import torch
 import torch.nn.functional as F
 
 import grpo
+from analysis import attribute
 import tracin
 import train_grpo as tg
 from conftest import build_gpt
@@ -246,7 +247,7 @@ def test_posthoc_scores_of_unequal_lengths_come_back_in_input_order(posthoc, mic
     m, paths, lrs, inner = posthoc
     want = sum(lr * ip for lr, ip in zip(lrs, inner))
     assert want.abs().min() > 1e-6 and len(set(want.tolist())) == len(UNEQUAL)
-    res = tracin.find_critical_samples(m, paths, UNEQUAL, TEST, ByteEnc(), micro_batch=micro_batch)
+    res = attribute.find_critical_samples(m, paths, UNEQUAL, TEST, ByteEnc(), micro_batch=micro_batch)
     assert torch.allclose(scores_of(res), want, rtol=1e-4, atol=1e-10), (scores_of(res), want)
     assert [e["index"] for e in res["scores"]] == [0, 1, 2, 3]
     assert [e["prompt"] for e in res["scores"]] == [s["prompt"] for s in UNEQUAL]
@@ -258,7 +259,7 @@ def test_posthoc_explicit_learning_rates_weight_their_own_checkpoint(posthoc):
     contribution is its own rate times its own hand inner product."""
     m, paths, stored, inner = posthoc
     for rates in ([0.3, 0.02, 0.11], stored[::-1]):
-        res = tracin.find_critical_samples(m, paths, UNEQUAL, TEST, ByteEnc(), learning_rates=rates)
+        res = attribute.find_critical_samples(m, paths, UNEQUAL, TEST, ByteEnc(), learning_rates=rates)
         for i, e in enumerate(res["scores"]):
             want = [rate * inner[t, i].item() for t, rate in enumerate(rates)]
             assert e["checkpoint_contributions"] == pytest.approx(want, rel=1e-4, abs=1e-12), (rates, i)
@@ -270,7 +271,7 @@ def test_posthoc_simple_mode_scores_the_last_checkpoint(posthoc):
     alignment at the last checkpoint: <g_i, G>, no learning-rate weight."""
     m, paths, _, inner = posthoc
     assert (inner[-1] - inner[0]).abs().max() > 1e-3 * inner[-1].abs().max()  # the checkpoints differ
-    res = tracin.find_critical_samples(m, paths, UNEQUAL, TEST, ByteEnc(), mode="simple")
+    res = attribute.find_critical_samples(m, paths, UNEQUAL, TEST, ByteEnc(), mode="simple")
     assert res["num_checkpoints"] == 1
     assert torch.allclose(scores_of(res), inner[-1], rtol=1e-4, atol=1e-10)
 

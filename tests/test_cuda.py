@@ -14,6 +14,7 @@ from bench import run as bench
 import grpo
 from runs.checkpoint import load_checkpoint
 from model import generate
+from analysis import attribute
 import tracin
 from test_distributed import task_pays_chars  # the 'pg' validation reward varies for a random model
 from test_train_grpo import run  # the CPU tests' small train_grpo.py run (tiny_setup: conftest)
@@ -99,8 +100,8 @@ def test_posthoc_attribution_on_cuda_equals_cpu(tmp_path):
     m = make_model()
     paths, _, train, test = posthoc_setup(tmp_path, m)
     kw = dict(mode="memory_efficient", normalize=True, self_influence=True)
-    want = tracin.find_critical_samples(m, paths, train, test, ByteEnc(), **kw)["scores"]
-    got = tracin.find_critical_samples(m.cuda(), paths, train, test, ByteEnc(), **kw)["scores"]
+    want = attribute.find_critical_samples(m, paths, train, test, ByteEnc(), **kw)["scores"]
+    got = attribute.find_critical_samples(m.cuda(), paths, train, test, ByteEnc(), **kw)["scores"]
     for key in ("tracin_score", "cosine_score", "self_influence"):
         assert torch.allclose(torch.tensor([e[key] for e in got]), torch.tensor([e[key] for e in want]),
                               rtol=1e-4, atol=1e-8), key

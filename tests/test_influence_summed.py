@@ -21,6 +21,7 @@ import pytest
 import torch
 
 import ghost
+from analysis import attribute
 import tracin
 import train_grpo
 from grpo import Rollouts, policy_backward
@@ -162,7 +163,7 @@ def test_posthoc_summed_with_filter_and_chunks(world, tmp_path):
         score = scores[filt] = sum(lr * (g @ G.sum(0)) for lr, g, G in zip(lrs, tr, te))
         cos = sum(lr * (g @ G.sum(0)) / (g.norm(dim=1) * G.sum(0).norm()) for lr, g, G in zip(lrs, tr, te))
         for mb in (3, 2):
-            res = tracin.find_critical_samples(m, paths, train, test, ByteEnc(), layer_filter=filt, micro_batch=mb,
+            res = attribute.find_critical_samples(m, paths, train, test, ByteEnc(), layer_filter=filt, micro_batch=mb,
                                                normalize=True)
             got = torch.tensor([e["tracin_score"] for e in res["scores"]], dtype=torch.float64)
             got_cos = torch.tensor([e["cosine_score"] for e in res["scores"]], dtype=torch.float64)
@@ -208,3 +209,22 @@ def test_zero_advantage_validation_rows_are_skipped_and_G_is_unchanged(world, mo
         assert len(none) == 1
         policy_backward(m, none, c, 0.0)
         assert all((g == 0).all() for pair in ghost.summed_gradient(m).values() for g in pair)
+
+
+@pytest.mark.parametrize("beta", [0.0, 0.1])
+def test_rollouts_tracin_can_never_keep_have_influence_exactly_zero(world, beta):
+    """tracin.py's list: a row whose mask counts no token (any beta), and with beta 0 a row of advantage 0,
+    have g_i = 0, so influence exactly 0 and 'positive' never keeps them; with beta > 0 the advantage-0 row's
+    KL term gives it an influence of its own."""
+    m, train, val = world
+    idx, pl, mask = train
+    adv, mask = TRAIN_ADV.clone(), mask.clone()
+    adv[1], mask[4] = 0.0, 0  # row 1: advantage 0; row 4: a truncated completion, masked out
+    opt = torch.optim.AdamW(lora_parameters(m), lr=0.1)
+    c = cfg(4, beta=beta, tracin_selection="positive")
+    _, infl, keep, _ = tracin.tracin_backward(m, opt, as_batch((idx, pl, mask), adv), as_batch(val, VAL_ADV), c)
+    m.zero_grad(set_to_none=True)
+    never = [4] if beta else [1, 4]
+    assert (infl[never] == 0).all() and not keep[never].any()
+    assert all(infl[i] != 0 for i in range(len(infl)) if i not in never)
+    assert keep.any() and not keep.all()  # a real selection among the others

@@ -1,6 +1,6 @@
 # A non-finite influence skips the step, even one among finite ones (tracin.tracin_backward marks
 # the step, grpo.update skips it: the weights stay as they were); post-hoc attribution
-# (tracin.find_critical_samples) refuses non-finite inner products in one line, never reporting them
+# (attribute.find_critical_samples) refuses non-finite inner products in one line, never reporting them
 # as scores. References: the weights compared bit for bit; for post-hoc, a training rollout whose
 # advantage is NaN (its gradient, and only its inner product, is NaN: the others stay finite).
 # Run: python -m pytest -q tests/test_nonfinite_influence.py
@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import ghost
+from analysis import attribute
 import tracin
 from configurator import UserError
 from grpo import update
@@ -43,8 +44,12 @@ def test_one_nan_influence_among_finite_ones_skips_the_step(world, monkeypatch, 
     assert keep.any()  # some rollouts are kept: without the reason the update would go ahead
     assert reason == "non-finite influence"
     assert all(math.isfinite(v) for v in stats["losses"])  # GRPO's losses are left as they were
-    _, nonfinite = update(m, opt, c, stats, apply=reason is None)  # as train_grpo.grpo_step calls it
+    _, nonfinite = update(m, opt, c, stats, apply=reason is None)  # as tracin.tracin_updates calls it
     assert nonfinite is None  # the reason is TracIn's own
+    assert all(torch.equal(p, b) for p, b in zip(lora_parameters(m), before))
+    batches = as_batch(train, TRAIN_ADV), as_batch(val, VAL_ADV)
+    _, grad_norm, reason, _, keep = tracin.tracin_updates(m, opt, *batches, c)  # the step's steps 4-7 whole
+    assert reason == "non-finite influence" and grad_norm == 0.0 and keep.any()
     assert all(torch.equal(p, b) for p, b in zip(lora_parameters(m), before))
 
 
@@ -67,17 +72,17 @@ def test_update_skips_when_any_loss_is_not_finite(world):  # noqa: F811
 def test_posthoc_refuses_one_non_finite_inner_product(tmp_path):
     m = make_model()
     paths, _, train, test = posthoc_setup(tmp_path, m)
-    ok = tracin.find_critical_samples(m, paths, train, test, ByteEnc(), mode="memory_efficient")
+    ok = attribute.find_critical_samples(m, paths, train, test, ByteEnc(), mode="memory_efficient")
     assert all(math.isfinite(s["tracin_score"]) for s in ok["scores"])
     bad = load_checkpoint(paths[1])
     next(iter(bad["lora"].values()))[0, 0] = float("nan")  # one weight of one adapter
     save_checkpoint(bad, paths[1])
     with pytest.raises(UserError, match="NaN/Inf") as e:
-        tracin.find_critical_samples(m, paths, train, test, ByteEnc(), mode="memory_efficient")
+        attribute.find_critical_samples(m, paths, train, test, ByteEnc(), mode="memory_efficient")
     assert "\n" not in str(e.value) and f"checkpoint {paths[1]}" in str(e.value)
     train[1]["advantage"] = float("nan")  # a NaN advantage: refused by name before any work
     with pytest.raises(UserError, match=r"train_samples\[1\] is not a rollout"):
-        tracin.find_critical_samples(m, paths[:1], train, test, ByteEnc())
+        attribute.find_critical_samples(m, paths[:1], train, test, ByteEnc())
 
 
 def test_a_nan_advantage_makes_only_its_own_inner_product_nan(tmp_path):

@@ -31,7 +31,11 @@
 #       (autograd_grads): scores, cosines <g_i, sum_j g_test_j> / (||g_i|| ||sum_j g_test_j||) and
 #       self-influences written out from those gradients; snapshots of the model's state.
 #   test_trapezoid_steps                  hand-computed weights.
+#   test_posthoc_checkpoints_whose_iter_num_repeats_*  the same checkpoints without iter_num (k_t = 1 each).
+#   test_posthoc_refuses_a_checkpoint_whose_unpickling_*  a directory its code makes when torch.load runs it
+#       with weights_only=False (the premise), never made by find_critical_samples.
 #   test_posthoc_unknown_mode_*           UserError by hand, before any work.
+import os
 import re
 
 import pytest
@@ -420,8 +424,8 @@ def test_select_rollouts():
         k = round(0.25 * n)
         assert int(top.sum()) == k
         assert set(torch.nonzero(top).flatten().tolist()) == set(sorted(range(n), key=lambda i: -x[i])[:k])
-    with pytest.raises(UserError):
-        tracin.select_rollouts(infl, "nope")
+    with pytest.raises(AssertionError):  # a programming error: checks/grpo_knobs.py refuses the knob by name
+        tracin.select_rollouts(infl, "nope")  # (tests/test_run_safety.py: --tracin_selection=all)
 
 
 def test_layer_filter_restricts_matrix(world):
@@ -524,7 +528,7 @@ def test_posthoc_full_equals_loop_over_checkpoints(world, tmp_path):
     m = world[0]
     paths, lrs, train, test = posthoc_setup(tmp_path, m)
     enc = ByteEnc()
-    full = tracin.find_critical_samples(m, paths, train, test, enc, mode="full", top_k=2, normalize=True,
+    full = attribute.find_critical_samples(m, paths, train, test, enc, mode="full", top_k=2, normalize=True,
                                         self_influence=True)
     # reference: plain autograd over checkpoints and samples
     from lora import load_lora_state_dict
@@ -550,11 +554,11 @@ def test_posthoc_full_equals_loop_over_checkpoints(world, tmp_path):
     assert full["most_influential_positive"][0]["index"] == best if want[best] > 0 else not full["most_influential_positive"]
     assert all("cosine_score" in e and e["self_influence"] > 0 for e in full["scores"])
     # memory-efficient streams the same checkpoints from disk: same scores
-    eff = tracin.find_critical_samples(m, paths, train, test, enc, mode="memory_efficient")
+    eff = attribute.find_critical_samples(m, paths, train, test, enc, mode="memory_efficient")
     for other in (eff,):
         assert torch.allclose(torch.tensor([e["tracin_score"] for e in other["scores"]], dtype=torch.float64),
                               want, rtol=1e-4, atol=1e-10)
-    simple = tracin.find_critical_samples(m, paths, train, test, enc, mode="simple")
+    simple = attribute.find_critical_samples(m, paths, train, test, enc, mode="simple")
     assert simple["num_checkpoints"] == 1
 
 
@@ -563,14 +567,14 @@ def test_posthoc_errors(world, tmp_path):
     paths, lrs, train, test = posthoc_setup(tmp_path, m)
     enc = ByteEnc()
     with pytest.raises(UserError, match="learning rates"):
-        tracin.find_critical_samples(m, paths, train, test, enc, learning_rates=[0.1])
+        attribute.find_critical_samples(m, paths, train, test, enc, learning_rates=[0.1])
     with pytest.raises(UserError, match="no checkpoints"):
-        tracin.find_critical_samples(m, [], train, test, enc)
+        attribute.find_critical_samples(m, [], train, test, enc)
     for tr, te in (([], test), (train, [])):
         with pytest.raises(UserError, match="nothing to attribute over: give at least one checkpoint, one training"):
-            tracin.find_critical_samples(m, paths, tr, te, enc)
+            attribute.find_critical_samples(m, paths, tr, te, enc)
     with pytest.raises(UserError, match="layer_filter"):
-        tracin.find_critical_samples(m, paths, train, test, enc, layer_filter="nothing")
+        attribute.find_critical_samples(m, paths, train, test, enc, layer_filter="nothing")
 
 
 @pytest.mark.parametrize("kw, match", [
@@ -604,7 +608,7 @@ def test_posthoc_bad_arguments_are_one_line_errors_before_any_score(world, tmp_p
     args = dict(checkpoints=paths, train=train, test=test)
     args.update({k: kw.pop(k) for k in list(kw) if k in args})
     with pytest.raises(UserError, match=match):
-        tracin.find_critical_samples(m, args["checkpoints"], args["train"], args["test"], ByteEnc(),
+        attribute.find_critical_samples(m, args["checkpoints"], args["train"], args["test"], ByteEnc(),
                                      **kw)
     assert all(torch.equal(v, m.state_dict()[k]) for k, v in before.items())
 
@@ -614,7 +618,7 @@ def test_posthoc_a_checkpoint_that_does_not_fit_is_named(world, tmp_path):
     paths, _, train, test = posthoc_setup(tmp_path, m)
     save_checkpoint({"model": {"w": torch.zeros(2)}}, paths[1])  # a base's checkpoint among them
     with pytest.raises(UserError, match=f"checkpoint {re.escape(paths[1])}: LoRA weights do not fit"):
-        tracin.find_critical_samples(m, paths, train, test, ByteEnc())
+        attribute.find_critical_samples(m, paths, train, test, ByteEnc())
 
 
 def test_posthoc_cli_errors(tmp_path):
@@ -630,7 +634,7 @@ def test_posthoc_memory_efficient_loads_each_checkpoint_once(world, tmp_path, mo
     paths, lrs, train, test = posthoc_setup(tmp_path, m)
     from runs.checkpoint import load_checkpoint as real
     loads = []
-    res = tracin.find_critical_samples(m, paths, train, test, ByteEnc(), mode="memory_efficient", micro_batch=2,
+    res = attribute.find_critical_samples(m, paths, train, test, ByteEnc(), mode="memory_efficient", micro_batch=2,
                                        load=lambda p: loads.append(p) or real(p))
     assert sorted(loads) == sorted(paths)  # each exactly once, even with several train chunks
     assert [e["checkpoint_contributions"][0] for e in res["scores"]] != [0.0] * len(train)
@@ -667,9 +671,9 @@ def test_posthoc_n_probe_spreads_over_the_run(world, tmp_path):
     m = world[0]
     paths, lrs, train, test = posthoc_setup(tmp_path, m)
     enc = ByteEnc()
-    got = tracin.find_critical_samples(m, paths, train, test, enc, n_probe=2)
-    want = tracin.find_critical_samples(m, paths, [train[0], train[2]], test, enc)
-    first = tracin.find_critical_samples(m, paths, train[:2], test, enc)
+    got = attribute.find_critical_samples(m, paths, train, test, enc, n_probe=2)
+    want = attribute.find_critical_samples(m, paths, [train[0], train[2]], test, enc)
+    first = attribute.find_critical_samples(m, paths, train[:2], test, enc)
     scores = lambda r: [e["tracin_score"] for e in r["scores"]]
     assert scores(got) == scores(want) and scores(got) != scores(first)
 
@@ -678,10 +682,10 @@ def test_posthoc_unknown_mode_raises_before_work(world, tmp_path, monkeypatch):
     """Checked first: mode='full' would otherwise load (here: fail to find) every checkpoint first."""
     m = world[0]
     _, _, train, test = posthoc_setup(tmp_path, m)
-    monkeypatch.setattr(tracin, "rollout_batch", lambda *a: pytest.fail("work started"))
+    monkeypatch.setattr(attribute, "rollout_batch", lambda *a: pytest.fail("work started"))
     missing = [str(tmp_path / "missing.pt")]
     with pytest.raises(UserError, match="mode.*'fast'"):
-        tracin.find_critical_samples(m, missing, train, test, ByteEnc(), mode="fast")
+        attribute.find_critical_samples(m, missing, train, test, ByteEnc(), mode="fast")
 
 
 def autograd_grads(m, paths, samples, temperature=1.0):
@@ -709,7 +713,7 @@ def test_posthoc_cosine_and_self_influence_match_autograd(world, tmp_path):
     tr, te = autograd_grads(m, paths, train), autograd_grads(m, paths, test)
     cos = sum(lr * (g @ G.sum(0)) / (g.norm(dim=1) * G.sum(0).norm()) for lr, g, G in zip(lrs, tr, te))
     self_inf = sum(lr * g.pow(2).sum(1) for lr, g in zip(lrs, tr))
-    res = tracin.find_critical_samples(m, paths, train, test, ByteEnc(), normalize=True, self_influence=True)
+    res = attribute.find_critical_samples(m, paths, train, test, ByteEnc(), normalize=True, self_influence=True)
     assert torch.allclose(column(res, "cosine_score"), cos, rtol=1e-4, atol=1e-8)
     assert torch.allclose(column(res, "self_influence"), self_inf, rtol=1e-4)
     assert (self_inf > 0).all() and cos.abs().min() > 1e-3
@@ -719,7 +723,7 @@ def test_posthoc_repeated_test_sample_keeps_the_cosine(world, tmp_path):
     """The same test sample 4 times: the score is 4 times that of once, the cosine the same."""
     m = world[0]
     paths, _, train, test = posthoc_setup(tmp_path, m)
-    once, four = (tracin.find_critical_samples(m, paths, train, t, ByteEnc(), normalize=True) for t in (test, test * 4))
+    once, four = (attribute.find_critical_samples(m, paths, train, t, ByteEnc(), normalize=True) for t in (test, test * 4))
     assert torch.allclose(column(four, "tracin_score"), 4 * column(once, "tracin_score"), rtol=1e-5)
     assert torch.allclose(column(four, "cosine_score"), column(once, "cosine_score"), rtol=1e-5)
 
@@ -737,7 +741,7 @@ def autograd_scores(m, paths, train, test):
 def test_posthoc_hooks_agree_with_autograd_on_every_key(world, tmp_path):
     m = world[0]
     paths, _, train, test = posthoc_setup(tmp_path, m)
-    hooks = tracin.find_critical_samples(m, paths, train, test * 2, ByteEnc(), normalize=True, self_influence=True)
+    hooks = attribute.find_critical_samples(m, paths, train, test * 2, ByteEnc(), normalize=True, self_influence=True)
     want = autograd_scores(m, paths, train, test * 2)
     for key in ("tracin_score", "cosine_score", "self_influence"):
         assert want[key].abs().min() > 0, key
@@ -751,7 +755,7 @@ def test_posthoc_scores_ignore_dropout(tmp_path):
     assert all(torch.equal(a, b) for a, b in zip(noisy.state_dict().values(), clean.state_dict().values()))
     paths, _, train, test = posthoc_setup(tmp_path, noisy)
     kw = dict(normalize=True, self_influence=True)
-    runs = [tracin.find_critical_samples(m, paths, train, test, ByteEnc(), **kw) for m in (noisy, noisy, clean)]
+    runs = [attribute.find_critical_samples(m, paths, train, test, ByteEnc(), **kw) for m in (noisy, noisy, clean)]
     want = autograd_scores(clean.eval(), paths, train, test)
     for key in ("tracin_score", "cosine_score", "self_influence"):
         assert torch.equal(column(runs[0], key), column(runs[1], key)), key
@@ -777,7 +781,7 @@ def test_posthoc_leaves_the_model_as_it_was(world, tmp_path, training):
     for ckpts in (paths, paths + [str(tmp_path / "missing.pt")]):  # the second fails after 3 checkpoints
         m.train(training)
         try:
-            tracin.find_critical_samples(m, ckpts, train, test, ByteEnc(), normalize=True, self_influence=True)
+            attribute.find_critical_samples(m, ckpts, train, test, ByteEnc(), normalize=True, self_influence=True)
         except UserError as e:
             assert "missing.pt" in str(e) and len(ckpts) == 4
         assert m.training == training and all(mod.training == training for mod in m.modules())
@@ -795,25 +799,74 @@ def test_trapezoid_steps():
     assert tracin.trapezoid_steps([40]) == [1.0]
 
 
+@pytest.mark.parametrize("iters", [[7, 7, 7], [0, 5, 5], [9, 4, 12]])
+def test_posthoc_checkpoints_whose_iter_num_repeats_weigh_by_learning_rate_never_zero(world, tmp_path, iters):
+    """Checkpoints saved at iterations that repeat (or run backwards: a run restarted into the same
+    directory) cannot be placed on one time axis: each weighs k_t = 1 (w_t = eta_t, Captum's TracInCP),
+    the same scores as checkpoints that hold no iter_num. The trapezoid would give a repeated one 0."""
+    m = world[0]
+    paths, lrs, train, test = posthoc_setup(tmp_path, m)
+    plain = attribute.find_critical_samples(m, paths, train, test, ByteEnc())  # no iter_num: 1 each
+    for path, it in zip(paths, iters):
+        save_checkpoint({**load_checkpoint(path), "iter_num": it}, path)
+    if iters == [7, 7, 7]:
+        assert tracin.trapezoid_steps(iters) == [0.0, 0.0, 0.0]  # what the weights must not become
+    res = attribute.find_critical_samples(m, paths, train, test, ByteEnc())
+    assert res["checkpoint_weights"] == lrs
+    assert (column(res, "tracin_score") != 0).all()
+    assert column(res, "tracin_score").tolist() == column(plain, "tracin_score").tolist()
+
+
+class RunsCodeWhenUnpickled:
+    """An object whose unpickling calls os.mkdir(path): what a crafted checkpoint could do instead."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        return (os.mkdir, (self.path,))
+
+
+@pytest.mark.parametrize("mode", ["memory_efficient", "full"])
+def test_posthoc_refuses_a_checkpoint_whose_unpickling_would_run_code(world, tmp_path, mode):
+    """Paths without load=: read as data (tensors and plain containers), a pickled object refused in one
+    line naming it, and its code never run."""
+    m = world[0]
+    paths, _, train, test = posthoc_setup(tmp_path, m)
+    marker = tmp_path / "the_code_ran"
+    save_checkpoint({**load_checkpoint(paths[1]), "note": RunsCodeWhenUnpickled(str(marker))}, paths[1])
+    torch.load(paths[1], weights_only=False)  # the premise: unpickled, the checkpoint runs its code
+    assert marker.is_dir()
+    marker.rmdir()
+    before = {k: v.clone() for k, v in m.state_dict().items()}
+    with pytest.raises(UserError) as e:
+        attribute.find_critical_samples(m, paths, train, test, ByteEnc(), mode=mode)
+    want = (rf"checkpoint {re.escape(paths[1])} holds a pickled Python object \(\w+\.mkdir\), not only "
+            r"tensors: refused, as loading it could run code")
+    assert re.fullmatch(want, str(e.value)), str(e.value)
+    assert not marker.exists()
+    assert all(torch.equal(v, m.state_dict()[k]) for k, v in before.items())
+
+
 def test_posthoc_checkpoint_steps_scale_each_checkpoint(world, tmp_path):
     m = world[0]
     paths, _, train, test = posthoc_setup(tmp_path, m)
     steps = [12.5, 25.0, 5.0]
     kw = dict(normalize=True, self_influence=True)
-    plain = tracin.find_critical_samples(m, paths, train, test, ByteEnc(), **kw)
-    weighted = tracin.find_critical_samples(m, paths, train, test, ByteEnc(), checkpoint_steps=steps, **kw)
+    plain = attribute.find_critical_samples(m, paths, train, test, ByteEnc(), **kw)
+    weighted = attribute.find_critical_samples(m, paths, train, test, ByteEnc(), checkpoint_steps=steps, **kw)
     for p, w in zip(plain["scores"], weighted["scores"]):
         want = [k * c for k, c in zip(steps, p["checkpoint_contributions"])]
         assert w["checkpoint_contributions"] == pytest.approx(want, rel=1e-9)
         assert w["tracin_score"] == pytest.approx(sum(want), rel=1e-9)
     # cosine and self-influence: each checkpoint's term scales by its k_t too (one checkpoint at a time)
     for path, k in zip(paths, steps):
-        one, one_k = (tracin.find_critical_samples(m, [path], train, test, ByteEnc(), checkpoint_steps=s, **kw)
+        one, one_k = (attribute.find_critical_samples(m, [path], train, test, ByteEnc(), checkpoint_steps=s, **kw)
                       for s in (None, [k]))
         for key in ("tracin_score", "cosine_score", "self_influence"):
             assert torch.allclose(column(one_k, key), k * column(one, key), rtol=1e-9), key
-    simple = tracin.find_critical_samples(m, paths, train, test, ByteEnc(), mode="simple", checkpoint_steps=steps)
+    simple = attribute.find_critical_samples(m, paths, train, test, ByteEnc(), mode="simple", checkpoint_steps=steps)
     assert column(simple, "tracin_score").tolist() == column(
-        tracin.find_critical_samples(m, paths, train, test, ByteEnc(), mode="simple"), "tracin_score").tolist()
+        attribute.find_critical_samples(m, paths, train, test, ByteEnc(), mode="simple"), "tracin_score").tolist()
     with pytest.raises(UserError, match="3 checkpoints but 2 checkpoint_steps"):
-        tracin.find_critical_samples(m, paths, train, test, ByteEnc(), checkpoint_steps=[1, 2])
+        attribute.find_critical_samples(m, paths, train, test, ByteEnc(), checkpoint_steps=[1, 2])

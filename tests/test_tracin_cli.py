@@ -46,7 +46,7 @@ def run(grpo_dir, tmp_path):
 @pytest.fixture
 def spy(monkeypatch):
     """Records each find_critical_samples call's arguments and whether the run lock was held, then scores."""
-    calls, real = [], tracin.find_critical_samples
+    calls, real = [], attribute.find_critical_samples
 
     def record(model, checkpoints, train, test, enc, **kw):
         lock = os.path.join(os.path.dirname(checkpoints[0]), "run.lock")
