@@ -43,6 +43,7 @@ their influence on a test answer, summed over the checkpoints (TracInCP).
 from configurator import UserError
 import math
 from contextlib import nullcontext
+from dataclasses import replace
 
 import torch
 from torch.nn.utils.rnn import pad_sequence
@@ -52,8 +53,8 @@ from ghost import (compute_ghost_inner_product_matrix, ghost_mode,
                    summed_gradient, summed_inner_products)
 from data.prompts import encode_prompt, encode_text
 from model import pad_prompts
-from grpo import (PhaseTimer, Rollouts, completion_logprobs, policy_backward,
-                  rank_part, with_reference)
+from grpo import (LossKnobs, PhaseTimer, Rollouts, completion_logprobs,
+                  policy_backward, rank_part, with_reference)
 from lora import LoRALinear, load_lora_state_dict, lora_state_dict
 from scale import distributed
 
@@ -123,10 +124,11 @@ def tracin_backward(model, optimizer, rollouts, val_batch, cfg,
     a non-finite influence skips the step (no weight moves)."""
     matrix = cfg["tracin_influence"] == "matrix"
     timer = timer or PhaseTimer()
+    knobs = LossKnobs.from_cfg(cfg)
     # this rank's rows (all in one process)
-    batch = rank_part(rollouts, cfg["micro_batch_size"])
+    batch = rank_part(rollouts)
     # PASS 3, before the capture
-    batch = with_reference(model, batch, cfg, cfg["beta"], timer, amp)
+    batch = with_reference(model, batch, cfg, knobs, timer, amp)
     # The capture (ghost.GhostHooks): lora_A's forward hook keeps each
     # sample's x and h = A x, tensor hooks the output gradients
     # gA = dL/dh, gB = dL/d(B h); the split 'train' forms no .grad
@@ -136,12 +138,12 @@ def tracin_backward(model, optimizer, rollouts, val_batch, cfg,
         # pass 2 and the backward: per-sample factors (the seconds of the
         # capture phases include policy_backward's own "policy" seconds)
         with timer("grad_capture_train"):
-            stats = policy_backward(model, batch, cfg, cfg["beta"], timer, amp)
+            stats = policy_backward(model, batch, cfg, knobs, timer, amp)
         # 'summed': no hook keeps, G adds up in .grad
         hooks.split = "val" if matrix else None
         with timer("grad_capture_val"):  # no KL term in the validation loss
             val_rows = val_batch if matrix else informative_rows(val_batch, cfg)
-            policy_backward(model, val_rows, cfg, 0.0, timer, amp)
+            policy_backward(model, val_rows, cfg, replace(knobs, beta=0.0), timer, amp)
         train_grads = hooks.collect("train")
         # per validation row, or G {layer: (G_A, G_B)}
         if matrix:

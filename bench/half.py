@@ -41,8 +41,9 @@ def same_rollouts(m32, m16, prompts, group, new_tokens, adv, dev, seed):
                    (m16, torch.autocast(torch.device(dev).type, dtype=torch.bfloat16))):
         m.zero_grad(set_to_none=True)
         timer = grpo.PhaseTimer()
-        with_ref = grpo.with_reference(m, batch, c, 0.04, timer, amp)  # pass 3 in this precision
-        loss = sum(grpo.policy_backward(m, with_ref, c, 0.04, timer, amp)["losses"])
+        knobs = grpo.LossKnobs.from_cfg(c)
+        with_ref = grpo.with_reference(m, batch, c, knobs, timer, amp)  # pass 3 in this precision
+        loss = sum(grpo.policy_backward(m, with_ref, c, knobs, timer, amp)["losses"])
         out.append((loss, torch.cat([p.grad.flatten() for p in lora_parameters(m)])))
         m.zero_grad(set_to_none=True)
     (l32, g32), (l16, g16) = out

@@ -78,8 +78,9 @@ def project_grpo_step(model, optimizer, prompts, group, new_tokens, advantages, 
                                        generator=torch.Generator(device=dev).manual_seed(seed))
     sync(); times["generation"] = time.perf_counter() - t0
     batch = grpo.Rollouts(idx, pad_left, mask, advantages)
-    batch = grpo.with_reference(model, batch, c, beta, timer, amp)  # pass 3, then 2 and backward
-    st = grpo.policy_backward(model, batch, c, beta, timer, amp)
+    knobs = grpo.LossKnobs.from_cfg(c)
+    batch = grpo.with_reference(model, batch, c, knobs, timer, amp)  # pass 3, then 2 and backward
+    st = grpo.policy_backward(model, batch, c, knobs, timer, amp)
     times.update(reference=timer.seconds["reference"], policy=timer.seconds["policy"])
     t0 = time.perf_counter()
     torch.nn.utils.clip_grad_norm_(lora_parameters(model), c["grad_clip"])

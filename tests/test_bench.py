@@ -20,7 +20,7 @@ from bench import memory as bench_memory
 from bench import posthoc as bench_posthoc
 import rewards
 from configurator import UserError
-from grpo import completion_logprobs, grpo_loss
+from grpo import Divisors, LossKnobs, completion_logprobs, grpo_loss
 from lora import disable_lora, lora_parameters
 from model import generate
 
@@ -138,7 +138,8 @@ def test_straightforward_step_matches_project_loss_and_gradients(eot_id):
     model.zero_grad(set_to_none=True)
     logp, _ = completion_logprobs(model, idx, pad, T, 1.0)
     assert (logp - ref).abs().max() > 1e-3  # the KL term is not zero
-    expected, _ = grpo_loss(logp, logp.detach(), ref, adv, mask, beta=0.04)
+    whole = Divisors(num_seqs=mask.size(0), num_tokens=mask.sum().clamp(min=1).item())
+    expected, _ = grpo_loss(logp, logp.detach(), ref, adv, mask, LossKnobs(beta=0.04), whole)
     expected.backward()
     assert abs(loss - expected.item()) <= 1e-5
     for g, p in zip(got, lora_parameters(model)):

@@ -85,8 +85,10 @@ def test_grpo_loss_with_asymmetric_clip_bounds(loss_type):
     mask = [[1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 0], [1, 1, 0, 1, 1, 1]]
     old = torch.randn(4, 6, generator=torch.Generator().manual_seed(0)).double()
     logp = (old + torch.tensor(RATIOS, dtype=torch.float64).log()).requires_grad_(True)
-    loss, st = grpo.grpo_loss(logp, old, None, torch.tensor(adv).double(), torch.tensor(mask), beta=0.0,
-                              epsilon_low=EPS_LOW, epsilon_high=EPS_HIGH, loss_type=loss_type)
+    knobs = grpo.LossKnobs(beta=0.0, epsilon_low=EPS_LOW, epsilon_high=EPS_HIGH, loss_type=loss_type)
+    mask_t = torch.tensor(mask)
+    whole = grpo.Divisors(num_seqs=len(mask), num_tokens=mask_t.sum().item())
+    loss, st = grpo.grpo_loss(logp, old, None, torch.tensor(adv).double(), mask_t, knobs, whole)
     (g,) = torch.autograd.grad(loss, logp)
     n_tok = sum(map(sum, mask))
     want_loss, low, high = 0.0, 0, 0
@@ -364,9 +366,9 @@ def test_a_skipped_update_ends_the_generations_updates(tiny_gpt, monkeypatch, ba
     cfg = {**tg.defaults, "micro_batch_size": 4, "num_iterations": 3, "beta": 0.0, "device": "cpu"}
     real, calls, weights = grpo.policy_backward, [], []
 
-    def backward(model, b, c, beta, *a, **k):
+    def backward(model, b, c, knobs, *a, **k):
         weights.append([p.detach().clone() for p in params])  # the weights this update starts from
-        stats = real(model, b, c, beta, *a, **k)
+        stats = real(model, b, c, knobs, *a, **k)
         calls.append(len(calls))
         if len(calls) - 1 == bad_update:
             stats["losses"].append(float("nan"))
