@@ -43,7 +43,7 @@ from torch.autograd.function import once_differentiable
 from configurator import UserError
 from data.prompts import decode_completions, stop_tokens
 from lora import disable_lora, folded_for_sampling, lora_parameters
-from model import generate, pad_id
+from model import Sampling, generate, pad_id
 from rewards import compute_rewards, parse_counts
 from scale import distributed
 
@@ -215,17 +215,13 @@ def sample_rollouts(model, enc, batches, cfg, generator, decode=None,
         u = torch.rand(S, len(prompts) * G, generator=generator, device=device)
         u = u[:, mine.start * G:mine.stop * G]
     stops = stop_tokens(enc)
+    sampling = Sampling(temperature=cfg["temperature"], top_k=cfg["top_k"] or None,
+                        top_p=cfg["top_p"], vocab_size=enc.n_vocab)
     # LoRA folded in for sampling: each adapted layer holds W + s B A
     # (lora.folded_for_sampling)
     with timer("generation"), amp, folded_for_sampling(model):
-        sampled = generate(model, prompts[mine], S, stops,
-                           num_samples=G,
-                           temperature=cfg["temperature"],
-                           top_k=cfg["top_k"] or None,
-                           top_p=cfg["top_p"],
-                           vocab_size=enc.n_vocab,
-                           u=u,
-                           decode=decode)
+        sampled = generate(model, prompts[mine], S, stops, num_samples=G,
+                           sampling=sampling, u=u, decode=decode)
     # every rank's rows, padded as generate pads
     pad = pad_id(stops)
     return distributed.gather_sampled(*sampled, pad, len(prompts), G)

@@ -29,7 +29,7 @@ from scale.compiled import CompiledDecode
 import train_grpo
 from lora import apply_lora, disable_lora, folded_for_sampling, lora_parameters
 from model import GPT, GPTConfig
-from model import generate
+from model import Sampling, generate, uniforms
 
 MB = 1024 ** 2
 
@@ -73,9 +73,9 @@ def project_grpo_step(model, optimizer, prompts, group, new_tokens, advantages, 
     times = {}
     t0 = time.perf_counter()
     with amp, folded_for_sampling(model):  # as grpo.sample_rollouts: the adapter folded into W for pass 1
+        u = uniforms(new_tokens, prompts.size(0) * group, seed, dev)
         idx, pad_left, mask = generate(model, prompts.tolist(), new_tokens, eot_id=-1, num_samples=group,
-                                       temperature=temperature, decode=decode,
-                                       generator=torch.Generator(device=dev).manual_seed(seed))
+                                       sampling=Sampling(temperature=temperature), u=u, decode=decode)
     sync(); times["generation"] = time.perf_counter() - t0
     batch = grpo.Rollouts(idx, pad_left, mask, advantages)
     knobs = grpo.LossKnobs.from_cfg(c)

@@ -74,7 +74,7 @@ from grpo import Divisors, LossKnobs, completion_logprobs, grpo_loss, selective_
 from lora import apply_lora
 from scale.compiled import check_compile
 from scale.device import check_device
-from model import generate
+from model import GREEDY, generate
 from runs.checkpoint import load_checkpoint, model_from_checkpoint
 import train_grpo
 
@@ -160,7 +160,7 @@ def bench_sampling(cfg):
     model = bench_model(dev, 32 + T)
     g = torch.Generator().manual_seed(cfg["seed"])
     prompts = torch.randint(1, 394, (n, 32), generator=g)  # eot (394) never in prompts
-    t_kv, (idx_kv, _, _) = timed(lambda: generate(model, prompts.tolist(), T, eot_id=-1, temperature=0),
+    t_kv, (idx_kv, _, _) = timed(lambda: generate(model, prompts.tolist(), T, eot_id=-1, sampling=GREEDY),
                                  dev, cfg["repeats"])
     t_full, idx_full = timed(lambda: full_recompute_greedy(model, prompts.to(dev), T), dev, cfg["repeats"])
     same = torch.equal(idx_kv.cpu(), idx_full.cpu())

@@ -22,7 +22,7 @@ import rewards
 from configurator import UserError
 from grpo import Divisors, LossKnobs, completion_logprobs, grpo_loss
 from lora import disable_lora, lora_parameters
-from model import generate
+from model import GREEDY, generate
 
 
 def test_quick_bench_rows(capsys, tmp_path):
@@ -115,7 +115,7 @@ def test_posthoc_row_without_captum(monkeypatch):
 def test_full_recompute_matches_kv_cache():
     model = bench.bench_model("cpu", 48)
     prompts = torch.randint(1, 394, (3, 8), generator=torch.Generator().manual_seed(1))
-    idx, _, _ = generate(model, prompts.tolist(), 12, eot_id=-1, temperature=0)
+    idx, _, _ = generate(model, prompts.tolist(), 12, eot_id=-1, sampling=GREEDY)
     assert torch.equal(idx, bench.full_recompute_greedy(model, prompts, 12))
 
 

@@ -46,7 +46,7 @@ from configurator import UserError
 from lora import apply_lora, disable_lora, load_lora_state_dict, lora_parameters, lora_state_dict
 from model import GPT, GPTConfig
 from runs.checkpoint import load_checkpoint, save_checkpoint
-from model import generate
+from model import Sampling, generate, uniforms
 from grpo import Divisors, LossKnobs, completion_logprobs, grpo_loss
 
 # functorch notes that SDPA has no batching rule on CPU (a slower fallback): not a test concern
@@ -74,7 +74,8 @@ def make_model(dropout=0.0):
 def make_batch(m, prompts, num_samples, seed, end_early=()):
     """A batch laid out as sample.generate lays it out. Rows in end_early=(row, k) get an end-of-text
     at completion step k and eot padding after it (mask 0), as generate writes a finished row."""
-    idx, pl, mask = generate(m, prompts, 8, EOT, num_samples=num_samples, temperature=1.5, seed=seed)
+    u = uniforms(8, len(prompts) * num_samples, seed, "cpu")
+    idx, pl, mask = generate(m, prompts, 8, EOT, num_samples=num_samples, sampling=Sampling(temperature=1.5), u=u)
     P = idx.size(1) - mask.size(1)
     for r, k in end_early:
         idx[r, P + k:] = EOT

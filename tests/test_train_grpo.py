@@ -25,7 +25,7 @@ from runs.checkpoint import save_checkpoint, load_checkpoint
 from rewards import compute_rewards
 from runs.metrics import step_log
 from data.prompts import decode_completions, encode_prompt
-from model import generate
+from model import generate, uniforms
 
 # every run here uses a reward that varies even for an untrained model (conftest.chars_reward)
 pytestmark = pytest.mark.usefixtures("chars_reward")
@@ -192,7 +192,7 @@ def lora_gpt():
 
 def rollouts(m, n_prompts=3, G=2, seed=0):
     prompts = [[1, 2, 3], [4, 5, 6, 7, 8], [9]][:n_prompts]
-    return generate(m, prompts, 10, eot_id=0, num_samples=G, temperature=1.0, seed=seed)
+    return generate(m, prompts, 10, eot_id=0, num_samples=G, u=uniforms(10, len(prompts) * G, seed, "cpu"))
 
 
 def reference_logprobs(m, idx, pad_left, T, temperature=1.0):
