@@ -75,6 +75,7 @@ class Prompts:
     answers: list         # one per prompt, as the reward functions read it
     reward_funcs: tuple   # names in rewards.REWARD_FUNCS
     reward_weights: tuple
+    cache: dict = None    # the run's memo of scores (rewards.compute_rewards); None: none
 
 
 @dataclass
@@ -171,8 +172,8 @@ class StepResult:
 # -----------------------------------------------------------------------------
 # 1-3: prompts, PASS 1 sampling, rewards, advantages
 
-def make_rollouts(model, enc, batches, cfg, generator, cache=None,
-                  decode=None, timer=None, amp=nullcontext()):
+def make_rollouts(model, enc, batches, cfg, generator, decode=None,
+                  timer=None, amp=nullcontext()):
     """PASS 1 (sampling, no grad, no logits kept), rewards and
     group-relative advantages: one Rollouts per Prompts of `batches`,
     all sampled in ONE generate call.
@@ -185,10 +186,9 @@ def make_rollouts(model, enc, batches, cfg, generator, cache=None,
     overlap = (cfg["background_rewards"] and not cfg["tracin"]
                and cfg["beta"] != 0 and cfg["num_iterations"] == 1)
     if not overlap:
-        return score_rollouts(enc, sampled, batches, cfg, cache, timer)
+        return score_rollouts(enc, sampled, batches, cfg, timer)
     with ThreadPoolExecutor(max_workers=1) as pool:
-        scoring = pool.submit(score_rollouts, enc, sampled, batches, cfg,
-                              cache, timer)
+        scoring = pool.submit(score_rollouts, enc, sampled, batches, cfg, timer)
         unscored = Rollouts(*sampled, advantages=None)
         ref = reference_logprobs(model, unscored, cfg, timer, amp)
         first, *others = scoring.result()
@@ -227,8 +227,8 @@ def sample_rollouts(model, enc, batches, cfg, generator, decode=None,
     return distributed.gather_sampled(*sampled, pad, len(prompts), G)
 
 
-def score_rollouts(enc, sampled, batches, cfg, cache=None, timer=None):
-    """Rewards (each batch's own functions; cache: see
+def score_rollouts(enc, sampled, batches, cfg, timer=None):
+    """Rewards (each batch's own functions and cache, see
     rewards.compute_rewards) and advantages: one Rollouts per batch."""
     (idx, pad_left, mask), group = sampled, cfg["group_size"]
     timer = timer or PhaseTimer()
@@ -244,7 +244,7 @@ def score_rollouts(enc, sampled, batches, cfg, cache=None, timer=None):
             row_answers = [a for a in batch.answers for _ in range(group)]
             rewards, per_fn, errors = compute_rewards(
                 texts, row_answers, batch.reward_funcs, batch.reward_weights,
-                cache)
+                batch.cache)
             # NaN where no reward function could score
             rewards = torch.tensor(rewards)
             advantages, n_zero_std = compute_group_advantages(
