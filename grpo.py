@@ -137,9 +137,9 @@ class Rollouts:
         rank's micro-batches of micro_batch_size rows."""
         mask = self.mask if self.whole_mask is None else self.whole_mask
         n = mask.size(0)
-        per_rank = -(-(n // self.ranks) // micro_batch_size)  # rounded up
+        rank_micro_batches = -(-(n // self.ranks) // micro_batch_size)  # rounded up
         return Divisors(num_seqs=n, num_tokens=mask.sum().clamp(min=1).item(),
-                        num_micro_batches=self.ranks * per_rank)
+                        num_micro_batches=self.ranks * rank_micro_batches)
 
 
 @dataclass(frozen=True)
