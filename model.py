@@ -459,7 +459,7 @@ class Sampling:
     temperature: float = 1.0  # 0: greedy (argmax); else softmax(logits / temperature)
     top_k: int = None         # only the k likeliest tokens
     top_p: float = None       # only the smallest set with mass >= top_p (nucleus)
-    vocab_size: int = None    # ids >= vocab_size are never drawn (a head wider than the vocabulary)
+    vocab_size: int = None    # ids >= vocab_size never drawn (a head wider than the tokenizer)
     check_every: int = None   # steps between "all rows done?" (None: 8 on CUDA, 1 elsewhere)
 
 

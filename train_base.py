@@ -151,21 +151,21 @@ def evaluate(model, enc, examples, max_new_tokens, k=1, temperature=1.0,
     correct = REWARD_FUNCS[TASKS[task]["correct"]]
     starts = range(0, len(examples), batch)
     stops = stop_tokens(enc)
+    argmax = Sampling(temperature=0, vocab_size=enc.n_vocab)
+    drawn = Sampling(temperature=temperature, vocab_size=enc.n_vocab)  # pass@k's samples
+    device = next(model.parameters()).device
     try:
         for i in starts[distributed.split(len(starts))]:
             chunk = examples[i:i + batch]
             prompts = [encode_prompt(enc, e["question"]) for e in chunk]
-            greedy_sampling = Sampling(temperature=0, vocab_size=enc.n_vocab)
-            idx, _, mask = generate(model, prompts, max_new_tokens, stops, sampling=greedy_sampling)
+            idx, _, mask = generate(model, prompts, max_new_tokens, stops, sampling=argmax)
             texts = decode_completions(enc, idx, mask)
             greedy += sum(correct(t, e["answer"]) == 1.0
                           for t, e in zip(texts, chunk))
             if k > 1:
-                sampling = Sampling(temperature=temperature, vocab_size=enc.n_vocab)
-                device = next(model.parameters()).device
                 u = uniforms(max_new_tokens, len(prompts) * k, seed + i, device)
                 idx, _, mask = generate(model, prompts, max_new_tokens, stops, num_samples=k,
-                                        sampling=sampling, u=u)
+                                        sampling=drawn, u=u)
                 texts = decode_completions(enc, idx, mask)
 
                 def solved(j, e):  # any of the problem's k samples
