@@ -43,7 +43,7 @@ from torch.autograd.function import once_differentiable
 from configurator import UserError
 from data.prompts import decode_completions, stop_tokens
 from lora import disable_lora, folded_for_sampling, lora_parameters
-from model import generate, pad_id
+from model import Sampling, generate, pad_id
 from rewards import compute_rewards, parse_counts
 from scale import distributed
 
@@ -75,6 +75,7 @@ class Prompts:
     answers: list         # one per prompt, as the reward functions read it
     reward_funcs: tuple   # names in rewards.REWARD_FUNCS
     reward_weights: tuple
+    cache: dict = None    # the run's memo of scores (rewards.compute_rewards); None: none
 
 
 @dataclass
@@ -97,17 +98,17 @@ class Rollouts:
     old_logp: torch.Tensor = None   # (n, T) the sampling policy's (mu > 1)
     influence: torch.Tensor = None  # (n,) TracIn: <g_i, G> (tracin_backward)
     selected: torch.Tensor = None   # (n,) bool TracIn: the rows trained on
-    counts: dict = None             # grpo_loss's divisors when part of a batch
+    whole_mask: torch.Tensor = None  # a part's: the whole batch's (n_whole, T) mask (divisors)
+    ranks: int = 1                   # rank_part's: the ranks sharing the whole batch's rows
 
     def __len__(self):
         return self.idx.size(0)
 
-    def part(self, rows, **counts):
-        """Rows `rows` (a slice or a bool mask) of every per-row field, the
-        loss divided by the WHOLE batch's counts (batch_counts, or this
-        part's own whole-batch counts; `counts` overrides), so that the
-        parts' gradients add up to the batch's. errors and n_zero_std stay
-        the whole batch's."""
+    def part(self, rows):
+        """Rows `rows` (a slice or a bool mask) of every per-row field; the
+        loss still divides by the WHOLE batch's numbers (divisors), so that
+        the parts' gradients add up to the batch's. errors and n_zero_std
+        stay the whole batch's."""
         cpu_rows = rows.cpu() if torch.is_tensor(rows) else rows
 
         def take(v):
@@ -120,31 +121,41 @@ class Rollouts:
                 picked = torch.arange(len(v))[cpu_rows].tolist()
                 return [v[i] for i in picked]
             return v
-        whole = self.counts or batch_counts(self.mask)
+        whole = self.mask if self.whole_mask is None else self.whole_mask
         per_row = ("idx", "pad_left", "mask", "advantages", "rewards",
                    "per_fn", "truncated", "ref_logp", "old_logp",
                    "influence", "selected")
         fields = {k: take(getattr(self, k)) for k in per_row
                   if getattr(self, k) is not None}
-        return replace(self, **fields, counts={**whole, **counts})
+        return replace(self, **fields, whole_mask=whole)
+
+    def divisors(self, micro_batch_size):
+        """What grpo_loss divides by, decided here alone: the numbers of the
+        WHOLE batch (this one, or the one it is a part of: rank_part's rows,
+        TracIn's kept rows), so that its parts' gradients add up to the
+        batch's: its sequences, its completion tokens, and (bnpo) every
+        rank's micro-batches of micro_batch_size rows."""
+        mask = self.mask if self.whole_mask is None else self.whole_mask
+        n = mask.size(0)
+        rank_micro_batches = -(-(n // self.ranks) // micro_batch_size)  # rounded up
+        return Divisors(num_seqs=n, num_tokens=mask.sum().clamp(min=1).item(),
+                        num_micro_batches=self.ranks * rank_micro_batches)
 
 
-def batch_counts(mask):
-    """grpo_loss's divisors for a batch of completion mask (n, T):
-    sequences, completion tokens."""
-    num_tokens = mask.sum().clamp(min=1).item()
-    return dict(num_seqs=mask.size(0), num_tokens=num_tokens)
+@dataclass(frozen=True)
+class Divisors:
+    """grpo_loss's divisors (Rollouts.divisors decides them)."""
+    num_seqs: int               # grpo: / sequences; dr_grpo: / (sequences x max_len)
+    num_tokens: float           # dapo: / completion tokens (>= 1)
+    num_micro_batches: int = 1  # bnpo: the mean over micro-batches
 
 
-def rank_part(rollouts, micro_batch_size):
+def rank_part(rollouts):
     """This rank's rows for passes 3 and 2 (all in one process): whole
     prompts (checks/grpo_knobs.py makes batch_size divide evenly), the loss
-    divided by the whole batch's counts and, for bnpo, by every rank's
-    micro-batches."""
+    divided by the whole batch's numbers (Rollouts.divisors)."""
     rows = distributed.shard(len(rollouts))
-    own_micro_batches = -(-(rows.stop - rows.start) // micro_batch_size)
-    micro_batches = distributed.world_size() * own_micro_batches
-    return rollouts.part(rows, num_micro_batches=micro_batches)
+    return replace(rollouts.part(rows), ranks=distributed.world_size())
 
 
 @dataclass
@@ -161,8 +172,8 @@ class StepResult:
 # -----------------------------------------------------------------------------
 # 1-3: prompts, PASS 1 sampling, rewards, advantages
 
-def make_rollouts(model, enc, batches, cfg, generator, cache=None,
-                  decode=None, timer=None, amp=nullcontext()):
+def make_rollouts(model, enc, batches, cfg, generator, decode=None,
+                  timer=None, amp=nullcontext()):
     """PASS 1 (sampling, no grad, no logits kept), rewards and
     group-relative advantages: one Rollouts per Prompts of `batches`,
     all sampled in ONE generate call.
@@ -175,13 +186,11 @@ def make_rollouts(model, enc, batches, cfg, generator, cache=None,
     overlap = (cfg["background_rewards"] and not cfg["tracin"]
                and cfg["beta"] != 0 and cfg["num_iterations"] == 1)
     if not overlap:
-        return score_rollouts(enc, sampled, batches, cfg, cache, timer)
+        return score_rollouts(enc, sampled, batches, cfg, timer)
     with ThreadPoolExecutor(max_workers=1) as pool:
-        scoring = pool.submit(score_rollouts, enc, sampled, batches, cfg,
-                              cache, timer)
+        scoring = pool.submit(score_rollouts, enc, sampled, batches, cfg, timer)
         unscored = Rollouts(*sampled, advantages=None)
-        ref = logprobs_no_grad(model, unscored, cfg, "reference", True,
-                               timer, amp)
+        ref = reference_logprobs(model, unscored, cfg, timer, amp)
         first, *others = scoring.result()
     return [replace(first, ref_logp=ref), *others]
 
@@ -206,24 +215,20 @@ def sample_rollouts(model, enc, batches, cfg, generator, decode=None,
         u = torch.rand(S, len(prompts) * G, generator=generator, device=device)
         u = u[:, mine.start * G:mine.stop * G]
     stops = stop_tokens(enc)
+    sampling = Sampling(temperature=cfg["temperature"], top_k=cfg["top_k"] or None,
+                        top_p=cfg["top_p"], vocab_size=enc.n_vocab)
     # LoRA folded in for sampling: each adapted layer holds W + s B A
     # (lora.folded_for_sampling)
     with timer("generation"), amp, folded_for_sampling(model):
-        sampled = generate(model, prompts[mine], S, stops,
-                           num_samples=G,
-                           temperature=cfg["temperature"],
-                           top_k=cfg["top_k"] or None,
-                           top_p=cfg["top_p"],
-                           vocab_size=enc.n_vocab,
-                           u=u,
-                           decode=decode)
+        sampled = generate(model, prompts[mine], S, stops, num_samples=G,
+                           sampling=sampling, u=u, decode=decode)
     # every rank's rows, padded as generate pads
     pad = pad_id(stops)
     return distributed.gather_sampled(*sampled, pad, len(prompts), G)
 
 
-def score_rollouts(enc, sampled, batches, cfg, cache=None, timer=None):
-    """Rewards (each batch's own functions; cache: see
+def score_rollouts(enc, sampled, batches, cfg, timer=None):
+    """Rewards (each batch's own functions and cache, see
     rewards.compute_rewards) and advantages: one Rollouts per batch."""
     (idx, pad_left, mask), group = sampled, cfg["group_size"]
     timer = timer or PhaseTimer()
@@ -239,7 +244,7 @@ def score_rollouts(enc, sampled, batches, cfg, cache=None, timer=None):
             row_answers = [a for a in batch.answers for _ in range(group)]
             rewards, per_fn, errors = compute_rewards(
                 texts, row_answers, batch.reward_funcs, batch.reward_weights,
-                cache)
+                batch.cache)
             # NaN where no reward function could score
             rewards = torch.tensor(rewards)
             advantages, n_zero_std = compute_group_advantages(
@@ -310,19 +315,14 @@ def grpo_updates(model, optimizer, rollouts, cfg, timer=None,
     Returns (stats summed over the updates run, the last gradient norm,
     the skip reason or None); stats["updates"]: how many ran."""
     timer = timer or PhaseTimer()
-    # this rank's rows (all in one process)
-    batch = rank_part(rollouts, cfg["micro_batch_size"])
-    # PASS 3 first, over the whole batch (unless taken during scoring):
-    # its activations are gone before the first policy micro-batch builds
-    # its graph
-    batch = with_reference(model, batch, cfg, cfg["beta"], timer, amp)
+    knobs = LossKnobs.from_cfg(cfg)
+    # this rank's rows (all in one process), with PASS 3's log-probs
+    batch = with_reference(model, rank_part(rollouts), cfg, knobs, timer, amp)
     if cfg["num_iterations"] > 1:  # the sampling policy's log-probs, once
-        old = logprobs_no_grad(model, batch, cfg, "old_logp", False,
-                               timer, amp)
-        batch = replace(batch, old_logp=old)
+        batch = replace(batch, old_logp=old_logprobs(model, batch, cfg, timer, amp))
     total, n = None, 0
     for n in range(1, cfg["num_iterations"] + 1):
-        stats = policy_backward(model, batch, cfg, cfg["beta"], timer, amp)
+        stats = policy_backward(model, batch, cfg, knobs, timer, amp)
         grad_norm, skip_reason = update(model, optimizer, cfg, stats, True,
                                         timer)
         if total is None:
@@ -334,39 +334,29 @@ def grpo_updates(model, optimizer, rollouts, cfg, timer=None,
     return {**total, "updates": n}, grad_norm, skip_reason
 
 
-def with_reference(model, batch, cfg, beta, timer=None, amp=nullcontext()):
-    """PASS 3, reference: the same modules with LoRA off, no graph, into
-    batch.ref_logp (a copy of the batch); nothing to do when beta == 0 or
-    when it was taken already."""
-    if beta == 0 or batch.ref_logp is not None:
+def with_reference(model, batch, cfg, knobs, timer=None, amp=nullcontext()):
+    """PASS 3, asked for here alone (grpo_updates, tracin.tracin_backward):
+    the reference's log-probs into batch.ref_logp (a copy of the batch),
+    over the whole batch before any policy micro-batch builds its graph, so
+    its activations are gone by then. Nothing to do when beta == 0, or when
+    make_rollouts took them while the rewards were scored."""
+    if knobs.beta == 0 or batch.ref_logp is not None:
         return batch
-    ref = logprobs_no_grad(model, batch, cfg, "reference", True,
-                           timer, amp)  # (N, T)
+    ref = reference_logprobs(model, batch, cfg, timer, amp)  # (N, T)
     return replace(batch, ref_logp=ref)
 
 
-def policy_backward(model, batch, cfg, beta, timer=None, amp=nullcontext()):
-    """PASS 3 (with_reference: unless taken already, and before any graph
-    exists), then PASS 2 and the backward of the GRPO loss per micro-batch
-    of a Rollouts (old_logp if taken, counts if part of a batch).
-    Gradients add up in .grad; under TracIn's capture (ghost.GhostHooks)
-    the hooks keep each sample's factors instead."""
+def policy_backward(model, batch, cfg, knobs, timer=None, amp=nullcontext()):
+    """PASS 2 and the backward of the GRPO loss per micro-batch of a
+    Rollouts (ref_logp: PASS 3's, taken by with_reference when beta != 0;
+    old_logp if taken), divided by the whole batch's numbers
+    (Rollouts.divisors). Gradients add up in .grad; under TracIn's capture
+    (ghost.GhostHooks) the hooks keep each sample's factors instead."""
     timer = timer or PhaseTimer()
-    # PASS 3 unless taken already
-    batch = with_reference(model, batch, cfg, beta, timer, amp)
+    assert knobs.beta == 0 or batch.ref_logp is not None, "with_reference first"
     idx, pad_left, T = batch.idx, batch.pad_left, batch.mask.size(1)
     N, mb, device = idx.size(0), cfg["micro_batch_size"], cfg["device"]
-    norm = dict(
-        **batch_counts(batch.mask),
-        max_len=cfg["max_new_tokens"],
-        num_micro_batches=-(-N // mb),
-        importance_sampling_level=cfg["importance_sampling_level"],
-        use_bias_correction_kl=cfg["use_bias_correction_kl"])
-    # part of a batch: divide by the whole batch's counts
-    norm.update(batch.counts or {})
-    clip = dict(epsilon_low=cfg["epsilon_low"],
-                epsilon_high=cfg["epsilon_high"],
-                loss_type=cfg["loss_type"])
+    divisors = batch.divisors(mb)
     adv, mask = batch.advantages.to(device), batch.mask.to(device)
     # sums over this batch's tokens;
     # update sums them over the ranks, runs/metrics.py divides
@@ -378,7 +368,7 @@ def policy_backward(model, batch, cfg, beta, timer=None, amp=nullcontext()):
     model.train()
     for s in range(0, N, mb):
         sl = slice(s, s + mb)
-        ref_logp = None if beta == 0 else batch.ref_logp[sl]
+        ref_logp = None if knobs.beta == 0 else batch.ref_logp[sl]
         with timer("policy"), amp:  # PASS 2, policy, with grad
             logp, entropy = completion_logprobs(
                 model, idx[sl], pad_left[sl], T, cfg["temperature"],
@@ -390,8 +380,8 @@ def policy_backward(model, batch, cfg, beta, timer=None, amp=nullcontext()):
                 old_logp = logp.detach()
             else:
                 old_logp = batch.old_logp[sl]
-            loss, loss_stats = grpo_loss(logp, old_logp, ref_logp, adv[sl],
-                                         mask[sl], beta, **clip, **norm)
+            loss, loss_stats = grpo_loss(logp, old_logp, ref_logp, adv[sl], mask[sl],
+                                         knobs=knobs, divisors=divisors)
             loss.backward()
             stats["losses"].append(loss.item())
             for k in ("kl_sum", "clipped_low", "clipped_high"):
@@ -405,18 +395,30 @@ def policy_backward(model, batch, cfg, beta, timer=None, amp=nullcontext()):
     return stats
 
 
-def logprobs_no_grad(model, batch, cfg, name, disabled=False, timer=None,
-                     amp=nullcontext()):
-    """(N, T) completion log-probs without graph, per micro-batch: of the
-    policy as it is now (the 'old' policy of num_iterations > 1), or with
-    disabled=True of the reference (LoRA off)."""
-    T, mb = batch.mask.size(1), cfg["micro_batch_size"]
+def reference_logprobs(model, batch, cfg, timer=None, amp=nullcontext()):
+    """PASS 3: the reference's (N, T) completion log-probs, the same modules
+    with LoRA off (lora.disable_lora: no second copy of the weights)."""
     timer = timer or PhaseTimer()
-    lora_off = disable_lora(model) if disabled else nullcontext()
+    with timer("reference"), disable_lora(model):
+        return logprobs_no_grad(model, batch, cfg, amp)
+
+
+def old_logprobs(model, batch, cfg, timer=None, amp=nullcontext()):
+    """The sampling ('old') policy's (N, T) completion log-probs, taken once
+    before the first of num_iterations > 1 updates."""
+    timer = timer or PhaseTimer()
+    with timer("old_logp"):
+        return logprobs_no_grad(model, batch, cfg, amp)
+
+
+def logprobs_no_grad(model, batch, cfg, amp=nullcontext()):
+    """(N, T) completion log-probs of the model as it is, without graph,
+    per micro-batch."""
+    T, mb = batch.mask.size(1), cfg["micro_batch_size"]
     rows = [slice(s, s + mb) for s in range(0, len(batch), mb)]
     temperature = cfg["temperature"]
     # no graph: no activations kept
-    with timer(name), torch.no_grad(), lora_off, amp:
+    with torch.no_grad(), amp:
         logps = []
         for r in rows:
             idx, pad_left = batch.idx[r], batch.pad_left[r]
@@ -512,12 +514,28 @@ class SelectiveLogSoftmax(torch.autograd.Function):
 LOSS_TYPES = ("grpo", "bnpo", "dapo", "dr_grpo")  # TRL's names
 
 
-def grpo_loss(logp, old_logp, ref_logp, advantages, mask,
-              beta=0.04, epsilon_low=0.2, epsilon_high=0.2,
-              loss_type="grpo", num_seqs=None, num_tokens=None,
-              max_len=None, num_micro_batches=1,
-              importance_sampling_level="token",
-              use_bias_correction_kl=False):
+@dataclass(frozen=True)
+class LossKnobs:
+    """grpo_loss's knobs, the run's (from_cfg, once per step); TracIn's
+    validation loss is the same with beta = 0 (dataclasses.replace)."""
+    beta: float = 0.04                       # KL weight; 0: no pass 3
+    epsilon_low: float = 0.2                 # the clip: rho >= 1 - epsilon_low
+    epsilon_high: float = 0.2                # and rho <= 1 + epsilon_high
+    loss_type: str = "grpo"                  # LOSS_TYPES: how the sum is divided
+    importance_sampling_level: str = "token"  # 'sequence': GSPO's one ratio
+    use_bias_correction_kl: bool = False     # KL_t x rho_t
+    max_len: int = None                      # dr_grpo: max_new_tokens (None: T)
+
+    @classmethod
+    def from_cfg(cls, cfg):
+        return cls(beta=cfg["beta"], epsilon_low=cfg["epsilon_low"],
+                   epsilon_high=cfg["epsilon_high"], loss_type=cfg["loss_type"],
+                   importance_sampling_level=cfg["importance_sampling_level"],
+                   use_bias_correction_kl=cfg["use_bias_correction_kl"],
+                   max_len=cfg["max_new_tokens"])
+
+
+def grpo_loss(logp, old_logp, ref_logp, advantages, mask, knobs, divisors):
     """GRPO objective on one micro-batch, normalised so that the
     micro-batches' gradients add up to the whole batch's (bnpo: to their
     mean, as TRL's gradient accumulation). Per token:
@@ -529,12 +547,14 @@ def grpo_loss(logp, old_logp, ref_logp, advantages, mask,
         KL_t = exp(ref_t - logp_t) - (ref_t - logp_t) - 1
                (k3; x rho_t if use_bias_correction_kl)
     summed over the completion tokens (mask) and divided as loss_type says
-    (the branches below). Shapes: logp, old_logp, ref_logp, mask (n, T);
+    (the branches below) by the whole batch's `divisors`
+    (Rollouts.divisors). Shapes: logp, old_logp, ref_logp, mask (n, T);
     advantages (n,). ref_logp None when beta == 0."""
+    beta, loss_type = knobs.beta, knobs.loss_type
+    epsilon_low, epsilon_high = knobs.epsilon_low, knobs.epsilon_high
     mask = mask.to(logp.dtype)
-    num_seqs = num_seqs or logp.size(0)
     log_ratio = logp - old_logp  # (n, T)
-    if importance_sampling_level == "sequence":  # one ratio per completion
+    if knobs.importance_sampling_level == "sequence":  # one ratio per completion
         seq_mean = (log_ratio * mask).sum(1) / mask.sum(1).clamp(min=1)
         log_ratio = seq_mean[:, None]  # (n, 1)
     ratio = torch.exp(log_ratio)
@@ -546,25 +566,25 @@ def grpo_loss(logp, old_logp, ref_logp, advantages, mask,
         d = ref_logp - logp
         kl = torch.exp(d) - d - 1  # k3 estimator, >= 0
         # estimated under the old policy: reweight it to the new one
-        if use_bias_correction_kl:
+        if knobs.use_bias_correction_kl:
             kl = kl * ratio
         per_token = per_token + beta * kl
     # grpo: mean over each completion's tokens, then / num_seqs
     # (DeepSeekMath)
     if loss_type == "grpo":
         per_seq = (per_token * mask).sum(1) / mask.sum(1).clamp(min=1)
-        loss = per_seq.sum() / num_seqs
+        loss = per_seq.sum() / divisors.num_seqs
     # bnpo: / this micro-batch's tokens / num_micro_batches
     elif loss_type == "bnpo":
         tokens = mask.sum().clamp(min=1)
-        loss = (per_token * mask).sum() / tokens / num_micro_batches
+        loss = (per_token * mask).sum() / tokens / divisors.num_micro_batches
     # dapo: / the whole batch's tokens (token-level, TRL's default)
     elif loss_type == "dapo":
-        tokens = num_tokens or mask.sum().clamp(min=1)
-        loss = (per_token * mask).sum() / tokens
+        loss = (per_token * mask).sum() / divisors.num_tokens
     # dr_grpo: / (num_seqs * max_len) (Dr. GRPO, arXiv 2503.20783)
     elif loss_type == "dr_grpo":
-        loss = (per_token * mask).sum() / (num_seqs * (max_len or logp.size(1)))
+        max_len = knobs.max_len or logp.size(1)
+        loss = (per_token * mask).sum() / (divisors.num_seqs * max_len)
     else:
         raise UserError(f"loss_type must be one of {', '.join(LOSS_TYPES)}, "
                         f"got {loss_type!r}")

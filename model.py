@@ -110,9 +110,8 @@ class KVCache:
     where each row's real tokens start.
     """
 
-    def __init__(self, n_layer, B, n_head, max_len, head_dim, pad_left,
-                 device, dtype):
-        shape = (n_layer, B, n_head, max_len, head_dim)
+    def __init__(self, shape, pad_left, device, dtype):
+        # shape: (n_layer, B, n_head, max_len, head_dim)
         self.k = torch.zeros(shape, device=device, dtype=dtype)
         self.v = torch.zeros_like(self.k)
         self.pad_left = pad_left
@@ -372,8 +371,8 @@ class GPT(nn.Module):
         dtype = p.dtype
         if torch.is_autocast_enabled(kind):
             dtype = torch.get_autocast_dtype(kind)
-        return KVCache(c.n_layer, B, c.n_kv_head or c.n_head, max_len,
-                       c.n_embd // c.n_head, pad_left, p.device, dtype)
+        shape = (c.n_layer, B, c.n_kv_head or c.n_head, max_len, c.n_embd // c.n_head)
+        return KVCache(shape, pad_left, p.device, dtype)
 
     def forward(self, idx, targets=None, pad_left=None, cache=None,
                 keep_last=None):
@@ -462,16 +461,43 @@ def pad_prompts(prompts, pad, device):
 MIN_TEMPERATURE = 1e-4
 
 
-def sample_next(logits, temperature, top_k, top_p, generator, u=None):
+@dataclass(frozen=True)
+class Sampling:
+    """How pass 1 picks each next token (sample_next), and how often
+    generate asks whether every row has ended."""
+    temperature: float = 1.0  # 0: greedy (argmax); else softmax(logits / temperature)
+    top_k: int = None         # only the k likeliest tokens
+    top_p: float = None       # only the smallest set with mass >= top_p (nucleus)
+    vocab_size: int = None    # ids >= vocab_size never drawn (a head wider than the tokenizer)
+    check_every: int = None   # steps between "all rows done?" (None: 8 on CUDA, 1 elsewhere)
+
+
+GREEDY = Sampling(temperature=0)
+
+
+def uniforms(max_new_tokens, rows, seed, device):
+    """generate's randomness, u (max_new_tokens, rows), from a generator
+    seeded `seed` on `device` (None: torch's default generator):
+    the same seed, the same tokens."""
+    generator = None
+    if seed is not None:
+        generator = torch.Generator(device=device).manual_seed(seed)
+    return torch.rand(max_new_tokens, rows, generator=generator, device=device)
+
+
+def sample_next(logits, sampling, u=None):
     """logits (N, V) of the last position only -> next token ids (N,),
-    by inverse CDF from ONE uniform u_i per row (from `generator` unless
-    given): the first token whose cumulative probability exceeds u_i.
-    A row depends on its u_i and its logits only: processes sample as one
-    process (up to the logits' rounding, scale/distributed.py)."""
-    if temperature == 0:
+    by inverse CDF from ONE uniform u_i per row (u (N,); None: from torch's
+    default generator): the first token whose cumulative probability
+    exceeds u_i. A row depends on its u_i and its logits only: processes
+    sample as one process (up to the logits' rounding,
+    scale/distributed.py)."""
+    top_k, top_p = sampling.top_k, sampling.top_p
+    logits = logits[:, :sampling.vocab_size]  # ids the tokenizer has
+    if sampling.temperature == 0:
         return logits.argmax(dim=-1)  # greedy
     # float32 under bf16 (see scale/device.py)
-    logits = logits.float() / temperature
+    logits = logits.float() / sampling.temperature
     if top_k is not None and top_k < logits.size(-1):
         kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
@@ -486,7 +512,7 @@ def sample_next(logits, temperature, top_k, top_p, generator, u=None):
         logits = logits.masked_fill(dropped, float("-inf"))
     cdf = logits.softmax(dim=-1).cumsum(-1)
     if u is None:
-        u = torch.rand(cdf.size(0), generator=generator, device=cdf.device)
+        u = torch.rand(cdf.size(0), device=cdf.device)
     target = (u * cdf[:, -1]).unsqueeze(-1)
     nxt = torch.searchsorted(cdf, target, right=True).squeeze(-1)
     # right=True never lands on a zero-probability token
@@ -496,16 +522,17 @@ def sample_next(logits, temperature, top_k, top_p, generator, u=None):
 # pass 1 needs no graph: no activations are stored for backward
 @torch.no_grad()
 def generate(model, prompts, max_new_tokens, eot_id, num_samples=1,
-             temperature=1.0, top_k=None, top_p=None, seed=None,
-             generator=None, check_every=None, vocab_size=None, u=None,
-             decode=None):
+             sampling=Sampling(), u=None, decode=None):
     """prompts: token-id lists, `num_samples` completions each; eot_id: the
-    end id or a tuple (the first pads); ids >= vocab_size are never drawn.
+    end id or a tuple (the first pads); sampling: how each token is picked
+    (Sampling; GREEDY: argmax).
     -> (idx (N, P + T), pad_left (N,), completion mask (N, T), 1 up to and
     including end-of-text), N = B * num_samples, laid out as the module
     docstring shows; only the last position's logits (N, V) ever exist,
     none are returned.
-    u (max_new_tokens, N): a uniform per row and step (sample_next).
+    u (max_new_tokens, N): a uniform per step and row (sample_next), the
+    only randomness (uniforms(..., seed, device) draws it from a seed);
+    None: drawn here from torch's default generator.
     decode: compile's one-column step (scale/compiled.CompiledDecode),
     None: the model's forward with the cache."""
     device = next(model.parameters()).device
@@ -515,7 +542,7 @@ def generate(model, prompts, max_new_tokens, eot_id, num_samples=1,
     # what pads prompts and finished rows; () = nothing stops a row
     eot_id = pad_id(eot_ids)
     # see "all rows done?" below
-    check_every = check_every or (8 if device.type == "cuda" else 1)
+    check_every = sampling.check_every or (8 if device.type == "cuda" else 1)
     idx, pad_left = pad_prompts(prompts, eot_id, device)
     (B, P), N = idx.shape, len(prompts) * num_samples
     L = P + max_new_tokens  # the cache's columns
@@ -527,11 +554,8 @@ def generate(model, prompts, max_new_tokens, eot_id, num_samples=1,
         raise UserError(f"prompt of {P} tokens + "
                         f"max_new_tokens={max_new_tokens} exceeds the "
                         f"context of {block_size} tokens; shorten either")
-    if generator is None and seed is not None:
-        generator = torch.Generator(device=device).manual_seed(seed)
-    if u is None and temperature > 0:
-        u = torch.rand(max_new_tokens, N, generator=generator,
-                       device=device)  # (S, N)
+    if u is None and sampling.temperature > 0:
+        u = torch.rand(max_new_tokens, N, device=device)  # (S, N)
     if u is not None and tuple(u.shape) != (max_new_tokens, N):
         raise ValueError("u must be (max_new_tokens, rows) = "
                          f"({max_new_tokens}, {N}), got {tuple(u.shape)}")
@@ -550,8 +574,7 @@ def generate(model, prompts, max_new_tokens, eot_id, num_samples=1,
         # NaN/Inf: no host sync; raised at the end
         nonfinite |= ~torch.isfinite(logits).all(-1)
         u_t = None if u is None else u[t]
-        nxt = sample_next(logits[:, :vocab_size], temperature, top_k, top_p,
-                          generator, u_t)
+        nxt = sample_next(logits, sampling, u_t)
         del logits  # the only logits alive, kept by nothing
         nxt = nxt.masked_fill(done, eot_id)  # finished rows only emit padding
         out[:, t] = nxt

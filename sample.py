@@ -20,7 +20,7 @@ from configurator import (UserError, check, check_finite, check_positive,
 from data.datadir import load_split
 from data.prompts import encode_prompt, decode_completions, stop_tokens
 from data.tasks import task_data
-from model import MIN_TEMPERATURE, NonFiniteLogits, generate
+from model import MIN_TEMPERATURE, NonFiniteLogits, Sampling, generate, uniforms
 from runs.loading import load_policy, nonfinite_weight
 from scale.device import check_device
 
@@ -88,14 +88,12 @@ def main(argv):
             questions = [e["question"] for e in test[:cfg["num_questions"]]]
         prompts = [encode_prompt(enc, q) for q in questions]
     try:
-        idx, _, mask = generate(model, prompts, cfg["max_new_tokens"],
-                                stop_tokens(enc),
-                                num_samples=cfg["num_samples"],
-                                temperature=cfg["temperature"],
-                                top_k=cfg["top_k"] or None,
-                                top_p=cfg["top_p"],
-                                seed=cfg["seed"],
-                                vocab_size=enc.n_vocab)
+        sampling = Sampling(temperature=cfg["temperature"], top_k=cfg["top_k"] or None,
+                            top_p=cfg["top_p"], vocab_size=enc.n_vocab)
+        rows = len(prompts) * cfg["num_samples"]
+        u = uniforms(cfg["max_new_tokens"], rows, cfg["seed"], cfg["device"])
+        idx, _, mask = generate(model, prompts, cfg["max_new_tokens"], stop_tokens(enc),
+                                num_samples=cfg["num_samples"], sampling=sampling, u=u)
     except NonFiniteLogits as e:  # finite weights whose activations overflow
         raise UserError(f"{cfg['ckpt']}: {e}, from finite weights "
                         "(activations that overflow): "

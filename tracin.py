@@ -59,6 +59,7 @@ analysis/attribute.py reads the checkpoints, refuses bad input and writes the re
 (find_critical_samples; its command line: python -m analysis.attribute).
 """
 from contextlib import nullcontext
+from dataclasses import replace
 
 import torch
 from torch.nn.utils.rnn import pad_sequence
@@ -67,8 +68,8 @@ from ghost import (compute_ghost_inner_product_matrix, ghost_mode, install_ghost
                    per_sample_grads, subset_gradients, summed_gradient, summed_inner_products)
 from data.prompts import encode_prompt, encode_text
 from model import pad_prompts
-from grpo import (PhaseTimer, Rollouts, completion_logprobs, policy_backward, rank_part, update,
-                  with_reference)
+from grpo import (LossKnobs, PhaseTimer, Rollouts, completion_logprobs, policy_backward, rank_part,
+                  update, with_reference)
 from lora import load_lora_state_dict
 from scale import distributed
 
@@ -140,8 +141,9 @@ def tracin_backward(model, optimizer, rollouts, val_batch, cfg, timer=None, amp=
     the step (no weight moves)."""
     matrix = cfg["tracin_influence"] == "matrix"
     timer = timer or PhaseTimer()
-    batch = rank_part(rollouts, cfg["micro_batch_size"])  # this rank's rows (all in one process)
-    batch = with_reference(model, batch, cfg, cfg["beta"], timer, amp)  # PASS 3, before the capture
+    knobs = LossKnobs.from_cfg(cfg)
+    batch = rank_part(rollouts)  # this rank's rows (all in one process)
+    batch = with_reference(model, batch, cfg, knobs, timer, amp)  # PASS 3, before the capture
     # The capture (ghost.GhostHooks): lora_A's forward hook keeps each sample's x and h = A x,
     # tensor hooks the output gradients gA = dL/dh, gB = dL/d(B h); the split 'train' forms no
     # .grad (the summed gradient nobody reads). ghost_mode: optimizer.step() raises, no update.
@@ -149,11 +151,11 @@ def tracin_backward(model, optimizer, rollouts, val_batch, cfg, timer=None, amp=
         # pass 2 and the backward: per-sample factors (the seconds of the capture phases include
         # policy_backward's own "policy" seconds)
         with timer("grad_capture_train"):
-            stats = policy_backward(model, batch, cfg, cfg["beta"], timer, amp)
+            stats = policy_backward(model, batch, cfg, knobs, timer, amp)
         hooks.split = "val" if matrix else None  # 'summed': no hook keeps, G adds up in .grad
         with timer("grad_capture_val"):  # no KL term in the validation loss
             val_rows = val_batch if matrix else informative_rows(val_batch, cfg)
-            policy_backward(model, val_rows, cfg, 0.0, timer, amp)
+            policy_backward(model, val_rows, cfg, replace(knobs, beta=0.0), timer, amp)
         train_grads = hooks.collect("train")
         # per validation row, or G {layer: (G_A, G_B)}
         val_grads = hooks.collect("val") if matrix else summed_gradient(model)

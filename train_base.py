@@ -39,7 +39,7 @@ from checks.base_knobs import (build_model, check_batch, check_eval_cache,
                                check_loads, check_resume, check_same_data)
 from runs.base import base_exists
 from runs.rundir import run_lock, stop_note
-from model import NonFiniteLogits, generate
+from model import NonFiniteLogits, Sampling, generate, uniforms
 from data.prompts import (decode_completions, encode_prompt, encode_text,
                           stop_tokens)
 from data.tasks import (TASKS, base_data, check_base_knobs, portable_path,
@@ -151,21 +151,21 @@ def evaluate(model, enc, examples, max_new_tokens, k=1, temperature=1.0,
     correct = REWARD_FUNCS[TASKS[task]["correct"]]
     starts = range(0, len(examples), batch)
     stops = stop_tokens(enc)
+    argmax = Sampling(temperature=0, vocab_size=enc.n_vocab)
+    drawn = Sampling(temperature=temperature, vocab_size=enc.n_vocab)  # pass@k's samples
+    device = next(model.parameters()).device
     try:
         for i in starts[distributed.split(len(starts))]:
             chunk = examples[i:i + batch]
             prompts = [encode_prompt(enc, e["question"]) for e in chunk]
-            idx, _, mask = generate(model, prompts, max_new_tokens, stops,
-                                    temperature=0, vocab_size=enc.n_vocab)
+            idx, _, mask = generate(model, prompts, max_new_tokens, stops, sampling=argmax)
             texts = decode_completions(enc, idx, mask)
             greedy += sum(correct(t, e["answer"]) == 1.0
                           for t, e in zip(texts, chunk))
             if k > 1:
-                idx, _, mask = generate(model, prompts, max_new_tokens, stops,
-                                        num_samples=k,
-                                        temperature=temperature,
-                                        seed=seed + i,
-                                        vocab_size=enc.n_vocab)
+                u = uniforms(max_new_tokens, len(prompts) * k, seed + i, device)
+                idx, _, mask = generate(model, prompts, max_new_tokens, stops, num_samples=k,
+                                        sampling=drawn, u=u)
                 texts = decode_completions(enc, idx, mask)
 
                 def solved(j, e):  # any of the problem's k samples

@@ -163,7 +163,7 @@ defaults = {k: v for k, v in dict(globals()).items()
 
 
 def grpo_step(model, optimizer, enc, batch, cfg, generator, amp,
-              val=None, cache=None, decode=None):
+              val=None, decode=None):
     """One GRPO step (the module docstring's steps) on a grpo.Prompts batch.
     TracIn: `val`, the validation batch, grpo.Prompts to sample with the
     batch ('pg') or the Rollouts of reference solutions ('nll').
@@ -177,7 +177,7 @@ def grpo_step(model, optimizer, enc, batch, cfg, generator, amp,
     try:  # 2-3: one generate call for every prompt, then rewards and advantages
         rollouts, *val_rollouts = make_rollouts(
             model, enc, batches, cfg, generator,
-            cache=cache, decode=decode, timer=timer, amp=amp)
+            decode=decode, timer=timer, amp=amp)
     except NonFiniteLogits as e:  # weights blown up: nothing to learn here
         print(f"warning: {e}; step skipped, weights untouched")
         skipped = StepResult(skip_reason="non-finite logits",
@@ -493,11 +493,11 @@ class Run:
         answers = [e["answer"] for e in batch]
         encoded = [encode_prompt(self.enc, q) for q in questions]
         prompts = Prompts(encoded, answers, cfg["reward_funcs"],
-                          cfg["reward_weights"])
+                          cfg["reward_weights"], cache=self.reward_cache)
         scored, result = grpo_step(
             self.model, self.optimizer, self.enc, prompts, cfg,
             self.generator, self.amp,
-            val=val, cache=self.reward_cache, decode=self.decode)
+            val=val, decode=self.decode)
         log = step_log(scored, result, cfg, self.reward_cache)
         rollouts = None
         if scored is not None:
@@ -535,7 +535,8 @@ class Run:
         task = TASKS[cfg["task"]]
         prompts = [encode_prompt(self.enc, e["question"]) for e in rows]
         answers = [e["answer"] for e in rows]
-        return Prompts(prompts, answers, task["rewards"], task["weights"])
+        return Prompts(prompts, answers, task["rewards"], task["weights"],
+                       cache=self.reward_cache)
 
     def train(self):
         cfg, out, log_f, roll_f = self.cfg, self.out, None, None

@@ -24,7 +24,7 @@ from runs.checkpoint import load_checkpoint
 from rewards import countdown_claim_reward, countdown_reward, think_steps
 from runs.loading import load_base, load_policy
 from data.prompts import decode_completions, encode_prompt, stop_tokens
-from model import generate
+from model import Sampling, generate
 
 KINDS = ("correct", "invented hit", "a wrong equation", "every equation right, answer wrong")
 
@@ -60,7 +60,7 @@ def main(argv):
         with torch.no_grad():
             idx, _, mask = generate(model, [encode_prompt(enc, r["question"]) for r in chunk],
                                     ckpt.get("config", {}).get("max_new_tokens", 112),
-                                    stop_tokens(enc), temperature=0, vocab_size=enc.n_vocab)
+                                    stop_tokens(enc), sampling=Sampling(temperature=0, vocab_size=enc.n_vocab))
         for text, r in zip(decode_completions(enc, idx, mask), chunk):
             k, n_eq, n_false = kind(text, r["answer"])
             counts[k], equations, false = counts[k] + 1, equations + n_eq, false + n_false

@@ -27,7 +27,7 @@ from tracin import nll_row
 from configurator import UserError, cli_main
 from rewards import REWARD_FUNCS
 from data.prompts import encode_prompt, encode_text, stop_tokens
-from model import generate
+from model import Sampling, generate
 from data.tasks import TASKS
 
 FRACS = (0.01, 0.05, 0.10)  # the top fractions whose target share is reported
@@ -39,7 +39,8 @@ def greedy_answers(model, enc, prompts, max_new_tokens):
     max_new_tokens, and never into the last place of the context (a test row appends end-of-text there)."""
     room = model.config.block_size - 1 - max(len(p) for p in prompts)
     stops = stop_tokens(enc)
-    idx, _, mask = generate(model, prompts, min(max_new_tokens, room), stops, temperature=0, vocab_size=enc.n_vocab)
+    greedy = Sampling(temperature=0, vocab_size=enc.n_vocab)
+    idx, _, mask = generate(model, prompts, min(max_new_tokens, room), stops, sampling=greedy)
     T = mask.size(1)
     return [[t for t, keep in zip(row, m) if keep and t not in stops]
             for row, m in zip(idx[:, -T:].tolist(), mask.tolist())]

@@ -26,7 +26,7 @@ from lora import disable_lora
 from runs.checkpoint import load_checkpoint
 from rewards import REWARD_FUNCS
 from data.prompts import decode_completions, encode_prompt, stop_tokens
-from model import generate
+from model import Sampling, generate
 from runs.loading import load_policy
 
 PANELS = [("reward", "reward (moving average)"), ("test/accuracy", "greedy test accuracy"),
@@ -76,8 +76,8 @@ def greedy_answers(run_dirs, n_problems, base_ckpt=""):
 
         def answer():
             with torch.no_grad():
-                idx, _, mask = generate(model, prompts, max_new, stop_tokens(enc), temperature=0,
-                                        vocab_size=enc.n_vocab)
+                greedy = Sampling(temperature=0, vocab_size=enc.n_vocab)
+                idx, _, mask = generate(model, prompts, max_new, stop_tokens(enc), sampling=greedy)
             return decode_completions(enc, idx, mask)
 
         if not columns:

@@ -40,7 +40,7 @@ from bench.memory import lora_gpt, project_grpo_step, step_inputs
 from lora import folded_for_sampling
 from lora import lora_parameters
 from pretrained.hf import from_pretrained
-from model import generate
+from model import GREEDY, generate, uniforms
 from configurator import UserError
 from scale.compiled import CompiledDecode, check_compile
 
@@ -130,9 +130,10 @@ def bench_decode_profile(cfg):
             model = m32 if dtype == torch.float32 else halved(m32)
             amp = torch.autocast(torch.device(dev).type, dtype=torch.bfloat16, enabled=dtype != torch.float32)
             with amp, folded_for_sampling(model):
-                generate(model, prompts, T, eot_id=(), num_samples=G, seed=0)          # warm-up
+                u = uniforms(T, len(prompts) * G, 0, dev)
+                generate(model, prompts, T, eot_id=(), num_samples=G, u=u)          # warm-up
                 with profile(activities=[ProfilerActivity.CPU]) as prof:
-                    generate(model, prompts, T, eot_id=(), num_samples=G, seed=0)
+                    generate(model, prompts, T, eot_id=(), num_samples=G, u=u)
             ops = {e.key: (e.self_cpu_time_total, e.count) for e in prof.key_averages()}
             total = sum(t for t, _ in ops.values())
             mm = sum(ops[k][0] for k in MATMULS if k in ops)
@@ -195,11 +196,11 @@ def bench_vs_generate(cfg):
 
             def project():
                 with amp:
-                    return generate(ours, prompts.tolist(), T, eot_id=(), temperature=0)[0][:, P:]
+                    return generate(ours, prompts.tolist(), T, eot_id=(), sampling=GREEDY)[0][:, P:]
 
             def compiled():
                 with amp:
-                    return generate(ours, prompts.tolist(), T, eot_id=(), temperature=0,
+                    return generate(ours, prompts.tolist(), T, eot_id=(), sampling=GREEDY,
                                     decode=CompiledDecode(ours, dev, cfg["compile"]))[0][:, P:]
             variants = dict(theirs=theirs, project=project, **({"compiled": compiled} if cfg["compile"] else {}))
             t, out = interleaved_calls(variants, dev, cfg["repeats"])
@@ -245,7 +246,7 @@ def bench_compiled(cfg):
                     decode = CompiledDecode(model, dev, mode) if variant == "compiled" else None
                     with amp, folded_for_sampling(model):
                         sync(); t0 = time.perf_counter()
-                        out[variant] = generate(model, prompts, T, eot_id=(), num_samples=G, temperature=1.0, u=u,
+                        out[variant] = generate(model, prompts, T, eot_id=(), num_samples=G, u=u,
                                                 decode=decode)[0]
                         sync(); t[variant].append(time.perf_counter() - t0)
                     if torch._dynamo.utils.counters["stats"]["unique_graphs"] > graphs:

@@ -16,7 +16,7 @@ import train_grpo
 from bench.memory import lora_gpt, project_grpo_step, step_inputs
 from lora import lora_parameters
 from scale.device import bf16_is_fast
-from model import generate
+from model import generate, uniforms
 
 
 def halved(model):
@@ -32,8 +32,8 @@ def same_rollouts(m32, m16, prompts, group, new_tokens, adv, dev, seed):
     """(loss f32, loss bf16, cosine of the LoRA gradients, relative norm of their difference) of one
     policy_backward each on the same float32-sampled batch."""
     with torch.no_grad():
-        idx, pad_left, mask = generate(m32, prompts.tolist(), new_tokens, eot_id=-1, num_samples=group,
-                                       generator=torch.Generator(device=dev).manual_seed(seed))
+        u = uniforms(new_tokens, prompts.size(0) * group, seed, dev)
+        idx, pad_left, mask = generate(m32, prompts.tolist(), new_tokens, eot_id=-1, num_samples=group, u=u)
     batch = grpo.Rollouts(idx=idx, pad_left=pad_left, mask=mask, advantages=adv.to(dev))
     c = {**train_grpo.defaults, "device": dev, "beta": 0.04, "micro_batch_size": idx.size(0)}
     out = []
@@ -41,8 +41,9 @@ def same_rollouts(m32, m16, prompts, group, new_tokens, adv, dev, seed):
                    (m16, torch.autocast(torch.device(dev).type, dtype=torch.bfloat16))):
         m.zero_grad(set_to_none=True)
         timer = grpo.PhaseTimer()
-        with_ref = grpo.with_reference(m, batch, c, 0.04, timer, amp)  # pass 3 in this precision
-        loss = sum(grpo.policy_backward(m, with_ref, c, 0.04, timer, amp)["losses"])
+        knobs = grpo.LossKnobs.from_cfg(c)
+        with_ref = grpo.with_reference(m, batch, c, knobs, timer, amp)  # pass 3 in this precision
+        loss = sum(grpo.policy_backward(m, with_ref, c, knobs, timer, amp)["losses"])
         out.append((loss, torch.cat([p.grad.flatten() for p in lora_parameters(m)])))
         m.zero_grad(set_to_none=True)
     (l32, g32), (l16, g16) = out

@@ -29,7 +29,7 @@ from scale.compiled import CompiledDecode
 import train_grpo
 from lora import apply_lora, disable_lora, folded_for_sampling, lora_parameters
 from model import GPT, GPTConfig
-from model import generate
+from model import Sampling, generate, uniforms
 
 MB = 1024 ** 2
 
@@ -73,13 +73,14 @@ def project_grpo_step(model, optimizer, prompts, group, new_tokens, advantages, 
     times = {}
     t0 = time.perf_counter()
     with amp, folded_for_sampling(model):  # as grpo.sample_rollouts: the adapter folded into W for pass 1
+        u = uniforms(new_tokens, prompts.size(0) * group, seed, dev)
         idx, pad_left, mask = generate(model, prompts.tolist(), new_tokens, eot_id=-1, num_samples=group,
-                                       temperature=temperature, decode=decode,
-                                       generator=torch.Generator(device=dev).manual_seed(seed))
+                                       sampling=Sampling(temperature=temperature), u=u, decode=decode)
     sync(); times["generation"] = time.perf_counter() - t0
     batch = grpo.Rollouts(idx, pad_left, mask, advantages)
-    batch = grpo.with_reference(model, batch, c, beta, timer, amp)  # pass 3, then 2 and backward
-    st = grpo.policy_backward(model, batch, c, beta, timer, amp)
+    knobs = grpo.LossKnobs.from_cfg(c)
+    batch = grpo.with_reference(model, batch, c, knobs, timer, amp)  # pass 3, then 2 and backward
+    st = grpo.policy_backward(model, batch, c, knobs, timer, amp)
     times.update(reference=timer.seconds["reference"], policy=timer.seconds["policy"])
     t0 = time.perf_counter()
     torch.nn.utils.clip_grad_norm_(lora_parameters(model), c["grad_clip"])

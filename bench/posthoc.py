@@ -31,7 +31,7 @@ from grpo import completion_logprobs
 from lora import load_lora_state_dict, lora_state_dict
 from runs.checkpoint import load_checkpoint, save_checkpoint
 from data.prompts import encode_prompt, encode_text
-from model import generate
+from model import generate, uniforms
 
 
 class MeanLogProb(nn.Module):
@@ -91,9 +91,9 @@ def posthoc_inputs(cfg, tmp, shape=None):
                     p.add_(torch.randn(p.shape, generator=g).to(p) * 0.02)
         paths.append(os.path.join(tmp, f"ckpt_{t:06d}.pt"))
         save_checkpoint({"lora": lora_state_dict(model), "lr": 2e-3 / (t + 1)}, paths[-1])
-    gen = torch.Generator(cfg["device"]).manual_seed(cfg["seed"])
+    u = uniforms(40, len(tb) * G, cfg["seed"], cfg["device"])
     idx, _, mask = generate(model.eval(), [encode_prompt(enc, e["question"]) for e in tb], 40, enc.eot_token,
-                            num_samples=G, temperature=1.0, generator=gen)
+                            num_samples=G, u=u)
     T, adv = mask.size(1), torch.randn(idx.size(0), generator=g)
     train = [{"prompt": tb[i // G]["question"], "completion_tokens": idx[i, -T:][:int(mask[i].sum())].tolist(),
               "completion_mask": [1] * int(mask[i].sum()), "advantage": adv[i].item()} for i in range(idx.size(0))]

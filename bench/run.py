@@ -70,11 +70,11 @@ from bench.step import bench_model, bench_rewards, bench_step_cost, check_step_t
 from configurator import UserError, check, check_finite, cli_main, configure
 from data.tasks import PROJECT
 from ghost import compute_ghost_inner_product_matrix, install_ghost_hooks
-from grpo import completion_logprobs, grpo_loss, selective_log_softmax
+from grpo import Divisors, LossKnobs, completion_logprobs, grpo_loss, selective_log_softmax
 from lora import apply_lora
 from scale.compiled import check_compile
 from scale.device import check_device
-from model import generate
+from model import GREEDY, generate
 from runs.checkpoint import load_checkpoint, model_from_checkpoint
 import train_grpo
 
@@ -160,7 +160,7 @@ def bench_sampling(cfg):
     model = bench_model(dev, 32 + T)
     g = torch.Generator().manual_seed(cfg["seed"])
     prompts = torch.randint(1, 394, (n, 32), generator=g)  # eot (394) never in prompts
-    t_kv, (idx_kv, _, _) = timed(lambda: generate(model, prompts.tolist(), T, eot_id=-1, temperature=0),
+    t_kv, (idx_kv, _, _) = timed(lambda: generate(model, prompts.tolist(), T, eot_id=-1, sampling=GREEDY),
                                  dev, cfg["repeats"])
     t_full, idx_full = timed(lambda: full_recompute_greedy(model, prompts.to(dev), T), dev, cfg["repeats"])
     same = torch.equal(idx_kv.cpu(), idx_full.cpu())
@@ -196,7 +196,9 @@ def influence_setup(cfg, T):
 def batch_loss(model, batch, rows, T):
     """The GRPO loss (beta 0, old log-probs = logp.detach()) of the batch's `rows` (a slice)."""
     logp, _ = completion_logprobs(model, batch["idx"][rows], batch["pad_left"][rows], T, 1.0)
-    return grpo_loss(logp, logp.detach(), None, batch["advantages"][rows], batch["mask"][rows], 0.0, num_seqs=1)[0]
+    mask = batch["mask"][rows]
+    one = Divisors(num_seqs=1, num_tokens=mask.sum().clamp(min=1).item())  # 'grpo': / 1
+    return grpo_loss(logp, logp.detach(), None, batch["advantages"][rows], mask, LossKnobs(beta=0.0), one)[0]
 
 
 def hook_products(model, batch, T, n_train):

@@ -32,7 +32,7 @@ from lora import apply_lora, lora_parameters
 from model import GPT, GPTConfig
 from runs.checkpoint import load_checkpoint, model_from_checkpoint
 from runs.metrics import step_log
-from grpo import PhaseTimer, Prompts, policy_backward
+from grpo import LossKnobs, PhaseTimer, Prompts, policy_backward
 from tracin import reference_solutions
 
 
@@ -119,7 +119,7 @@ def timed_val_backward(model, enc, vb, cfg, amp):
     c = {**train_grpo.defaults, "device": dev, "beta": 0.0, "micro_batch_size": 64}
     sync = torch.cuda.synchronize if "cuda" in dev else (lambda: None)
     sync(); t0 = time.perf_counter()
-    policy_backward(model, reference_solutions(enc, vb, dev), c, 0.0, PhaseTimer(), amp)
+    policy_backward(model, reference_solutions(enc, vb, dev), c, LossKnobs.from_cfg(c), PhaseTimer(), amp)
     sync(); total = time.perf_counter() - t0
     model.zero_grad(set_to_none=True)
     return {"total": total}

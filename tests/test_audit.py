@@ -22,7 +22,7 @@ from configurator import UserError, cli_main
 from runs.checkpoint import load_checkpoint
 from rewards import REWARD_FUNCS
 from data.prompts import decode_completions, encode_prompt, stop_tokens
-from model import generate
+from model import Sampling, generate
 from runs.loading import load_policy
 from data.tasks import load_task_split
 from test_report import Page
@@ -94,8 +94,8 @@ def test_audit_ranks_by_the_sum_of_per_answer_attributions(run):
     # the first 3 wrong greedy answers, one problem at a time
     correct, expected = REWARD_FUNCS["correctness"], []
     for e in load_task_split(data_dir, "test"):
-        idx, _, mask = generate(model, [encode_prompt(enc, e["question"])], 8, stop_tokens(enc), temperature=0,
-                                vocab_size=enc.n_vocab)
+        idx, _, mask = generate(model, [encode_prompt(enc, e["question"])], 8, stop_tokens(enc),
+                                sampling=Sampling(temperature=0, vocab_size=enc.n_vocab))
         text = decode_completions(enc, idx, mask)[0]
         if correct(text, e["answer"]) != 1.0:
             expected.append((e["question"], text))

@@ -20,9 +20,9 @@ from bench import memory as bench_memory
 from bench import posthoc as bench_posthoc
 import rewards
 from configurator import UserError
-from grpo import completion_logprobs, grpo_loss
+from grpo import Divisors, LossKnobs, completion_logprobs, grpo_loss
 from lora import disable_lora, lora_parameters
-from model import generate
+from model import GREEDY, generate
 
 
 def test_quick_bench_rows(capsys, tmp_path):
@@ -115,7 +115,7 @@ def test_posthoc_row_without_captum(monkeypatch):
 def test_full_recompute_matches_kv_cache():
     model = bench.bench_model("cpu", 48)
     prompts = torch.randint(1, 394, (3, 8), generator=torch.Generator().manual_seed(1))
-    idx, _, _ = generate(model, prompts.tolist(), 12, eot_id=-1, temperature=0)
+    idx, _, _ = generate(model, prompts.tolist(), 12, eot_id=-1, sampling=GREEDY)
     assert torch.equal(idx, bench.full_recompute_greedy(model, prompts, 12))
 
 
@@ -138,7 +138,8 @@ def test_straightforward_step_matches_project_loss_and_gradients(eot_id):
     model.zero_grad(set_to_none=True)
     logp, _ = completion_logprobs(model, idx, pad, T, 1.0)
     assert (logp - ref).abs().max() > 1e-3  # the KL term is not zero
-    expected, _ = grpo_loss(logp, logp.detach(), ref, adv, mask, beta=0.04)
+    whole = Divisors(num_seqs=mask.size(0), num_tokens=mask.sum().clamp(min=1).item())
+    expected, _ = grpo_loss(logp, logp.detach(), ref, adv, mask, LossKnobs(beta=0.04), whole)
     expected.backward()
     assert abs(loss - expected.item()) <= 1e-5
     for g, p in zip(got, lora_parameters(model)):

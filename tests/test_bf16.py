@@ -10,7 +10,7 @@ import ghost
 import grpo
 import tracin
 from lora import lora_parameters, merge_lora
-from test_influence_summed import as_batch, cfg
+from test_influence_summed import NO_KL, as_batch, cfg
 from test_tracin import VAL_ADV, VAL_PROMPTS, make_batch, make_model
 
 BF16 = torch.autocast("cpu", dtype=torch.bfloat16)
@@ -58,8 +58,10 @@ def test_grpo_step_in_bf16_is_close_to_float32():
     assert {p.dtype for p in lora_parameters(m16)} == {torch.float32}
     out = {}
     for name, m in (("f32", m32), ("bf16", m16)):
-        stats = grpo.policy_backward(m, as_batch(train, adv), cfg(8, beta=0.04), 0.04,
-                                     amp=AMP[name])  # passes 3, 2
+        c = cfg(8, beta=0.04)
+        knobs = grpo.LossKnobs.from_cfg(c)
+        batch = grpo.with_reference(m, as_batch(train, adv), c, knobs, amp=AMP[name])  # pass 3
+        stats = grpo.policy_backward(m, batch, c, knobs, amp=AMP[name])  # pass 2
         out[name] = sum(stats["losses"]), flat_grads(m)
         assert all(p.grad.dtype == torch.float32 for p in lora_parameters(m))  # AdamW sees float32
     (l32, g32), (l16, g16) = out["f32"], out["bf16"]
@@ -72,7 +74,7 @@ def test_policy_and_old_logprobs_agree_exactly_in_bf16():
     the ratio of the first update of a generation is exactly 1."""
     _, m16, train, adv, _ = world()
     c = cfg(8)
-    old = grpo.logprobs_no_grad(m16, as_batch(train, adv), c, "old_logp", amp=BF16)
+    old = grpo.old_logprobs(m16, as_batch(train, adv), c, amp=BF16)
     idx, pl, mask = train
     with BF16:
         new, _ = grpo.completion_logprobs(m16, idx, pl, mask.size(1), c["temperature"])
@@ -102,9 +104,9 @@ def test_bf16_hook_buffers_give_their_float32_recomputation():
     in float32 from them: equal to recomputing in float64 from the same buffers."""
     _, m16, train, adv, val = world()
     with ghost.install_ghost_hooks(m16) as hooks:  # policy_backward enters BF16 itself
-        grpo.policy_backward(m16, as_batch(train, adv), cfg(8), 0.0, amp=BF16)
+        grpo.policy_backward(m16, as_batch(train, adv), cfg(8), NO_KL, amp=BF16)
         hooks.split = "val"
-        grpo.policy_backward(m16, as_batch(val, VAL_ADV), cfg(8), 0.0, amp=BF16)
+        grpo.policy_backward(m16, as_batch(val, VAL_ADV), cfg(8), NO_KL, amp=BF16)
         tr, va = hooks.collect("train"), hooks.collect("val")
     assert all(t.dtype == torch.bfloat16 for v in tr.values() for t in v)
     got = ghost.compute_ghost_inner_product_matrix(tr, va)

@@ -21,7 +21,7 @@ from configurator import UserError
 from conftest import TINY
 from lora import apply_lora, folded_for_sampling, lora_parameters
 from model import GPT, GPTConfig
-from model import generate, pad_prompts
+from model import GREEDY, Sampling, generate, pad_prompts
 from scale import compiled
 
 pytestmark = pytest.mark.skipif(not any(shutil.which(c) for c in ("g++", "c++", "clang++")),
@@ -80,35 +80,35 @@ def both(model, **kw):
 
 
 def test_greedy_tokens_are_the_eager_tokens(fresh):
-    eager, comp = both(fresh, eot_id=(), temperature=0)
+    eager, comp = both(fresh, eot_id=(), sampling=GREEDY)
     assert all(torch.equal(a, b) for a, b in zip(eager, comp))
     assert len(fresh.decode_steps) == NEW - 1  # every step after the prefill ran compiled
     assert eager[1].tolist() == [0, 0, 3, 3, 2, 2]  # padding is really exercised
     # a stop token that only some rows reach, at different steps: rows end, the rest go on, as eagerly
     stop = int(eager[0][0, 5 + 3])  # the 4th new token of row 0
-    eager, comp = both(fresh, eot_id=stop, temperature=0)
+    eager, comp = both(fresh, eot_id=stop, sampling=GREEDY)
     assert all(torch.equal(a, b) for a, b in zip(eager, comp))
     assert 0 < int((eager[2] == 0).any(1).sum()) < ROWS  # some rows stopped early, not all
 
 
 def test_the_adapter_is_read_at_every_call_not_baked_into_the_graph(fresh):
     """Another fold (new LoRA weights, new folded tensors) gives that adapter's eager tokens, from the same graph."""
-    before = both(fresh, eot_id=(), temperature=0)[1]
+    before = both(fresh, eot_id=(), sampling=GREEDY)[1]
     with torch.no_grad():
         for p in lora_parameters(fresh):
             if p.size(1) == 4:
                 p.normal_(0, 0.3)
     with torch._dynamo.config.patch(error_on_recompile=True):
-        eager, comp = both(fresh, eot_id=(), temperature=0)
+        eager, comp = both(fresh, eot_id=(), sampling=GREEDY)
     assert torch.equal(eager[0], comp[0]) and not torch.equal(before[0], comp[0])
 
 
 def test_sampled_tokens_are_the_eager_tokens_for_the_same_uniforms(fresh):
     u = torch.rand(NEW, ROWS, generator=torch.Generator().manual_seed(1))
     with torch._dynamo.config.patch(error_on_recompile=True):  # other uniforms: the same graph
-        eager, comp = both(fresh, eot_id=(), temperature=1.0, top_k=20, u=u)
+        eager, comp = both(fresh, eot_id=(), sampling=Sampling(top_k=20), u=u)
     assert all(torch.equal(a, b) for a, b in zip(eager, comp))
-    greedy = both(fresh, eot_id=(), temperature=0)[0]
+    greedy = both(fresh, eot_id=(), sampling=GREEDY)[0]
     assert not torch.equal(eager[0], greedy[0])  # sampling, not a greedy run in disguise
 
 
@@ -138,10 +138,10 @@ def test_each_step_gives_the_eager_logits_up_to_rounding(fresh):
 def test_one_graph_serves_other_prompt_lengths_in_the_bucket(fresh):
     decode = compiled.CompiledDecode(fresh, "cpu")
     with folded_for_sampling(fresh):
-        generate(fresh, PROMPTS, NEW, eot_id=(), num_samples=2, temperature=0, decode=decode)  # compiled here
+        generate(fresh, PROMPTS, NEW, eot_id=(), num_samples=2, sampling=GREEDY, decode=decode)  # compiled here
         with torch._dynamo.config.patch(error_on_recompile=True):
             for prompts, new in (([[1, 2, 3, 4], [5], [6, 7, 8]], NEW + 4), ([list(range(1, 10)), [5], [6, 7]], NEW)):
-                generate(fresh, prompts, new, eot_id=(), num_samples=2, temperature=0, decode=decode)
+                generate(fresh, prompts, new, eot_id=(), num_samples=2, sampling=GREEDY, decode=decode)
             # (4 + 16 and 9 + 12 columns: the 32-column bucket of 5 + 12, as cache_len rounds them)
     assert len(fresh.decode_steps) == 3 * (NEW - 1) + 4
 
@@ -159,13 +159,13 @@ def test_bf16_autocast_keeps_to_the_eager_logits(fresh):
 def test_a_copy_made_after_compiling_compiles_its_own_step(fresh):
     """A deep copy of a compiled model (its weights changed here) must decode with its own weights, as its
     eager forward does, not with the original's graph."""
-    both(fresh, eot_id=(), temperature=0)                         # the original's step compiled
+    both(fresh, eot_id=(), sampling=GREEDY)                         # the original's step compiled
     twin = copy.deepcopy(fresh)
     with torch.no_grad():
         for p in twin.parameters():
             p.mul_(-1.0)
-    eager, compiled_ = both(twin, eot_id=(), temperature=0)
-    assert not torch.equal(eager[0], both(fresh, eot_id=(), temperature=0)[0][0])   # the copy decodes otherwise
+    eager, compiled_ = both(twin, eot_id=(), sampling=GREEDY)
+    assert not torch.equal(eager[0], both(fresh, eot_id=(), sampling=GREEDY)[0][0])   # the copy decodes otherwise
     assert torch.equal(eager[0], compiled_[0]) and compiled.compiled_step(twin) is not compiled.compiled_step(fresh)
 
 

@@ -42,7 +42,7 @@ import train_grpo as tg
 from conftest import build_gpt
 from lora import apply_lora, load_lora_state_dict, lora_parameters
 from runs.checkpoint import load_checkpoint
-from model import generate, sample_next
+from model import Sampling, generate, sample_next, uniforms
 from test_tracin import ByteEnc, make_model, posthoc_setup
 
 pytestmark = pytest.mark.filterwarnings("ignore:There is a performance drop")
@@ -58,7 +58,7 @@ def test_sample_next_frequencies_follow_the_tempered_softmax(T):
     n = 20000
     logits = torch.tensor([2.0, 1.0, 0.0, -1.0, 0.5, -2.0])
     u = ((torch.arange(n, dtype=torch.float64) + 0.5) / n).float()
-    draws = sample_next(logits.repeat(n, 1), T, None, None, None, u)
+    draws = sample_next(logits.repeat(n, 1), Sampling(temperature=T), u)
     freq = torch.bincount(draws, minlength=6).double() / n
     p = torch.softmax(logits.double() / T, 0)
     assert (p - torch.softmax(logits.double(), 0)).abs().max() > 100 / n  # T really matters here
@@ -86,8 +86,10 @@ def test_grpo_loss_with_asymmetric_clip_bounds(loss_type):
     mask = [[1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 0], [1, 1, 0, 1, 1, 1]]
     old = torch.randn(4, 6, generator=torch.Generator().manual_seed(0)).double()
     logp = (old + torch.tensor(RATIOS, dtype=torch.float64).log()).requires_grad_(True)
-    loss, st = grpo.grpo_loss(logp, old, None, torch.tensor(adv).double(), torch.tensor(mask), beta=0.0,
-                              epsilon_low=EPS_LOW, epsilon_high=EPS_HIGH, loss_type=loss_type)
+    knobs = grpo.LossKnobs(beta=0.0, epsilon_low=EPS_LOW, epsilon_high=EPS_HIGH, loss_type=loss_type)
+    mask_t = torch.tensor(mask)
+    whole = grpo.Divisors(num_seqs=len(mask), num_tokens=mask_t.sum().item())
+    loss, st = grpo.grpo_loss(logp, old, None, torch.tensor(adv).double(), mask_t, knobs, whole)
     (g,) = torch.autograd.grad(loss, logp)
     n_tok = sum(map(sum, mask))
     want_loss, low, high = 0.0, 0, 0
@@ -165,7 +167,7 @@ def test_inverse_cdf_never_draws_a_masked_token_at_a_boundary():
     boundaries exactly; the token is the first whose cumulative probability EXCEEDS u."""
     logits = torch.tensor([-5.0, 0.0, -5.0, 0.0, 0.0, -5.0, 0.0, -5.0])  # top 4: tokens 1, 3, 4, 6
     u = torch.tensor([0.0, 0.25, 0.5, 0.75, 1 - 2 ** -24, 0.1, 0.3, 0.6])
-    got = sample_next(logits.repeat(len(u), 1), 1.0, 4, None, None, u)
+    got = sample_next(logits.repeat(len(u), 1), Sampling(top_k=4), u)
     assert got.tolist() == [1, 3, 4, 6, 6, 1, 3, 4]
 
 
@@ -185,7 +187,7 @@ def test_inverse_cdf_never_draws_outside_the_nucleus_at_a_boundary():
     c = cdf.float()
     u = torch.cat([torch.tensor([0.0, 1 - 2 ** -24]), c, torch.nextafter(c, torch.zeros_like(c)),
                    torch.nextafter(c, torch.ones_like(c))]).clamp(0.0, 1 - 2 ** -24)
-    got = sample_next(p.log().float().repeat(len(u), 1), 1.0, None, top_p, None, u)
+    got = sample_next(p.log().float().repeat(len(u), 1), Sampling(top_p=top_p), u)
     assert set(got.tolist()) <= nucleus, list(zip(u.tolist(), got.tolist()))
     assert got[0] == 1 and got[1] == 3  # u = 0: the first nucleus token; u -> 1: the last one
 
@@ -281,7 +283,8 @@ def test_posthoc_simple_mode_scores_the_last_checkpoint(posthoc):
 def sharp_rollouts():
     """A model with far-from-uniform logits (so the temperature changes the entropy) and left-padded rows."""
     m = build_gpt(seed=1, emb_scale=10.0, block_scale=10.0)
-    idx, pl, mask = generate(m, [[1, 2, 3], [4, 5, 6, 7, 8, 9], [10]], 8, 0, num_samples=2, temperature=1.0, seed=0)
+    u = uniforms(8, 6, 0, "cpu")
+    idx, pl, mask = generate(m, [[1, 2, 3], [4, 5, 6, 7, 8, 9], [10]], 8, 0, num_samples=2, u=u)
     assert (pl > 0).any()
     return m, idx, pl, mask.size(1)
 
@@ -365,9 +368,9 @@ def test_a_skipped_update_ends_the_generations_updates(tiny_gpt, monkeypatch, ba
     cfg = {**tg.defaults, "micro_batch_size": 4, "num_iterations": 3, "beta": 0.0, "device": "cpu"}
     real, calls, weights = grpo.policy_backward, [], []
 
-    def backward(model, b, c, beta, *a, **k):
+    def backward(model, b, c, knobs, *a, **k):
         weights.append([p.detach().clone() for p in params])  # the weights this update starts from
-        stats = real(model, b, c, beta, *a, **k)
+        stats = real(model, b, c, knobs, *a, **k)
         calls.append(len(calls))
         if len(calls) - 1 == bad_update:
             stats["losses"].append(float("nan"))

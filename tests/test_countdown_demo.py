@@ -10,7 +10,7 @@ from analysis import countdown_demo
 from configurator import UserError
 from data.tasks import load_task_split
 from data.prompts import decode_completions, encode_prompt, stop_tokens
-from model import generate
+from model import Sampling, generate
 from runs.loading import load_policy
 from test_train_grpo import run as grpo_run
 
@@ -29,8 +29,9 @@ def runs(tiny_setup, tmp_path_factory):
 
 def greedy(path, problems, merge):
     model, enc, _ = load_policy(path, merge=merge)
+    greedy = Sampling(temperature=0, vocab_size=enc.n_vocab)
     idx, _, mask = generate(model, [encode_prompt(enc, e["question"]) for e in problems], 8, stop_tokens(enc),
-                            temperature=0, vocab_size=enc.n_vocab)
+                            sampling=greedy)
     return decode_completions(enc, idx, mask)
 
 

@@ -157,7 +157,7 @@ def test_tracins_validation_batch_is_scored_by_the_tasks_exact_reward(tmp_path, 
            "mask_truncated_completions": False}
     # the validation batch as train_grpo.Run.validation_batch draws it for tracin_val_loss='pg'
     run = SimpleNamespace(cfg={**cfg, "tracin_val_batch_size": 1, "tracin_val_loss": "pg"},
-                          val_split=[rows[0]], rng=random.Random(0), enc=enc)
+                          val_split=[rows[0]], rng=random.Random(0), enc=enc, reward_cache=None)
     val_prompts = train_grpo.Run.validation_batch(run)
     assert (val_prompts.reward_funcs, val_prompts.answers) == (("countdown", "think_format"), [rows[0]["answer"]])
     batch = grpo.Prompts([[1]], [answer], cfg["reward_funcs"], cfg["reward_weights"])

@@ -13,7 +13,7 @@ pytestmark = [pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a 
 from bench import run as bench
 import grpo
 from runs.checkpoint import load_checkpoint
-from model import generate
+from model import GREEDY, generate
 from analysis import attribute
 import tracin
 from test_distributed import task_pays_chars  # the 'pg' validation reward varies for a random model
@@ -24,7 +24,7 @@ def test_kv_cache_matches_full_recompute_on_cuda():
     """Greedy tokens of the KV-cache generation equal a full recompute of the prefix per token."""
     model = bench.bench_model("cuda", 48)
     prompts = torch.randint(1, 394, (3, 8), generator=torch.Generator().manual_seed(1))
-    idx, _, _ = generate(model, prompts.tolist(), 12, eot_id=-1, temperature=0)
+    idx, _, _ = generate(model, prompts.tolist(), 12, eot_id=-1, sampling=GREEDY)
     assert torch.equal(idx.cpu(), bench.full_recompute_greedy(model, prompts.cuda(), 12).cpu())
 
 

@@ -64,7 +64,8 @@ def worker(rank, world, port, argv, spy):
     compiled.CompiledDecode.__call__ = compiled_step
     backward, all_reduce = grpo.policy_backward, torch.distributed.all_reduce
     def counted(model, batch, *a, **kw):  # noqa: E306
-        seen["rows"].append((len(batch), kw.get("beta", a[1] if len(a) > 1 else None)))
+        knobs = kw.get("knobs", a[1] if len(a) > 1 else None)
+        seen["rows"].append((len(batch), knobs.beta))
         return backward(model, batch, *a, **kw)
     grpo.policy_backward = tracin.policy_backward = counted
     torch.distributed.all_reduce = lambda t, *a, **kw: seen["all_reduce"].append((t.numel(), str(t.dtype))) \

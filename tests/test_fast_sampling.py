@@ -12,7 +12,7 @@ import torch
 from conftest import TINY, build_gpt
 from lora import apply_lora, disable_lora, folded_for_sampling, lora_parameters
 from model import GPT, GPTConfig
-from model import generate
+from model import GREEDY, generate, uniforms
 
 FAMILIES = {"gpt2": {}, "llama": dict(arch="llama", n_kv_head=1, n_inner=48, rope_theta=500.0, norm_eps=1e-6)}
 
@@ -69,7 +69,7 @@ def test_one_query_attention_gives_the_uncached_greedy_tokens():
     sequence with the fused causal kernel at every step."""
     model = build_gpt(seed=1, emb_scale=10.0, block_scale=3.0).eval()
     prompt = [5, 9, 2, 7]
-    idx, _, _ = generate(model, [prompt], 20, eot_id=(), temperature=0)
+    idx, _, _ = generate(model, [prompt], 20, eot_id=(), sampling=GREEDY)
     seq = torch.tensor([prompt])
     with torch.no_grad():
         for _ in range(20):
@@ -96,7 +96,7 @@ def test_folded_lora_gives_the_unfolded_logits_and_tokens(family):
     assert (plain - base).abs().max() > 1e-2  # the adapter matters, so folding it in is tested
     prompts = [[3, 4, 5], [6, 7], [8]]
     u = torch.rand(10, 6, generator=torch.Generator().manual_seed(0))
-    kw = dict(max_new_tokens=10, eot_id=(), num_samples=2, temperature=1.0, u=u)
+    kw = dict(max_new_tokens=10, eot_id=(), num_samples=2, u=u)
     with folded_for_sampling(model):
         got = generate(model, prompts, **kw)
     want = generate(model, prompts, **kw)
@@ -110,7 +110,7 @@ def test_folding_never_changes_the_weights_and_ends_with_the_block():
     before = {k: v.clone() for k, v in model.state_dict().items()}
     for _ in range(50):
         with folded_for_sampling(model):
-            generate(model, [[1, 2, 3]], 4, eot_id=(), temperature=1.0, seed=0)
+            generate(model, [[1, 2, 3]], 4, eot_id=(), u=uniforms(4, 1, 0, "cpu"))
     assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
     assert all(m.folded is None for m in model.modules() if hasattr(m, "folded"))
     idx = torch.randint(1, 50, (2, 5))

@@ -24,7 +24,7 @@ import ghost
 from analysis import attribute
 import tracin
 import train_grpo
-from grpo import Rollouts, policy_backward
+from grpo import LossKnobs, Rollouts, policy_backward
 from lora import load_lora_state_dict, lora_parameters
 from runs.checkpoint import load_checkpoint
 from test_tracin import (LAYERS, TRAIN_ADV, TRAIN_PROMPTS, VAL_ADV, VAL_PROMPTS, ByteEnc, capture_both, flat,
@@ -43,6 +43,9 @@ def world():
     return m, train, val
 
 
+NO_KL = LossKnobs(beta=0.0)  # cfg's loss: grpo, no KL term
+
+
 def cfg(mb, **kw):
     """train_grpo's defaults with the grpo loss (per completion / N), as func_per_sample_grads uses."""
     return {**train_grpo.defaults, "micro_batch_size": mb, "beta": 0.0, "loss_type": "grpo", **kw}
@@ -55,13 +58,13 @@ def as_batch(data, adv):
 
 def summed_and_matrix(m, train, val, mb_train=4, mb_val=3):
     """(summed influence, matrix row sums, G) for the same batches through policy_backward."""
-    policy_backward(m, as_batch(val, VAL_ADV), cfg(mb_val), 0.0)  # ordinary backward: G in .grad
+    policy_backward(m, as_batch(val, VAL_ADV), cfg(mb_val), NO_KL)  # ordinary backward: G in .grad
     G = ghost.summed_gradient(m)
     assert all(p.grad is None for p in lora_parameters(m))  # cleared for the next backward
     with ghost.install_ghost_hooks(m) as hooks:
-        policy_backward(m, as_batch(train, TRAIN_ADV), cfg(mb_train), 0.0)
+        policy_backward(m, as_batch(train, TRAIN_ADV), cfg(mb_train), NO_KL)
         hooks.split = "val"
-        policy_backward(m, as_batch(val, VAL_ADV), cfg(mb_val), 0.0)
+        policy_backward(m, as_batch(val, VAL_ADV), cfg(mb_val), NO_KL)
         tr, va = hooks.collect("train"), hooks.collect("val")
     assert len(tr) == len(va) == LAYERS
     m.zero_grad(set_to_none=True)
@@ -85,12 +88,12 @@ def test_summed_products_match_bruteforce_and_matrix(world):
 
 def test_summed_gradient_is_the_batch_gradient(world):
     m, _, val = world
-    policy_backward(m, as_batch(val, VAL_ADV), cfg(3), 0.0)  # no hooks at all
+    policy_backward(m, as_batch(val, VAL_ADV), cfg(3), NO_KL)  # no hooks at all
     grads = {n: p.grad.clone() for n, p in m.named_parameters() if ".lora_" in n}
     m.zero_grad(set_to_none=True)
     with ghost.install_ghost_hooks(m) as hooks:
         hooks.split = None  # idle hooks, as tracin_backward's 'summed' validation pass: nothing kept
-        policy_backward(m, as_batch(val, VAL_ADV), cfg(3), 0.0)
+        policy_backward(m, as_batch(val, VAL_ADV), cfg(3), NO_KL)
         assert not any(d for split in ("train", "val") for d in hooks.buffers(split))
     G = ghost.summed_gradient(m, layer_filter="mlp")
     assert len(G) == LAYERS // 2 and all("mlp" in k for k in G)
@@ -200,14 +203,14 @@ def test_zero_advantage_validation_rows_are_skipped_and_G_is_unchanged(world, mo
     Gs, rows = [], []
     for batch in (as_batch(val, adv), tracin.informative_rows(as_batch(val, adv), c)):
         rows.append(len(batch))
-        policy_backward(m, batch, c, 0.0)
+        policy_backward(m, batch, c, LossKnobs.from_cfg(c))
         Gs.append(torch.cat([torch.cat([a.flatten(), b.flatten()]) for a, b in ghost.summed_gradient(m).values()]))
     assert rel(Gs[1], Gs[0]) <= 1e-6
     assert rows == ([len(adv)] * 2 if loss_type == "bnpo" else [len(adv), len(adv) - 2])
     none = tracin.informative_rows(as_batch(val, torch.zeros_like(adv)), c)
     if loss_type != "bnpo":
         assert len(none) == 1
-        policy_backward(m, none, c, 0.0)
+        policy_backward(m, none, c, LossKnobs.from_cfg(c))
         assert all((g == 0).all() for pair in ghost.summed_gradient(m).values() for g in pair)
 
 

@@ -38,7 +38,7 @@ def trained_looking(family):
 
 
 def sample(model, u):
-    return generate(model, PROMPTS, 12, eot_id=(), num_samples=2, temperature=1.0, u=u)
+    return generate(model, PROMPTS, 12, eot_id=(), num_samples=2, u=u)
 
 
 @pytest.mark.parametrize("family", FAMILIES)

@@ -4,6 +4,7 @@
 # without the KL term (the train loss keeps it).
 # Run: python -m pytest -q tests/test_loss_counts.py
 import itertools
+from dataclasses import replace
 
 import pytest
 import torch
@@ -12,7 +13,7 @@ import ghost
 import tracin
 import train_grpo
 from data.curriculum import Curriculum
-from grpo import Rollouts, policy_backward
+from grpo import LossKnobs, Rollouts, policy_backward, with_reference
 from lora import lora_parameters
 from test_tracin import TRAIN_ADV, TRAIN_PROMPTS, VAL_ADV, VAL_PROMPTS, make_batch, make_model
 
@@ -29,6 +30,12 @@ def world():
 
 def cfg(mb, **kw):
     return {**train_grpo.defaults, "micro_batch_size": mb, "beta": 0.0, "loss_type": "grpo", **kw}
+
+
+def backward(m, batch, c, beta, **kw):
+    """grpo.policy_backward under the run's loss knobs at this beta, after pass 3 (beta != 0)."""
+    knobs = replace(LossKnobs.from_cfg(c), beta=beta)
+    return policy_backward(m, with_reference(m, batch, c, knobs), c, knobs, **kw)
 
 
 def as_batch(data, adv, rows=slice(None)):
@@ -52,12 +59,12 @@ def test_bnpo_is_the_mean_over_every_micro_batch_the_partial_last_one_included(w
     N = data[0].size(0)
     for mb, beta in itertools.product(range(1, N + 1), (0.0, 0.1)):
         c = cfg(mb, loss_type="bnpo")
-        policy_backward(m, as_batch(data, adv), c, beta)
+        backward(m, as_batch(data, adv), c, beta)
         got = grads(m)
         parts = []
         for s in range(0, N, mb):
             rows = slice(s, min(s + mb, N))
-            policy_backward(m, as_batch(data, adv, rows), cfg(rows.stop - rows.start, loss_type="bnpo"), beta)
+            backward(m, as_batch(data, adv, rows), cfg(rows.stop - rows.start, loss_type="bnpo"), beta)
             parts.append(grads(m))
         M = -(-N // mb)
         assert len(parts) == M
@@ -105,12 +112,12 @@ def test_tracin_validation_loss_has_no_kl_term(world, how):
     _, infl, _, _ = tracin.tracin_backward(m, opt, as_batch(train, TRAIN_ADV), as_batch(val, VAL_ADV), c)
     m.zero_grad(set_to_none=True)
     with ghost.install_ghost_hooks(m) as hooks:
-        policy_backward(m, as_batch(train, TRAIN_ADV), cfg(4), beta)
+        backward(m, as_batch(train, TRAIN_ADV), cfg(4), beta)
         train_grads = ghost.per_sample_grads(hooks.collect("train"))
     m.zero_grad(set_to_none=True)
     ref = {}
     for b in (0.0, beta):
-        policy_backward(m, as_batch(val, VAL_ADV), cfg(3), b)
+        backward(m, as_batch(val, VAL_ADV), cfg(3), b)
         ref[b] = ghost.summed_inner_products(train_grads, ghost.summed_gradient(m))
     scale = ref[0.0].abs().max()
     assert (ref[beta] - ref[0.0]).abs().max() > 1e-2 * scale  # the KL term would change the influences

@@ -22,7 +22,7 @@ import model as model_module
 from configurator import UserError
 from model import GPT, GPTConfig
 from runs.checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint
-from model import generate
+from model import GREEDY, generate
 
 PROMPTS = [[7], [5, 17, 3], [8, 1, 44, 23, 9, 30, 2, 11, 7, 12], [13, 26, 39, 4, 0, 41]]
 
@@ -66,14 +66,14 @@ def test_kv_cache_greedy_equals_full_recompute(make_gpt, seed, n_layer):
     eot = unused_token(model.config.vocab_size, *refs, *PROMPTS)
     # each prompt alone
     for p, ref in zip(PROMPTS, refs):
-        idx, pad_left, mask = generate(model, [p], n_new, eot, temperature=0)
+        idx, pad_left, mask = generate(model, [p], n_new, eot, sampling=GREEDY)
         assert idx.shape == (1, len(p) + n_new)
         assert idx[0, :len(p)].tolist() == p
         assert idx[0, len(p):].tolist() == ref
         assert mask.tolist() == [[1] * n_new]
         assert pad_left.tolist() == [0]
     # all prompts in one left-padded batch
-    idx, pad_left, mask = generate(model, PROMPTS, n_new, eot, temperature=0)
+    idx, pad_left, mask = generate(model, PROMPTS, n_new, eot, sampling=GREEDY)
     assert idx[:, -n_new:].tolist() == refs
 
 

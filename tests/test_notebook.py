@@ -125,6 +125,7 @@ def world():
     import torch
 
     from conftest import build_gpt
+    from grpo import LossKnobs
     from lora import apply_lora, lora_parameters
     model = build_gpt()
     apply_lora(model, 2, 4, 0.0, ("c_attn",))
@@ -133,10 +134,10 @@ def world():
            "reward_funcs": ("correctness",), "reward_weights": (1.0,)}
     return dict(model=model, optimizer=optimizer, cfg=cfg, torch=torch, time=time, amp=contextlib.nullcontext(),
                 contextlib=contextlib, enc=None, prompts=[[1, 2]], answers=[3], T=2,
-                rollouts=None, rollouts_t=None, rank_part=a_batch)
+                rollouts=None, rollouts_t=None, rank_part=a_batch, knobs_t=LossKnobs(beta=0.0))
 
 
-def a_batch(rollouts, micro_batch_size):
+def a_batch(rollouts):
     from types import SimpleNamespace
     return SimpleNamespace(idx=None, pad_left=None)
 

@@ -20,7 +20,7 @@ from configurator import UserError  # noqa: E402
 from hf_dirs import make_dir, write_config  # noqa: E402
 from model import GPT  # noqa: E402
 from pretrained.hf import from_pretrained  # noqa: E402
-from model import generate  # noqa: E402
+from model import Sampling, generate, uniforms  # noqa: E402
 from pretrained.tokenizer import load_hf_tokenizer  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -87,7 +87,8 @@ def test_kv_cache_greedy_equals_transformers_generate(dirs, name):
         ids = tok(text, add_special_tokens=False)["input_ids"]
         ref = hf.generate(torch.tensor([ids]), max_new_tokens=16, do_sample=False, suppress_tokens=padded,
                           pad_token_id=enc.eot_token)[0, len(ids):].tolist()
-        idx, _, mask = generate(model, [ids], 16, enc.stop_tokens, temperature=0, vocab_size=enc.n_vocab)
+        greedy = Sampling(temperature=0, vocab_size=enc.n_vocab)
+        idx, _, mask = generate(model, [ids], 16, enc.stop_tokens, sampling=greedy)
         ours = idx[0, len(ids):][mask[0].bool()].tolist()
         assert ours == ref[:len(ours)] and len(ours) in (16, len(ref))  # transformers pads after its eos
 
@@ -97,11 +98,12 @@ def test_padded_vocabulary_rows_are_never_drawn(dirs):
     model, enc = from_pretrained(path), load_hf_tokenizer(path)
     with torch.no_grad():  # make the padded rows the most likely tokens by far
         model.lm_head.weight[enc.n_vocab:] = model.lm_head.weight[:1] * 50
-    idx, _, _ = generate(model, [[5, 6, 7]] * 4, 8, enc.stop_tokens, temperature=1.0, seed=0)
+    u = uniforms(8, 4, 0, "cpu")
+    idx, _, _ = generate(model, [[5, 6, 7]] * 4, 8, enc.stop_tokens, u=u)
     assert (idx[:, 3:] >= enc.n_vocab).any()  # without the cap they win
     for temperature in (0, 1.0):
-        idx, _, _ = generate(model, [[5, 6, 7]] * 4, 8, enc.stop_tokens, temperature=temperature, seed=0,
-                             vocab_size=enc.n_vocab)
+        sampling = Sampling(temperature=temperature, vocab_size=enc.n_vocab)
+        idx, _, _ = generate(model, [[5, 6, 7]] * 4, 8, enc.stop_tokens, sampling=sampling, u=u)
         assert (idx < enc.n_vocab).all()
 
 

@@ -10,7 +10,7 @@ import torch
 
 import runs.loading
 import sample
-from model import NonFiniteLogits, generate, sample_next
+from model import NonFiniteLogits, Sampling, generate, sample_next, uniforms
 import train_base as tb
 import grpo
 import train_grpo as tg
@@ -142,7 +142,7 @@ def test_generate_reports_nonfinite_logits(tiny_gpt):
     with torch.no_grad():
         tiny_gpt.lm_head.weight[3, 0] = float("nan")
     with pytest.raises(NonFiniteLogits, match="NaN/Inf logits"):
-        generate(tiny_gpt, [[1, 2, 3]], 4, eot_id=0, num_samples=2, seed=0)
+        generate(tiny_gpt, [[1, 2, 3]], 4, eot_id=0, num_samples=2, u=uniforms(4, 2, 0, "cpu"))
     assert not tiny_gpt.training
 
 
@@ -196,7 +196,8 @@ def test_sample_cli_knobs(tiny_setup, arg, key):
 def test_top_p_tiny_keeps_the_most_likely_token():
     logits = torch.randn(64, 50)
     for top_p in (1e-12, 1e-3):
-        got = sample_next(logits, 1.0, None, top_p, torch.Generator().manual_seed(0))
+        u = torch.rand(64, generator=torch.Generator().manual_seed(0))
+        got = sample_next(logits, Sampling(top_p=top_p), u)
         assert torch.equal(got, logits.argmax(-1))
 
 

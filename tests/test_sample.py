@@ -16,7 +16,7 @@ import torch
 
 from configurator import UserError
 from data.prompts import decode_completions
-from model import generate, pad_prompts, sample_next
+from model import GREEDY, Sampling, generate, pad_prompts, sample_next, uniforms
 
 PROMPTS = [[5, 17, 3], [8, 1, 44, 23, 9, 30, 2, 11, 7], [42], [13, 26, 39, 4, 0]]
 NEVER = 49   # an end-of-text id that sharp_gpt does not emit for PROMPTS within 20 steps (checked)
@@ -24,7 +24,7 @@ NEVER = 49   # an end-of-text id that sharp_gpt does not emit for PROMPTS within
 
 def free_run(model, prompts, n):
     """Greedy completions (N, n) with an end-of-text id that is never emitted."""
-    idx, _, mask = generate(model, prompts, n, NEVER, temperature=0)
+    idx, _, mask = generate(model, prompts, n, NEVER, sampling=GREEDY)
     assert idx.size(1) == max(map(len, prompts)) + n and bool(mask.all()), "test setup: NEVER was emitted"
     return idx[:, -n:]
 
@@ -40,7 +40,7 @@ def test_batched_greedy_equals_each_prompt_alone(sharp_gpt, eot_from):
     else:  # end-of-text = the token that row r emits at step k of a free run: rows stop at various steps
         r, k = eot_from
         eot = free_run(sharp_gpt, PROMPTS, n)[r, k].item()
-    idx, pad_left, mask = generate(sharp_gpt, PROMPTS, n, eot, temperature=0)
+    idx, pad_left, mask = generate(sharp_gpt, PROMPTS, n, eot, sampling=GREEDY)
     T = mask.size(1)
     P = max(map(len, PROMPTS))
     assert idx.shape == (len(PROMPTS), P + T)
@@ -48,7 +48,7 @@ def test_batched_greedy_equals_each_prompt_alone(sharp_gpt, eot_from):
     lengths = []
     for b, p in enumerate(PROMPTS):
         assert idx[b, P - len(p):P].tolist() == p
-        alone, alone_pad, alone_mask = generate(sharp_gpt, [p], n, eot, temperature=0)
+        alone, alone_pad, alone_mask = generate(sharp_gpt, [p], n, eot, sampling=GREEDY)
         Ta = alone_mask.size(1)
         assert Ta <= T and alone_pad.tolist() == [0]
         assert idx[b, -T:][:Ta].tolist() == alone[0, -Ta:].tolist()
@@ -65,8 +65,8 @@ def test_batched_greedy_equals_each_prompt_alone(sharp_gpt, eot_from):
 
 def test_num_samples_greedy_rows_adjacent_and_identical(sharp_gpt):
     ns, n = 3, 12
-    idx1, pad1, mask1 = generate(sharp_gpt, PROMPTS, n, NEVER, temperature=0)
-    idx, pad_left, mask = generate(sharp_gpt, PROMPTS, n, NEVER, num_samples=ns, temperature=0)
+    idx1, pad1, mask1 = generate(sharp_gpt, PROMPTS, n, NEVER, sampling=GREEDY)
+    idx, pad_left, mask = generate(sharp_gpt, PROMPTS, n, NEVER, num_samples=ns, sampling=GREEDY)
     P = max(map(len, PROMPTS))
     assert idx.shape == (len(PROMPTS) * ns, P + n)
     assert mask.shape == (len(PROMPTS) * ns, n)
@@ -77,7 +77,8 @@ def test_num_samples_greedy_rows_adjacent_and_identical(sharp_gpt):
 
 def test_num_samples_sampled_rows_of_a_prompt_are_adjacent(tiny_gpt):
     ns, n = 4, 10
-    idx, pad_left, mask = generate(tiny_gpt, PROMPTS, n, NEVER, num_samples=ns, temperature=1.0, seed=0)
+    u = uniforms(n, len(PROMPTS) * ns, 0, "cpu")
+    idx, pad_left, mask = generate(tiny_gpt, PROMPTS, n, NEVER, num_samples=ns, u=u)
     P = max(map(len, PROMPTS))
     assert idx.shape == (len(PROMPTS) * ns, P + n)
     for row in range(idx.size(0)):
@@ -91,9 +92,9 @@ def test_num_samples_sampled_rows_of_a_prompt_are_adjacent(tiny_gpt):
 
 
 def test_num_samples_with_top_k_1_equals_greedy(sharp_gpt):
-    greedy, _, gmask = generate(sharp_gpt, PROMPTS, 15, NEVER, num_samples=2, temperature=0)
-    sampled, _, smask = generate(sharp_gpt, PROMPTS, 15, NEVER, num_samples=2, temperature=1.0,
-                                 top_k=1, seed=3)
+    greedy, _, gmask = generate(sharp_gpt, PROMPTS, 15, NEVER, num_samples=2, sampling=GREEDY)
+    u = uniforms(15, len(PROMPTS) * 2, 3, "cpu")
+    sampled, _, smask = generate(sharp_gpt, PROMPTS, 15, NEVER, num_samples=2, sampling=Sampling(top_k=1), u=u)
     assert torch.equal(sampled, greedy) and torch.equal(smask, gmask)
 
 
@@ -101,21 +102,22 @@ def test_num_samples_with_top_k_1_equals_greedy(sharp_gpt):
 # seeds
 
 def test_seeded_sampling_is_reproducible(tiny_gpt):
-    kw = dict(max_new_tokens=20, eot_id=NEVER, num_samples=2, temperature=1.0)
+    kw = dict(max_new_tokens=20, eot_id=NEVER, num_samples=2)
+    rows = len(PROMPTS) * 2
     torch.manual_seed(100)
-    a = generate(tiny_gpt, PROMPTS, seed=7, **kw)
+    a = generate(tiny_gpt, PROMPTS, u=uniforms(20, rows, 7, "cpu"), **kw)
     torch.manual_seed(200)                      # the global RNG state must not matter
-    b = generate(tiny_gpt, PROMPTS, seed=7, **kw)
-    c = generate(tiny_gpt, PROMPTS, generator=torch.Generator().manual_seed(7), **kw)
-    d = generate(tiny_gpt, PROMPTS, seed=8, **kw)
+    b = generate(tiny_gpt, PROMPTS, u=uniforms(20, rows, 7, "cpu"), **kw)
+    c = generate(tiny_gpt, PROMPTS, u=torch.rand(20, rows, generator=torch.Generator().manual_seed(7)), **kw)
+    d = generate(tiny_gpt, PROMPTS, u=uniforms(20, rows, 8, "cpu"), **kw)
     for x, y in zip(a, b):
         assert torch.equal(x, y)
     for x, y in zip(a, c):
         assert torch.equal(x, y)
     assert not torch.equal(a[0], d[0])
-    # a seed gives generate its own generator: the global RNG is neither used nor reseeded
+    # a seed gives uniforms its own generator: the global RNG is neither used nor reseeded
     state = torch.get_rng_state()
-    generate(tiny_gpt, PROMPTS, seed=7, **kw)
+    generate(tiny_gpt, PROMPTS, u=uniforms(20, rows, 7, "cpu"), **kw)
     assert torch.equal(torch.get_rng_state(), state)
 
 
@@ -128,7 +130,7 @@ def test_completion_mask_and_padding_after_eot(sharp_gpt):
     eot = free[0][4]                             # row 0 emits it at step <= 4
     firsts = [row.index(eot) if eot in row else None for row in free]
     assert any(f is None or f > 4 for f in firsts), "test setup: all rows stop together"
-    idx, _, mask = generate(sharp_gpt, PROMPTS, n, eot, temperature=0)
+    idx, _, mask = generate(sharp_gpt, PROMPTS, n, eot, sampling=GREEDY)
     T = mask.size(1)
     # generation may stop once every row has finished; T never drops below that point
     assert (n if None in firsts else max(firsts) + 1) <= T <= n
@@ -158,7 +160,8 @@ def test_generation_stops_calling_the_model_once_all_rows_finished(sharp_gpt, mo
         return real_forward(*args, **kwargs)
 
     monkeypatch.setattr(sharp_gpt, "forward", counting_forward)
-    idx, _, mask = generate(sharp_gpt, [prompt], 20, eot, temperature=0, check_every=check_every)
+    greedy = Sampling(temperature=0, check_every=check_every)
+    idx, _, mask = generate(sharp_gpt, [prompt], 20, eot, sampling=greedy)
     assert mask.size(1) == f + 1                          # columns after the last eot are dropped
     assert idx[0, len(prompt):].tolist() == free[:f + 1]
     assert mask.tolist() == [[1] * (f + 1)]
@@ -175,8 +178,9 @@ def test_generation_stops_calling_the_model_once_all_rows_finished(sharp_gpt, mo
                                 dict(top_p=1e-6, temperature=2.0)])
 def test_top_k_1_and_tiny_top_p_equal_greedy(sharp_gpt, tiny_gpt, kw):
     for model in (sharp_gpt, tiny_gpt):
-        greedy = generate(model, PROMPTS, 15, NEVER, temperature=0)
-        sampled = generate(model, PROMPTS, 15, NEVER, seed=0, **{"temperature": 1.0, **kw})
+        greedy = generate(model, PROMPTS, 15, NEVER, sampling=GREEDY)
+        u = uniforms(15, len(PROMPTS), 0, "cpu")
+        sampled = generate(model, PROMPTS, 15, NEVER, sampling=Sampling(**kw), u=u)
         for x, y in zip(greedy, sampled):
             assert torch.equal(x, y)
 
@@ -186,7 +190,8 @@ def test_sample_next_top_k_membership():
     base = torch.randn(4, 50, generator=g)
     logits = base.repeat(500, 1)                           # 2000 draws, 500 per distinct row
     k = 5
-    draws = sample_next(logits, 1.0, k, None, torch.Generator().manual_seed(1))
+    u = torch.rand(len(logits), generator=torch.Generator().manual_seed(1))
+    draws = sample_next(logits, Sampling(top_k=k), u)
     assert draws.shape == (2000,) and draws.dtype == torch.long
     allowed = torch.topk(logits, k, dim=-1).indices
     assert (allowed == draws[:, None]).any(-1).all()
@@ -204,7 +209,8 @@ def test_sample_next_top_p_membership():
     base = torch.randn(3, 50, generator=g)
     logits = base.repeat(400, 1)
     top_p = 0.6
-    draws = sample_next(logits, 1.0, None, top_p, torch.Generator().manual_seed(3))
+    u = torch.rand(len(logits), generator=torch.Generator().manual_seed(3))
+    draws = sample_next(logits, Sampling(top_p=top_p), u)
     for row in range(3):
         probs = base[row].double().softmax(-1)
         order = probs.argsort(descending=True).tolist()
@@ -222,7 +228,7 @@ def test_sample_next_top_p_membership():
 
 def test_sample_next_temperature_zero_is_argmax():
     logits = torch.randn(6, 50, generator=torch.Generator().manual_seed(4))
-    assert torch.equal(sample_next(logits, 0, None, None, None), logits.argmax(-1))
+    assert torch.equal(sample_next(logits, GREEDY), logits.argmax(-1))
 
 
 # ------------------------------------------------------------------------------------------
@@ -245,14 +251,15 @@ def test_prompt_plus_new_tokens_beyond_block_size_raises(tiny_gpt):
         generate(tiny_gpt, [[1] * 60], 5, NEVER)
     with pytest.raises(UserError):
         generate(tiny_gpt, [[1] * 3, [2] * 60], 5, NEVER)       # the longest prompt counts
-    idx, _, mask = generate(tiny_gpt, [[1] * 60], 4, NEVER, temperature=0)   # exactly 64: fine
+    idx, _, mask = generate(tiny_gpt, [[1] * 60], 4, NEVER, sampling=GREEDY)   # exactly 64: fine
     assert idx.shape == (1, 64)
 
 
 @pytest.mark.parametrize("temperature", [0, 1.0])
 def test_generate_returns_token_ids_and_masks_only(tiny_gpt, temperature):
     tiny_gpt.train()
-    out = generate(tiny_gpt, PROMPTS, 6, NEVER, num_samples=2, temperature=temperature, seed=0)
+    u = uniforms(6, len(PROMPTS) * 2, 0, "cpu")
+    out = generate(tiny_gpt, PROMPTS, 6, NEVER, num_samples=2, sampling=Sampling(temperature=temperature), u=u)
     assert tiny_gpt.training                     # the caller's mode is restored
     assert isinstance(out, tuple) and len(out) == 3
     idx, pad_left, mask = out
@@ -304,7 +311,7 @@ def test_decode_completions_of_generated_rows(enc, make_gpt):
     model = make_gpt(seed=0, emb_scale=10.0, block_scale=10.0, vocab_size=enc.n_vocab)
     eot = enc.eot_token
     prompts = [enc.encode("Mia has 3 apples.\n"), enc.encode("How many?\n")]
-    idx, _, mask = generate(model, prompts, 12, eot, num_samples=2, temperature=1.0, seed=0)
+    idx, _, mask = generate(model, prompts, 12, eot, num_samples=2, u=uniforms(12, 4, 0, "cpu"))
     T = mask.size(1)
     expected = []
     for row in idx[:, -T:].tolist():
@@ -317,9 +324,10 @@ def test_check_every_changes_nothing_within_a_call(sharp_gpt):
     """Asking "all rows done?" every 8 steps (the CUDA default) only adds padding steps after every
     row has ended: ids, pad_left and mask equal asking every step, greedy and sampled alike."""
     eot = free_run(sharp_gpt, PROMPTS[:1], 20)[0, 4].item()  # an id some rows emit early
-    for kw in (dict(temperature=0), dict(temperature=1.0, seed=3, num_samples=3)):
-        a = generate(sharp_gpt, PROMPTS, 20, eot, check_every=1, **kw)
-        b = generate(sharp_gpt, PROMPTS, 20, eot, check_every=8, **kw)
+    u = uniforms(20, len(PROMPTS) * 3, 3, "cpu")
+    for temperature, kw in ((0, {}), (1.0, dict(num_samples=3, u=u))):
+        a = generate(sharp_gpt, PROMPTS, 20, eot, sampling=Sampling(temperature, check_every=1), **kw)
+        b = generate(sharp_gpt, PROMPTS, 20, eot, sampling=Sampling(temperature, check_every=8), **kw)
         assert all(torch.equal(x, y) for x, y in zip(a, b))
         assert a[2].size(1) < 20 or not bool((a[0][:, -1] == eot).all())  # some early stop was exercised
 
@@ -328,13 +336,13 @@ def test_inverse_cdf_draws_follow_the_probabilities():
     """sample_next's inverse-CDF draw: empirical frequencies of 40,000 draws from one row match the
     softmax (within 5 standard errors), a zero-probability (top-k filtered) token never appears."""
     logits = torch.tensor([[2.0, 1.0, 0.0, -1.0, 0.5, -3.0]]).repeat(40000, 1)
-    draws = sample_next(logits, 1.0, 5, None, torch.Generator().manual_seed(0))
+    draws = sample_next(logits, Sampling(top_k=5), torch.rand(40000, generator=torch.Generator().manual_seed(0)))
     freq = torch.bincount(draws, minlength=6).double() / len(draws)
     p = torch.tensor([2.0, 1.0, 0.0, -1.0, 0.5, float("-inf")]).double().softmax(0)
     assert freq[5] == 0
     assert ((freq - p).abs() <= 5 * (p * (1 - p) / len(draws)).sqrt() + 1e-12).all(), (freq, p)
     u = torch.tensor([0.0, 0.999999])  # the ends of [0, 1): the first and the last allowed token
-    assert sample_next(logits[:2], 1.0, 5, None, None, u).tolist() == [0, 4]
+    assert sample_next(logits[:2], Sampling(top_k=5), u).tolist() == [0, 4]
 
 
 @pytest.mark.parametrize("split", [1, 2])
@@ -342,12 +350,9 @@ def test_rows_of_a_batch_sampled_apart_equal_one_call(tiny_gpt, split):
     """Two calls, each on its share of the prompts with its columns of the uniforms one call draws
     (max_new_tokens x rows, before the first step), give exactly the rows one call over all prompts does:
     what several processes sampling their shares of one batch rely on (scale/distributed.sample_share)."""
-    kw = dict(max_new_tokens=9, eot_id=3, num_samples=3, temperature=1.0, top_p=0.9)
-    g = torch.Generator().manual_seed(5)
-    whole = generate(tiny_gpt, PROMPTS, generator=g, **kw)
-    drawn = torch.Generator().manual_seed(5)
-    u = torch.rand(9, len(PROMPTS) * 3, generator=drawn)
-    assert torch.equal(g.get_state(), drawn.get_state())  # the call drew exactly those numbers, once
+    kw = dict(max_new_tokens=9, eot_id=3, num_samples=3, sampling=Sampling(top_p=0.9))
+    u = torch.rand(9, len(PROMPTS) * 3, generator=torch.Generator().manual_seed(5))
+    whole = generate(tiny_gpt, PROMPTS, u=u, **kw)
     cut = split * len(PROMPTS) // 3 or 1
     parts = [generate(tiny_gpt, PROMPTS[lo:hi], u=u[:, lo * 3:hi * 3], **kw) for lo, hi in ((0, cut), (cut, len(PROMPTS)))]
     T = whole[2].size(1)
@@ -360,10 +365,12 @@ def test_rows_of_a_batch_sampled_apart_equal_one_call(tiny_gpt, split):
 def test_uniforms_drawn_at_once_equal_a_draw_per_step(tiny_gpt):
     """The generator's numbers come in the same order whether drawn per step (one row of u at a time) or all
     before the first step, so a run's completions do not depend on how generate draws them."""
-    kw = dict(max_new_tokens=7, eot_id=3, num_samples=2, temperature=0.8)
+    kw = dict(max_new_tokens=7, eot_id=3, num_samples=2, sampling=Sampling(temperature=0.8))
     g = torch.Generator().manual_seed(9)
     per_step = torch.cat([torch.rand(1, len(PROMPTS) * 2, generator=g) for _ in range(7)])
-    assert torch.equal(generate(tiny_gpt, PROMPTS, seed=9, **kw)[0], generate(tiny_gpt, PROMPTS, u=per_step, **kw)[0])
+    at_once = uniforms(7, len(PROMPTS) * 2, 9, "cpu")
+    assert torch.equal(generate(tiny_gpt, PROMPTS, u=at_once, **kw)[0],
+                       generate(tiny_gpt, PROMPTS, u=per_step, **kw)[0])
 
 
 def test_uniforms_of_the_wrong_shape_are_refused(tiny_gpt):

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from model import GPT, GPTConfig
-from model import generate, sample_next
+from model import Sampling, generate, sample_next, uniforms
 from data.prompts import stop_tokens
 
 
@@ -53,15 +53,15 @@ def test_top_p_keeps_the_smallest_set_reaching_it_exactly_at_the_boundary(n):
         for V in (n, n + 3):  # extra tokens at -inf (masked) must not change the nucleus
             logits = torch.full((4096, V), float("-inf"))
             logits[:, :n] = 0.0
-            drawn = sample_next(logits, 1.0, None, k / n, None, u)
+            drawn = sample_next(logits, Sampling(top_p=k / n), u)
             assert len(set(drawn.tolist())) == k, (n, k, V)
             if 4096 % k == 0:  # the kept tokens renormalised evenly: each takes 1/k of the unit interval
                 assert (torch.bincount(drawn, minlength=V)[drawn.unique()] == 4096 // k).all(), (n, k)
     # top_p just above a boundary takes one more token, just below it the same number
     logits = torch.zeros(4096, n)
     for k in range(1, min(n, 17)):
-        assert len(set(sample_next(logits, 1.0, None, k / n + 1e-4, None, u).tolist())) == k + 1
-        assert len(set(sample_next(logits, 1.0, None, k / n - 1e-4, None, u).tolist())) == k
+        assert len(set(sample_next(logits, Sampling(top_p=k / n + 1e-4), u).tolist())) == k + 1
+        assert len(set(sample_next(logits, Sampling(top_p=k / n - 1e-4), u).tolist())) == k
 
 
 def test_top_p_on_unequal_probabilities_against_the_rule():
@@ -79,7 +79,7 @@ def test_top_p_on_unequal_probabilities_against_the_rule():
             if (before - top_p).abs().min() < 1e-6:
                 continue
             want = {int(order[j]) for j in range(6) if before[j] < top_p or j == 0}
-            got = set(sample_next(logits.expand(8192, 6), 1.0, None, top_p, None, u).tolist())
+            got = set(sample_next(logits.expand(8192, 6), Sampling(top_p=top_p), u).tolist())
             assert got == want, (logits, top_p)
 
 
@@ -91,7 +91,7 @@ def test_a_token_of_probability_zero_is_never_drawn_even_at_a_boundary_of_u():
         logits = torch.full((len(u), 8), float("-inf"))
         logits[:, keep] = 1.5
         for top_p in (None, 0.5):
-            drawn = sample_next(logits, 0.7, None, top_p, None, u)
+            drawn = sample_next(logits, Sampling(temperature=0.7, top_p=top_p), u)
             assert set(drawn.tolist()) <= set(keep), (keep, drawn)
             # every kept token drawn (top_p 0.5: two of the four equally likely ones; which two is the sort's)
             assert len(set(drawn.tolist())) == (2 if top_p else 4), (keep, top_p)
@@ -109,8 +109,9 @@ def test_vocab_cap_draws_the_last_real_token_and_never_a_padded_row(temperature)
         if vocab < V:
             f[2], f[vocab] = f[vocab], f[2]
         m = bigram_gpt(f)
-        idx, _, mask = generate(m, [[1], [2]], 3, (0,), num_samples=2, temperature=temperature, seed=vocab,
-                                vocab_size=vocab)
+        sampling = Sampling(temperature=temperature, vocab_size=vocab)
+        u = uniforms(3, 4, vocab, "cpu")
+        idx, _, mask = generate(m, [[1], [2]], 3, (0,), num_samples=2, sampling=sampling, u=u)
         comp = idx[:, -mask.size(1):]
         assert comp[0, 0] == comp[1, 0] == vocab - 1, vocab  # the favourite, and a real token
         assert (comp < vocab).all(), vocab  # after token 2 the favourite is a padded row: something else comes
@@ -138,7 +139,8 @@ def test_completion_ends_at_whichever_stop_id_comes_first(temperature):
     m = bigram_gpt(f)
     prompts = [[0, 1], [2], [9, 4], [7]]
     for stops in itertools.chain(itertools.permutations(STOPS), [STOPS[:2], (STOPS[2],)]):
-        idx, _, mask = generate(m, prompts, 5, stops, num_samples=2, temperature=temperature, seed=1)
+        u = uniforms(5, len(prompts) * 2, 1, "cpu")
+        idx, _, mask = generate(m, prompts, 5, stops, num_samples=2, sampling=Sampling(temperature=temperature), u=u)
         T = mask.size(1)
         for row in range(len(prompts) * 2):
             want = []

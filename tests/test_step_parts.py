@@ -13,7 +13,7 @@ import torch
 
 import grpo
 from conftest import build_gpt
-from grpo import Rollouts, batch_counts, completion_logprobs, grpo_loss, policy_backward, rank_part
+from grpo import Divisors, LossKnobs, Rollouts, completion_logprobs, grpo_loss, policy_backward, rank_part
 from lora import apply_lora, lora_parameters
 from scale import distributed
 
@@ -103,14 +103,15 @@ def test_a_part_takes_its_own_rows_of_every_field(rows):
         assert torch.equal(getattr(part, name), getattr(whole, name)[rows]), name
     kept = torch.arange(len(whole))[rows].tolist()  # a list field: the same rows
     assert part.per_fn == {"a": [float(i) for i in kept]}
-    assert part.counts == batch_counts(whole.mask)  # divided by the whole batch's counts
+    assert part.divisors(4) == whole.divisors(4)  # divided by the whole batch's numbers
+    assert part.part(slice(0, 1)).divisors(4) == whole.divisors(4)  # a part's part too
 
 
 # --- bnpo: the number of micro-batches, rounded up ----------------------------------------------
 @pytest.mark.parametrize("n, mb, want", [(6, 100, 1), (6, 7, 1), (6, 6, 1), (6, 4, 2), (6, 1, 6),
                                          (8, 3, 3)])
 def test_rank_part_counts_micro_batches_rounded_up(n, mb, want):
-    assert rank_part(rollouts(n=n), mb).counts["num_micro_batches"] == want
+    assert rank_part(rollouts(n=n)).divisors(mb).num_micro_batches == want
 
 
 CFG = dict(micro_batch_size=100, max_new_tokens=5, importance_sampling_level="token",
@@ -126,12 +127,13 @@ def test_bnpo_loss_with_micro_batches_larger_than_the_batch(mb):
     batch = rollouts(n=6)
     batch = replace(batch, idx=batch.idx.clamp(max=model.config.vocab_size - 1), old_logp=None,
                     ref_logp=None)
-    stats = policy_backward(model, batch, {**CFG, "micro_batch_size": mb}, beta=0.0)
+    c = {**CFG, "micro_batch_size": mb, "beta": 0.0}
+    stats = policy_backward(model, batch, c, LossKnobs.from_cfg(c))
     with torch.no_grad():
         logp, _ = completion_logprobs(model, batch.idx, batch.pad_left, 5, 1.0)
-        want, _ = grpo_loss(logp, logp, None, batch.advantages, batch.mask, 0.0, 0.2, 0.2, "bnpo",
-                            num_seqs=6, num_tokens=batch.mask.sum().item(), max_len=5,
-                            num_micro_batches=1)
+        knobs = LossKnobs(beta=0.0, loss_type="bnpo", max_len=5)
+        divisors = Divisors(num_seqs=6, num_tokens=batch.mask.sum().item(), num_micro_batches=1)
+        want, _ = grpo_loss(logp, logp, None, batch.advantages, batch.mask, knobs, divisors)
     assert len(stats["losses"]) == 1
     assert stats["losses"][0] == pytest.approx(want.item(), rel=1e-5, abs=1e-7)
 

@@ -141,7 +141,7 @@ def test_the_logged_loss_of_several_updates_is_one_updates(tiny_gpt):
                           per_fn={}, errors={}, truncated=torch.zeros(4, dtype=torch.bool))
     cfg = {**tg.defaults, "micro_batch_size": 2, "beta": 0.0, "device": "cpu", "group_size": 2}
     opt = torch.optim.AdamW(lora_parameters(tiny_gpt), lr=0.0)
-    one = grpo.policy_backward(tiny_gpt, batch, cfg, 0.0)  # one update's micro-batch losses
+    one = grpo.policy_backward(tiny_gpt, batch, cfg, grpo.LossKnobs.from_cfg(cfg))  # one update's losses
     opt.zero_grad(set_to_none=True)
     stats, norm, reason = grpo.grpo_updates(tiny_gpt, opt, batch, {**cfg, "num_iterations": 3})
     assert reason is None and stats["updates"] == 3 and len(stats["losses"]) == 3 * len(one["losses"])

@@ -50,8 +50,8 @@ from configurator import UserError
 from lora import apply_lora, disable_lora, load_lora_state_dict, lora_parameters, lora_state_dict
 from model import GPT, GPTConfig
 from runs.checkpoint import load_checkpoint, save_checkpoint
-from model import generate
-from grpo import completion_logprobs, grpo_loss
+from model import Sampling, generate, uniforms
+from grpo import Divisors, LossKnobs, completion_logprobs, grpo_loss
 
 # functorch notes that SDPA has no batching rule on CPU (a slower fallback): not a test concern
 pytestmark = pytest.mark.filterwarnings("ignore:There is a performance drop")
@@ -78,7 +78,8 @@ def make_model(dropout=0.0):
 def make_batch(m, prompts, num_samples, seed, end_early=()):
     """A batch laid out as sample.generate lays it out. Rows in end_early=(row, k) get an end-of-text
     at completion step k and eot padding after it (mask 0), as generate writes a finished row."""
-    idx, pl, mask = generate(m, prompts, 8, EOT, num_samples=num_samples, temperature=1.5, seed=seed)
+    u = uniforms(8, len(prompts) * num_samples, seed, "cpu")
+    idx, pl, mask = generate(m, prompts, 8, EOT, num_samples=num_samples, sampling=Sampling(temperature=1.5), u=u)
     P = idx.size(1) - mask.size(1)
     for r, k in end_early:
         idx[r, P + k:] = EOT
@@ -104,7 +105,8 @@ def ref_logps(m, data):
 def batch_loss(m, data, adv, beta=0.0, ref=None, N=None):
     idx, pl, mask = data
     logp, _ = completion_logprobs(m, idx, pl, mask.size(1), 1.0)
-    return grpo_loss(logp, logp.detach(), ref, adv, mask, beta, loss_type="grpo", num_seqs=N or idx.size(0))[0]
+    divisors = Divisors(num_seqs=N or idx.size(0), num_tokens=mask.sum().clamp(min=1).item())
+    return grpo_loss(logp, logp.detach(), ref, adv, mask, LossKnobs(beta=beta), divisors)[0]
 
 
 def capture(m, hooks, split, data, adv, beta=0.0, ref=None):
@@ -127,6 +129,7 @@ def func_per_sample_grads(m, data, adv, beta=0.0, ref=None):
     idx, pl, mask = data
     N, T = idx.size(0), mask.size(1)
     params = {n: p.detach() for n, p in m.named_parameters() if ".lora_" in n}
+    divisors = Divisors(num_seqs=N, num_tokens=mask.sum().clamp(min=1).item())  # 'grpo' reads num_seqs
 
     def losses(p):
         def fwd(*a, **k):
@@ -135,8 +138,8 @@ def func_per_sample_grads(m, data, adv, beta=0.0, ref=None):
         for i in range(N):
             s = slice(i, i + 1)
             lp, _ = completion_logprobs(fwd, idx[s], pl[s], T, 1.0)
-            out.append(grpo_loss(lp, lp.detach(), None if ref is None else ref[s], adv[s], mask[s], beta,
-                                 loss_type="grpo", num_seqs=N)[0])
+            ref_s = None if ref is None else ref[s]
+            out.append(grpo_loss(lp, lp.detach(), ref_s, adv[s], mask[s], LossKnobs(beta=beta), divisors)[0])
         return torch.stack(out)
     with torch.no_grad():  # the per-sample losses add up to the batch loss the hooks see
         assert torch.allclose(losses(params).sum(), batch_loss(m, data, adv, beta, ref), rtol=1e-5, atol=1e-7)
@@ -176,7 +179,8 @@ def test_vmap_grad_refuses_grpo_loss(world):
     def one(p, row, pl1, m1, a1):
         lp, _ = completion_logprobs(lambda *a, **k: functional_call(m, p, a, k), row[None], pl1[None],
                                     mask.size(1), 1.0)
-        return grpo_loss(lp, lp.detach(), None, a1[None], m1[None], 0.0, num_seqs=idx.size(0), num_tokens=1)[0]
+        divisors = Divisors(num_seqs=idx.size(0), num_tokens=1)
+        return grpo_loss(lp, lp.detach(), None, a1[None], m1[None], LossKnobs(beta=0.0), divisors)[0]
     with pytest.raises(RuntimeError, match="item"):
         vmap(grad(one), in_dims=(None, 0, 0, 0, 0))(params, idx, pl, mask, TRAIN_ADV)
 
@@ -518,7 +522,8 @@ def test_posthoc_rollout_loss_has_the_grpo_loss_gradient(tmp_path):
     ours = torch.autograd.grad(tracin.sample_losses(m, *batch, 0.7), params)
     idx, pad_left, mask, adv = batch
     logp, _ = completion_logprobs(m, idx, pad_left, mask.size(1), 0.7)
-    ref, _ = grpo_loss(logp, logp.detach(), None, adv, mask, beta=0.0, num_seqs=1)
+    one_each = Divisors(num_seqs=1, num_tokens=mask.sum().item())  # 'grpo' reads num_seqs
+    ref, _ = grpo_loss(logp, logp.detach(), None, adv, mask, LossKnobs(beta=0.0), one_each)
     for a, b in zip(ours, torch.autograd.grad(ref, params)):
         assert torch.allclose(a, b, rtol=1e-5, atol=1e-8)
     assert max(a.abs().max() for a in ours) > 1e-4

@@ -25,7 +25,7 @@ from runs.checkpoint import save_checkpoint, load_checkpoint
 from rewards import compute_rewards
 from runs.metrics import step_log
 from data.prompts import decode_completions, encode_prompt
-from model import generate
+from model import generate, uniforms
 
 # every run here uses a reward that varies even for an untrained model (conftest.chars_reward)
 pytestmark = pytest.mark.usefixtures("chars_reward")
@@ -87,6 +87,11 @@ def hand_loss(logp, old, ref, adv, mask, beta, el, eh, loss_type, max_len, level
             "dr_grpo": total / (n * max_len)}[loss_type]
 
 
+def whole(mask):
+    """grpo_loss's divisors when `mask` (n, T) is the whole batch, in one micro-batch."""
+    return grpo.Divisors(num_seqs=mask.size(0), num_tokens=mask.sum().clamp(min=1).item())
+
+
 @pytest.mark.parametrize("level, bias_kl", [("token", False), ("sequence", False), ("token", True),
                                             ("sequence", True)])
 @pytest.mark.parametrize("loss_type", ["grpo", "dapo", "dr_grpo"])
@@ -98,8 +103,9 @@ def test_sequence_ratio_and_kl_bias_correction_match_hand_formula(loss_type, lev
     logp = (old + shift + 0.3 * torch.randn(n, T).double()).requires_grad_(True)
     ref, adv = torch.randn(n, T).double(), torch.tensor([1.0, -1.0, 0.5, -2.0]).double()
     mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0], [1, 1, 1, 1, 0], [1, 0, 0, 0, 0]])
-    loss, st = grpo.grpo_loss(logp, old, ref, adv, mask, 0.1, 0.2, 0.2, loss_type, max_len=8,
-                              importance_sampling_level=level, use_bias_correction_kl=bias_kl)
+    knobs = grpo.LossKnobs(beta=0.1, loss_type=loss_type, importance_sampling_level=level,
+                           use_bias_correction_kl=bias_kl, max_len=8)
+    loss, st = grpo.grpo_loss(logp, old, ref, adv, mask, knobs, whole(mask))
     L, O, R, A, M = logp.tolist(), old.tolist(), ref.tolist(), adv.tolist(), mask.tolist()
     f = lambda L_: hand_loss(L_, O, R, A, M, 0.1, 0.2, 0.2, loss_type, 8, level, bias_kl)
     assert loss.item() == pytest.approx(f(L), rel=1e-9)
@@ -123,7 +129,8 @@ def test_grpo_loss_matches_hand_formula(loss_type, beta):
     ref = torch.randn(n, T).double()
     adv = torch.tensor([1.0, -1.0, 0.5, -2.0]).double()
     mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0], [1, 1, 1, 1, 0], [1, 0, 0, 0, 0]])
-    loss, st = grpo.grpo_loss(logp, old, ref if beta else None, adv, mask, beta, 0.2, 0.2, loss_type, max_len=8)
+    knobs = grpo.LossKnobs(beta=beta, loss_type=loss_type, max_len=8)
+    loss, st = grpo.grpo_loss(logp, old, ref if beta else None, adv, mask, knobs, whole(mask))
     L, O, R, A, M = logp.tolist(), old.tolist(), ref.tolist(), adv.tolist(), mask.tolist()
     want = hand_loss(L, O, R, A, M, beta, 0.2, 0.2, loss_type, 8)
     assert loss.item() == pytest.approx(want, rel=1e-9)
@@ -151,20 +158,22 @@ def test_micro_batches_add_up(loss_type):
     adv = torch.randn(6)
     mask = (torch.rand(6, 7) > 0.3).long()
     parts = [slice(0, 4), slice(4, 6)]
-    norm = dict(num_seqs=6, num_tokens=mask.sum().item(), max_len=7, num_micro_batches=2)
-    got = sum(grpo.grpo_loss(logp[s], logp[s], ref[s], adv[s], mask[s], 0.04, loss_type=loss_type, **norm)[0]
-              for s in parts)
+    knobs = grpo.LossKnobs(beta=0.04, loss_type=loss_type, max_len=7)
+    divisors = grpo.Divisors(num_seqs=6, num_tokens=mask.sum().item(), num_micro_batches=2)
+    got = sum(grpo.grpo_loss(logp[s], logp[s], ref[s], adv[s], mask[s], knobs, divisors)[0] for s in parts)
     if loss_type == "bnpo":
-        want = sum(grpo.grpo_loss(logp[s], logp[s], ref[s], adv[s], mask[s], 0.04, loss_type="dapo")[0]
+        dapo = grpo.LossKnobs(beta=0.04, loss_type="dapo")
+        want = sum(grpo.grpo_loss(logp[s], logp[s], ref[s], adv[s], mask[s], dapo, whole(mask[s]))[0]
                    for s in parts) / 2
     else:
-        want, _ = grpo.grpo_loss(logp, logp, ref, adv, mask, 0.04, loss_type=loss_type, max_len=7)
+        want, _ = grpo.grpo_loss(logp, logp, ref, adv, mask, knobs, whole(mask))
     assert got.item() == pytest.approx(want.item(), rel=1e-6)
 
 
 def test_bad_loss_type():
     with pytest.raises(UserError, match="loss_type"):
-        grpo.grpo_loss(torch.zeros(1, 2), torch.zeros(1, 2), None, torch.zeros(1), torch.ones(1, 2), 0.0, loss_type="x")
+        knobs, mask = grpo.LossKnobs(beta=0.0, loss_type="x"), torch.ones(1, 2)
+        grpo.grpo_loss(torch.zeros(1, 2), torch.zeros(1, 2), None, torch.zeros(1), mask, knobs, whole(mask))
 
 
 # ---------------------------------------------------------------------------- log-probs
@@ -183,7 +192,7 @@ def lora_gpt():
 
 def rollouts(m, n_prompts=3, G=2, seed=0):
     prompts = [[1, 2, 3], [4, 5, 6, 7, 8], [9]][:n_prompts]
-    return generate(m, prompts, 10, eot_id=0, num_samples=G, temperature=1.0, seed=seed)
+    return generate(m, prompts, 10, eot_id=0, num_samples=G, u=uniforms(10, len(prompts) * G, seed, "cpu"))
 
 
 def reference_logprobs(m, idx, pad_left, T, temperature=1.0):
@@ -264,7 +273,8 @@ def test_beta0_gradient_is_reinforce(lora_gpt, loss_type):
     adv = torch.randn(N)
     params = lora_parameters(m)
     logp, _ = grpo.completion_logprobs(m, idx, pl, T, 1.0)
-    loss, _ = grpo.grpo_loss(logp, logp.detach(), None, adv, mask, 0.0, loss_type=loss_type, max_len=T)
+    knobs = grpo.LossKnobs(beta=0.0, loss_type=loss_type, max_len=T)
+    loss, _ = grpo.grpo_loss(logp, logp.detach(), None, adv, mask, knobs, whole(mask))
     g = torch.autograd.grad(loss, params)
     lp = reference_logprobs(m, idx, pl, T) * mask
     if loss_type == "grpo":  # -(1/N) sum_i A_i (1/|o_i|) sum_t log pi
@@ -420,7 +430,7 @@ def test_reference_solutions_gradient_is_mean_nll(tiny_setup):
     assert len({len(e["question"]) for e in ex}) > 1  # prompts of different lengths: padding is exercised
     cfg = {**tg.defaults, "micro_batch_size": 2, "max_new_tokens": 40}
     R = tracin.reference_solutions(enc, ex, "cpu")
-    grpo.policy_backward(m, R, cfg, 0.0)
+    grpo.policy_backward(m, R, cfg, grpo.LossKnobs.from_cfg({**cfg, "beta": 0.0}))
     params = lora_parameters(m)
     g = [p.grad.clone() for p in params]
     m.zero_grad(set_to_none=True)
@@ -567,8 +577,8 @@ def test_old_and_reference_logprobs_are_the_sampling_and_base_policies(lora_gpt)
     idx = torch.randint(1, 50, (5, 9))
     batch = grpo.Rollouts(idx, torch.zeros(5, dtype=torch.long), torch.ones(5, 4, dtype=torch.long), None)
     cfg = {**tg.defaults, "micro_batch_size": 2, "beta": 0.1}
-    old = grpo.logprobs_no_grad(lora_gpt, batch, cfg, "old_logp")
-    ref = grpo.logprobs_no_grad(lora_gpt, batch, cfg, "reference", disabled=True)
+    old = grpo.old_logprobs(lora_gpt, batch, cfg)
+    ref = grpo.reference_logprobs(lora_gpt, batch, cfg)
     full = F.log_softmax(lora_gpt(idx[:, :-1], keep_last=4)[0].double(), -1).gather(-1, idx[:, -4:, None]).squeeze(-1)
     assert torch.allclose(old.double(), full, atol=1e-5) and not old.requires_grad
     with disable_lora(lora_gpt):
