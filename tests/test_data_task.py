@@ -295,7 +295,7 @@ def test_countdown_base_given_another_data_dir_is_told_to_leave_it(made, countdo
                                         rf"\({own}\): leave data_dir ''$"):
         grpo(base, tmp_path, f"--data_dir={made[other]}")
     assert not (tmp_path / "run").exists()
-    monkeypatch.setattr(train_grpo.Run, "train", lambda self: None)  # started: enough
+    monkeypatch.setattr(train_grpo, "train", lambda cfg, run: None)  # started: enough
     grpo(base, tmp_path)
 
 
@@ -334,5 +334,5 @@ def test_countdown_base_whose_data_another_task_claims_is_rebuilt_as_advised(
     follow(message, monkeypatch, tmp_path)
     with open(os.path.join(own, "train.jsonl"), "rb") as f:
         assert f.read() == train_bytes
-    monkeypatch.setattr(train_grpo.Run, "train", lambda self: None)
+    monkeypatch.setattr(train_grpo, "train", lambda cfg, run: None)
     grpo(base, tmp_path, f"--data_dir={own}/")  # its own directory in another spelling
