@@ -191,11 +191,12 @@ class Skips:
     that could learn was skipped; summary() for the run's last line and log.jsonl."""
 
     def __init__(self, limit):
-        self.limit, self.in_a_row, self.trained, self.reasons = limit, 0, 0, {}
+        self.limit, self.in_a_row, self.trained, self.total, self.reasons = limit, 0, 0, 0, {}
 
     def after_step(self, log):
         """Count the step's log line; True when the run must stop. A line after the first skip gets
         skipped_steps, the run's count so far."""
+        self.total += 1
         if log["skipped"]:
             self.in_a_row += 1
             self.reasons[log["skip_reason"]] = self.reasons.get(log["skip_reason"], 0) + 1
@@ -217,5 +218,5 @@ class Skips:
         return ", ".join(f"{why}: {n}" for why, n in self.reasons.items())
 
     def summary(self):
-        """'; 3 steps skipped (non-finite gradient: 2, non-finite logits: 1)', or '' when none was."""
-        return f"; {sum(self.reasons.values())} steps skipped ({self.why()})" if self.reasons else ""
+        """'; 3 of 8 steps skipped (non-finite gradient: 2, non-finite logits: 1)', or '' when none was."""
+        return f"; {sum(self.reasons.values())} of {self.total} steps skipped ({self.why()})" if self.reasons else ""

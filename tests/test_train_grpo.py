@@ -352,6 +352,23 @@ def test_nan_loss_skips_step(tiny_setup, tmp_path, monkeypatch):
     assert json.loads(open(out / "log.jsonl").readlines()[-1])["skipped"] is True
 
 
+def test_the_done_line_and_the_log_tell_how_many_steps_were_skipped_and_why(tiny_setup, tmp_path, monkeypatch,
+                                                                          capsys):
+    """One NaN loss in two steps: the run ends as a success (the other step learned), and says it skipped one."""
+    real, calls = grpo.grpo_loss, []
+
+    def nan_once(*a, **k):
+        loss, st = real(*a, **k)
+        calls.append(1)
+        return (loss * float("nan") if len(calls) == 1 else loss), st
+    monkeypatch.setattr(grpo, "grpo_loss", nan_once)
+    out = tmp_path / "once"
+    run(tiny_setup, out, "--max_iters=2")
+    assert capsys.readouterr().out.rstrip().endswith("; 1 of 2 steps skipped (non-finite loss or gradient: 1)")
+    logs = [json.loads(line) for line in open(out / "log.jsonl")][1:]
+    assert [(l["skipped"], l["skipped_steps"]) for l in logs] == [(True, 1), (False, 1)]
+
+
 @pytest.mark.parametrize("influence", ["summed", "matrix"])
 def test_tracin_step_with_non_finite_gradients_is_skipped_like_a_standard_step(tiny_setup, tmp_path, monkeypatch,
                                                                                influence):
