@@ -40,7 +40,8 @@ from runs.base import base_exists
 from runs.rundir import run_lock, stop_note
 from data.prompts import encode_prompt, encode_text
 from data.tasks import base_data, check_base_knobs, portable_path, resolve_data_dir
-from runs.evaluate import EVAL_BATCH, evaluate, get_lr
+import runs.evaluate  # (its EVAL_BATCH, named in place: a global number here would be a knob)
+from runs.evaluate import evaluate, get_lr
 
 # -----------------------------------------------------------------------------
 # default config values (override with a config file and/or --key=value)
@@ -217,7 +218,7 @@ def main(argv):
             # (bf16 autocast, or the weights' own)
             run.amp = amp
             # before iter 0
-            check_eval_cache(run.model, run.enc, run.test, cfg, EVAL_BATCH,
+            check_eval_cache(run.model, run.enc, run.test, cfg, runs.evaluate.EVAL_BATCH,
                              amp)
             # weights and optimizer state now live in the model and
             # optimizer: free the loaded copy

@@ -53,7 +53,8 @@ from grpo import PhaseTimer, Prompts, StepResult, grpo_updates, make_rollouts, u
 from lora import apply_lora, lora_parameters
 from model import NonFiniteLogits
 from runs.checkpoint import CheckpointWriteError
-from runs.evaluate import EVAL_BATCH, eval_line, get_lr
+import runs.evaluate  # (its EVAL_BATCH, named in place: a global number here would be a knob)
+from runs.evaluate import eval_line, get_lr
 from runs.loading import base_to_train, frozen_base, nonfinite_weight
 from runs.metrics import NoSignal, Skips, print_step, rollout_record, step_log
 from runs.rundir import close_logs, open_logs, refuse_existing_run, run_lock, stop_note
@@ -257,7 +258,7 @@ def setup(cfg, amp, resume):
     model, base, data_dir, enc, splits = frozen_base(cfg, resume)
     check_rewards_read(cfg, splits["train"][0]["answer"])  # every reward reads the task's answers
     longest = check_question_lengths(cfg, model, enc, splits, data_dir)
-    check_sampling_cache(cfg, model, longest, EVAL_BATCH)  # before iteration 0
+    check_sampling_cache(cfg, model, longest, runs.evaluate.EVAL_BATCH)  # before iteration 0
     defective = draw_defective(splits["train"], cfg["defect_frac"], cfg["seed"], cfg["task"])
     torch.manual_seed(cfg["seed"])  # the LoRA initialisation
     apply_lora(model, cfg["lora_r"], cfg["lora_alpha"], cfg["lora_dropout"], cfg["lora_targets"])
