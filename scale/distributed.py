@@ -24,7 +24,7 @@ This file holds primitives only; the step calls them in sight, where they act (g
   - TracIn: each rank captures the per-rollout gradients of its rows and computes the (replicated)
     validation gradient itself; the selection sees every rank's influence (`all_gather_cat`).
   - evaluation: each rank scores a contiguous run of whole chunks of the test problems and the counts
-    are summed (train_base.evaluate).
+    are summed (runs/evaluate.evaluate).
   - rank 0 alone takes the out_dir lock, logs and writes checkpoints (`is_main`, `print0`).
   - a rank that ends mid-job (kill -9): the training loops name it (`lost_peer`, from the (host, PID)
     of every rank gathered at set-up), with where the run stopped and how to resume it.
