@@ -231,7 +231,7 @@ def main(argv):
         # the saved run's config; only what argv gives overrides it (a new --base_ckpt must hold the
         # same weights)
         cfg = configure(defaults, argv, saved=saved_config(resume))
-    validate(cfg)  # every knob, compile=True's compiler included, before any work
+    validate(cfg)  # every knob (compile=True: its compiler too), before any work
     # torchrun: cuda:LOCAL_RANK
     with distributed.process_group(cfg["device"]) as cfg["device"]:
         # dtype: 'auto' resolved; amp: bf16 autocast, or none
@@ -240,7 +240,7 @@ def main(argv):
         lock = run_lock(cfg["out_dir"]) if distributed.is_main() else nullcontext()
         with lock:
             run = setup(cfg, amp, resume)
-            del resume  # the saved optimizer state now lives in the optimizer: the loaded copy freed
+            del resume  # the saved optimizer state lives in the optimizer now: its copy freed
             train(cfg, run)
     return cfg
 
@@ -258,7 +258,7 @@ def setup(cfg, amp, resume):
     model, base, data_dir, enc, splits = frozen_base(cfg, resume)
     check_rewards_read(cfg, splits["train"][0]["answer"])  # every reward reads the task's answers
     longest = check_question_lengths(cfg, model, enc, splits, data_dir)
-    check_sampling_cache(cfg, model, longest, runs.evaluate.EVAL_BATCH)  # before iteration 0
+    check_sampling_cache(cfg, model, longest, runs.evaluate.EVAL_BATCH)  # before iter 0
     defective = draw_defective(splits["train"], cfg["defect_frac"], cfg["seed"], cfg["task"])
     torch.manual_seed(cfg["seed"])  # the LoRA initialisation
     apply_lora(model, cfg["lora_r"], cfg["lora_alpha"], cfg["lora_dropout"], cfg["lora_targets"])
@@ -286,7 +286,7 @@ def setup(cfg, amp, resume):
 
 def get_batch(run, cfg):
     """The step's prompts: batch_size problems drawn with the run's rng (with a curriculum, new
-    problems of its current level; a defective one with its planted answer) and their row indices."""
+    problems of its level; a defective one with its planted answer) and their row indices."""
     n = cfg["batch_size"]
     if run.curriculum:
         return [run.curriculum.draw(run.rng) for _ in range(n)], None
@@ -308,6 +308,7 @@ def validation_batch(run, cfg):
 
 
 def train(cfg, run):
+    model, optimizer, enc = run.model, run.optimizer, run.enc
     out, log_f, roll_f = cfg["out_dir"], None, None
     decay_iters = cfg["lr_decay_iters"] or cfg["max_iters"]
     lr_at = partial(get_lr, max_iters=decay_iters, learning_rate=cfg["learning_rate"],
@@ -317,7 +318,7 @@ def train(cfg, run):
         # a new run evaluates the base model first (a resumed one logged that already)
         first = None
         if run.last_ckpt is None:
-            first = {"iter": 0, "elapsed": 0.0, **eval_line(run.model, run.enc, run.test, cfg, run.amp, 0)}
+            first = {"iter": 0, "elapsed": 0.0, **eval_line(run, cfg, 0)}
         log_f, roll_f = open_logs(out, distributed.is_main())  # rank 0 writes, the others nowhere
         if first is not None:  # logged before its checkpoint: a resume never logs it twice
             log_f.write(json.dumps(first) + "\n")
@@ -325,16 +326,16 @@ def train(cfg, run):
             save_run(run, cfg, lr_at(0))  # ckpt_000000: the trajectory starts at the base
         while run.iter_num < cfg["max_iters"]:
             lr = lr_at(run.iter_num)
-            for g in run.optimizer.param_groups:
+            for g in optimizer.param_groups:
                 g["lr"] = lr
             t_step = time.time()
             batch, picks = get_batch(run, cfg)
             val = validation_batch(run, cfg) if cfg["tracin"] else None
             questions, answers = [e["question"] for e in batch], [e["answer"] for e in batch]
-            encoded = [encode_prompt(run.enc, q) for q in questions]
+            encoded = [encode_prompt(enc, q) for q in questions]
             prompts = Prompts(encoded, answers, cfg["reward_funcs"], cfg["reward_weights"])
-            scored, result = grpo_step(run.model, run.optimizer, run.enc, prompts, cfg, run.generator,
-                                       run.amp, val=val, cache=run.reward_cache, decode=run.decode)
+            scored, result = grpo_step(model, optimizer, enc, prompts, cfg, run.generator, run.amp,
+                                       val=val, cache=run.reward_cache, decode=run.decode)
             log = step_log(scored, result, cfg, run.reward_cache)
             rollouts = None if scored is None else rollout_record(questions, answers, scored, cfg)
             run.iter_num += 1
@@ -347,8 +348,8 @@ def train(cfg, run):
                        **memory_stats(cfg["device"]))
             last = it == cfg["max_iters"]
             if it % cfg["eval_interval"] == 0 or last:
-                log.update(eval_line(run.model, run.enc, run.test, cfg, run.amp, it))
-            stop = skips.after_step(log)
+                log.update(eval_line(run, cfg, it))
+            stop = skips.after_step(log)  # None, or how many were skipped in a row, and why
             # a skipped step's rollouts moved no weight: said so
             if rollouts is not None:
                 skipped = {"skipped": True} if log["skipped"] else {}
@@ -359,10 +360,10 @@ def train(cfg, run):
                 print_step(log, cfg, lr)
             no_signal.after_step(log, verbose=distributed.is_main())
             if stop:
-                stop_diverged(run, cfg, f"{skips.in_a_row} steps in a row skipped ({log['skip_reason']})", lr)
+                stop_diverged(run, cfg, stop, lr)
             # weights that give NaN logits are not kept; those a NaN gradient left untouched are
             if (it % cfg["ckpt_interval"] == 0 or last) and rollouts is not None:
-                if nonfinite_weight(run.model, adapter=True) is None:
+                if nonfinite_weight(model, adapter=True) is None:
                     save_run(run, cfg, lr_at(it))
                 else:  # a finite gradient times a huge learning rate: the next sampling says so
                     print(f"warning: NaN/Inf LoRA weights at iter {it}: no checkpoint written")
@@ -392,16 +393,18 @@ def stop_diverged(run, cfg, skipped, lr):
     the knobs that make the adapter diverge."""
     base_bad = nonfinite_weight(run.model, adapter=False)
     if base_bad is not None:  # no lr helps a base that is NaN/Inf before training
-        raise UserError(f"{skipped}: the base model's weight {base_bad} holds NaN/Inf ({cfg['base_ckpt']}); "
-                        "train on a base whose weights are finite (re-create or re-download it)")
-    raise UserError(f"{skipped} at iter {run.iter_num}: the adapter's updates have diverged; the last "
-                    f"checkpoint is {cfg['out_dir']}/ckpt.pt (iter {run.last_ckpt}); "
+        raise UserError(f"{skipped}: the base model's weight {base_bad} holds NaN/Inf "
+                        f"({cfg['base_ckpt']}); train on a base whose weights are finite "
+                        "(re-create or re-download it)")
+    raise UserError(f"{skipped} at iter {run.iter_num}: the adapter's updates have diverged; the "
+                    f"last checkpoint is {cfg['out_dir']}/ckpt.pt (iter {run.last_ckpt}); "
                     f"lower {step_knobs(cfg, lr)} and start a new run")
 
 
 def stopped(run, cfg):
     """Ctrl-C or a full disk: where the run stopped and the command that goes on from there."""
-    where = stop_note("train_grpo.py", cfg["out_dir"], run.last_ckpt, remove_files=distributed.is_main())
+    rank0 = distributed.is_main()  # the process that wrote the run's first files removes them
+    where = stop_note("train_grpo.py", cfg["out_dir"], run.last_ckpt, remove_files=rank0)
     return f"train_grpo.py stopped at iter {run.iter_num} of {cfg['max_iters']}; {where}"
 
 

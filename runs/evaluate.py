@@ -82,15 +82,15 @@ def evaluate(model, enc, examples, max_new_tokens, k=1, temperature=1.0,
     return {"accuracy": greedy / n}
 
 
-def eval_line(model, enc, test, cfg, amp, it):
-    """train_grpo.py's evaluation at iteration `it`: the policy's test accuracy and pass@eval_k in the
-    run's precision, one console line, and its log.jsonl keys ('test/accuracy', ...); {} when the
-    weights give NaN/Inf logits (no accuracy rather than a NaN one). Each rank scores its share of
-    the test problems (evaluate sums them)."""
-    k = cfg["eval_k"]
+def eval_line(run, cfg, it):
+    """train_grpo.py's evaluation at iteration `it` (run: runs/state.Run): the policy's test accuracy
+    and pass@eval_k in the run's precision, one console line, and its log.jsonl keys ('test/accuracy',
+    ...); {} when the weights give NaN/Inf logits (no accuracy rather than a NaN one). Each rank scores
+    its share of the test problems (evaluate sums them)."""
+    k, test = cfg["eval_k"], run.test
     try:
-        with amp:
-            r = evaluate(model, enc, test, cfg["max_new_tokens"], k=k, seed=cfg["seed"], task=cfg["task"])
+        with run.amp:
+            r = evaluate(run.model, run.enc, test, cfg["max_new_tokens"], k=k, seed=cfg["seed"], task=cfg["task"])
     except NonFiniteLogits as e:
         print(f"warning: evaluation at iter {it} skipped: {e}")
         return {}

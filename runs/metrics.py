@@ -194,8 +194,9 @@ class Skips:
         self.limit, self.in_a_row, self.trained, self.total, self.reasons = limit, 0, 0, 0, {}
 
     def after_step(self, log):
-        """Count the step's log line; True when the run must stop. A line after the first skip gets
-        skipped_steps, the run's count so far."""
+        """Count the step's log line; when the run must stop, say why ('5 steps in a row skipped
+        (non-finite logits)'), else None. A line after the first skip gets skipped_steps, the run's
+        count so far."""
         self.total += 1
         if log["skipped"]:
             self.in_a_row += 1
@@ -204,7 +205,9 @@ class Skips:
             self.in_a_row, self.trained = 0, self.trained + 1
         if self.reasons:
             log["skipped_steps"] = sum(self.reasons.values())
-        return self.in_a_row >= self.limit
+        if self.in_a_row >= self.limit:
+            return f"{self.in_a_row} steps in a row skipped ({log['skip_reason']})"
+        return None
 
     def diverged(self):
         """None, unless more than 9 in 10 of the steps that could learn were skipped (the adapter

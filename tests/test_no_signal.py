@@ -46,8 +46,9 @@ LEARNED = {"skipped": False, "frac_reward_zero_std": 0.5}
 def test_steps_without_a_signal_between_skipped_steps_do_not_reset_the_skips_in_a_row():
     """metrics.Skips: only a step that trained with a learning signal ends a run of skipped steps."""
     skips = Skips(limit=3)
-    assert [skips.after_step(dict(l)) for l in (SKIPPED, QUIET, SKIPPED, QUIET)] == [False] * 4
-    assert skips.after_step(dict(SKIPPED))  # the third skip of the steps that could learn: stop
+    assert [skips.after_step(dict(l)) for l in (SKIPPED, QUIET, SKIPPED, QUIET)] == [None] * 4
+    # the third skip of the steps that could learn: stop
+    assert skips.after_step(dict(SKIPPED)) == "3 steps in a row skipped (non-finite loss or gradient)"
     skips.after_step(dict(LEARNED))
     assert skips.in_a_row == 0 and not skips.after_step(dict(SKIPPED))
 
