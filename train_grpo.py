@@ -138,7 +138,9 @@ eval_interval = 50
 eval_n = 500
 eval_k = 4
 ckpt_interval = 25
-max_skipped_steps = 5  # this many NaN/Inf steps in a row stop the run
+# this many NaN/Inf steps in a row stop the run (steps with nothing to learn between them do not
+# count); a run that skipped more than 9 in 10 of its steps that could learn ends as an error
+max_skipped_steps = 5
 # TracIn-GRPO (tracin.py): train only on rollouts whose gradient helps
 # a validation batch
 tracin = False
