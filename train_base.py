@@ -34,16 +34,14 @@ from data.gsm_synth.prepare import TEMPLATES
 from scale.device import check_device
 from runs.checkpoint import (CheckpointWriteError, load_checkpoint,
                              save_checkpoint)
-from rewards import REWARD_FUNCS
 from checks.base_knobs import (build_model, check_batch, check_eval_cache,
                                check_loads, check_resume, check_same_data)
 from runs.base import base_exists
 from runs.rundir import run_lock, stop_note
-from model import NonFiniteLogits, Sampling, generate, uniforms
-from data.prompts import (decode_completions, encode_prompt, encode_text,
-                          stop_tokens)
-from data.tasks import (TASKS, base_data, check_base_knobs, portable_path,
-                        resolve_data_dir)
+from data.prompts import encode_prompt, encode_text
+from data.tasks import base_data, check_base_knobs, portable_path, resolve_data_dir
+import runs.evaluate  # (its EVAL_BATCH, named in place: a global number here would be a knob)
+from runs.evaluate import evaluate, get_lr
 
 # -----------------------------------------------------------------------------
 # default config values (override with a config file and/or --key=value)
@@ -112,8 +110,6 @@ dtype = "auto"
 # -----------------------------------------------------------------------------
 defaults = {k: v for k, v in dict(globals()).items()
             if not k.startswith("_") and isinstance(v, (int, float, bool, str))}
-# test problems generated at once by evaluate (its KV cache's rows)
-EVAL_BATCH = 100
 
 
 def load_task(cfg, verbose=True):
@@ -121,69 +117,6 @@ def load_task(cfg, verbose=True):
     # (its errors name this script's keys: countdown_variants)
     data_dir = base_data(cfg, verbose)
     return data_dir, load_tokenizer(data_dir)
-
-
-def get_lr(it, max_iters, learning_rate, min_lr, warmup_iters):
-    """Linear warmup, then cosine decay from learning_rate to min_lr
-    at max_iters."""
-    if it < warmup_iters:
-        return learning_rate * (it + 1) / (warmup_iters + 1)
-    ratio = min(1.0, (it - warmup_iters) / max(1, max_iters - warmup_iters))
-    cosine = 0.5 * (1.0 + math.cos(math.pi * ratio))
-    return min_lr + cosine * (learning_rate - min_lr)
-
-
-@torch.no_grad()
-def evaluate(model, enc, examples, max_new_tokens, k=1, temperature=1.0,
-             batch=EVAL_BATCH, seed=0, task="arith"):
-    """Greedy accuracy on `examples`; with k > 1 also pass@k (any of k
-    samples correct), correct as the task's correctness reward says
-    (tasks.TASKS).
-    Under torchrun every rank must call it: each scores a contiguous run of
-    whole chunks of `batch` problems and the counts are summed. Whole
-    chunks, because a chunk's pass@k draws depend on all its rows (one
-    generator, seeded seed + the chunk's start), so they stay those of one
-    process."""
-    if not examples:  # an accuracy over no problem would be NaN
-        raise UserError("no test problems to evaluate: eval_n must be >= 1 "
-                        "and the test split must not be empty")
-    greedy, passk, failed = 0, 0, None
-    correct = REWARD_FUNCS[TASKS[task]["correct"]]
-    starts = range(0, len(examples), batch)
-    stops = stop_tokens(enc)
-    argmax = Sampling(temperature=0, vocab_size=enc.n_vocab)
-    drawn = Sampling(temperature=temperature, vocab_size=enc.n_vocab)  # pass@k's samples
-    device = next(model.parameters()).device
-    try:
-        for i in starts[distributed.split(len(starts))]:
-            chunk = examples[i:i + batch]
-            prompts = [encode_prompt(enc, e["question"]) for e in chunk]
-            idx, _, mask = generate(model, prompts, max_new_tokens, stops, sampling=argmax)
-            texts = decode_completions(enc, idx, mask)
-            greedy += sum(correct(t, e["answer"]) == 1.0
-                          for t, e in zip(texts, chunk))
-            if k > 1:
-                u = uniforms(max_new_tokens, len(prompts) * k, seed + i, device)
-                idx, _, mask = generate(model, prompts, max_new_tokens, stops, num_samples=k,
-                                        sampling=drawn, u=u)
-                texts = decode_completions(enc, idx, mask)
-
-                def solved(j, e):  # any of the problem's k samples
-                    return any(correct(texts[j * k + s], e["answer"]) == 1.0
-                               for s in range(k))
-                passk += sum(solved(j, e) for j, e in enumerate(chunk))
-    # other ranks must still reach the sum below, and fail with it
-    except NonFiniteLogits as e:
-        failed = e
-    counts = [greedy, passk, int(failed is not None)]
-    greedy, passk, n_failed = distributed.sum_floats(counts)
-    if n_failed:
-        raise failed or NonFiniteLogits("non-finite logits in another "
-                                        "process's share of the evaluation")
-    n = len(examples)
-    if k > 1:
-        return {"accuracy": greedy / n, f"pass@{k}": passk / n}
-    return {"accuracy": greedy / n}
 
 
 def tokenize_examples(enc, examples):
@@ -285,7 +218,7 @@ def main(argv):
             # (bf16 autocast, or the weights' own)
             run.amp = amp
             # before iter 0
-            check_eval_cache(run.model, run.enc, run.test, cfg, EVAL_BATCH,
+            check_eval_cache(run.model, run.enc, run.test, cfg, runs.evaluate.EVAL_BATCH,
                              amp)
             # weights and optimizer state now live in the model and
             # optimizer: free the loaded copy

@@ -8,7 +8,7 @@ with LoRA on the base GPT.
     # (2 processes: scale/distributed.py)
 
 One step (grpo_step), in the order it runs; the parts live in grpo.py:
-  1. take batch_size prompts (Run.step draws and encodes them),
+  1. take batch_size prompts (the loop draws and encodes them),
      each repeated group_size times
   2. PASS 1 sampling, no grad: KV-cache generation, token ids only
      (make_rollouts -> model.generate)
@@ -33,7 +33,6 @@ each `del` says what it frees.
 # is one line, not a traceback
 from configurator import Interrupted, UserError, check, cli_main, configure
 import json
-import os
 import random
 import time
 from contextlib import nullcontext
@@ -42,28 +41,27 @@ from functools import partial
 
 import torch
 
-from data.curriculum import from_config
-from scale import compiled, distributed
-from grpo import (PhaseTimer, Prompts, StepResult, grpo_updates,
-                  make_rollouts)
-from runs.metrics import NoSignal, print_step, rollout_record, step_log
-from lora import (apply_lora, lora_parameters, lora_state_dict,
-                  load_lora_state_dict)
-from scale.device import check_device, memory_stats
-from runs.checkpoint import (CheckpointWriteError, load_checkpoint,
-                             save_checkpoint)
-from runs.base import base_identity, check_same_base, resolve_base
-from checks.grpo_knobs import (check_rewards_read, check_sampling_cache,
-                               step_knobs, validate)
-from runs.rundir import refuse_existing_run, rewind, run_lock, stop_note
-from data.tasks import TASKS, planted_answer, portable_path, resolve_data_dir
-from data.datadir import bound_data, check_task_data
-from model import NonFiniteLogits
-from data.prompts import encode_prompt
-from tracin import reference_solutions, tracin_updates
 import train_base
-from runs.loading import base_to_train, load_frozen_base, nonfinite_weight
-from train_base import evaluate, get_lr
+from checks.grpo_knobs import (check_question_lengths, check_rewards_read, check_sampling_cache,
+                               step_knobs, validate)
+from data.curriculum import from_config
+from data.datadir import bound_data
+from data.defect import defect_record, draw_defective, plant
+from data.prompts import encode_prompt
+from data.tasks import TASKS
+from grpo import PhaseTimer, Prompts, StepResult, grpo_updates, make_rollouts
+from lora import apply_lora, lora_parameters
+from model import NonFiniteLogits
+from runs.checkpoint import CheckpointWriteError
+import runs.evaluate  # (its EVAL_BATCH, named in place: a global number here would be a knob)
+from runs.evaluate import eval_line, get_lr
+from runs.loading import base_to_train, frozen_base, nonfinite_weight
+from runs.metrics import NoSignal, Skips, print_step, rollout_record, step_log
+from runs.rundir import close_logs, open_logs, refuse_existing_run, run_lock, stop_note
+from runs.state import Run, load_resume, restore, resumed_base, save_run, saved_config
+from scale import compiled, distributed
+from scale.device import check_device, memory_stats
+from tracin import reference_solutions, tracin_updates
 
 # -----------------------------------------------------------------------------
 # default config values (override with a config file and/or --key=value)
@@ -140,7 +138,9 @@ eval_interval = 50
 eval_n = 500
 eval_k = 4
 ckpt_interval = 25
-max_skipped_steps = 5  # this many NaN/Inf steps in a row stop the run
+# this many NaN/Inf steps in a row stop the run (steps with nothing to learn between them do not
+# count); a run that skipped more than 9 in 10 of its steps that could learn ends as an error
+max_skipped_steps = 5
 # TracIn-GRPO (tracin.py): train only on rollouts whose gradient helps
 # a validation batch
 tracin = False
@@ -155,7 +155,7 @@ tracin_topk_frac = 0.5
 # 'matrix': the row sums of the full [n, n_val] ghost matrix
 tracin_influence = "summed"
 # a planted defect: this share of training problems carry a wrong answer
-# that the reward trusts (Run.__init__ draws it and says what it is)
+# that the reward trusts (data/defect.py: what it is, how it is drawn and logged)
 defect_frac = 0.0
 # -----------------------------------------------------------------------------
 defaults = {k: v for k, v in dict(globals()).items()
@@ -218,437 +218,192 @@ def train_missing_base(base_ckpt, base_config, device, resuming=False):
                         f"{e}") from None
 
 
-def prepare_base(cfg, out, resume):
-    """The frozen base model (dropout off), its data and tokenizer.
-    An adapter being resumed must have been trained on exactly this base
-    (weights, configuration, tokenizer: runs/base.py), and every
-    prompt + max_new_tokens must fit.
-    Returns base_identity(...), not its fingerprint."""
-    ckpt_path = os.path.join(out, "ckpt.pt")
-    # found as every script finds a run's base; --base_ckpt=PATH if it moved
-    if resume is not None:
-        moved = cfg["base_ckpt"] != resume["base_ckpt"]
-        given = cfg["base_ckpt"] if moved else ""
-        cfg["base_ckpt"] = resolve_base(resume, ckpt_path, given)
-    # a fresh clone: the tiny base is trained first, by train_base.py
-    train_missing_base(cfg["base_ckpt"], cfg["base_config"], cfg["device"],
-                       resume is not None)
-    model, fingerprint, data_dir, enc, splits = load_frozen_base(
-        cfg["base_ckpt"], cfg["grad_checkpoint"], cfg["data_dir"],
-        cfg["dtype"], cfg["task"])
-    identity = base_identity(fingerprint, model, enc)
-    if resume is not None:
-        check_same_base(resume, ckpt_path, identity, cfg["base_ckpt"])
-    # a train_base.py base's data
-    own = "" if os.path.isdir(cfg["base_ckpt"]) else cfg["base_ckpt"]
-    # the one actually read (its own, or a default)
-    check_task_data(data_dir, cfg["task"], base=own)
-    # every reward reads the task's answers
-    check_rewards_read(cfg, splits["train"][0]["answer"])
-    lengths = ((len(encode_prompt(enc, e["question"])), s, n + 1)
-               for s, rows in splits.items() for n, e in enumerate(rows))
-    longest, split, line = max(lengths)
-    block = model.config.block_size
-    question = splits[split][line - 1]["question"]
-    path = os.path.join(data_dir, split + ".jsonl")
-    where = f"line {line} of {path} ({question[:50]!r}...)"
-    # no max_new_tokens could help: the question itself is at fault
-    if longest >= block:
-        raise UserError(f"the question at {where} is {longest} tokens, "
-                        f"the base's whole context {block}: remove it")
-    if longest + cfg["max_new_tokens"] > block:
-        raise UserError(
-            f"config key 'max_new_tokens' = {cfg['max_new_tokens']} "
-            f"is not allowed: the longest question, {longest} tokens "
-            f"at {where}, + max_new_tokens must fit the base's context "
-            f"of {block}: give at most {block - longest}, "
-            "or remove that question")
-    # before iteration 0
-    check_sampling_cache(cfg, model, longest, train_base.EVAL_BATCH)
-    return model, identity, data_dir, enc, splits
-
-
 def main(argv):
     cfg = configure(defaults, argv)
     resume = None
-    # the saved run's config; only what argv gives overrides it
     if cfg["init_from"] == "resume":
-        check(cfg, "out_dir", cfg["out_dir"] != "",
-              "give the directory of the run to resume")
-        resume = load_checkpoint(os.path.join(cfg["out_dir"], "ckpt.pt"))
-        kinds = dict(lora=dict, base_ckpt=str, config=dict, optimizer=dict,
-                     rng=dict, iter_num=int, train_seconds=(int, float))
-        if any(not isinstance(resume.get(k), t) for k, t in kinds.items()):
-            raise UserError(
-                f"{cfg['out_dir']}/ckpt.pt is not a train_grpo.py checkpoint "
-                "(a base model's, or changed since): "
-                "give the out_dir of the GRPO run to resume")
-        saved = {"base_ckpt": resume["base_ckpt"], **resume.get("config", {})}
-        # recorded project-relative
-        saved["data_dir"] = resolve_data_dir(saved.get("data_dir", ""))
-        # a new --base_ckpt must hold the same weights
-        cfg = configure(defaults, argv, saved=saved)
-    validate(cfg)
+        check(cfg, "out_dir", cfg["out_dir"] != "", "give the directory of the run to resume")
+        resume = load_resume(cfg["out_dir"])
+        # the saved run's config; only what argv gives overrides it (a new --base_ckpt must hold the
+        # same weights)
+        cfg = configure(defaults, argv, saved=saved_config(resume))
+    validate(cfg)  # every knob (compile=True: its compiler too), before any work
     # torchrun: cuda:LOCAL_RANK
     with distributed.process_group(cfg["device"]) as cfg["device"]:
         # dtype: 'auto' resolved; amp: bf16 autocast, or none
         cfg["dtype"], amp = check_device(cfg["device"], cfg["dtype"])
-        # one-line error now if torch.compile cannot build the decode step
-        if cfg["compile"]:
-            compiled.check_compile(cfg["device"])
-        # a second run in this out_dir is refused from here on
-        # (rank 0 holds the lock for the job)
+        # a second run in this out_dir is refused from here on (rank 0 holds the lock for the job)
         lock = run_lock(cfg["out_dir"]) if distributed.is_main() else nullcontext()
         with lock:
-            run = Run(cfg, amp, resume)
-            # the saved optimizer state now lives in the optimizer:
-            # free the loaded copy
-            del resume
-            run.train()
+            run = setup(cfg, amp, resume)
+            del resume  # the saved optimizer state lives in the optimizer now: its copy freed
+            train(cfg, run)
     return cfg
 
 
-class Run:
-    """One GRPO run in out_dir: the policy (base + LoRA), its optimizer,
-    its two random streams (which prompts, which completions) and the step
-    counter; checkpoints hold all of them."""
+def setup(cfg, amp, resume):
+    """The policy (the frozen base + a new LoRA adapter) and its optimizer, the data and its planted
+    defect, the two random streams; a resumed run's state put back (runs/state.restore)."""
+    device = cfg["device"]
+    if resume is None and distributed.is_main():  # (the other ranks would see rank 0's first files)
+        refuse_existing_run(cfg["out_dir"])  # any run file: resume it, or use another out_dir
+    if resume is not None:
+        cfg["base_ckpt"] = resumed_base(cfg, resume)
+    # a fresh clone: the tiny base is trained first, by train_base.py
+    train_missing_base(cfg["base_ckpt"], cfg["base_config"], device, resume is not None)
+    model, base, data_dir, enc, splits = frozen_base(cfg, resume)
+    check_rewards_read(cfg, splits["train"][0]["answer"])  # every reward reads the task's answers
+    longest = check_question_lengths(cfg, model, enc, splits, data_dir)
+    check_sampling_cache(cfg, model, longest, runs.evaluate.EVAL_BATCH)  # before iter 0
+    defective = draw_defective(splits["train"], cfg["defect_frac"], cfg["seed"], cfg["task"])
+    torch.manual_seed(cfg["seed"])  # the LoRA initialisation
+    apply_lora(model, cfg["lora_r"], cfg["lora_alpha"], cfg["lora_dropout"], cfg["lora_targets"])
+    model.to(device)
+    # compile=True: sampling's decode step compiled once, handed to every grpo_step (decode=)
+    decode = compiled.CompiledDecode(model, device) if cfg["compile"] else None
+    optimizer = torch.optim.AdamW(lora_parameters(model), lr=cfg["learning_rate"],
+                                  weight_decay=cfg["weight_decay"])
+    rng = random.Random(cfg["seed"])  # the prompts
+    generator = torch.Generator(device=device).manual_seed(cfg["seed"])  # the completions
+    reward_cache = {} if cfg["reward_cache"] else None
+    fingerprint = bound_data(data_dir, resume)  # resumed: its data, unchanged
+    encode = partial(encode_prompt, enc)
+    curriculum, test = from_config(cfg, data_dir, encode, model.config.block_size, splits["train"])
+    test = test or splits["test"][:cfg["eval_n"]]  # with a curriculum, its last level's
+    run = Run(model, optimizer, enc, amp, decode, rng, generator, reward_cache, curriculum,
+              splits["train"], splits["val"], test, defective, data_dir, fingerprint, base)
+    if resume is not None:
+        restore(run, resume, cfg)
+    n_lora = sum(p.numel() for p in lora_parameters(model))
+    distributed.print0(f"GRPO: {model.num_params() / 1e6:.2f}M base parameters frozen, "
+                       f"{n_lora} LoRA parameters trained")
+    return run
 
-    def __init__(self, cfg, amp, resume):
-        self.cfg, self.out, device = cfg, cfg["out_dir"], cfg["device"]
-        # (the other ranks would see rank 0's first files)
-        if resume is None and distributed.is_main():
-            # any run file: resume it, or use another out_dir
-            refuse_existing_run(self.out)
-        prepared = prepare_base(cfg, self.out, resume)
-        self.model, self.base, self.data_dir, self.enc, splits = prepared
-        self.train_split, self.val_split = splits["train"], splits["val"]
-        self.test = splits["test"][:cfg["eval_n"]]
-        # The planted defect, to see whether TracIn's selection matters:
-        # defect_frac of the training problems, drawn here once per seed,
-        # carry a wrong reference answer that the correctness reward trusts
-        # (data/tasks.planted_answer: arith, the result of the solution's
-        # FIRST equation, what stopping early gives; countdown, the
-        # target + 1; Run.step hands it out).
-        # Whole problems: a problem written several times
-        # (countdown_variants) is defective in every row. The run knows
-        # which prompts are (Run.step logs the selection's precision),
-        # the selector does not; the validation and test answers stay clean.
-        questions = (e["question"] for e in self.train_split)
-        problems = list(dict.fromkeys(questions))
-        n_bad = int(cfg["defect_frac"] * len(problems))
-        bad = set(random.Random(cfg["seed"] + 7).sample(problems, n_bad))
-        # a problem whose planted answer is its right one (arith: a one-step
-        # solution, whose first equation is the answer) carries no defect:
-        # it is not counted as one
-        task = cfg["task"]
-        self.defective = {i for i, e in enumerate(self.train_split)
-                          if e["question"] in bad
-                          and planted_answer(e, task) != e["answer"]}
-        torch.manual_seed(cfg["seed"])  # the LoRA initialisation
-        apply_lora(self.model, cfg["lora_r"], cfg["lora_alpha"],
-                   cfg["lora_dropout"], cfg["lora_targets"])
-        self.model.to(device)
-        # every pass computes in this precision (bf16 autocast, or as stored)
-        self.amp = amp
-        # compile=True: sampling's decode step compiled once,
-        # handed to every grpo_step (decode=)
-        self.decode = None
-        if cfg["compile"]:
-            self.decode = compiled.CompiledDecode(self.model, device)
-        self.optimizer = torch.optim.AdamW(
-            lora_parameters(self.model),
-            lr=cfg["learning_rate"],
-            weight_decay=cfg["weight_decay"])
-        self.rng = random.Random(cfg["seed"])  # the prompts
-        generator = torch.Generator(device=device)
-        self.generator = generator.manual_seed(cfg["seed"])  # the completions
-        self.iter_num, self.elapsed_before = 0, 0.0
-        self.last_ckpt, self.t_start = None, time.time()
-        # (reward, text, answer) -> score
-        self.reward_cache = {} if cfg["reward_cache"] else None
-        # resumed: its data, unchanged
-        self.data_fingerprint = bound_data(self.data_dir, resume)
-        encode = partial(encode_prompt, self.enc)
-        block = self.model.config.block_size
-        self.curriculum, test = from_config(cfg, self.data_dir, encode, block,
-                                            self.train_split)
-        self.test = test or self.test  # with a curriculum, its last level's
-        if resume is not None:
-            self.restore(resume)
-        n_lora = sum(p.numel() for p in lora_parameters(self.model))
-        n_base = self.model.num_params() / 1e6
-        distributed.print0(f"GRPO: {n_base:.2f}M base parameters frozen, "
-                           f"{n_lora} LoRA parameters trained")
 
-    def restore(self, resume):
-        load_lora_state_dict(self.model, resume["lora"])
-        try:
-            self.optimizer.load_state_dict(resume["optimizer"])
-            self.rng.setstate(resume["rng"]["python"])
-        # another model's groups, a damaged state
-        except (ValueError, KeyError, TypeError) as e:
-            raise UserError(
-                f"{self.out}/ckpt.pt: its optimizer or random state does not "
-                f"fit ({type(e).__name__}: {e}); resume another run") from None
-        self.iter_num = self.last_ckpt = resume["iter_num"]
-        self.elapsed_before = resume["train_seconds"]
-        # one given only now, or with fewer levels, starts at its first level
-        if self.curriculum:
-            self.curriculum.load_state_dict(resume.get("curriculum"),
-                                            verbose=distributed.is_main())
-        here = self.generator.device.type
-        saved_on = resume["rng"].get("device", here)
-        if saved_on == here:
-            self.generator.set_state(resume["rng"]["generator"])
-        else:  # a CPU generator's state does not fit a CUDA one (nor back)
-            seed = self.cfg["seed"] + self.iter_num
-            print(f"warning: run saved on {saved_on}, resumed on {here}: "
-                  f"completions are sampled from seed {seed} from here on, "
-                  "so they differ from an uninterrupted run")
-            self.generator.manual_seed(seed)
-        # log lines and checkpoints after ckpt.pt: that work is redone
-        if distributed.is_main():
-            rewind(self.out, self.iter_num)
-            print(f"resuming {self.out} at iter {self.iter_num}")
+def get_batch(run, cfg):
+    """The step's prompts: batch_size problems drawn with the run's rng (with a curriculum, new
+    problems of its level; a defective one with its planted answer) and their row indices."""
+    n = cfg["batch_size"]
+    if run.curriculum:
+        return [run.curriculum.draw(run.rng) for _ in range(n)], None
+    picks = [run.rng.randrange(len(run.train)) for _ in range(n)]
+    return plant(run.train, picks, run.defective, cfg["task"]), picks
 
-    def lr_at(self, it):
-        c = self.cfg
-        decay_iters = c["lr_decay_iters"] or c["max_iters"]
-        return get_lr(it, decay_iters, c["learning_rate"], c["min_lr"],
-                      c["warmup_iters"])
 
-    def checkpoint(self):
-        cfg = self.cfg
-        curriculum = {}
-        if self.curriculum:
-            curriculum = {"curriculum": self.curriculum.state_dict()}
-        rng = {"python": self.rng.getstate(),
-               "generator": self.generator.get_state(),
-               "device": self.generator.device.type}
-        state = {
-            "lora": lora_state_dict(self.model),
-            "optimizer": self.optimizer.state_dict(),
-            "iter_num": self.iter_num,
-            # the rate of the step FROM these weights
-            # (TracIn's eta_t pairs theta_t with step t)
-            "lr": self.lr_at(self.iter_num),
-            "base_ckpt": cfg["base_ckpt"],
-            # for runs/base.resolve_base
-            "base_abspath": os.path.abspath(cfg["base_ckpt"]),
-            # another copy of the project reads its own data
-            "config": {**cfg, "data_dir": portable_path(cfg["data_dir"])},
-            "data_dir": portable_path(self.data_dir),
-            # splits, tokenizer: bound_data
-            "data_fingerprint": self.data_fingerprint,
-            # what the adapter is bound to
-            "base_fingerprint": self.base["tensors"],
-            "base_identity": self.base,
-            "train_seconds": self.elapsed_before + time.time() - self.t_start,
-            **curriculum,
-            "rng": rng}
-        # the same on every rank (scale/distributed.py): rank 0 writes it
-        if distributed.is_main():
-            history = f"ckpt_{self.iter_num:06d}.pt"
-            # history, for TracIn; latest, for resume
-            save_checkpoint(state, os.path.join(self.out, history))
-            save_checkpoint(state, os.path.join(self.out, "ckpt.pt"))
-        self.last_ckpt = self.iter_num
+def validation_batch(run, cfg):
+    """TracIn's validation batch, as tracin_val_loss says (the one place it is read): 'pg', prompts
+    sampled with the step's and scored by the task's own rewards (reward_funcs may be hackable);
+    'nll', their clean reference solutions as rollouts (no sampling)."""
+    n = cfg["tracin_val_batch_size"]
+    rows = [run.val[run.rng.randrange(len(run.val))] for _ in range(n)]
+    if cfg["tracin_val_loss"] == "nll":
+        return reference_solutions(run.enc, rows, cfg["device"])
+    task = TASKS[cfg["task"]]
+    prompts = [encode_prompt(run.enc, e["question"]) for e in rows]
+    answers = [e["answer"] for e in rows]
+    return Prompts(prompts, answers, task["rewards"], task["weights"], cache=run.reward_cache)
 
-    def evaluate(self):
-        cfg, k = self.cfg, self.cfg["eval_k"]
-        # each rank scores its share of the test problems
-        # (train_base.evaluate sums them)
-        try:
-            with self.amp:
-                r = evaluate(self.model, self.enc, self.test,
-                             cfg["max_new_tokens"], k=k,
-                             seed=cfg["seed"], task=cfg["task"])
-        except NonFiniteLogits as e:
-            print(f"warning: evaluation at iter {self.iter_num} skipped: {e}")
-            return {}  # no accuracy rather than a NaN one
-        passk = f" | pass@{k} {r[f'pass@{k}']:.3f}" if k > 1 else ""
-        accuracy = f"test accuracy {r['accuracy']:.3f}{passk}"
-        distributed.print0(f"eval  {self.iter_num:4d} | {accuracy} "
-                           f"({len(self.test)} problems)")
-        return {f"test/{k}": v for k, v in r.items()}
 
-    def step(self, lr):
-        """Draw the prompts (a defective one carries the planted wrong
-        answer; with a curriculum, new problems of the current level),
-        run grpo_step."""
-        cfg, t_step = self.cfg, time.time()
-        n = cfg["batch_size"]
-        if self.curriculum:
-            batch = [self.curriculum.draw(self.rng) for _ in range(n)]
-        else:
-            train = self.train_split
-            picks = [self.rng.randrange(len(train)) for _ in range(n)]
-            batch = [train[i] for i in picks]
-            for j, i in enumerate(picks):
-                if i in self.defective:
-                    planted = planted_answer(train[i], cfg["task"])
-                    batch[j] = {**train[i], "answer": planted}
-        val = self.validation_batch() if cfg["tracin"] else None
-        questions = [e["question"] for e in batch]
-        answers = [e["answer"] for e in batch]
-        encoded = [encode_prompt(self.enc, q) for q in questions]
-        prompts = Prompts(encoded, answers, cfg["reward_funcs"],
-                          cfg["reward_weights"], cache=self.reward_cache)
-        scored, result = grpo_step(
-            self.model, self.optimizer, self.enc, prompts, cfg,
-            self.generator, self.amp,
-            val=val, decode=self.decode)
-        log = step_log(scored, result, cfg, self.reward_cache)
-        rollouts = None
-        if scored is not None:
-            rollouts = rollout_record(questions, answers, scored, cfg)
-        self.iter_num += 1
-        if self.curriculum:
-            self.curriculum.after_step(log, self.iter_num,
-                                       verbose=distributed.is_main())
-        # precision: are the kept rollouts clean?
-        if cfg["defect_frac"] > 0 and rollouts is not None:
-            clean = torch.tensor([i not in self.defective for i in picks])
-            clean = clean.repeat_interleave(cfg["group_size"])
-            log["defect/clean_base_rate"] = clean.float().mean().item()
-            if cfg["tracin"] and log["n_selected"] > 0:
-                kept = clean[torch.tensor(rollouts["selected"])]
-                precision = kept.float().mean().item()
-                log["defect/selection_precision"] = precision
-            rollouts["defective"] = [i in self.defective for i in picks]
-        step_seconds = time.time() - t_step
-        elapsed = self.elapsed_before + time.time() - self.t_start
-        log.update(iter=self.iter_num, lr=lr, step_seconds=step_seconds,
-                   elapsed=elapsed, **memory_stats(cfg["device"]))
-        return log, rollouts
+def train(cfg, run):
+    model, optimizer, enc = run.model, run.optimizer, run.enc
+    out, log_f, roll_f = cfg["out_dir"], None, None
+    decay_iters = cfg["lr_decay_iters"] or cfg["max_iters"]
+    lr_at = partial(get_lr, max_iters=decay_iters, learning_rate=cfg["learning_rate"],
+                    min_lr=cfg["min_lr"], warmup_iters=cfg["warmup_iters"])
+    no_signal, skips = NoSignal(), Skips(cfg["max_skipped_steps"])
+    try:
+        # a new run evaluates the base model first (a resumed one logged that already)
+        first = None
+        if run.last_ckpt is None:
+            first = {"iter": 0, "elapsed": 0.0, **eval_line(run, cfg, 0)}
+        log_f, roll_f = open_logs(out, distributed.is_main())  # rank 0 writes, the others nowhere
+        if first is not None:  # logged before its checkpoint: a resume never logs it twice
+            log_f.write(json.dumps(first) + "\n")
+            log_f.flush()
+            save_run(run, cfg, lr_at(0))  # ckpt_000000: the trajectory starts at the base
+        while run.iter_num < cfg["max_iters"]:
+            lr = lr_at(run.iter_num)
+            for g in optimizer.param_groups:
+                g["lr"] = lr
+            t_step = time.time()
+            batch, picks = get_batch(run, cfg)
+            val = validation_batch(run, cfg) if cfg["tracin"] else None
+            questions, answers = [e["question"] for e in batch], [e["answer"] for e in batch]
+            encoded = [encode_prompt(enc, q) for q in questions]
+            knobs = (cfg["reward_funcs"], cfg["reward_weights"])
+            prompts = Prompts(encoded, answers, *knobs, cache=run.reward_cache)
+            scored, result = grpo_step(model, optimizer, enc, prompts, cfg, run.generator, run.amp,
+                                       val=val, decode=run.decode)
+            log = step_log(scored, result, cfg, run.reward_cache)
+            rollouts = None if scored is None else rollout_record(questions, answers, scored, cfg)
+            run.iter_num += 1
+            it = run.iter_num
+            if run.curriculum:
+                run.curriculum.after_step(log, it, verbose=distributed.is_main())
+            if cfg["defect_frac"] > 0 and rollouts is not None:  # are the kept rollouts clean?
+                defect_record(log, rollouts, picks, run.defective, cfg)
+            log.update(iter=it, lr=lr, step_seconds=time.time() - t_step, elapsed=run.elapsed(),
+                       **memory_stats(cfg["device"]))
+            last = it == cfg["max_iters"]
+            if it % cfg["eval_interval"] == 0 or last:
+                log.update(eval_line(run, cfg, it))
+            stop = skips.after_step(log)  # None, or how many were skipped in a row, and why
+            # a skipped step's rollouts moved no weight: said so
+            if rollouts is not None:
+                skipped = {"skipped": True} if log["skipped"] else {}
+                roll_f.write(json.dumps({"iter": it, "lr": lr, **rollouts, **skipped}) + "\n")
+            log_f.write(json.dumps(log) + "\n")
+            log_f.flush(); roll_f.flush()
+            if it % cfg["log_interval"] == 0 and distributed.is_main():
+                print_step(log, cfg, lr)
+            no_signal.after_step(log, verbose=distributed.is_main())
+            if stop:
+                stop_diverged(run, cfg, stop, lr)
+            # weights that give NaN logits are not kept; those a NaN gradient left untouched are
+            if (it % cfg["ckpt_interval"] == 0 or last) and rollouts is not None:
+                if nonfinite_weight(model, adapter=True) is None:
+                    save_run(run, cfg, lr_at(it))
+                else:  # a finite gradient times a huge learning rate: the next sampling says so
+                    print(f"warning: NaN/Inf LoRA weights at iter {it}: no checkpoint written")
+    except KeyboardInterrupt:
+        raise Interrupted(stopped(run, cfg)) from None
+    except (OSError, CheckpointWriteError) as e:  # a full disk: the reason, then how to go on
+        filename = getattr(e, "filename", None)
+        where = f"{filename}: " if filename else ""
+        reason = getattr(e, "strerror", None) or e
+        raise UserError(f"{where}{reason}; {stopped(run, cfg)}") from None
+    except RuntimeError as e:  # torchrun: another rank ended (kill -9): named, then how to go on
+        lost = distributed.lost_peer(e)
+        if lost is None:
+            raise
+        raise UserError(f"{lost}; {stopped(run, cfg)}") from None
+    finally:
+        close_logs(log_f, roll_f)
+    diverged = skips.diverged()
+    if diverged:  # (nearly) every step that could learn was skipped: not a success
+        stop_diverged(run, cfg, diverged, lr_at(run.iter_num))
+    distributed.print0(f"done: {run.iter_num} GRPO steps in {run.elapsed():.0f}s; "
+                       f"run directory {out}{no_signal.summary()}{skips.summary()}")
 
-    def validation_batch(self):
-        """TracIn's validation batch, as tracin_val_loss says (the one place
-        it is read): 'pg', prompts sampled with the step's and scored by the
-        task's own rewards (reward_funcs may be hackable); 'nll', their
-        clean reference solutions as rollouts (no sampling)."""
-        cfg, split = self.cfg, self.val_split
-        n = cfg["tracin_val_batch_size"]
-        rows = [split[self.rng.randrange(len(split))] for _ in range(n)]
-        if cfg["tracin_val_loss"] == "nll":
-            return reference_solutions(self.enc, rows, cfg["device"])
-        task = TASKS[cfg["task"]]
-        prompts = [encode_prompt(self.enc, e["question"]) for e in rows]
-        answers = [e["answer"] for e in rows]
-        return Prompts(prompts, answers, task["rewards"], task["weights"],
-                       cache=self.reward_cache)
 
-    def train(self):
-        cfg, out, log_f, roll_f = self.cfg, self.out, None, None
-        skipped_in_a_row = 0
-        no_signal = NoSignal()
-        # a new run evaluates the base model first
-        # (a resumed one logged that already)
-        try:
-            first = None
-            if self.last_ckpt is None:
-                first = {"iter": 0, "elapsed": 0.0, **self.evaluate()}
-            # rank 0 writes, the others write nowhere
-            names = ("log.jsonl", "rollouts.jsonl")
-            if distributed.is_main():
-                log_f, roll_f = (open(os.path.join(out, n), "a") for n in names)
-            else:
-                log_f, roll_f = (open(os.devnull, "w") for n in names)
-            # logged before its checkpoint: a resume never logs it twice
-            if first is not None:
-                log_f.write(json.dumps(first) + "\n")
-                log_f.flush()
-                self.checkpoint()  # ckpt_000000: the trajectory starts at the base
-            while self.iter_num < cfg["max_iters"]:
-                lr = self.lr_at(self.iter_num)
-                for g in self.optimizer.param_groups:
-                    g["lr"] = lr
-                log, rollouts = self.step(lr)
-                it = self.iter_num
-                last = it == cfg["max_iters"]
-                if it % cfg["eval_interval"] == 0 or last:
-                    log.update(self.evaluate())
-                # a skipped step's rollouts moved no weight: said so
-                if rollouts is not None:
-                    skipped = {"skipped": True} if log["skipped"] else {}
-                    line = {"iter": it, "lr": lr, **rollouts, **skipped}
-                    roll_f.write(json.dumps(line) + "\n")
-                log_f.write(json.dumps(log) + "\n")
-                log_f.flush(); roll_f.flush()
-                if it % cfg["log_interval"] == 0 and distributed.is_main():
-                    print_step(log, cfg, lr)
-                no_signal.after_step(log, verbose=distributed.is_main())
-                if log["skipped"]:
-                    skipped_in_a_row += 1
-                else:
-                    skipped_in_a_row = 0
-                if skipped_in_a_row >= cfg["max_skipped_steps"]:
-                    self.stop_diverged(skipped_in_a_row, log, lr, it)
-                # weights that give NaN logits are not kept;
-                # those a NaN gradient left untouched are
-                ckpt_due = it % cfg["ckpt_interval"] == 0 or last
-                if ckpt_due and rollouts is not None:
-                    lora = lora_parameters(self.model)
-                    if all(torch.isfinite(p).all() for p in lora):
-                        self.checkpoint()
-                    # a finite gradient times a huge learning rate:
-                    # the next sampling says so
-                    else:
-                        print(f"warning: NaN/Inf LoRA weights at iter {it}: "
-                              "no checkpoint written")
-        except KeyboardInterrupt:
-            raise Interrupted(self.stopped()) from None
-        # a full disk: the reason, then how to go on
-        except (OSError, CheckpointWriteError) as e:
-            filename = getattr(e, "filename", None)
-            where = f"{filename}: " if filename else ""
-            reason = getattr(e, "strerror", None) or e
-            raise UserError(f"{where}{reason}; {self.stopped()}") from None
-        # torchrun: another rank ended (kill -9): named, then how to go on
-        except RuntimeError as e:
-            lost = distributed.lost_peer(e)
-            if lost is None:
-                raise
-            raise UserError(f"{lost}; {self.stopped()}") from None
-        finally:
-            for f in (log_f, roll_f):
-                try:
-                    if f is not None:
-                        f.close()
-                # last flush failed (disk full, said above);
-                # earlier lines were flushed
-                except OSError:
-                    pass
-        seconds = self.elapsed_before + time.time() - self.t_start
-        distributed.print0(f"done: {self.iter_num} GRPO steps in {seconds:.0f}s; "
-                           f"run directory {out}{no_signal.summary()}")
+def stop_diverged(run, cfg, skipped, lr):
+    """Steps skipped for NaN/Inf, in a row or (nearly) all: the run stops, naming a NaN/Inf base or
+    the knobs that make the adapter diverge."""
+    base_bad = nonfinite_weight(run.model, adapter=False)
+    if base_bad is not None:  # no lr helps a base that is NaN/Inf before training
+        raise UserError(f"{skipped}: the base model's weight {base_bad} holds NaN/Inf "
+                        f"({cfg['base_ckpt']}); train on a base whose weights are finite "
+                        "(re-create or re-download it)")
+    raise UserError(f"{skipped} at iter {run.iter_num}: the adapter's updates have diverged; the "
+                    f"last checkpoint is {cfg['out_dir']}/ckpt.pt (iter {run.last_ckpt}); "
+                    f"lower {step_knobs(cfg, lr)} and start a new run")
 
-    def stop_diverged(self, skipped_in_a_row, log, lr, it):
-        """max_skipped_steps steps in a row skipped: the run stops,
-        naming a NaN/Inf base or the knobs that make the adapter diverge."""
-        cfg = self.cfg
-        base_bad = nonfinite_weight(self.model, adapter=False)
-        skipped = (f"{skipped_in_a_row} steps in a row skipped "
-                   f"({log['skip_reason']})")
-        # no lr helps a base that is NaN/Inf before training
-        if base_bad is not None:
-            raise UserError(
-                f"{skipped}: the base model's weight {base_bad} "
-                f"holds NaN/Inf ({cfg['base_ckpt']}); train on a base "
-                "whose weights are finite (re-create or re-download it)")
-        raise UserError(
-            f"{skipped} at iter {it}: the adapter's updates have diverged; "
-            f"the last checkpoint is {self.out}/ckpt.pt "
-            f"(iter {self.last_ckpt}); "
-            f"lower {step_knobs(cfg, lr)} and start a new run")
 
-    def stopped(self):
-        """Ctrl-C or a full disk: where the run stopped and the command
-        that goes on from there."""
-        where = stop_note("train_grpo.py", self.out, self.last_ckpt,
-                          remove_files=distributed.is_main())
-        return (f"train_grpo.py stopped at iter {self.iter_num} "
-                f"of {self.cfg['max_iters']}; {where}")
+def stopped(run, cfg):
+    """Ctrl-C or a full disk: where the run stopped and the command that goes on from there."""
+    rank0 = distributed.is_main()  # the process that wrote the run's first files removes them
+    where = stop_note("train_grpo.py", cfg["out_dir"], run.last_ckpt, remove_files=rank0)
+    return f"train_grpo.py stopped at iter {run.iter_num} of {cfg['max_iters']}; {where}"
 
 
 if __name__ == "__main__":

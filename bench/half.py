@@ -12,7 +12,7 @@ import time
 import torch
 
 import grpo
-import train_grpo
+from bench.scripts import GRPO_DEFAULTS
 from bench.memory import lora_gpt, project_grpo_step, step_inputs
 from lora import lora_parameters
 from scale.device import bf16_is_fast
@@ -35,7 +35,7 @@ def same_rollouts(m32, m16, prompts, group, new_tokens, adv, dev, seed):
         u = uniforms(new_tokens, prompts.size(0) * group, seed, dev)
         idx, pad_left, mask = generate(m32, prompts.tolist(), new_tokens, eot_id=-1, num_samples=group, u=u)
     batch = grpo.Rollouts(idx=idx, pad_left=pad_left, mask=mask, advantages=adv.to(dev))
-    c = {**train_grpo.defaults, "device": dev, "beta": 0.04, "micro_batch_size": idx.size(0)}
+    c = {**GRPO_DEFAULTS, "device": dev, "beta": 0.04, "micro_batch_size": idx.size(0)}
     out = []
     for m, amp in ((m32, torch.autocast(torch.device(dev).type, enabled=False)),
                    (m16, torch.autocast(torch.device(dev).type, dtype=torch.bfloat16))):

@@ -24,9 +24,9 @@ import time
 import torch
 
 import grpo
+from bench.scripts import GRPO_DEFAULTS
 from data.tasks import PROJECT
 from scale.compiled import CompiledDecode
-import train_grpo
 from lora import apply_lora, disable_lora, folded_for_sampling, lora_parameters
 from model import GPT, GPTConfig
 from model import Sampling, generate, uniforms
@@ -66,7 +66,7 @@ def project_grpo_step(model, optimizer, prompts, group, new_tokens, advantages, 
     Returns (loss, idx, mask, seconds per phase: generation, reference, policy, optimizer)."""
     dev = str(next(model.parameters()).device)
     decode = CompiledDecode(model, dev, compile_mode) if compile_mode else None
-    c = {**train_grpo.defaults, "device": dev, "beta": beta, "temperature": temperature,
+    c = {**GRPO_DEFAULTS, "device": dev, "beta": beta, "temperature": temperature,
          "max_new_tokens": new_tokens, "micro_batch_size": micro_batch_size or prompts.size(0) * group}
     sync = torch.cuda.synchronize if "cuda" in dev else (lambda: None)
     timer = grpo.PhaseTimer("reference", "policy")  # the passes' seconds

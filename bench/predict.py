@@ -28,13 +28,13 @@ import sys
 import torch
 
 from bench.memory import memory_variant, predicted_memory
+from bench.scripts import GRPO_DEFAULTS
 from lora import apply_lora, lora_parameters
 from model import GPT, GPTConfig
 from runs.checkpoint import load_checkpoint
 from pretrained.hfconfig import hf_config_args, read_object
 from checks.grpo_knobs import validate
 from scale.device import bf16_is_fast, check_device_name, check_dtype
-import train_grpo
 
 GB = 1e9
 # the fields of huggingface.co/Qwen/<name>/config.json that set the shape (the others are defaults)
@@ -98,7 +98,7 @@ def predicted_dtype(cfg):
 
 def check_context(cfg, args, prompt_len):
     """A prompt of prompt_len tokens and max_new_tokens after it must fit the base's context, as
-    train_grpo.py's prepare_base requires of the longest question."""
+    checks/grpo_knobs.check_question_lengths requires of the longest question."""
     block = args["block_size"]
     if prompt_len >= block:
         raise UserError(f"--prompt_len={prompt_len} is the base's whole context {block} or more: "
@@ -183,7 +183,7 @@ def main(argv):
             prompt_len = int(v)
         else:
             rest.append(a)
-    cfg = configure(train_grpo.defaults, rest)
+    cfg = configure(GRPO_DEFAULTS, rest)
     # a base this file cannot read is named first (not as the wrong task's)
     model_shape(cfg["base_ckpt"])
     validate(cfg)  # what train_grpo.py refuses gets no prediction

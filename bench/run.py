@@ -66,6 +66,7 @@ from bench.decode import bench_compiled, bench_decode_profile, bench_limits, ben
 from bench.half import bench_half
 from bench.memory import bench_memory, bench_throughput
 from bench.posthoc import bench_posthoc
+from bench.scripts import train_missing_base
 from bench.step import bench_model, bench_rewards, bench_step_cost, check_step_tokens, timed
 from configurator import UserError, check, check_finite, cli_main, configure
 from data.tasks import PROJECT
@@ -76,7 +77,6 @@ from scale.compiled import check_compile
 from scale.device import check_device
 from model import GREEDY, generate
 from runs.checkpoint import load_checkpoint, model_from_checkpoint
-import train_grpo
 
 defaults = dict(
     device="cpu",
@@ -337,7 +337,7 @@ def check_base(cfg, chosen):
         raise UserError(f"base_ckpt {cfg['base_ckpt']} not found from {os.getcwd()}: the row(s) "
                         f"{', '.join(r for r in ROWS if r in needs & set(chosen))} need it, and it is trained only "
                         f"from the project root: cd {PROJECT} (or give --base_ckpt=PATH of a trained base, or --quick)")
-    train_grpo.train_missing_base(cfg["base_ckpt"], "config/tiny_base.py", cfg["device"])
+    train_missing_base(cfg["base_ckpt"], cfg["device"])
 
 
 def cpu_name():

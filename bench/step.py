@@ -1,5 +1,5 @@
 """
-One GRPO step (train_grpo.grpo_step) timed, for the bench's rows (bench/run.py), with the weights left as they are
+One GRPO step (grpo_step: train_grpo.grpo_step's calls) timed, for the bench's rows (bench/run.py), with the weights left as they are
 (AdamW at lr 0) and the sampling seed reset, so that every variant sees the same rollouts:
 
   step cost  one TracIn-GRPO step / one standard GRPO step on the same prompts, per phase, for
@@ -18,11 +18,12 @@ import os
 import random
 import statistics
 import time
+from dataclasses import replace
 
 import torch
 
 import rewards
-import train_grpo
+from bench.scripts import GRPO_DEFAULTS, train_missing_base
 from configurator import UserError
 from data.tasks import task_rewards
 from data.datadir import load_split, load_tokenizer
@@ -32,8 +33,8 @@ from lora import apply_lora, lora_parameters
 from model import GPT, GPTConfig
 from runs.checkpoint import load_checkpoint, model_from_checkpoint
 from runs.metrics import step_log
-from grpo import LossKnobs, PhaseTimer, Prompts, policy_backward
-from tracin import reference_solutions
+from grpo import LossKnobs, PhaseTimer, Prompts, StepResult, grpo_updates, make_rollouts, policy_backward
+from tracin import reference_solutions, tracin_updates
 
 
 def timed(fn, device, repeats):
@@ -60,7 +61,7 @@ def task_setup(cfg, n_train, n_val):
     tokenizer, what it is, and n_train training and n_val validation examples drawn with the seed."""
     dev = cfg["device"]
     if not cfg["quick"]:  # the trained base, trained first where train_grpo would train it (one line says so)
-        train_grpo.train_missing_base(cfg["base_ckpt"], "config/tiny_base.py", dev)
+        train_missing_base(cfg["base_ckpt"], dev)
     if os.path.exists(cfg["base_ckpt"]):
         ck = load_checkpoint(cfg["base_ckpt"])
         model, data_dir, what = model_from_checkpoint(ck), ck["data_dir"], cfg["base_ckpt"]
@@ -88,12 +89,31 @@ def check_step_tokens(cfg):
                         f"prompt takes {longest}: give --step_new_tokens={room} or less")
 
 
+def grpo_step(model, optimizer, enc, batch, cfg, generator, amp, val=None):
+    """train_grpo.grpo_step's calls, in its order (a script is not imported; tests/test_bench.py shows
+    both give the same rollouts, results and weights): one generate call for the batch (and TracIn's
+    sampled validation prompts), then grpo_updates, or TracIn's tracin_updates. -> (rollouts, grpo.StepResult)."""
+    timer = PhaseTimer("generation", "reward", "policy", "reference")
+    sampled_val = isinstance(val, Prompts)  # 'pg': val rollouts sampled too
+    batches = [batch, val] if sampled_val else [batch]
+    rollouts, *val_rollouts = make_rollouts(model, enc, batches, cfg, generator, timer=timer, amp=amp)
+    if not cfg["tracin"]:
+        stats, grad_norm, skip_reason = grpo_updates(model, optimizer, rollouts, cfg, timer, amp)
+        return rollouts, StepResult(stats, grad_norm, skip_reason, times=timer.seconds)
+    val_batch = val_rollouts[0] if sampled_val else val
+    updates = tracin_updates(model, optimizer, rollouts, val_batch, cfg, timer, amp)
+    stats, grad_norm, skip_reason, influence, keep = updates
+    rollouts = replace(rollouts, influence=influence, selected=keep)
+    extra = {"val/reward": val_batch.rewards.nanmean().item()} if sampled_val else {}
+    return rollouts, StepResult(stats, grad_norm, skip_reason, extra, timer.seconds)
+
+
 def timed_grpo_step(model, enc, tb, vb, mode, cfg, amp, **overrides):
-    """One train_grpo.grpo_step, 'standard' or TracIn with validation loss `mode` ('pg' / 'nll'), lr 0,
+    """One grpo_step, 'standard' or TracIn with validation loss `mode` ('pg' / 'nll'), lr 0,
     the sampling seed reset, no reward cache; `overrides` go into its config. Returns its log with the
     wall time as 'total' and, for TracIn, the kept rollouts as 'selected'."""
     dev = cfg["device"]
-    c = {**train_grpo.defaults, "device": dev, "beta": 0.0, "tracin": mode != "standard", "micro_batch_size": 64,
+    c = {**GRPO_DEFAULTS, "device": dev, "beta": 0.0, "tracin": mode != "standard", "micro_batch_size": 64,
          "max_new_tokens": cfg["step_new_tokens"], "tracin_val_loss": mode if mode != "standard" else "pg",
          **overrides}
     opt = torch.optim.AdamW(lora_parameters(model), lr=0.0)  # lr 0: the weights stay as they are
@@ -105,7 +125,7 @@ def timed_grpo_step(model, enc, tb, vb, mode, cfg, amp, **overrides):
         Prompts([encode_prompt(enc, e["question"]) for e in vb], [e["answer"] for e in vb], *funcs)
     batch = Prompts([encode_prompt(enc, e["question"]) for e in tb], [e["answer"] for e in tb], *funcs)
     with contextlib.redirect_stdout(io.StringIO()):  # its notices ("no rollout kept") are not bench output
-        rollouts, result = train_grpo.grpo_step(model, opt, enc, batch, c, gen, amp, val)  # no cache: all scored
+        rollouts, result = grpo_step(model, opt, enc, batch, c, gen, amp, val)  # no cache: all scored
     log = step_log(rollouts, result, c)
     log["total"] = time.perf_counter() - t0
     log["selected"] = None if rollouts is None or rollouts.selected is None else rollouts.selected.tolist()
@@ -116,7 +136,7 @@ def timed_val_backward(model, enc, vb, cfg, amp):
     """What any use of the 'nll' validation batch costs at least: its forward and backward alone, no
     hooks (tracin.reference_solutions through grpo.policy_backward). Returns {'total': seconds}."""
     dev = cfg["device"]
-    c = {**train_grpo.defaults, "device": dev, "beta": 0.0, "micro_batch_size": 64}
+    c = {**GRPO_DEFAULTS, "device": dev, "beta": 0.0, "micro_batch_size": 64}
     sync = torch.cuda.synchronize if "cuda" in dev else (lambda: None)
     sync(); t0 = time.perf_counter()
     policy_backward(model, reference_solutions(enc, vb, dev), c, LossKnobs.from_cfg(c), PhaseTimer(), amp)
@@ -226,7 +246,7 @@ def bench_rewards(cfg):
     """A standard step with background_rewards off and on, for the task's rewards and a slow one."""
     model, enc, what, tb, _ = task_setup(cfg, cfg["step_batch_size"], 0)
     amp = torch.autocast("cuda", dtype=torch.bfloat16, enabled="cuda" in cfg["device"])
-    (funcs, weights), ms = task_rewards(train_grpo.defaults), cfg["slow_reward_ms"]
+    (funcs, weights), ms = task_rewards(GRPO_DEFAULTS), cfg["slow_reward_ms"]
     slow_name = f"{funcs[0]}_slow"
     kinds = {"task": funcs, "slow": (slow_name, *funcs[1:])}
     rewards.REWARD_FUNCS[slow_name] = slow(rewards.REWARD_FUNCS[funcs[0]], ms)  # looked up by name per call
@@ -241,7 +261,7 @@ def bench_rewards(cfg):
     for kind, label in (("task", f"task rewards {', '.join(funcs)}"),
                         ("slow", f"{funcs[0]} + {ms:g} ms sleep per completion, {', '.join(funcs[1:])}")):
         off, on = medians(runs[kind, False], keys), medians(runs[kind, True], keys)
-        n = len(tb) * train_grpo.defaults["group_size"]
+        n = len(tb) * GRPO_DEFAULTS["group_size"]
         rows.append((f"rewards, {kind}", f"{what}; standard step, beta 0.04, reward cache off (all {n} completions "
                      f"scored every step); {label}; background_rewards off: total {off['total']:.2f} s (reward "
                      f"{off['time/reward']:.3f} s, reference {off['time/reference']:.3f} s); on: total "

@@ -7,11 +7,12 @@ merged in); it also resolves the reward functions the step will call (cfg['rewar
 import math
 import os
 
-from configurator import UserError, check, check_adam_lr, check_choice, check_decay, check_finite, \
+from configurator import FLOAT32_MAX, UserError, check, check_adam_lr, check_choice, check_decay, check_finite, \
     check_nonnegative, check_positive, read_config_file
 from checks.base_knobs import check_kv_cache
 from data.curriculum import most_test_problems, parse_levels
 from data.datadir import check_task_data
+from data.prompts import encode_prompt
 from data.tasks import TASKS, resolve_data_dir, task_rewards
 from grpo import LOSS_TYPES
 from runs.checkpoint import load_checkpoint
@@ -84,7 +85,7 @@ def validate(cfg):
     check(cfg, "task", cfg["task"] == "arith" or not levels,
           "must be 'arith' with a curriculum (its levels are arith problems)")
     check(cfg, "task", cfg["task"] in ("arith", "countdown") or not cfg["defect_frac"],
-          "must be 'arith' or 'countdown' with a planted defect (data/tasks.planted_answer)")
+          "must be 'arith' or 'countdown' with a planted defect (data/defect.planted_answer)")
     given = cfg["data_dir"] and os.path.abspath(cfg["data_dir"])
     if own and given and given != os.path.abspath(own):  # (runs/loading.load_base says so too)
         raise UserError(f"data_dir={cfg['data_dir']} is for a Hugging Face base directory; the base "
@@ -109,6 +110,7 @@ def validate(cfg):
     if cfg["tracin"] and (cfg["grad_checkpoint"] or cfg["lora_dropout"] > 0):
         raise UserError("tracin=True needs grad_checkpoint=False and lora_dropout=0: the hooks must see "
                         "each activation once, exactly as the gradient used it")
+    check_lora_scaling(cfg)
 
 
 def base_task(base_ckpt, base_config):
@@ -153,3 +155,31 @@ def check_sampling_cache(cfg, model, longest, eval_batch):
     check_kv_cache(model, rows, longest + cfg["max_new_tokens"], cfg["device"], "sampling's",
                    "lower batch_size (or tracin_val_batch_size) x group_size, or eval_k "
                    "(or max_new_tokens)")
+
+
+def check_lora_scaling(cfg):
+    """The adapter's scaling lora_alpha / lora_r multiplies its output in float32 (lora.py): above the
+    largest float32 it is Inf, and Inf times the adapter's zero-initialised B is NaN in every step."""
+    scaling, largest = cfg["lora_alpha"] / cfg["lora_r"], FLOAT32_MAX
+    check(cfg, "lora_alpha", scaling <= largest, f"over lora_r = {cfg['lora_r']} gives the adapter's scaling "
+          f"{scaling:.3g}, more than float32 holds ({largest:.3g}): no update could be finite; "
+          f"give lora_alpha / lora_r of at most {largest:.3g}")
+
+
+def check_question_lengths(cfg, model, enc, splits, data_dir):
+    """Every prompt + max_new_tokens must fit the base's context: a question that fills the context
+    alone is refused by its line, else max_new_tokens by the longest question. Returns that length."""
+    lengths = ((len(encode_prompt(enc, e["question"])), s, n + 1)
+               for s, rows in splits.items() for n, e in enumerate(rows))
+    longest, split, line = max(lengths)
+    block = model.config.block_size
+    question = splits[split][line - 1]["question"]
+    where = f"line {line} of {os.path.join(data_dir, split + '.jsonl')} ({question[:50]!r}...)"
+    if longest >= block:  # no max_new_tokens could help: the question itself is at fault
+        raise UserError(f"the question at {where} is {longest} tokens, the base's whole context {block}: "
+                        "remove it")
+    if longest + cfg["max_new_tokens"] > block:
+        raise UserError(f"config key 'max_new_tokens' = {cfg['max_new_tokens']} is not allowed: the longest "
+                        f"question, {longest} tokens at {where}, + max_new_tokens must fit the base's context "
+                        f"of {block}: give at most {block - longest}, or remove that question")
+    return longest

@@ -10,6 +10,7 @@
     datadir.py            a task's directory: which task it holds (.task), writing it (new, empty or its
                           own), reading it back (load_split, load_tokenizer), what a checkpoint binds
     curriculum.py         arith problems from easy to hard levels, advancing on training accuracy
+    defect.py             the planted defect: wrong answers the reward trusts, drawn, handed out, logged
 
 Where it plugs in: train_base.py and train_grpo.py load a task's splits and tokenizer at start-up and draw
 prompts from them; the step itself sees only token ids and answers.

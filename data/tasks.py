@@ -129,13 +129,3 @@ def set_instruction(enc, task):
     if task != "arith":
         enc.instruction = ""
     return enc
-
-
-def planted_answer(example, task):
-    """The planted wrong answer the reward trusts. arith: the result of the solution's first equation
-    ("8-7=1" -> 1), what stopping early gives. countdown: the target plus one, so the reward accepts an
-    equation that misses the target by one and refuses the one that makes it."""
-    if task == "countdown":
-        numbers, target = example["answer"]
-        return (numbers, target + 1)  # hashable, as load_task_split gives it
-    return int(example["solution"].split("\n")[0].split("=")[1])

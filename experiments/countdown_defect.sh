@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A planted defect on Countdown: 20 % of the training problems carry target + 1 as their reference,
 # which the reward trusts (it accepts an equation that misses the target by one and refuses the
-# right one; data/tasks.planted_answer). Standard GRPO (beta 0, as TracIn-GRPO) against TracIn-GRPO
+# right one; data/defect.planted_answer). Standard GRPO (beta 0, as TracIn-GRPO) against TracIn-GRPO
 # ('nll' on 16 clean validation problems), seeds 1-3, on the base of config/countdown_base.py
 # (trained first if missing); then the table (analysis/summarize.py: accuracy, selection precision
 # against the clean base rate).

@@ -10,7 +10,7 @@ import shlex
 import torch
 
 from configurator import UserError, read_config_file
-from data.datadir import load_tokenizer
+from data.datadir import check_task_data, load_tokenizer
 from data.tasks import load_task_split, resolve_data_dir, set_instruction, task_data
 from lora import apply_lora, load_lora_state_dict, merge_lora
 from pretrained.hf import from_pretrained
@@ -113,3 +113,17 @@ def load_frozen_base(base_ckpt, grad_checkpoint=False, data_dir="", dtype="float
     splits = {s: load_task_split(data_dir, s) for s in ("train", "val", "test")}
     set_instruction(enc, task)
     return model.to(getattr(torch, dtype)), fingerprint, data_dir, enc, splits
+
+
+def frozen_base(cfg, resume=None):
+    """train_grpo.py's base (load_frozen_base) with what it reads: (model, base_identity(...), data_dir,
+    tokenizer, splits). An adapter being resumed (resume: its checkpoint) must have been trained on
+    exactly this base (weights, configuration, tokenizer: runs/base.py)."""
+    model, fingerprint, data_dir, enc, splits = load_frozen_base(
+        cfg["base_ckpt"], cfg["grad_checkpoint"], cfg["data_dir"], cfg["dtype"], cfg["task"])
+    identity = base_identity(fingerprint, model, enc)
+    if resume is not None:
+        check_same_base(resume, os.path.join(cfg["out_dir"], "ckpt.pt"), identity, cfg["base_ckpt"])
+    own = "" if os.path.isdir(cfg["base_ckpt"]) else cfg["base_ckpt"]  # a train_base.py base's data
+    check_task_data(data_dir, cfg["task"], base=own)  # the one actually read (its own, or a default)
+    return model, identity, data_dir, enc, splits

@@ -180,3 +180,46 @@ class NoSignal:
 
     def summary(self):
         return f"; {self.steps} of {self.total} steps had no learning signal" if self.steps else ""
+
+
+class Skips:
+    """Steps skipped for NaN/Inf (the weights left untouched), counted against the steps that could
+    learn: a skipped step adds to the run of skips, a step that trained with a learning signal ends it,
+    and a step without one (every advantage 0: nothing to learn) does neither, so steps with nothing to
+    learn between skipped ones cannot make a diverged adapter look like a learning run. after_step says
+    when `limit` skips in a row must stop the run; diverged(), at its end, whether (nearly) every step
+    that could learn was skipped; summary() for the run's last line and log.jsonl."""
+
+    def __init__(self, limit):
+        self.limit, self.in_a_row, self.trained, self.total, self.reasons = limit, 0, 0, 0, {}
+
+    def after_step(self, log):
+        """Count the step's log line; when the run must stop, say why ('5 steps in a row skipped
+        (non-finite logits)'), else None. A line after the first skip gets skipped_steps, the run's
+        count so far."""
+        self.total += 1
+        if log["skipped"]:
+            self.in_a_row += 1
+            self.reasons[log["skip_reason"]] = self.reasons.get(log["skip_reason"], 0) + 1
+        elif log.get("frac_reward_zero_std") != 1.0:
+            self.in_a_row, self.trained = 0, self.trained + 1
+        if self.reasons:
+            log["skipped_steps"] = sum(self.reasons.values())
+        if self.in_a_row >= self.limit:
+            return f"{self.in_a_row} steps in a row skipped ({log['skip_reason']})"
+        return None
+
+    def diverged(self):
+        """None, unless more than 9 in 10 of the steps that could learn were skipped (the adapter
+        hardly moved): then '8 of the 8 steps that could learn skipped (non-finite gradient: 8)'."""
+        skipped = sum(self.reasons.values())
+        if skipped <= 0.9 * (skipped + self.trained):
+            return None
+        return f"{skipped} of the {skipped + self.trained} steps that could learn skipped ({self.why()})"
+
+    def why(self):
+        return ", ".join(f"{why}: {n}" for why, n in self.reasons.items())
+
+    def summary(self):
+        """'; 3 of 8 steps skipped (non-finite gradient: 2, non-finite logits: 1)', or '' when none was."""
+        return f"; {sum(self.reasons.values())} of {self.total} steps skipped ({self.why()})" if self.reasons else ""

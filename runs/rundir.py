@@ -255,3 +255,23 @@ def write_json(path, obj, replacing_note):
     text = json.dumps(finite_or_none(obj), indent=1, allow_nan=False)
     write_atomic(path, text, "a JSON result")  # a full disk keeps the earlier file whole
     print(f"wrote {path}" + (f" (replacing {replacing_note})" if again else ""))
+
+
+def open_logs(out_dir, main=True):
+    """A GRPO run's log.jsonl and rollouts.jsonl, opened to append; under torchrun rank 0 (main)
+    writes them and the other ranks write nowhere."""
+    names = ("log.jsonl", "rollouts.jsonl")
+    if main:
+        return [open(os.path.join(out_dir, n), "a") for n in names]
+    return [open(os.devnull, "w") for n in names]
+
+
+def close_logs(*files):
+    """Close what open_logs opened (None: not opened); a last flush that fails (a full disk, already
+    said) is let go: the earlier lines were flushed."""
+    for f in files:
+        try:
+            if f is not None:
+                f.close()
+        except OSError:
+            pass

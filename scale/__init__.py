@@ -6,7 +6,7 @@ in sight, where they act; nothing here imports a step file or replaces a functio
     distributed.py  torchrun (gloo on CPU, nccl on CUDA): the process group; split / gather_sampled (the
                     sampling step's share), shard (the gradient's rows), sum_grads / sum_stats (update)
     compiled.py     compile=True: CompiledDecode, sampling's decode step compiled over a fixed-shape KV cache,
-                    built once by train_grpo.Run, handed down to model.generate as `decode=` (off by
+                    built once by train_grpo.setup, handed down to model.generate as `decode=` (off by
                     default: it pays back only after ~40-420 GRPO steps on a CPU, docs/performance.md)
 
 Where it plugs in: train_base.main and train_grpo.main open the process group and resolve the dtype; the

@@ -18,10 +18,10 @@ The step here has one shape per call and writes nothing:
 The result is the eager step's up to float rounding (tests/test_compiled.py). The prefill (the prompt,
 once per call) stays eager.
 
-Where it plugs in, in sight: with compile=True train_grpo.Run builds one CompiledDecode at set-up and
+Where it plugs in, in sight: with compile=True train_grpo.setup builds one CompiledDecode and
 hands it to every grpo_step as an argument (`decode=`), which passes it down through grpo.make_rollouts
 to model.generate; generate calls it for each new column instead of the model's forward. The model
-object is never changed; evaluation (train_base.evaluate) samples eagerly.
+object is never changed; evaluation (runs/evaluate.evaluate) samples eagerly.
 """
 import functools
 import shutil
@@ -130,7 +130,7 @@ def compiled_step(model, mode=None):
 
 class CompiledDecode:
     """The decode step that model.generate calls once per new token, compiled:
-        generate(model, prompts, ..., decode=CompiledDecode(model, device))  (built by train_grpo.Run)
+        generate(model, prompts, ..., decode=CompiledDecode(model, device))  (built by train_grpo.setup)
     The cache generate makes is COLUMNS-rounded (cache_len); each call runs one new column for every row
     through the compiled graph and writes its keys and values into the cache, eagerly. The prefill (the
     prompt, once per call) and every other forward are the model's own."""

@@ -33,7 +33,7 @@ One GRPO step under torchrun, in the order it runs (train_grpo.grpo_step; the nu
      ranks' micro-batches are the single process's).
   8. log and checkpoint: rank 0 alone (`is_main`, `print0`). Evaluation: each rank scores a
      contiguous run of whole chunks of the test problems and the counts are summed
-     (train_base.evaluate).
+     (runs/evaluate.evaluate).
 A rank that ends mid-job (kill -9): the training loops name it (`lost_peer`), with where the run
 stopped and how to resume it; an error ends a rank at once (`fail`).
 train_base.py does the same with its batch of training rows (train_base.rank_rows); with dropout > 0

@@ -29,7 +29,8 @@ torch.set_num_threads(1)
 # on every machine (module fixtures' runs included), unless a test asks for bf16 (test_bf16.py)
 import train_base  # noqa: E402
 import train_grpo  # noqa: E402
-train_grpo.defaults["dtype"] = train_base.defaults["dtype"] = "float32"
+from bench.scripts import GRPO_DEFAULTS  # noqa: E402  (the bench reads the same knobs)
+train_grpo.defaults["dtype"] = train_base.defaults["dtype"] = GRPO_DEFAULTS["dtype"] = "float32"
 
 TINY = dict(block_size=64, vocab_size=50, n_layer=2, n_head=2, n_embd=32)
 

@@ -207,7 +207,7 @@ def test_quick_keeps_the_knobs_given(no_rows):
 
 def test_a_missing_base_outside_the_project_root_is_refused_before_any_row(no_rows, monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(bench.train_grpo, "train_missing_base", lambda *a: pytest.fail("a base trained outside the project"))
+    monkeypatch.setattr(bench, "train_missing_base", lambda *a: pytest.fail("a base trained outside the project"))
     with pytest.raises(UserError, match=f"base_ckpt out/base/ckpt.pt not found from {tmp_path}: the row\\(s\\) "
                                               "step_cost need it, and it is trained only from the project root"):
         bench.main(["--rows=sampling,step_cost", "--n_seq=1"])
@@ -244,3 +244,49 @@ def test_trl_peer_without_cuda_says_so(monkeypatch):
     monkeypatch.setattr(trl_peer, "run", lambda cfg: pytest.fail("work started"))
     with pytest.raises(UserError, match="device='cuda' but torch.cuda.is_available"):
         trl_peer.main(["--device=cuda"])
+
+
+def test_the_bench_reads_the_knobs_a_run_gets_without_importing_the_scripts():
+    """bench/scripts.script_knobs: each training script's knobs block read as data is its `defaults`
+    (dtype aside: conftest.py pins it to float32 in both)."""
+    import train_base
+    import train_grpo
+    from bench.scripts import GRPO_DEFAULTS, script_knobs
+    assert GRPO_DEFAULTS == train_grpo.defaults
+    for script, defaults in (("train_grpo.py", train_grpo.defaults), ("train_base.py", train_base.defaults)):
+        assert {**script_knobs(script), "dtype": "float32"} == defaults
+
+
+@pytest.mark.parametrize("mode", ["standard", "pg", "nll"])
+def test_the_bench_step_is_train_grpos_step(tiny_setup, mode, monkeypatch, chars_reward):
+    """bench/step.grpo_step makes train_grpo.grpo_step's calls: from the same weights and seed, the same
+    rollouts, selection, statistics and updated LoRA weights."""
+    import copy
+    import grpo
+    import tracin
+    import train_grpo
+    from bench.step import grpo_step
+    from data.prompts import encode_prompt
+    from data.tasks import TASKS
+    from test_train_grpo import tiny_model_and_data
+    m, enc, val = tiny_model_and_data(tiny_setup)
+    funcs = (("correctness", "format", "chars"), (1.0, 0.5, 1.0))
+    cfg = {**train_grpo.defaults, "group_size": 4, "max_new_tokens": 8, "micro_batch_size": 8,
+           "tracin": mode != "standard", "tracin_val_loss": "nll" if mode == "nll" else "pg",
+           "reward_funcs": funcs[0], "reward_weights": funcs[1]}
+    monkeypatch.setitem(TASKS, "arith", {**TASKS["arith"], "rewards": funcs[0], "weights": funcs[1]})
+    v = val[2:5]
+    v = tracin.reference_solutions(enc, v, "cpu") if mode == "nll" else \
+        grpo.Prompts([encode_prompt(enc, e["question"]) for e in v], [e["answer"] for e in v], *funcs)
+    batch = grpo.Prompts([encode_prompt(enc, e["question"]) for e in val[:2]], [e["answer"] for e in val[:2]], *funcs)
+    out = []
+    for step, model in ((train_grpo.grpo_step, m), (grpo_step, copy.deepcopy(m))):
+        opt = torch.optim.AdamW(lora_parameters(model), lr=1e-2)
+        amp = torch.autocast("cpu", enabled=False)
+        rollouts, result = step(model, opt, enc, batch, cfg, torch.Generator().manual_seed(0), amp, v)
+        out.append((rollouts, result, [p.detach().clone() for p in lora_parameters(model)]))
+    (r1, s1, w1), (r2, s2, w2) = out
+    assert torch.equal(r1.idx, r2.idx) and torch.equal(r1.advantages, r2.advantages)
+    assert (r1.selected is None) == (r2.selected is None) and (r1.selected is None or torch.equal(r1.selected, r2.selected))
+    assert (s1.stats, s1.grad_norm, s1.skip_reason, s1.extra) == (s2.stats, s2.grad_norm, s2.skip_reason, s2.extra)
+    assert all(torch.equal(a, b) for a, b in zip(w1, w2)) and set(s1.times) == set(s2.times)

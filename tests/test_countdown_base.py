@@ -25,7 +25,8 @@ from data.countdown import searched
 from data.countdown.prepare import draw_distinct
 from data.countdown.solutions import all_tries, searched_solution
 from data.datadir import load_split, load_tokenizer
-from data.tasks import load_task_split, planted_answer
+from data.defect import planted_answer
+from data.tasks import load_task_split
 from runs.checkpoint import load_checkpoint
 from rewards import countdown_reward, think_format_reward
 from data.prompts import encode_prompt, encode_text

@@ -253,6 +253,30 @@ def test_an_over_long_question_is_named(tiny_setup, tmp_path):
         train_grpo.main([f"--base_ckpt={tmp_path}/base.pt", f"--out_dir={tmp_path}/run", "--max_new_tokens=8"])
 
 
+def test_question_lengths_are_refused_where_the_knobs_are_checked(tiny_setup):
+    """checks/grpo_knobs.check_question_lengths: a question that fills the base's context alone is named
+    by its file and line; one that fits only without the new tokens names max_new_tokens and what fits."""
+    from types import SimpleNamespace
+    import torch
+    from checks.grpo_knobs import check_question_lengths
+    from data.prompts import encode_prompt
+    enc = datadir.load_tokenizer(torch.load(tiny_setup, weights_only=True)["data_dir"])
+    splits = {"train": [{"question": "Mia has 1 pear."}], "val": [],
+              "test": [{"question": "Mia has 1 pear."}, {"question": "Mia has 1 pear. " * 3}]}
+    n = len(encode_prompt(enc, splits["test"][1]["question"]))
+    model = SimpleNamespace(config=SimpleNamespace(block_size=n + 4))
+    assert check_question_lengths({"max_new_tokens": 4}, model, enc, splits, "D") == n
+    with pytest.raises(UserError, match=rf"^config key 'max_new_tokens' = 5 is not allowed: the longest question, "
+                                        rf"{n} tokens at line 2 of D/test.jsonl \('Mia has 1 pear. Mia.*\.\.\.\), "
+                                        rf"\+ max_new_tokens must fit the base's context of {n + 4}: give at "
+                                        r"most 4, or remove that question$"):
+        check_question_lengths({"max_new_tokens": 5}, model, enc, splits, "D")
+    model.config.block_size = n
+    with pytest.raises(UserError, match=rf"^the question at line 2 of D/test.jsonl .* is {n} tokens, the base's "
+                                        rf"whole context {n}: remove it$"):
+        check_question_lengths({"max_new_tokens": 1}, model, enc, splits, "D")
+
+
 # ------------------------------------------------ a Countdown base (train_base.py's): advice that works
 SEARCHED = dict(n_numbers=3, max_number=10, max_target=100, max_misses=1, n_train=30, n_val=5,
                 n_test=5, num_merges=0)
@@ -295,7 +319,7 @@ def test_countdown_base_given_another_data_dir_is_told_to_leave_it(made, countdo
                                         rf"\({own}\): leave data_dir ''$"):
         grpo(base, tmp_path, f"--data_dir={made[other]}")
     assert not (tmp_path / "run").exists()
-    monkeypatch.setattr(train_grpo.Run, "train", lambda self: None)  # started: enough
+    monkeypatch.setattr(train_grpo, "train", lambda cfg, run: None)  # started: enough
     grpo(base, tmp_path)
 
 
@@ -334,5 +358,5 @@ def test_countdown_base_whose_data_another_task_claims_is_rebuilt_as_advised(
     follow(message, monkeypatch, tmp_path)
     with open(os.path.join(own, "train.jsonl"), "rb") as f:
         assert f.read() == train_bytes
-    monkeypatch.setattr(train_grpo.Run, "train", lambda self: None)
+    monkeypatch.setattr(train_grpo, "train", lambda cfg, run: None)
     grpo(base, tmp_path, f"--data_dir={own}/")  # its own directory in another spelling

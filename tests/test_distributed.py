@@ -16,6 +16,7 @@ import train_base
 import train_grpo as tg
 from scale.distributed import finish  # each worker ends with it, as configurator.cli_main does under torchrun
 from data.prompts import encode_prompt
+from rewards import REWARD_FUNCS
 from runs.checkpoint import load_checkpoint
 from test_train_grpo import run
 
@@ -231,14 +232,13 @@ def evaluate_in_chunks(base):
     ck = load_checkpoint(base)
     model, enc = model_from_checkpoint(ck).eval(), load_tokenizer(ck["data_dir"])
     examples = [{**e, "answer": i % 3} for i, e in enumerate(load_split(ck["data_dir"], "test"))]
-    tb.REWARD_FUNCS["correctness"] = lambda text, answer: float(length_answer(text) == answer)  # arith's "correct"
+    REWARD_FUNCS["correctness"] = lambda text, answer: float(length_answer(text) == answer)  # arith's "correct"
     return tb.evaluate(model, enc, examples, 8, k=3, batch=3, seed=5)
 
 
 def test_evaluation_shared_by_two_processes_equals_one(tiny_setup, tmp_path, monkeypatch):
     """Whole chunks per rank keep each chunk's pass@k seed (seed + its start) and draws; the counts are summed."""
-    import train_base as tb
-    monkeypatch.setitem(tb.REWARD_FUNCS, "correctness", tb.REWARD_FUNCS["correctness"])  # restored afterwards
+    monkeypatch.setitem(REWARD_FUNCS, "correctness", REWARD_FUNCS["correctness"])  # restored afterwards
     one = evaluate_in_chunks(tiny_setup)
     assert 0 < one["accuracy"] < 1 and 0 < one["pass@3"] < 1  # both counts depend on what was generated
     mp.spawn(eval_worker, args=(2, free_port(), tiny_setup, str(tmp_path / "r.pt")), nprocs=2)

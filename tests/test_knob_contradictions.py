@@ -4,6 +4,7 @@
 # can cause it. Errors name where a knob was set (a config file, not the command line), and a
 # one-dash override is not taken for a config file's name.
 # Run: python -m pytest -q tests/test_knob_contradictions.py
+import json
 import os
 import re
 
@@ -111,6 +112,30 @@ def test_skipped_steps_name_the_knobs_that_can_cause_them(tiny_setup, tmp_path, 
                                   "--max_skipped_steps=3", extra),
                       r"3 steps in a row skipped .*diverged")
     assert blamed in message and "learning_rate (" in message and "lora_alpha / lora_r" in message
+
+
+def test_a_run_whose_every_step_that_could_learn_was_skipped_ends_as_an_error_naming_the_knobs(
+        tiny_setup, tmp_path, chars_reward):
+    """lora_alpha 1e30: every step with a learning signal is non-finite and skipped. Without a stop in a
+    row (max_skipped_steps beyond max_iters; before, steps with nothing to learn between them also reset
+    it), the run must not end 'done' with an adapter that never moved: exit 2, the knobs named."""
+    out = tmp_path / "r"
+    message = refused(lambda: run(tiny_setup, out, "--max_iters=4", "--max_skipped_steps=100",
+                                  f"--lora_alpha={10 ** 30}"),
+                      r"^(\d+) of the \1 steps that could learn skipped \(non-finite .*\) at iter 4: "
+                      r"the adapter's updates have diverged")
+    assert f"{10 ** 30} / 8" in message and "learning_rate (" in message
+    logs = [json.loads(line) for line in open(out / "log.jsonl")][1:]
+    assert logs[-1]["skipped_steps"] == sum(line["skipped"] for line in logs) > 0
+
+
+@pytest.mark.parametrize("alpha, r", [(10 ** 39, 1), (4 * 10 ** 38, 1), (10 ** 40, 8)])
+def test_a_lora_scaling_beyond_float32_is_refused_before_any_work(tiny_setup, alpha, r):
+    """lora_alpha / lora_r above the largest float32: the scaling itself is Inf, no update can be finite."""
+    refused(lambda: grpo_validate(tiny_setup, lora_alpha=alpha, lora_r=r),
+            rf"^config key 'lora_alpha' = .* is not allowed: over lora_r = {r} gives the adapter's scaling "
+            r".*more than float32 holds \(3.4e\+38\)")
+    grpo_validate(tiny_setup, lora_alpha=alpha, lora_r=r * 100)  # a scaling float32 holds: allowed
 
 
 # --- where a knob was set -------------------------------------------------------------------------

@@ -19,6 +19,7 @@ import torch
 
 from analysis import plot
 from analysis import summarize
+import runs.state
 import train_grpo as tg
 from configurator import Interrupted, UserError
 from runs.checkpoint import load_checkpoint
@@ -66,16 +67,24 @@ def stop(monkeypatch, where, k, how):
         if how == "ctrl-c":
             raise KeyboardInterrupt
         return full_disk()
-    if where in ("step", "evaluate"):
-        real = getattr(tg.Run, where)
+    if where == "step":  # as the step at iteration k draws its prompts
+        real = tg.get_batch
 
-        def patched(self, *a):
-            if self.iter_num == k and not fired:
+        def patched(run, cfg):
+            if run.iter_num == k and not fired:
                 fault()
-            return real(self, *a)
-        monkeypatch.setattr(tg.Run, where, patched)
+            return real(run, cfg)
+        monkeypatch.setattr(tg, "get_batch", patched)
+    elif where == "evaluate":
+        real = tg.eval_line
+
+        def patched(*a):
+            if a[-1] == k and not fired:  # its last argument: the iteration
+                fault()
+            return real(*a)
+        monkeypatch.setattr(tg, "eval_line", patched)
     elif where in ("history", "latest"):
-        real_save = tg.save_checkpoint
+        real_save = runs.state.save_checkpoint
 
         def save(state, path):
             is_history = os.path.basename(path) != "ckpt.pt"
@@ -83,7 +92,7 @@ def stop(monkeypatch, where, k, how):
                 with fault():
                     return real_save(state, path)
             return real_save(state, path)
-        monkeypatch.setattr(tg, "save_checkpoint", save)
+        monkeypatch.setattr(runs.state, "save_checkpoint", save)
     else:  # the log opened on a full disk: its first line (iteration 0's evaluation) cannot be written
         real_open = builtins.open
 
@@ -159,7 +168,7 @@ def test_a_crash_before_the_first_checkpoint_names_what_to_delete(tiny_setup, tm
     """Not Ctrl-C nor a full disk but a bug: the files it left are named, not a resume that cannot work."""
     out = tmp_path / "r"
     with monkeypatch.context() as m, pytest.raises(ZeroDivisionError):
-        m.setattr(tg, "save_checkpoint", lambda state, path: 1 / 0)
+        m.setattr(runs.state, "save_checkpoint", lambda state, path: 1 / 0)
         run(tiny_setup, out, *ARGS)
     with pytest.raises(UserError, match="before its first checkpoint \\(log.jsonl, rollouts.jsonl\\): delete them"):
         run(tiny_setup, out, *ARGS)

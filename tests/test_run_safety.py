@@ -8,7 +8,9 @@ import os
 import pytest
 import torch
 
+import runs.evaluate
 import runs.loading
+import runs.state
 import sample
 from model import NonFiniteLogits, Sampling, generate, sample_next, uniforms
 import train_base as tb
@@ -293,17 +295,17 @@ def test_scalar_for_a_list_key(tiny_setup, tmp_path):
 def test_ctrl_c_before_the_first_checkpoint_leaves_a_directory_the_same_command_can_use(tiny_setup, tmp_path,
                                                                                          monkeypatch):
     out = tmp_path / "r"
-    real = tg.save_checkpoint
+    real = runs.state.save_checkpoint
 
     def interrupted_save(state, path):  # Ctrl-C between ckpt_000000.pt and ckpt.pt
         if path.endswith("ckpt.pt") and not path.endswith("_000000.pt"):
             raise KeyboardInterrupt
         real(state, path)
-    monkeypatch.setattr(tg, "save_checkpoint", interrupted_save)
+    monkeypatch.setattr(runs.state, "save_checkpoint", interrupted_save)
     with pytest.raises(Interrupted, match="stopped at iter 0 of 2; no checkpoint written yet: run the same command"):
         run(tiny_setup, out, "--max_iters=2")
     assert not out.exists() or os.listdir(out) == []
-    monkeypatch.setattr(tg, "save_checkpoint", real)
+    monkeypatch.setattr(runs.state, "save_checkpoint", real)
     run(tiny_setup, out, "--max_iters=2")                    # the same command now runs
     assert load_checkpoint(str(out / "ckpt.pt"))["iter_num"] == 2
 
@@ -388,7 +390,7 @@ def test_base_full_disk_names_the_command_that_goes_on(base_args, tmp_path, monk
 def test_a_skipped_evaluation_logs_no_nan_accuracy(tiny_setup, tmp_path, monkeypatch, capsys):
     def broken(*a, **k):
         raise NonFiniteLogits("NaN/Inf logits in 1 of 4 sampled rows")
-    monkeypatch.setattr(tg, "evaluate", broken)
+    monkeypatch.setattr(runs.evaluate, "evaluate", broken)
     run(tiny_setup, tmp_path / "r", "--max_iters=1")
     logs = [json.loads(line) for line in open(tmp_path / "r" / "log.jsonl")]
     assert [l["iter"] for l in logs] == [0, 1] and not any("test/accuracy" in l for l in logs)

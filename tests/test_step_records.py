@@ -73,7 +73,7 @@ def test_a_question_is_attributed_to_the_rollouts_that_moved_a_weight(standard_r
 
     def mark(r):
         if r["iter"] == 1:
-            r["skipped"] = True  # as train_grpo.Run.train writes a skipped step's record
+            r["skipped"] = True  # as train_grpo.train writes a skipped step's record
         r["selected"] = [j % 2 == 0 for j in range(len(r["advantages"]))]  # TracIn kept the even rows
     records = rewrite_records(run, mark)
     attribute.main([f"--out_dir={run}", "--question=Mia has 2 pears. How many?", "--n_probe=0"])

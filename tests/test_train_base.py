@@ -7,6 +7,7 @@ import re
 import pytest
 import torch
 
+import runs.evaluate
 import train_base as tb
 from data.datadir import load_tokenizer
 from data.gsm_synth.prepare import prepare
@@ -82,14 +83,14 @@ def test_evaluate_scores_answers(tiny_task):
     assert 0 <= r["accuracy"] <= 1 and 0 <= r["pass@2"] <= 1
     # a "model" whose greedy output is the right solution: monkeypatch generate through decode
     texts = [e["solution"] for e in ex]
-    orig = tb.decode_completions
+    orig = runs.evaluate.decode_completions
     try:
-        tb.decode_completions = lambda enc_, idx, mask: texts[:idx.size(0)]
+        runs.evaluate.decode_completions = lambda enc_, idx, mask: texts[:idx.size(0)]
         assert tb.evaluate(m, enc, ex, 8)["accuracy"] == 1.0
         bad = [{**e, "answer": e["answer"] + 1} for e in ex]
         assert tb.evaluate(m, enc, bad, 8)["accuracy"] == 0.0
     finally:
-        tb.decode_completions = orig
+        runs.evaluate.decode_completions = orig
 
 
 def test_bad_init_from(tiny_task, tmp_path, monkeypatch):

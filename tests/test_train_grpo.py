@@ -354,17 +354,37 @@ def test_nan_loss_skips_step(tiny_setup, tmp_path, monkeypatch):
         return loss * float("nan"), st
     monkeypatch.setattr(grpo, "grpo_loss", nan_loss)
     out = tmp_path / "nan"
-    run(tiny_setup, out, "--max_iters=1")
+    # its one step that could learn skipped: the run does not end as a success
+    with pytest.raises(UserError, match=r"^1 of the 1 steps that could learn skipped \(non-finite .*diverged"):
+        run(tiny_setup, out, "--max_iters=1")
     ck0, ck1 = load_checkpoint(str(out / "ckpt_000000.pt")), load_checkpoint(str(out / "ckpt_000001.pt"))
     assert all(torch.equal(ck0["lora"][k], ck1["lora"][k]) for k in ck0["lora"])
     assert json.loads(open(out / "log.jsonl").readlines()[-1])["skipped"] is True
+
+
+def test_the_done_line_and_the_log_tell_how_many_steps_were_skipped_and_why(tiny_setup, tmp_path, monkeypatch,
+                                                                          capsys):
+    """One NaN loss in two steps: the run ends as a success (the other step learned), and says it skipped one."""
+    real, calls = grpo.grpo_loss, []
+
+    def nan_once(*a, **k):
+        loss, st = real(*a, **k)
+        calls.append(1)
+        return (loss * float("nan") if len(calls) == 1 else loss), st
+    monkeypatch.setattr(grpo, "grpo_loss", nan_once)
+    out = tmp_path / "once"
+    run(tiny_setup, out, "--max_iters=2")
+    assert capsys.readouterr().out.rstrip().endswith("; 1 of 2 steps skipped (non-finite loss or gradient: 1)")
+    logs = [json.loads(line) for line in open(out / "log.jsonl")][1:]
+    assert [(l["skipped"], l["skipped_steps"]) for l in logs] == [(True, 1), (False, 1)]
 
 
 @pytest.mark.parametrize("influence", ["summed", "matrix"])
 def test_tracin_step_with_non_finite_gradients_is_skipped_like_a_standard_step(tiny_setup, tmp_path, monkeypatch,
                                                                                influence):
     """NaN per-sample gradients (an overflow) give a non-finite influence, so no rollout is kept: the step is skipped and counted (weights
-    untouched, 'skipped' logged), as a standard step with a NaN loss is, and the run goes on to its end."""
+    untouched, 'skipped' logged), as a standard step with a NaN loss is; the run goes on to its end, where
+    every step that could learn having been skipped is an error, not a success."""
     import ghost
     import tracin
     real = ghost.per_sample_grads
@@ -374,8 +394,9 @@ def test_tracin_step_with_non_finite_gradients_is_skipped_like_a_standard_step(t
         real_m = ghost.compute_ghost_inner_product_matrix
         monkeypatch.setattr(tracin, "compute_ghost_inner_product_matrix", lambda *a, **k: real_m(*a, **k) * float("nan"))
     out = tmp_path / "inf"
-    run(tiny_setup, out, "--max_iters=2", "--tracin=True", "--tracin_val_loss=nll", "--beta=0.0",
-        f"--tracin_influence={influence}")
+    with pytest.raises(UserError, match=r"^2 of the 2 steps that could learn skipped .*diverged"):
+        run(tiny_setup, out, "--max_iters=2", "--tracin=True", "--tracin_val_loss=nll", "--beta=0.0",
+            f"--tracin_influence={influence}")
     ck0, ck2 = load_checkpoint(str(out / "ckpt_000000.pt")), load_checkpoint(str(out / "ckpt.pt"))
     assert ck2["iter_num"] == 2 and all(torch.equal(ck0["lora"][k], ck2["lora"][k]) for k in ck0["lora"])
     logs = [json.loads(line) for line in open(out / "log.jsonl")][1:]
