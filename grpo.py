@@ -201,7 +201,7 @@ def sample_rollouts(model, enc, batches, cfg, generator, decode=None,
     prompt of every batch. Under torchrun this rank samples its share of
     the prompts and every rank gets all the rows.
     decode: the compiled decode step with compile=True
-    (train_grpo.Run builds it), else None."""
+    (train_grpo.setup builds it), else None."""
     timer = timer or PhaseTimer()
     prompts = [p for batch in batches for p in batch.ids]
     S, G = cfg["max_new_tokens"], cfg["group_size"]

@@ -8,7 +8,7 @@ both end in grpo.update. The influence of rollout i on a validation batch is
     influence_i = <g_i, G>,
 g_i the rollout's gradient of the GRPO loss, G the gradient of the (mean) validation loss: a
 first-order estimate of how much one step on i lowers it. The validation loss (tracin_val_loss;
-train_grpo.Run.validation_batch builds the batch): 'pg', validation prompts sampled in the step's
+train_grpo.validation_batch builds the batch): 'pg', validation prompts sampled in the step's
 own generate call, scored by the task's own rewards (the run's may be hackable), their GRPO loss
 without KL; 'nll', their clean reference solutions as rows with A = +1 (reference_solutions).
 Only rollouts with positive influence (or the top fraction) are trained on, and their update is
