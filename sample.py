@@ -15,7 +15,8 @@ or a Hugging Face directory. The sampling itself is model.generate
 # configurator first: a Ctrl-C during the slow imports below (torch)
 # is one line, not a traceback
 from configurator import (UserError, check, check_finite, check_positive,
-                          configure, cli_main)
+                          configure, cli_main, quiet_start)
+quiet_start(__name__)
 
 from data.datadir import load_split
 from data.prompts import encode_prompt, decode_completions, stop_tokens

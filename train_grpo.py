@@ -31,7 +31,8 @@ each `del` says what it frees.
 """
 # configurator first: a Ctrl-C during the slow imports below (torch)
 # is one line, not a traceback
-from configurator import Interrupted, UserError, check, cli_main, configure
+from configurator import Interrupted, UserError, check, cli_main, configure, quiet_start
+quiet_start(__name__)
 import json
 import os
 import random

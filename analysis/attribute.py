@@ -11,7 +11,8 @@ top rollouts and writes a JSON file per answer, an HTML page (analysis/report.py
 --audit (analysis/audit.py) ranks the rollouts by their influence summed over the final model's wrong test answers.
 """
 # configurator first: a Ctrl-C during the slow imports below (torch) is one line, not a traceback
-from configurator import UserError, check, check_choice, cli_main, configure
+from configurator import UserError, check, check_choice, cli_main, configure, quiet_start
+quiet_start(__name__)
 import glob
 import hashlib
 import json

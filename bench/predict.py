@@ -20,7 +20,8 @@ context), so that a run train_grpo.py refuses gets no prediction. The terms:
 prompt_len is the longest prompt in tokens (chat template, instruction and question): an assumption to state.
 """
 # configurator first: a Ctrl-C during the slow imports below (torch) is one line, not a traceback
-from configurator import UserError, check, cli_main, configure
+from configurator import UserError, check, cli_main, configure, quiet_start
+quiet_start(__name__)
 import os
 import subprocess
 import sys

@@ -81,7 +81,8 @@ def test_torchrun_ranks_given_cuda_without_a_gpu_end_in_one_line(tmp_path):
             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     (_, err0), (_, err1) = (p.communicate(timeout=120) for p in procs)
     assert [p.returncode for p in procs] == [2, 2]
-    assert err0.startswith("error: device='cuda' but torch.cuda.is_available() is False")
+    # cli_main names the rank that speaks from torchrun's RANK / WORLD_SIZE, as it does after set-up
+    assert err0.startswith("error: rank 0: device='cuda' but torch.cuda.is_available() is False")
     assert len(err0.splitlines()) == 1 and err1 == ""
     assert not os.path.exists(tmp_path / "r")
 
