@@ -340,12 +340,12 @@ def cli_main(main, argv=None):
             _exit_now(0)
     except UserError as e:
         # one write: ranks' lines never interleave
-        sys.stderr.write(f"error: {_rank_prefix()}{e}\n")
+        sys.stderr.write(f"error: {e}\n")
         _exit(2)
     except OSError as e:
         where = f"{e.filename}: " if e.filename else ""
         reason = e.strerror or e
-        sys.stderr.write(f"error: {_rank_prefix()}{where}{reason}\n")
+        sys.stderr.write(f"error: {where}{reason}\n")
         _exit(2)
     except KeyboardInterrupt as e:
         # _terminate ran
@@ -385,11 +385,6 @@ def _launched():
 
 def _world_size():
     return int(os.environ["WORLD_SIZE"]) if _launched() else 1
-
-
-def _rank_prefix():
-    rank = os.environ.get("RANK")
-    return f"rank {rank}: " if _world_size() > 1 else ""
 
 
 def _exit(code):
