@@ -88,6 +88,11 @@ def main(argv):
             test = load_split(task_data("arith", data_dir), "test")
             questions = [e["question"] for e in test[:cfg["num_questions"]]]
         prompts = [encode_prompt(enc, q) for q in questions]
+    # the prompt and its completion share the context (the KV cache's columns)
+    longest, block = max(len(p) for p in prompts), model.config.block_size
+    if longest + cfg["max_new_tokens"] > block:
+        raise UserError(f"prompt of {longest} tokens + max_new_tokens={cfg['max_new_tokens']} "
+                        f"exceeds the context of {block} tokens; shorten either")
     try:
         idx, _, mask = generate(model, prompts, cfg["max_new_tokens"],
                                 stop_tokens(enc),
