@@ -48,10 +48,9 @@ from scale import compiled, distributed
 from grpo import (PhaseTimer, Prompts, StepResult, grpo_updates,
                   make_rollouts, update)
 from runs.metrics import NoSignal, print_step, rollout_record, step_log
-from lora import (apply_lora, lora_parameters, lora_state_dict,
-                  load_lora_state_dict)
+from lora import apply_lora, lora_parameters, lora_state_dict
 from scale.device import check_device, memory_stats
-from runs.checkpoint import (CheckpointWriteError, load_checkpoint,
+from runs.checkpoint import (CheckpointWriteError, load_adapter, load_checkpoint,
                              save_checkpoint)
 from runs.base import base_identity, check_same_base, resolve_base
 from checks.grpo_knobs import (check_rewards_read, check_sampling_cache,
@@ -63,7 +62,7 @@ from model import NonFiniteLogits
 from data.prompts import encode_prompt
 from tracin import reference_solutions, tracin_backward
 import train_base
-from runs.loading import base_to_train, load_frozen_base, nonfinite_weight
+from runs.loading import base_to_train, check_lora, load_frozen_base, nonfinite_weight
 from train_base import evaluate, get_lr
 
 # -----------------------------------------------------------------------------
@@ -351,6 +350,7 @@ class Run:
         self.defective = {i for i, e in enumerate(self.train_split)
                           if e["question"] in bad
                           and planted_answer(e, task) != e["answer"]}
+        check_lora(self.model, cfg["lora_r"], cfg["lora_targets"])  # before any allocation
         torch.manual_seed(cfg["seed"])  # the LoRA initialisation
         apply_lora(self.model, cfg["lora_r"], cfg["lora_alpha"],
                    cfg["lora_dropout"], cfg["lora_targets"])
@@ -388,7 +388,7 @@ class Run:
                            f"{n_lora} LoRA parameters trained")
 
     def restore(self, resume):
-        load_lora_state_dict(self.model, resume["lora"])
+        load_adapter(self.model, resume["lora"])
         try:
             self.optimizer.load_state_dict(resume["optimizer"])
             self.rng.setstate(resume["rng"]["python"])

@@ -11,6 +11,7 @@ import os
 import torch
 
 from configurator import UserError
+from lora import load_lora_state_dict, lora_state_dict
 from model import GPT, GPTConfig
 from pretrained.hf import hf_tensors
 
@@ -54,6 +55,21 @@ def load_checkpoint(path, map_location="cpu"):
     if not isinstance(ckpt, dict):  # a bare tensor or list saved with torch.save
         raise UserError(f"{path} holds a {type(ckpt).__name__}, not a checkpoint (a dict)")
     return ckpt
+
+
+def load_adapter(model, sd):
+    """A checkpoint's LoRA weights into the model's adapter (lora.load_lora_state_dict), refused in one
+    line unless each weight the model has is there, in its shape, and no other."""
+    own = lora_state_dict(model)
+    if set(own) != set(sd):
+        missing, extra = sorted(set(own) - set(sd)), sorted(set(sd) - set(own))
+        raise UserError(f"LoRA weights do not fit this model: missing {missing[:3]}, unexpected {extra[:3]} "
+                        "(were they saved with other lora_targets?)")
+    for k, v in sd.items():
+        if own[k].shape != v.shape:
+            raise UserError(f"LoRA weight {k} has shape {tuple(v.shape)}, model expects {tuple(own[k].shape)} "
+                            "(another lora_r, or a base of another shape?)")
+    load_lora_state_dict(model, sd)
 
 
 def model_from_checkpoint(ckpt, path="checkpoint", **overrides):
