@@ -38,7 +38,6 @@ from contextlib import contextmanager
 
 import torch
 
-from configurator import UserError
 from lora import LoRALinear
 
 
@@ -74,17 +73,14 @@ class GhostHooks:
         self.handles, self.weights = [], {}
         for name, m in model.named_modules():
             if isinstance(m, LoRALinear):
-                # a dropped x is not the gradient's x
-                if m.lora_dropout.p > 0 and m.training:
-                    raise UserError("ghost hooks need lora_dropout=0")
+                # a dropped x is not the gradient's x (checks/ refuse tracin with dropout)
+                assert m.lora_dropout.p == 0 or not m.training, "hooks need lora_dropout=0"
                 hook_A = m.lora_A.register_forward_hook(self._hook_A(name))
                 hook_B = m.lora_B.register_forward_hook(self._hook_B(name))
                 self.handles += [hook_A, hook_B]
                 weights = (m.lora_A.weight, m.lora_B.weight)
                 self.weights |= {w: w.requires_grad for w in weights}
-        if not self.handles:
-            raise UserError("no LoRA layers to hook: "
-                            "call lora.apply_lora(model, ...) first")
+        assert self.handles, "no LoRA layers to hook: call lora.apply_lora(model, ...) first"
         self.split = "train"
 
     @property
@@ -237,9 +233,7 @@ def compute_ghost_inner_product_matrix(train, val, layer_filter=None):
     (filtered) LoRA parameters, from GhostHooks.collect() dicts
     {layer: (x, gA, h, gB)}; float32, NaN/Inf kept (callers check)."""
     names = [n for n in train if layer_filter is None or layer_filter in n]
-    if not names:
-        raise UserError(f"layer_filter {layer_filter!r} matches no LoRA "
-                        f"layer (layers: {list(train)[:4]} ...)")
+    assert names, f"layer_filter {layer_filter!r} matches no LoRA layer"
     total = 0
     for n in names:
         (x, gA, h, gB), (vx, vgA, vh, vgB) = train[n], val[n]

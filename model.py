@@ -507,13 +507,13 @@ def generate(model, prompts, max_new_tokens, eot_id, num_samples=1,
     L = P + max_new_tokens  # the cache's columns
     block_size = model.config.block_size
     assert max_new_tokens >= 1, f"max_new_tokens={max_new_tokens}"
-    assert L <= block_size, f"{P} prompt tokens + max_new_tokens={max_new_tokens} > {block_size}"
+    assert L <= block_size, f"{P} + max_new_tokens={max_new_tokens} > {block_size}"
     if generator is None and seed is not None:
         generator = torch.Generator(device=device).manual_seed(seed)
     if u is None and temperature > 0:
         u = torch.rand(max_new_tokens, N, generator=generator,
                        device=device)  # (S, N)
-    assert u is None or tuple(u.shape) == (max_new_tokens, N), "u must be (max_new_tokens, rows)"
+    assert u is None or u.shape == (max_new_tokens, N), "u must be (max_new_tokens, rows)"
     was_training = model.training
     model.eval()
     cache_len = decode.cache_len(L) if decode else L  # compiled: bucketed

@@ -163,7 +163,8 @@ def test_micro_batches_add_up(loss_type):
 
 
 def test_bad_loss_type():
-    with pytest.raises(UserError, match="loss_type"):
+    """A programming error here: the knob is refused at config time (test_run_safety)."""
+    with pytest.raises(AssertionError, match="loss_type"):
         grpo.grpo_loss(torch.zeros(1, 2), torch.zeros(1, 2), None, torch.zeros(1), torch.ones(1, 2), 0.0, loss_type="x")
 
 
