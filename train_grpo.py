@@ -59,6 +59,7 @@ from runs.rundir import refuse_existing_run, rewind, run_lock, stop_note
 from data.tasks import TASKS, planted_answer, portable_path, resolve_data_dir
 from data.datadir import bound_data, check_task_data
 from model import NonFiniteLogits
+from rewards import RewardCache
 from data.prompts import encode_prompt
 from tracin import reference_solutions, tracin_backward
 import train_base
@@ -372,7 +373,7 @@ class Run:
         self.iter_num, self.elapsed_before = 0, 0.0
         self.last_ckpt, self.t_start = None, time.time()
         # (reward, text, answer) -> score
-        self.reward_cache = {} if cfg["reward_cache"] else None
+        self.reward_cache = RewardCache() if cfg["reward_cache"] else None
         # resumed: its data, unchanged
         self.data_fingerprint = bound_data(self.data_dir, resume)
         encode = partial(encode_prompt, self.enc)

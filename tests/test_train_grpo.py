@@ -600,7 +600,7 @@ def test_reward_cache_scores_each_completion_once(monkeypatch):
     import rewards
     calls = []
     monkeypatch.setitem(rewards.REWARD_FUNCS, "counted", lambda c, a: calls.append((c, a)) or len(c))
-    cache = {}
+    cache = rewards.RewardCache()
     texts, answers = ["#### 3", "ab", "#### 3", "ab"], [3, 3, 3, 4]
     plain = rewards.compute_rewards(texts, answers, ["counted", "correctness"], [1.0, 1.0])
     calls.clear()
@@ -608,7 +608,7 @@ def test_reward_cache_scores_each_completion_once(monkeypatch):
     again = rewards.compute_rewards(texts, answers, ["counted", "correctness"], [1.0, 1.0], cache)
     assert first == again == plain
     assert sorted(calls) == sorted({("#### 3", 3), ("ab", 3), ("ab", 4)})   # 3 distinct (text, answer)
-    assert cache["lookups"] == 16 and cache["hits"] == 16 - 6
+    assert cache.lookups == 16 and cache.hits == 16 - 6
 
 
 def test_background_rewards_give_the_same_run(tiny_setup, tmp_path):
