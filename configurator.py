@@ -6,6 +6,9 @@ Arguments apply left to right: a bare path is a Python config file whose
 top-level names are overrides; `--key=value` overrides one key.
 Unlike nanoGPT, a typo'd key or a wrongly typed value is an error
 (with a suggestion), not a silent no-op or a late crash.
+A script's start-up and its one-line errors: `quiet_start(__name__)` right
+after importing it, `cli_main(main)` at the end. Importing this module
+changes nothing in the process (no signal handler, no torch).
 """
 import ast
 import difflib
