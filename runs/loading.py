@@ -87,8 +87,7 @@ def check_lora(model, r, targets):
     names = targeted_linears(model, targets)
     if not names:
         linear = sorted({n.split(".")[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)})
-        raise UserError(f"LoRA targets {targets} match no nn.Linear in the model (its linear layers: "
-                        f"{linear})")
+        raise UserError(f"LoRA targets {targets} match no nn.Linear in the model (its linear layers: {linear})")
     held = []
     for name in names:
         base = model.get_submodule(name)
