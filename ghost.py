@@ -139,9 +139,7 @@ class GhostHooks:
         """{layer: (x, gA, h, gB)} with micro-batches concatenated along the
         sample axis."""
         xs, gAs, hs, gBs = self.buffers(split)
-        if not xs:
-            raise RuntimeError(f"nothing captured for split {split!r}: "
-                               "run a forward+backward first")
+        assert xs, f"nothing captured for split {split!r}: run a forward+backward first"
         # backward visits micro-batches in the order their forwards ran,
         # so list positions pair up; one micro-batch: no copy
         cat = lambda ts: ts[0] if len(ts) == 1 else torch.cat(ts)
@@ -253,9 +251,8 @@ def summed_gradient(model, layer_filter=None):
     for name, m in model.named_modules():
         if isinstance(m, LoRALinear):
             a, b = m.lora_A.weight, m.lora_B.weight
-            if a.grad is None or b.grad is None:
-                raise RuntimeError(f"no gradient in {name}: "
-                                   "back-propagate the summed loss first")
+            ready = a.grad is not None and b.grad is not None
+            assert ready, f"no gradient in {name}: back-propagate the summed loss first"
             if layer_filter is None or layer_filter in name:
                 out[name] = (a.grad.float(), b.grad.float())
             # G is read: the next backward (post-hoc: the train capture)
