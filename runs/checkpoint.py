@@ -1,7 +1,8 @@
 """
 Checkpoint files, for every script: written atomically (a crash leaves the previous file whole),
 read with torch.load(weights_only=True) (no arbitrary code) and one-line errors, a GPT built from a
-train_base.py checkpoint, and the fingerprint that binds an adapter to its base's weights.
+train_base.py checkpoint, a GRPO checkpoint's adapter put on a model (load_adapter: one line where it
+does not fit), and the fingerprint that binds an adapter to its base's weights.
 Nothing here runs inside a step: train_base.py and train_grpo.Run save, every script loads.
 """
 import hashlib

@@ -2,7 +2,8 @@
 Loading what a run stands on, for every script: a base model (a train_base.py checkpoint or a Hugging
 Face directory) with its tokenizer and data (load_base), a GRPO run's policy, its adapter on that base
 (load_policy: sampling, attribution, export, figures), and train_grpo.py's frozen base (base_to_train:
-whether and how train_grpo.py trains a missing tiny base first; load_frozen_base).
+whether and how train_grpo.py trains a missing tiny base first; load_frozen_base). check_lora refuses by
+name what lora.apply_lora would fail on (targets, memory), before it runs.
 """
 import os
 import re
