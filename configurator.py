@@ -6,6 +6,9 @@ Arguments apply left to right: a bare path is a Python config file whose
 top-level names are overrides; `--key=value` overrides one key.
 Unlike nanoGPT, a typo'd key or a wrongly typed value is an error
 (with a suggestion), not a silent no-op or a late crash.
+A script's start-up and its one-line errors: `quiet_start(__name__)` right
+after importing it, `cli_main(main)` at the end. Importing this module
+changes nothing in the process (no signal handler, no torch).
 """
 import ast
 import difflib
@@ -25,33 +28,16 @@ def _interrupted_while_starting(signum, frame):
     os._exit(130)
 
 
-def _started_here(script):
-    """Whether `script` (sys.argv[0]) is one of this project's:
-    `python X.py`, `python data/x/prepare.py`, or
-    `python -m analysis.plot` (argv[0] is then the module's file);
-    not a tool installed inside it (a venv)."""
-    root = os.path.dirname(os.path.abspath(__file__))
-    argv = getattr(sys, "orig_argv", [])
-    # `python -m bench.x` still importing its package (bench/__init__)
-    if script == "-m" and "-m" in argv[:-1]:
-        module = argv[argv.index("-m") + 1]
-        path = os.path.join(root, *module.split("."))
-        package = os.path.join(path, "__init__.py")
-        return os.path.isfile(path + ".py") or os.path.isfile(package)
-    rel = os.path.relpath(os.path.abspath(script or "."), root)
-    parts = rel.split(os.sep)
-    tool = [p for p in parts[:-1]
-            if p.startswith(".") or p.endswith("-packages")
-            or p in ("bin", "Scripts")]
-    return parts[0] != ".." and not tool
-
-
-# A script of this project imports configurator first, so that a Ctrl-C
-# during its slow imports (torch) is one line instead of a traceback;
-# cli_main hands Ctrl-C back to Python (KeyboardInterrupt).
-# (Not where Ctrl-C is ignored, e.g. under nohup.)
-if _started_here(sys.argv[0]):
-    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+def quiet_start(name):
+    """A script's first line after importing configurator:
+    `quiet_start(__name__)`. Run as a script (`python X.py`,
+    `python -m analysis.plot`: name is "__main__"), a Ctrl-C during its slow
+    imports (torch) is one line instead of a traceback; cli_main hands
+    Ctrl-C back to Python (KeyboardInterrupt). Imported (a test, another
+    script, a notebook), nothing changes. Nor where Ctrl-C is ignored
+    (under nohup)."""
+    default = signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    if name == "__main__" and default:
         signal.signal(signal.SIGINT, _interrupted_while_starting)
 
 
@@ -352,18 +338,17 @@ def cli_main(main, argv=None):
         on_term = False
     try:
         main(sys.argv[1:] if argv is None else argv)
-        if _distributed() is not None:
-            # under torchrun: end now, the work is done
-            # (see distributed.finish)
-            _distributed().finish()
+        if _launched():
+            # under torchrun: end now, the work is done (distributed.finish)
+            _exit_now(0)
     except UserError as e:
         # one write: ranks' lines never interleave
-        sys.stderr.write(f"error: {_rank_prefix()}{e}\n")
+        sys.stderr.write(f"error: {e}\n")
         _exit(2)
     except OSError as e:
         where = f"{e.filename}: " if e.filename else ""
         reason = e.strerror or e
-        sys.stderr.write(f"error: {_rank_prefix()}{where}{reason}\n")
+        sys.stderr.write(f"error: {where}{reason}\n")
         _exit(2)
     except KeyboardInterrupt as e:
         # _terminate ran
@@ -380,7 +365,7 @@ def cli_main(main, argv=None):
         _exit(143 if term else 130)
     # a crash under torchrun: its traceback, then end at once (see _exit)
     except Exception:
-        if _distributed() is None or _distributed().world_size() == 1:
+        if _world_size() == 1:
             raise
         traceback.print_exc()
         _exit(1)
@@ -393,21 +378,29 @@ def cli_main(main, argv=None):
             signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
-def _distributed():
-    """scale/distributed.py if this process loaded it (configurator itself
-    must not import torch: it is imported first so that a Ctrl-C during
-    the slow imports is one line)."""
-    return sys.modules.get("scale.distributed")
+# configurator imports no torch (a script imports it before the slow
+# imports): what torchrun tells each process is read from its environment,
+# as scale/distributed.launched does.
+def _launched():
+    """Started by torchrun (RANK, WORLD_SIZE and LOCAL_RANK set)?"""
+    return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
 
 
-def _rank_prefix():
-    d = _distributed()
-    return f"rank {d.rank()}: " if d is not None and d.world_size() > 1 else ""
+def _world_size():
+    return int(os.environ["WORLD_SIZE"]) if _launched() else 1
 
 
 def _exit(code):
     """sys.exit(code); under torchrun os._exit, so that the other ranks are
     not left waiting in a collective for this one (distributed.fail)."""
-    if _distributed() is not None:
-        _distributed().fail(code)
+    if _world_size() > 1:
+        _exit_now(code)
     sys.exit(code)
+
+
+def _exit_now(code):
+    """os._exit after flushing: no interpreter finalisation, where torchrun's
+    process group can wait on other ranks or abort (distributed.finish)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -18,7 +18,8 @@ half-written; what a killed export left, the next one removes.
 --ckpt=RUN/ckpt_000100.pt exports that checkpoint into RUN.
 """
 # configurator first: a Ctrl-C during the slow imports below (torch) is one line, not a traceback
-from configurator import UserError, check, cli_main, configure
+from configurator import UserError, check, cli_main, configure, quiet_start
+quiet_start(__name__)
 import json
 import os
 import signal

@@ -38,7 +38,6 @@ from contextlib import contextmanager
 
 import torch
 
-from configurator import UserError
 from lora import lora_modules
 
 
@@ -73,17 +72,14 @@ class GhostHooks:
         # put back by remove()
         self.handles, self.weights = [], {}
         for name, m in lora_modules(model).items():
-            # a dropped x is not the gradient's x
-            if m.lora_dropout.p > 0 and m.training:
-                raise UserError("ghost hooks need lora_dropout=0")
+            # a dropped x is not the gradient's x (checks/ refuse tracin with dropout)
+            assert m.lora_dropout.p == 0 or not m.training, "hooks need lora_dropout=0"
             hook_A = m.lora_A.register_forward_hook(self._hook_A(name))
             hook_B = m.lora_B.register_forward_hook(self._hook_B(name))
             self.handles += [hook_A, hook_B]
             weights = (m.lora_A.weight, m.lora_B.weight)
             self.weights |= {w: w.requires_grad for w in weights}
-        if not self.handles:
-            raise UserError("no LoRA layers to hook: "
-                            "call lora.apply_lora(model, ...) first")
+        assert self.handles, "no LoRA layers to hook: call lora.apply_lora(model, ...) first"
         self.split = "train"
 
     @property
@@ -142,9 +138,7 @@ class GhostHooks:
         """{layer: (x, gA, h, gB)} with micro-batches concatenated along the
         sample axis."""
         xs, gAs, hs, gBs = self.buffers(split)
-        if not xs:
-            raise RuntimeError(f"nothing captured for split {split!r}: "
-                               "run a forward+backward first")
+        assert xs, f"nothing captured for split {split!r}: run a forward+backward first"
         # backward visits micro-batches in the order their forwards ran,
         # so list positions pair up; one micro-batch: no copy
         cat = lambda ts: ts[0] if len(ts) == 1 else torch.cat(ts)
@@ -236,9 +230,7 @@ def compute_ghost_inner_product_matrix(train, val, layer_filter=None):
     (filtered) LoRA parameters, from GhostHooks.collect() dicts
     {layer: (x, gA, h, gB)}; float32, NaN/Inf kept (callers check)."""
     names = [n for n in train if layer_filter is None or layer_filter in n]
-    if not names:
-        raise UserError(f"layer_filter {layer_filter!r} matches no LoRA "
-                        f"layer (layers: {list(train)[:4]} ...)")
+    assert names, f"layer_filter {layer_filter!r} matches no LoRA layer"
     total = 0
     for n in names:
         (x, gA, h, gB), (vx, vgA, vh, vgB) = train[n], val[n]
@@ -257,13 +249,11 @@ def summed_gradient(model, layer_filter=None):
     out = {}
     for name, m in lora_modules(model).items():
         a, b = m.lora_A.weight, m.lora_B.weight
-        if a.grad is None or b.grad is None:
-            raise RuntimeError(f"no gradient in {name}: "
-                               "back-propagate the summed loss first")
+        ready = a.grad is not None and b.grad is not None
+        assert ready, f"no gradient in {name}: back-propagate the summed loss first"
         if layer_filter is None or layer_filter in name:
             out[name] = (a.grad.float(), b.grad.float())  # G: float32
-        # G is read: the next backward (post-hoc: the train capture)
-        # must not add into it
+        # G is read: the next backward (post-hoc: the train capture) must not add into it
         a.grad = b.grad = None
     return out
 

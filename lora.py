@@ -17,13 +17,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from configurator import UserError
-
 
 class LoRALinear(nn.Module):
     def __init__(self, base: nn.Linear, r: int, alpha: float,
                  dropout: float = 0.0):
-        # r >= 1: checked by apply_lora (and lora_r at config time)
+        # r >= 1: lora_r is refused at config time (checks/grpo_knobs.py)
         super().__init__()
         self.base = base
         # float32 even on a bf16 base (trained weights, AdamW state:
@@ -59,45 +57,36 @@ class LoRALinear(nn.Module):
         return (self.lora_B.weight @ self.lora_A.weight) * self.scaling
 
 
-def apply_lora(model, r=8, alpha=16, dropout=0.0,
-               targets=("c_attn", "c_proj", "c_fc")):
-    """Wrap every nn.Linear whose name's last part is in `targets` (or
-    whose full name matches a target used as a regex) in a LoRALinear;
-    freeze every other parameter. Returns the names."""
-    if r <= 0:
-        raise UserError(f"LoRA rank r must be a positive integer, got r={r}")
+def targeted_linears(model, targets):
+    """The names of the nn.Linear layers apply_lora wraps: the last part
+    of the name in `targets`, or the full name matching a target used as
+    a regex; never an adapter's own lora_A / lora_B."""
     targets = [targets] if isinstance(targets, str) else list(targets)
-    for t in targets:
-        try:
-            re.compile(t)
-        except (re.error, TypeError) as e:
-            raise UserError(f"LoRA target {t!r} is neither a layer name "
-                            f"nor a valid regex ({e})") from None
 
     def targeted(n):
         last = n.split(".")[-1]
         if last.startswith("lora_"):
             return False
         return any(last == t or re.fullmatch(t, n) for t in targets)
-    linears = [n for n, m in model.named_modules() if isinstance(m, nn.Linear)]
-    names = [n for n in linears if targeted(n)]
-    if not names:
-        linear = sorted({n.split(".")[-1] for n in linears})
-        raise UserError(f"LoRA targets {targets} match no nn.Linear in the "
-                        f"model (its linear layers: {linear})")
+    return [n for n, m in model.named_modules()
+            if isinstance(m, nn.Linear) and targeted(n)]
+
+
+def apply_lora(model, r=8, alpha=16, dropout=0.0,
+               targets=("c_attn", "c_proj", "c_fc")):
+    """Wrap every targeted nn.Linear (targeted_linears) in a LoRALinear;
+    freeze every other parameter. Returns the names."""
+    assert r >= 1, f"LoRA rank r={r}"
+    names = targeted_linears(model, targets)
+    assert names, f"LoRA targets {targets} match no nn.Linear"
     for p in model.parameters():
         p.requires_grad_(False)
     for name in names:
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name)
-        try:
-            adapted = LoRALinear(getattr(parent, child), r, alpha, dropout)
-            setattr(parent, child, adapted)
         # A, B: r x (d_in + d_out) numbers a layer
-        except (RuntimeError, MemoryError) as e:
-            first_line = (str(e).splitlines() or [""])[0][:160]
-            raise UserError(f"cannot allocate a LoRA adapter of rank r={r} "
-                            f"on {name}: {first_line}; lower it") from None
+        adapted = LoRALinear(getattr(parent, child), r, alpha, dropout)
+        setattr(parent, child, adapted)
     return names
 
 
@@ -118,17 +107,8 @@ def lora_state_dict(model):
 
 def load_lora_state_dict(model, sd):
     own = lora_state_dict(model)
-    if set(own) != set(sd):
-        missing = sorted(set(own) - set(sd))
-        extra = sorted(set(sd) - set(own))
-        raise UserError(f"LoRA weights do not fit this model: "
-                        f"missing {missing[:3]}, unexpected {extra[:3]} "
-                        "(were they saved with other lora_targets?)")
-    for k, v in sd.items():
-        if own[k].shape != v.shape:
-            raise UserError(f"LoRA weight {k} has shape {tuple(v.shape)}, "
-                            f"model expects {tuple(own[k].shape)} "
-                            "(another lora_r, or a base of another shape?)")
+    fits = set(own) == set(sd) and all(own[k].shape == v.shape for k, v in sd.items())
+    assert fits, "LoRA weights do not fit this model"
     model.load_state_dict(sd, strict=False)
 
 

@@ -71,8 +71,6 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint as activation_checkpoint
 
-from configurator import UserError
-
 
 @dataclass
 class GPTConfig:
@@ -386,8 +384,7 @@ class GPT(nn.Module):
         if cache is not None:
             start, pad_left = cache.pos, cache.pad_left
         block_size = self.config.block_size
-        if start + T > block_size:
-            raise UserError(f"{start + T} tokens exceed block_size={block_size}")
+        assert start + T <= block_size, f"{start + T} tokens exceed block_size={block_size}"
         cols = torch.arange(start, start + T, device=idx.device)
         if pad_left is None and cache is None:
             # (1, T); no mask -> the fused causal kernel
@@ -444,9 +441,7 @@ def pad_id(stops):
 def pad_prompts(prompts, pad, device):
     """Left-pad token lists into one (B, P) tensor;
     returns (idx, pad_left)."""
-    if not prompts or any(len(p) == 0 for p in prompts):
-        raise UserError("every prompt must have at least one token "
-                        "(got an empty prompt)")
+    assert prompts and all(len(p) > 0 for p in prompts), "every prompt needs a token"
     P = max(len(p) for p in prompts)
     idx = torch.full((len(prompts), P), pad, dtype=torch.long)
     for i, p in enumerate(prompts):
@@ -547,18 +542,11 @@ def generate(model, prompts, max_new_tokens, eot_id, num_samples=1,
     (B, P), N = idx.shape, len(prompts) * num_samples
     L = P + max_new_tokens  # the cache's columns
     block_size = model.config.block_size
-    if max_new_tokens < 1:
-        raise UserError("max_new_tokens must be at least 1, "
-                        f"got {max_new_tokens}")
-    if L > block_size:
-        raise UserError(f"prompt of {P} tokens + "
-                        f"max_new_tokens={max_new_tokens} exceeds the "
-                        f"context of {block_size} tokens; shorten either")
+    assert max_new_tokens >= 1, f"max_new_tokens={max_new_tokens}"
+    assert L <= block_size, f"{P} + max_new_tokens={max_new_tokens} > {block_size}"
     if u is None and sampling.temperature > 0:
         u = torch.rand(max_new_tokens, N, device=device)  # (S, N)
-    if u is not None and tuple(u.shape) != (max_new_tokens, N):
-        raise ValueError("u must be (max_new_tokens, rows) = "
-                         f"({max_new_tokens}, {N}), got {tuple(u.shape)}")
+    assert u is None or u.shape == (max_new_tokens, N), "u must be (max_new_tokens, rows)"
     was_training = model.training
     model.eval()
     cache_len = decode.cache_len(L) if decode else L  # compiled: bucketed

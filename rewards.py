@@ -18,6 +18,7 @@ config without touching the training loop.
 import collections
 import operator
 import re
+from dataclasses import dataclass, field
 from fractions import Fraction
 
 # One rule for digits in every reward: only ASCII 0-9 make a number.
@@ -190,7 +191,9 @@ _TOKEN_RE = re.compile(rf"{DIGIT}+|[-+*/()]|[ \t\r\n]+")
 
 
 class _Reject(Exception):
-    """Not a valid countdown expression; always caught inside countdown_reward."""
+    """Not a valid countdown expression: the parser's internal control flow
+    (raised deep in the recursion, always caught inside countdown_reward,
+    which scores 0.0); never a refusal a caller sees."""
 
 
 def _tokenize(text: str) -> list:
@@ -290,8 +293,9 @@ def _countdown_value(text: str, numbers) -> Fraction | None:
 
 
 def _countdown_answer(answer):
-    """(numbers, target) as ints;
-    a malformed answer is a dataset bug: ValueError."""
+    """(numbers, target) as ints; a malformed answer is a dataset bug:
+    ValueError, the reward's "cannot score this" that compute_rewards
+    counts in errors[name] (one bad row does not stop a run)."""
     try:  # operator.index: ints, and numpy ints from a parquet file, but not floats
         numbers, target = answer
         # text is not a list of numbers (bytes would iterate as ints),
@@ -431,6 +435,16 @@ REWARD_FUNCS = {
 }
 
 
+@dataclass
+class RewardCache:
+    """Scores kept across steps (the reward functions are pure):
+    scores[(name, completion, answer)] = (value, raised); hits / lookups:
+    how often a score was found there (the log's rewards/cache_hit_rate)."""
+    scores: dict = field(default_factory=dict)
+    hits: int = 0
+    lookups: int = 0
+
+
 def compute_rewards(completions, answers, reward_funcs, reward_weights,
                     cache=None):
     """Score every completion with every named reward function
@@ -441,30 +455,23 @@ def compute_rewards(completions, answers, reward_funcs, reward_weights,
     a run). A function returns None for "cannot score this one": NaN in
     per_func, left out of the total (TRL's nansum); no function scoring it
     gives a NaN total (advantages skip it).
-    cache: the caller's dict (name, completion, answer) -> (value, raised)
-    across calls (the functions are pure); its "hits" / "lookups" count how
-    often that saved a call. The names (known, distinct) are checked at
-    config time (checks/grpo_knobs.py), the counts here (zip drops)."""
-    one_weight_each = len(reward_weights) == len(reward_funcs)
-    one_answer_each = len(completions) == len(answers)
-    if not one_weight_each or not one_answer_each:
-        raise ValueError("one weight per reward function and one answer "
-                         "per completion are needed")
+    cache: the caller's RewardCache, or None. The names (known, distinct)
+    and the counts are the caller's (checks/grpo_knobs.py checks the
+    names at config time)."""
+    assert len(reward_weights) == len(reward_funcs), "one weight per reward function"
+    assert len(completions) == len(answers), "one answer per completion"
     # a bound on memory: afresh, counts kept
-    if cache is not None and len(cache) > CACHE_SIZE:
-        counts = {k: cache.get(k, 0) for k in ("hits", "lookups")}
-        cache.clear()
-        cache.update(counts)
+    if cache is not None and len(cache.scores) > CACHE_SIZE:
+        cache.scores.clear()
     totals, scored = [0.0] * len(completions), [False] * len(completions)
     per_func, errors = {}, {}
     for name, weight in zip(reward_funcs, reward_weights):
-        # looked up per call: tests monkeypatch it
         fn, per_func[name], errors[name] = REWARD_FUNCS[name], [], 0
         for i, (completion, answer) in enumerate(zip(completions, answers)):
             key = (name, completion, answer)
-            if cache is not None and key in cache:
-                value, raised = cache[key]
-                cache["hits"] = cache.get("hits", 0) + 1
+            if cache is not None and key in cache.scores:
+                value, raised = cache.scores[key]
+                cache.hits += 1
             else:
                 try:
                     value = fn(completion, answer)
@@ -473,9 +480,9 @@ def compute_rewards(completions, answers, reward_funcs, reward_weights,
                 except Exception:
                     value, raised = 0.0, True
                 if cache is not None:
-                    cache[key] = (value, raised)
+                    cache.scores[key] = (value, raised)
             if cache is not None:
-                cache["lookups"] = cache.get("lookups", 0) + 1
+                cache.lookups += 1
             errors[name] += raised
             per_func[name].append(value)
             if value == value:  # not NaN: this function scored it

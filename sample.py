@@ -15,7 +15,8 @@ or a Hugging Face directory. The sampling itself is model.generate
 # configurator first: a Ctrl-C during the slow imports below (torch)
 # is one line, not a traceback
 from configurator import (UserError, check, check_finite, check_positive,
-                          configure, cli_main)
+                          configure, cli_main, quiet_start)
+quiet_start(__name__)
 
 from data.datadir import load_split
 from data.prompts import encode_prompt, decode_completions, stop_tokens
@@ -87,6 +88,11 @@ def main(argv):
             test = load_split(task_data("arith", data_dir), "test")
             questions = [e["question"] for e in test[:cfg["num_questions"]]]
         prompts = [encode_prompt(enc, q) for q in questions]
+    # the prompt and its completion share the context (the KV cache's columns)
+    longest, block = max(len(p) for p in prompts), model.config.block_size
+    if longest + cfg["max_new_tokens"] > block:
+        raise UserError(f"prompt of {longest} tokens + max_new_tokens={cfg['max_new_tokens']} "
+                        f"exceeds the context of {block} tokens; shorten either")
     try:
         sampling = Sampling(temperature=cfg["temperature"], top_k=cfg["top_k"] or None,
                             top_p=cfg["top_p"], vocab_size=enc.n_vocab)

@@ -17,7 +17,8 @@ test accuracy every eval_interval, and writes out_dir/ckpt.pt atomically
 from configurator import (Interrupted, UserError, check, check_adam_lr,
                           check_choice, check_decay, check_finite,
                           check_nonnegative, check_positive, cli_main,
-                          configure)
+                          configure, quiet_start)
+quiet_start(__name__)
 import math
 import os
 import random

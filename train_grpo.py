@@ -31,7 +31,8 @@ each `del` says what it frees.
 """
 # configurator first: a Ctrl-C during the slow imports below (torch)
 # is one line, not a traceback
-from configurator import Interrupted, UserError, check, cli_main, configure
+from configurator import Interrupted, UserError, check, cli_main, configure, quiet_start
+quiet_start(__name__)
 import json
 import random
 import time
@@ -52,10 +53,11 @@ from data.tasks import TASKS
 from grpo import PhaseTimer, Prompts, StepResult, grpo_updates, make_rollouts
 from lora import apply_lora, lora_parameters
 from model import NonFiniteLogits
+from rewards import RewardCache
 from runs.checkpoint import CheckpointWriteError
 import runs.evaluate  # (its EVAL_BATCH, named in place: a global number here would be a knob)
 from runs.evaluate import eval_line, get_lr
-from runs.loading import base_to_train, frozen_base, nonfinite_weight
+from runs.loading import base_to_train, check_lora, frozen_base, nonfinite_weight
 from runs.metrics import NoSignal, Skips, print_step, rollout_record, step_log
 from runs.rundir import close_logs, open_logs, refuse_existing_run, run_lock, stop_note
 from runs.state import Run, load_resume, restore, resumed_base, save_run, saved_config
@@ -256,6 +258,7 @@ def setup(cfg, amp, resume):
     longest = check_question_lengths(cfg, model, enc, splits, data_dir)
     check_sampling_cache(cfg, model, longest, runs.evaluate.EVAL_BATCH)  # before iter 0
     defective = draw_defective(splits["train"], cfg["defect_frac"], cfg["seed"], cfg["task"])
+    check_lora(model, cfg["lora_r"], cfg["lora_targets"])  # before any allocation
     torch.manual_seed(cfg["seed"])  # the LoRA initialisation
     apply_lora(model, cfg["lora_r"], cfg["lora_alpha"], cfg["lora_dropout"], cfg["lora_targets"])
     model.to(device)
@@ -265,7 +268,7 @@ def setup(cfg, amp, resume):
                                   weight_decay=cfg["weight_decay"])
     rng = random.Random(cfg["seed"])  # the prompts
     generator = torch.Generator(device=device).manual_seed(cfg["seed"])  # the completions
-    reward_cache = {} if cfg["reward_cache"] else None
+    reward_cache = RewardCache() if cfg["reward_cache"] else None
     fingerprint = bound_data(data_dir, resume)  # resumed: its data, unchanged
     encode = partial(encode_prompt, enc)
     curriculum, test = from_config(cfg, data_dir, encode, model.config.block_size, splits["train"])

@@ -14,7 +14,8 @@ base (train_base.py's ckpt.pt) or a GRPO run's adapter on its base, each answer 
 Also the share of all the <think>'s equations that are false (rewards.think_steps).
 """
 # configurator first: a Ctrl-C during the slow imports below (torch) is one line, not a traceback
-from configurator import UserError, cli_main
+from configurator import UserError, cli_main, quiet_start
+quiet_start(__name__)
 
 import torch
 

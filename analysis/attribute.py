@@ -14,7 +14,8 @@ greedily with the final model, prints the top rollouts and writes a JSON file pe
 ranks the rollouts by their influence summed over the final model's wrong test answers.
 """
 # configurator first: a Ctrl-C during the slow imports below (torch) is one line, not a traceback
-from configurator import UserError, check, check_choice, cli_main, configure
+from configurator import UserError, check, check_choice, cli_main, configure, quiet_start
+quiet_start(__name__)
 import glob
 import hashlib
 import json
@@ -32,7 +33,7 @@ from analysis.audit import (LOSSES, TARGETS, audit_tests, defect_targets, detect
 from analysis.plot import has_matplotlib, plot_influence
 from analysis.report import write_report
 from data.tasks import load_task_split
-from runs.checkpoint import load_checkpoint
+from runs.checkpoint import load_adapter, load_checkpoint
 from runs.metrics import read_records
 from runs.rundir import reader_lock, run_files, unused_out_dir, write_json
 from data.prompts import encode_prompt, encode_text, stop_tokens
@@ -90,7 +91,7 @@ def find_critical_samples(model, checkpoints, train_samples, test_samples, enc, 
             state = load(ckpt) if isinstance(ckpt, str) else ckpt
             lora = state["lora"] if "lora" in state else state
             try:  # named: one checkpoint of many (a base's, another run's); tracin_cp loads it again
-                load_lora_state_dict(model, lora)
+                load_adapter(model, lora)
             except UserError as e:
                 raise UserError(f"checkpoint {name}: {e}") from None
             eta = learning_rates[t] if learning_rates is not None else state.get("lr", 1.0)

@@ -21,10 +21,12 @@ the wrong reference rewarded it (defect_targets). Reported: the targets' share a
 the advantage alone, the floor (every target has A > 0), and each AUC among the rollouts with A > 0.
 Measured on experiment C's runs in docs/experiments.md (the advantage alone ranks best there).
 """
+# configurator first: a Ctrl-C during the slow imports below (torch) is one line, not a traceback
+from configurator import UserError, cli_main, quiet_start
+quiet_start(__name__)
 import numpy as np
 
 from tracin import nll_row
-from configurator import UserError, cli_main
 from rewards import REWARD_FUNCS
 from data.prompts import encode_prompt, encode_text, stop_tokens
 from model import Sampling, generate

@@ -12,7 +12,8 @@ the task); --base_ckpt: that base where it is now, if it moved. --out is never a
 did not write. Needs matplotlib (pip install matplotlib).
 """
 # configurator first: a Ctrl-C during the slow imports below (torch) is one line, not a traceback
-from configurator import UserError, cli_main
+from configurator import UserError, cli_main, quiet_start
+quiet_start(__name__)
 import os
 import textwrap
 

@@ -14,7 +14,8 @@ The figure: hackable reward, true accuracy and hack rate against steps (moving a
 per run, one colour per method. --out is never a file this script did not write.
 """
 # configurator first: a Ctrl-C during the slow imports below (torch) is one line, not a traceback
-from configurator import UserError, cli_main
+from configurator import UserError, cli_main, quiet_start
+quiet_start(__name__)
 import os
 
 import torch

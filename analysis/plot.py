@@ -16,7 +16,8 @@ audit), analysis/plot.py draws it again, their scores summed.
 Needs matplotlib, which requirements.txt leaves optional: pip install matplotlib.
 """
 # configurator first: a Ctrl-C during the imports below is one line, not a traceback
-from configurator import UserError, cli_main
+from configurator import UserError, cli_main, quiet_start
+quiet_start(__name__)
 import json
 import math
 import os

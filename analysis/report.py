@@ -6,12 +6,14 @@ One file, inline CSS only: no script, no external stylesheet, font or image, so 
 prints, and can be mailed. Every text that comes from a run or a user (questions, prompts, completions,
 paths) goes through esc(): a completion that says `<script>` or `</table>` is shown, never obeyed.
 """
+# configurator first: a Ctrl-C during the imports below is one line, not a traceback
+from configurator import UserError, cli_main, quiet_start
+quiet_start(__name__)
 import html
 import os
 import unicodedata
 
 from analysis.outputs import file_beside, put_in_place
-from configurator import UserError, cli_main
 
 CSS = """
 body { font: 14px/1.4 sans-serif; max-width: 1100px; margin: 1em auto; color: #111; }

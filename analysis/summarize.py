@@ -8,7 +8,9 @@ last evaluation no later than the fastest run's total time), mean seconds per st
 rate and selection precision (TracIn runs with a planted defect). A run with no evaluation in its log
 (interrupted before the first one) shows '-' for the accuracies and does not count for the equal wall time.
 """
-from configurator import UserError, cli_main
+# configurator first: a Ctrl-C during the imports below is one line, not a traceback
+from configurator import UserError, cli_main, quiet_start
+quiet_start(__name__)
 from analysis.plot import is_number, load_log  # the same checks on a run directory (plot imports matplotlib only to draw)
 
 

@@ -20,7 +20,8 @@ context), so that a run train_grpo.py refuses gets no prediction. The terms:
 prompt_len is the longest prompt in tokens (chat template, instruction and question): an assumption to state.
 """
 # configurator first: a Ctrl-C during the slow imports below (torch) is one line, not a traceback
-from configurator import UserError, check, cli_main, configure
+from configurator import UserError, check, cli_main, configure, quiet_start
+quiet_start(__name__)
 import os
 import subprocess
 import sys
@@ -32,6 +33,7 @@ from bench.scripts import GRPO_DEFAULTS
 from lora import apply_lora, lora_parameters
 from model import GPT, GPTConfig
 from runs.checkpoint import load_checkpoint
+from runs.loading import check_lora
 from pretrained.hfconfig import hf_config_args, read_object
 from checks.grpo_knobs import validate
 from scale.device import bf16_is_fast, check_device_name, check_dtype
@@ -123,6 +125,7 @@ def predict(cfg, prompt_len):
     dtype, why = predicted_dtype(cfg)
     with torch.device("meta"):  # shapes only: no memory is allocated
         model = GPT(GPTConfig(**args))
+        check_lora(model, cfg["lora_r"], cfg["lora_targets"])
         apply_lora(model, cfg["lora_r"], cfg["lora_alpha"], 0.0, cfg["lora_targets"])
     n_lora = sum(p.numel() for p in lora_parameters(model))
     n_base = sum(p.numel() for p in model.parameters()) - n_lora

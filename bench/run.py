@@ -59,6 +59,9 @@ import warnings
 if __package__ in (None, ""):  # run as a file (python bench/run.py): the project root on the path
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+# configurator first: a Ctrl-C during the slow imports below (torch) is one line, not a traceback
+from configurator import UserError, check, check_finite, cli_main, configure, quiet_start  # noqa: E402
+quiet_start(__name__)
 import torch
 from torch.func import functional_call, grad, vmap
 
@@ -68,7 +71,6 @@ from bench.memory import bench_memory, bench_throughput
 from bench.posthoc import bench_posthoc
 from bench.scripts import train_missing_base
 from bench.step import bench_model, bench_rewards, bench_step_cost, check_step_tokens, timed
-from configurator import UserError, check, check_finite, cli_main, configure
 from data.tasks import PROJECT
 from ghost import compute_ghost_inner_product_matrix, install_ghost_hooks
 from grpo import Divisors, LossKnobs, completion_logprobs, grpo_loss, selective_log_softmax

@@ -23,7 +23,8 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the project root
-from configurator import check, check_choice, cli_main, configure  # noqa: E402
+from configurator import check, check_choice, cli_main, configure, quiet_start  # noqa: E402
+quiet_start(__name__)  # a Ctrl-C during the slow imports below (torch) is one line
 import torch  # noqa: E402
 
 from bench.half import halved  # noqa: E402

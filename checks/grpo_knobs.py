@@ -19,6 +19,7 @@ from runs.checkpoint import load_checkpoint
 from rewards import REWARD_FUNCS
 from model import MIN_TEMPERATURE
 from runs.base import base_exists
+from runs.loading import check_lora_targets
 from scale import compiled, distributed
 
 
@@ -105,6 +106,7 @@ def validate(cfg):
     check(cfg, "reward_weights", sum(abs(w) for w in weights) <= 1e18,
           "must add up (in absolute value) to at most 1e18: a larger reward overflows float32")
     check(cfg, "lora_targets", len(cfg["lora_targets"]) > 0, "name at least one layer, e.g. ('c_attn',)")
+    check_lora_targets(cfg["lora_targets"])
     if cfg["compile"]:  # torch.compile and a C++ compiler where it runs on CPU (scale/compiled.py)
         compiled.check_compile(cfg["device"])
     if cfg["tracin"] and (cfg["grad_checkpoint"] or cfg["lora_dropout"] > 0):

@@ -12,9 +12,11 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# configurator first: a Ctrl-C during the slow imports below (torch) is one line, not a traceback
+from configurator import UserError, cli_main, quiet_start  # noqa: E402
+quiet_start(__name__)
 from tracin import trapezoid_steps  # noqa: E402
 from analysis.audit import defect_targets, detection_table  # noqa: E402
-from configurator import UserError, cli_main  # noqa: E402
 
 
 def weightings(a):

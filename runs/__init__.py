@@ -2,7 +2,8 @@
 
     base.py     a run's base: what an adapter is bound to, where the base is now (every script's resolver)
     loading.py  what a run stands on: load_base, load_policy (every script); base_to_train and
-                load_frozen_base / frozen_base (train_grpo.py)
+                load_frozen_base / frozen_base (train_grpo.py); check_lora, lora.apply_lora's inputs refused
+                by name
     state.py    a GRPO run's state (Run), its checkpoints (save_run) and resuming it (load_resume, restore)
     evaluate.py evaluate (greedy accuracy, pass@k) and get_lr, for both training scripts
     rundir.py   the out_dir lock, refusal of an old run's files, crash-tolerant JSONL, a resume's rewind

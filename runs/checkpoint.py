@@ -1,7 +1,8 @@
 """
 Checkpoint files, for every script: written atomically (a crash leaves the previous file whole),
 read with torch.load(weights_only=True) (no arbitrary code) and one-line errors, a GPT built from a
-train_base.py checkpoint, and the fingerprint that binds an adapter to its base's weights.
+train_base.py checkpoint, a GRPO checkpoint's adapter put on a model (load_adapter: one line where it
+does not fit), and the fingerprint that binds an adapter to its base's weights.
 Nothing here runs inside a step: train_base.py and train_grpo.py (runs/state.save_run) save, every script loads.
 """
 import hashlib
@@ -11,6 +12,7 @@ import os
 import torch
 
 from configurator import UserError
+from lora import load_lora_state_dict, lora_state_dict
 from model import GPT, GPTConfig
 from pretrained.hf import hf_tensors
 
@@ -54,6 +56,21 @@ def load_checkpoint(path, map_location="cpu"):
     if not isinstance(ckpt, dict):  # a bare tensor or list saved with torch.save
         raise UserError(f"{path} holds a {type(ckpt).__name__}, not a checkpoint (a dict)")
     return ckpt
+
+
+def load_adapter(model, sd):
+    """A checkpoint's LoRA weights into the model's adapter (lora.load_lora_state_dict), refused in one
+    line unless each weight the model has is there, in its shape, and no other."""
+    own = lora_state_dict(model)
+    if set(own) != set(sd):
+        missing, extra = sorted(set(own) - set(sd)), sorted(set(sd) - set(own))
+        raise UserError(f"LoRA weights do not fit this model: missing {missing[:3]}, unexpected {extra[:3]} "
+                        "(were they saved with other lora_targets?)")
+    for k, v in sd.items():
+        if own[k].shape != v.shape:
+            raise UserError(f"LoRA weight {k} has shape {tuple(v.shape)}, model expects {tuple(own[k].shape)} "
+                            "(another lora_r, or a base of another shape?)")
+    load_lora_state_dict(model, sd)
 
 
 def model_from_checkpoint(ckpt, path="checkpoint", **overrides):

@@ -2,9 +2,11 @@
 Loading what a run stands on, for every script: a base model (a train_base.py checkpoint or a Hugging
 Face directory) with its tokenizer and data (load_base), a GRPO run's policy, its adapter on that base
 (load_policy: sampling, attribution, export, figures), and train_grpo.py's frozen base (base_to_train:
-whether and how train_grpo.py trains a missing tiny base first; load_frozen_base).
+whether and how train_grpo.py trains a missing tiny base first; load_frozen_base). check_lora refuses by
+name what lora.apply_lora would fail on (targets, memory), before it runs.
 """
 import os
+import re
 import shlex
 
 import torch
@@ -12,9 +14,9 @@ import torch
 from configurator import UserError, read_config_file
 from data.datadir import check_task_data, load_tokenizer
 from data.tasks import load_task_split, resolve_data_dir, set_instruction, task_data
-from lora import apply_lora, load_lora_state_dict, merge_lora
+from lora import apply_lora, merge_lora, targeted_linears
 from pretrained.hf import from_pretrained
-from runs.checkpoint import base_fingerprint, load_checkpoint, model_from_checkpoint
+from runs.checkpoint import base_fingerprint, load_adapter, load_checkpoint, model_from_checkpoint
 from pretrained.tokenizer import load_hf_tokenizer
 from runs.base import base_exists, base_identity, check_same_base, resolve_base
 from scale import distributed
@@ -58,11 +60,44 @@ def load_policy(ckpt_path, device="cpu", merge=False, base_ckpt=""):
     set_instruction(enc, cfg.get("task", "arith"))  # the run's prompts
     # the adapter is bound to the base's weights, configuration and tokenizer: any change is refused by name
     check_same_base(ckpt, ckpt_path, base_identity(base_fingerprint(base_path, model), model, enc), base_path)
+    check_lora(model, cfg["lora_r"], cfg["lora_targets"])
     apply_lora(model, cfg["lora_r"], cfg["lora_alpha"], 0.0, cfg["lora_targets"])
-    load_lora_state_dict(model, ckpt["lora"])
+    load_adapter(model, ckpt["lora"])
     if merge:
         merge_lora(model)
     return model.to(device).eval(), enc, data_dir
+
+
+def check_lora_targets(targets):
+    """Each of lora_targets a layer name or a regex (lora.targeted_linears reads it as both)."""
+    for t in targets:
+        try:
+            re.compile(t)
+        except (re.error, TypeError) as e:
+            raise UserError(f"LoRA target {t!r} is neither a layer name nor a valid regex ({e})") from None
+
+
+def check_lora(model, r, targets):
+    """What lora.apply_lora(model, r, ..., targets) needs, refused in one line before it runs: targets
+    that name nn.Linear layers of this model, and memory for their adapters, A (r, d_in) and B (d_out, r)
+    a layer, all held at once as apply_lora holds them (then freed: apply_lora allocates its own)."""
+    targets = [targets] if isinstance(targets, str) else list(targets)
+    check_lora_targets(targets)
+    names = targeted_linears(model, targets)
+    if not names:
+        linear = sorted({n.split(".")[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)})
+        raise UserError(f"LoRA targets {targets} match no nn.Linear in the model (its linear layers: {linear})")
+    held = []
+    for name in names:
+        base = model.get_submodule(name)
+        try:
+            held += [torch.empty(r, base.in_features, device=base.weight.device),
+                     torch.empty(base.out_features, r, device=base.weight.device)]
+        except (RuntimeError, MemoryError) as e:
+            first_line = (str(e).splitlines() or [""])[0][:160]
+            raise UserError(f"cannot allocate a LoRA adapter of rank r={r} on {name}: {first_line}; "
+                            "lower it") from None
+    del held  # the memory apply_lora takes next
 
 
 def nonfinite_weight(model, adapter=None):

@@ -36,7 +36,7 @@ def step_log(rollouts, result, cfg, cache=None):
     return {"loss": loss, "reward": scored.mean().item(), "reward_std": scored.std().item(),
             **{f"rewards/{k}": nanmean(v) for k, v in per_fn.items()}, "rewards/unscored": n - scored.numel(),
             **{f"rewards/{k}": v for k, v in (rollouts.parse_counts or {}).items()},  # countdown: parsed?
-            **({"rewards/cache_hit_rate": cache.get("hits", 0) / cache["lookups"]} if cache and cache.get("lookups") else {}),
+            **({"rewards/cache_hit_rate": cache.hits / cache.lookups} if cache is not None and cache.lookups else {}),
             "accuracy": nanmean(per_fn[correct]) if (correct := TASKS[cfg.get("task", "arith")]["correct"]) in per_fn
             else float("nan"),
             **hack_rates(per_fn),

@@ -15,9 +15,9 @@ import torch
 
 from configurator import UserError
 from data.tasks import portable_path, resolve_data_dir
-from lora import load_lora_state_dict, lora_state_dict
+from lora import lora_state_dict
 from runs.base import resolve_base
-from runs.checkpoint import load_checkpoint, save_checkpoint
+from runs.checkpoint import load_adapter, load_checkpoint, save_checkpoint
 from runs.rundir import rewind
 from scale import distributed
 
@@ -83,7 +83,7 @@ def resumed_base(cfg, resume):
 def restore(run, resume, cfg):
     """The saved adapter, optimizer, random streams, step counter and curriculum level into `run`;
     the log lines and checkpoints written after ckpt.pt dropped (that work is redone)."""
-    load_lora_state_dict(run.model, resume["lora"])
+    load_adapter(run.model, resume["lora"])
     try:
         run.optimizer.load_state_dict(resume["optimizer"])
         run.rng.setstate(resume["rng"]["python"])

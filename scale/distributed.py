@@ -246,9 +246,21 @@ def main_first():
 @contextmanager
 def process_group(device):
     """`with process_group(device) as device:` setup() on entry (yields this rank's device), teardown()
-    at the end. Not after an error: the group stays up for the error handler (configurator.cli_main
-    -> fail), since destroying it can wait on ranks that are still working."""
-    yield setup(device)[2]
+    at the end. A refusal or an OS error in the block, with more than one rank, names the rank that
+    meets it (`error: rank 1: ...`: every rank may print its line). Not torn down after an error: the
+    group stays up while configurator.cli_main ends the process at once (os._exit, as fail does),
+    since destroying it can wait on ranks that are still working."""
+    try:
+        yield setup(device)[2]
+    except UserError as e:
+        if world_size() == 1:
+            raise
+        raise UserError(f"rank {rank()}: {e}") from None
+    except OSError as e:  # said as cli_main says it, the rank first
+        if world_size() == 1:
+            raise
+        where = f"{e.filename}: " if e.filename else ""
+        raise UserError(f"rank {rank()}: {where}{e.strerror or e}") from None
     teardown()
 
 

@@ -59,14 +59,33 @@ def test_ctrl_c_while_importing_is_one_line(tmp_path, argv, slow):
                                               "done"], err
 
 
-def test_a_tool_installed_inside_the_project_keeps_its_own_ctrl_c():
+def test_quiet_start_acts_only_for_the_script_run():
+    """A script asks for its start-up Ctrl-C in one line, quiet_start(__name__): imported (a test, a
+    tool, another script) nothing changes; run as a script, the one-line handler until cli_main."""
     import configurator
-    here = os.path.join(ROOT, "analysis", "plot.py")
-    assert configurator._started_here(here)
-    assert configurator._started_here(os.path.join(ROOT, "train_grpo.py"))
-    for tool in (".venv/lib/python3/site-packages/pytest/__main__.py", "venv/bin/pytest",
-                 "../elsewhere.py"):
-        assert not configurator._started_here(os.path.join(ROOT, tool)), tool
+    try:
+        for name in ("train_grpo", "analysis.plot", "my_demo"):
+            configurator.quiet_start(name)
+            assert signal.getsignal(signal.SIGINT) is signal.default_int_handler, name
+        configurator.quiet_start("__main__")
+        assert signal.getsignal(signal.SIGINT) is configurator._interrupted_while_starting
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+IMPORTS = "import {}; import signal; print(signal.getsignal(signal.SIGINT))"
+
+
+@pytest.mark.parametrize("modules", ["grpo, tracin, model, lora, ghost, rewards",
+                                     "configurator, train_grpo, sample, analysis.plot"])
+def test_importing_the_lecture_or_a_script_changes_no_signal_handler(modules):
+    """Before: importing any file that imported configurator replaced SIGINT in a student's own
+    script (a later Ctrl-C was os._exit(130): no traceback, no clean-up)."""
+    default = lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)  # noqa: E731 (not ignored: nohup)
+    r = subprocess.run([sys.executable, "-c", IMPORTS.format(modules)], cwd=ROOT, capture_output=True,
+                       text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"}, preexec_fn=default)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == str(signal.default_int_handler), r.stdout
 
 
 def test_tracin_imports_nothing_from_the_tools_that_import_it():

@@ -12,6 +12,7 @@
 #   - targets: names counted from model.named_modules() by hand;
 #   - state dicts: the logits of the model the adapter was saved from.
 import copy
+import re
 
 import pytest
 import torch
@@ -28,6 +29,8 @@ from lora import (
     lora_state_dict,
     merge_lora,
 )
+from runs.checkpoint import load_adapter
+from runs.loading import check_lora
 
 DEFAULT_TARGETS = ("c_attn", "c_proj", "c_fc")
 
@@ -198,10 +201,15 @@ def test_targets_string_regex_and_default(make_gpt):
     assert not isinstance(model.lm_head, LoRALinear)
 
 
-def test_targets_matching_nothing_raises(tiny_gpt):
-    with pytest.raises(UserError) as excinfo:
+def test_targets_matching_nothing_are_refused_before_apply_lora(tiny_gpt):
+    """runs/loading.check_lora refuses them in one line (train_grpo.py, load_policy, bench/predict call
+    it first); apply_lora itself trusts its arguments (an assert)."""
+    with pytest.raises(AssertionError):
         apply_lora(tiny_gpt, r=4, targets=("q_proj", "v_proj"))
+    with pytest.raises(UserError) as excinfo:
+        check_lora(tiny_gpt, 4, ("q_proj", "v_proj"))
     msg = str(excinfo.value)
+    assert msg.startswith("LoRA targets ['q_proj', 'v_proj'] match no nn.Linear in the model (its linear layers: ")
     for layer in ("c_attn", "c_proj", "c_fc", "lm_head"):   # it names the model's linear layers
         assert layer in msg
     assert "q_proj" in msg
@@ -210,8 +218,9 @@ def test_targets_matching_nothing_raises(tiny_gpt):
 
 
 @pytest.mark.parametrize("r", [0, -1])
-def test_bad_rank_raises(tiny_gpt, r):
-    with pytest.raises(UserError, match="rank"):
+def test_bad_rank_is_a_programming_error(tiny_gpt, r):
+    """lora_r is refused at config time (checks/grpo_knobs.validate)."""
+    with pytest.raises(AssertionError, match="rank"):
         apply_lora(tiny_gpt, r=r)
     assert not lora_modules(tiny_gpt)
     assert all(p.requires_grad for p in tiny_gpt.parameters())
@@ -252,8 +261,12 @@ def test_load_lora_state_dict_other_rank_raises(make_gpt):
     apply_lora(src, r=4)
     dst = make_gpt()
     apply_lora(dst, r=8)
-    with pytest.raises(UserError, match="shape"):
+    with pytest.raises(AssertionError):
         load_lora_state_dict(dst, lora_state_dict(src))
+    key = "transformer.h.0.attn.c_attn.lora_A.weight"  # a checkpoint's adapter enters at load_adapter
+    with pytest.raises(UserError, match=re.escape(f"LoRA weight {key} has shape (4, 32), model expects (8, 32) "
+                                                  "(another lora_r, or a base of another shape?)")):
+        load_adapter(dst, lora_state_dict(src))
 
 
 @pytest.mark.parametrize("src_targets, dst_targets", [
@@ -267,7 +280,10 @@ def test_load_lora_state_dict_other_targets_raises(make_gpt, src_targets, dst_ta
     dst = make_gpt()
     apply_lora(dst, r=4, targets=dst_targets)
     before = lora_state_dict(dst)
-    with pytest.raises(UserError, match="targets"):
+    with pytest.raises(AssertionError):
         load_lora_state_dict(dst, lora_state_dict(src))
+    with pytest.raises(UserError, match=r"^LoRA weights do not fit this model: missing \[.*\], unexpected \[.*\] "
+                                        r"\(were they saved with other lora_targets\?\)$"):
+        load_adapter(dst, lora_state_dict(src))
     after = lora_state_dict(dst)
     assert all(torch.equal(before[k], after[k]) for k in before)   # nothing half-loaded

@@ -164,5 +164,5 @@ def test_unknown_name_raises_at_lookup():
     ([GOOD, GOOD], [14], ["correctness"], [1.0]),              # a completion without an answer
 ])
 def test_mismatched_counts_raise_instead_of_dropping(completions, answers, funcs, weights):
-    with pytest.raises(ValueError, match="one weight per reward function and one answer"):
+    with pytest.raises(AssertionError, match="one weight per reward function|one answer per completion"):
         compute_rewards(completions, answers, funcs, weights)

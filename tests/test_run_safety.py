@@ -37,6 +37,7 @@ pytestmark = pytest.mark.usefixtures("chars_reward")
     ("--tracin_topk_frac=0", "tracin_topk_frac"), ("--lora_r=0", "lora_r"), ("--lora_dropout=1.0", "lora_dropout"),
     ("--max_skipped_steps=0", "max_skipped_steps"), ("--max_new_tokens=0", "max_new_tokens"),
     ("--lora_targets=()", "lora_targets"), ("--grad_clip=0", "grad_clip"), ("--base_ckpt=", "base_ckpt"),
+    ("--loss_type=x", "loss_type"),
 ])
 def test_every_grpo_knob_refused_before_any_file(tiny_setup, tmp_path, arg, key):
     out = tmp_path / "run"

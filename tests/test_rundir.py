@@ -141,12 +141,12 @@ def test_full_disk_is_one_line_with_the_os_reason(tmp_path, monkeypatch):
 
 
 def test_ctrl_c_at_start_up_is_one_line(tmp_path):
-    """Ctrl-C while a script is still importing torch (here sent right after the configurator import,
-    the first import of every script): exit 130, one line, no traceback."""
+    """Ctrl-C while a script is still importing torch (here sent right after its first line,
+    `from configurator import quiet_start; quiet_start(__name__)`): exit 130, one line, no traceback."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(rundir.__file__)))
-    code = (f"import sys; sys.argv = [{os.path.join(root, 'train_grpo.py')!r}]; sys.path.insert(0, {root!r})\n"
-            "import os, signal, configurator\nos.kill(os.getpid(), signal.SIGINT)\nimport torch\n"
-            "print('not reached')")
+    code = (f"import sys; sys.path.insert(0, {root!r})\n"
+            "from configurator import quiet_start; quiet_start(__name__)\n"
+            "import os, signal\nos.kill(os.getpid(), signal.SIGINT)\nimport torch\nprint('not reached')")
     p = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert p.returncode == 130 and p.stdout == "" and "Traceback" not in p.stderr
     assert p.stderr == "interrupted (Ctrl-C) while starting up: nothing was done\n"

@@ -14,7 +14,7 @@
 import pytest
 import torch
 
-from configurator import UserError
+from configurator import cli_main
 from data.prompts import decode_completions
 from model import GREEDY, Sampling, generate, pad_prompts, sample_next, uniforms
 
@@ -236,20 +236,20 @@ def test_sample_next_temperature_zero_is_argmax():
 
 @pytest.mark.parametrize("prompts", [[[]], [[1, 2], []], []])
 def test_empty_prompt_raises(tiny_gpt, prompts):
-    with pytest.raises(UserError):
+    with pytest.raises(AssertionError):
         generate(tiny_gpt, prompts, 5, NEVER)
 
 
 @pytest.mark.parametrize("n", [0, -3])
 def test_no_new_tokens_raises(tiny_gpt, n):
-    with pytest.raises(UserError, match="max_new_tokens"):
+    with pytest.raises(AssertionError, match="max_new_tokens"):
         generate(tiny_gpt, [[1, 2]], n, NEVER)
 
 
 def test_prompt_plus_new_tokens_beyond_block_size_raises(tiny_gpt):
-    with pytest.raises(UserError, match="block_size|context"):
+    with pytest.raises(AssertionError, match="max_new_tokens=5 > 64"):
         generate(tiny_gpt, [[1] * 60], 5, NEVER)
-    with pytest.raises(UserError):
+    with pytest.raises(AssertionError):
         generate(tiny_gpt, [[1] * 3, [2] * 60], 5, NEVER)       # the longest prompt counts
     idx, _, mask = generate(tiny_gpt, [[1] * 60], 4, NEVER, sampling=GREEDY)   # exactly 64: fine
     assert idx.shape == (1, 64)
@@ -374,5 +374,22 @@ def test_uniforms_drawn_at_once_equal_a_draw_per_step(tiny_gpt):
 
 
 def test_uniforms_of_the_wrong_shape_are_refused(tiny_gpt):
-    with pytest.raises(ValueError, match="u must be"):
+    with pytest.raises(AssertionError, match="u must be"):
         generate(tiny_gpt, PROMPTS, 3, NEVER, num_samples=2, u=torch.rand(3, len(PROMPTS)))
+
+@pytest.mark.parametrize("how", ["--start", "--question"])
+def test_sample_py_refuses_a_prompt_that_leaves_no_room_in_one_line(tiny_setup, capsys, monkeypatch, how):
+    """The prompt typed and max_new_tokens beyond the model's context (128 tokens): one line, exit 2,
+    before any sampling (it was model.generate's refusal)."""
+    import sample
+    from data.prompts import encode_prompt
+    from runs.loading import load_policy
+    enc = load_policy(tiny_setup)[1]
+    text = "Mia has 3 apples and 4 pears. " * 4
+    P = len(enc.encode(text, allowed_special="all") if how == "--start" else encode_prompt(enc, text))
+    monkeypatch.setattr(sample, "generate", None)  # not reached
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        cli_main(sample.main, [f"--ckpt={tiny_setup}", f"{how}={text}", f"--max_new_tokens={129 - P}"])
+    said = f"prompt of {P} tokens + max_new_tokens={129 - P} exceeds the context of 128 tokens; shorten either"
+    assert e.value.code == 2 and capsys.readouterr().err == f"error: {said}\n"

@@ -309,7 +309,7 @@ def test_registry_names():
 def test_compute_rewards_countdown_with_the_cache():
     # The cache keys on (name, completion, answer), so answers must be hashable: tuples.
     answer = ((3, 5), 8)
-    cache = {}
+    cache = rewards.RewardCache()
     totals, per_func, errors = rewards.compute_rewards(
         [wrap("3+5"), wrap("3*5")], [answer, answer], ["countdown", "think_format"], [1.0, 0.5], cache
     )

@@ -26,7 +26,7 @@
 #       brute force restricted to the filtered parameters.
 #   test_nan_in_captured_gradient_*       a NaN written by hand into x / gA / gB (train and val sides).
 #   test_batch_layout                     the batch really has left padding and eot-padded ended rows.
-#   test_hooks_need_lora                  UserError by hand.
+#   test_hooks_need_lora                  AssertionError by hand.
 #   test_posthoc_*                        a plain torch.autograd.grad loop over checkpoints and samples
 #       (autograd_grads): scores, cosines <g_i, sum_j g_test_j> / (||g_i|| ||sum_j g_test_j||) and
 #       self-influences written out from those gradients; snapshots of the model's state.
@@ -448,7 +448,7 @@ def test_layer_filter_restricts_matrix(world):
         assert torch.allclose(got, separate, rtol=1e-5, atol=1e-6 * scale), filt
         assert torch.allclose(got, brute, rtol=1e-5, atol=1e-5 * scale), filt
         assert not torch.allclose(got, full, rtol=1e-3), filt
-    with pytest.raises(UserError, match="layer_filter"):
+    with pytest.raises(AssertionError, match="layer_filter"):  # the tools refuse it (test_posthoc_*)
         ghost.compute_ghost_inner_product_matrix(tr, va, layer_filter="nothing")
 
 
@@ -471,14 +471,16 @@ def test_nan_in_captured_gradient_gives_a_non_finite_product(world, where):
 
 
 def test_hooks_need_lora():
+    """Programming errors (asserts): tracin=True with lora_dropout > 0 is refused at config time
+    (test_knob_edges)."""
     plain = GPT(GPTConfig(block_size=16, vocab_size=10, n_layer=1, n_head=1, n_embd=8))
-    with pytest.raises(UserError, match="LoRA"):
+    with pytest.raises(AssertionError, match="LoRA"):
         ghost.GhostHooks(plain)
-    with pytest.raises(UserError, match="LoRA"):
+    with pytest.raises(AssertionError, match="LoRA"):
         with ghost.install_ghost_hooks(plain):
             pass
     apply_lora(plain, r=2, alpha=4, dropout=0.1)  # dropout in training mode: x is not what A saw
-    with pytest.raises(UserError, match="dropout"):
+    with pytest.raises(AssertionError, match="dropout"):
         ghost.GhostHooks(plain.train())
 
 

@@ -171,7 +171,8 @@ def test_micro_batches_add_up(loss_type):
 
 
 def test_bad_loss_type():
-    with pytest.raises(UserError, match="loss_type"):
+    """A programming error here: the knob is refused at config time (test_run_safety)."""
+    with pytest.raises(AssertionError, match="loss_type"):
         knobs, mask = grpo.LossKnobs(beta=0.0, loss_type="x"), torch.ones(1, 2)
         grpo.grpo_loss(torch.zeros(1, 2), torch.zeros(1, 2), None, torch.zeros(1), mask, knobs, whole(mask))
 
@@ -630,7 +631,7 @@ def test_reward_cache_scores_each_completion_once(monkeypatch):
     import rewards
     calls = []
     monkeypatch.setitem(rewards.REWARD_FUNCS, "counted", lambda c, a: calls.append((c, a)) or len(c))
-    cache = {}
+    cache = rewards.RewardCache()
     texts, answers = ["#### 3", "ab", "#### 3", "ab"], [3, 3, 3, 4]
     plain = rewards.compute_rewards(texts, answers, ["counted", "correctness"], [1.0, 1.0])
     calls.clear()
@@ -638,7 +639,7 @@ def test_reward_cache_scores_each_completion_once(monkeypatch):
     again = rewards.compute_rewards(texts, answers, ["counted", "correctness"], [1.0, 1.0], cache)
     assert first == again == plain
     assert sorted(calls) == sorted({("#### 3", 3), ("ab", 3), ("ab", 4)})   # 3 distinct (text, answer)
-    assert cache["lookups"] == 16 and cache["hits"] == 16 - 6
+    assert cache.lookups == 16 and cache.hits == 16 - 6
 
 
 def test_background_rewards_give_the_same_run(tiny_setup, tmp_path):

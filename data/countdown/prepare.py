@@ -35,7 +35,8 @@ ROOT = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(ROOT))
 if REPO not in sys.path:  # run as a script: configurator.py is at the repository root
     sys.path.append(REPO)
-from configurator import UserError, cli_main, configure  # noqa: E402
+from configurator import UserError, cli_main, configure, quiet_start  # noqa: E402
+quiet_start(__name__)  # run as a script: a Ctrl-C while starting is one line
 from data.countdown.names import DEFAULTS, data_dir_for  # noqa: E402
 from data.countdown.solutions import PREC, join, max_tries  # noqa: E402
 from data.datadir import check_out, check_sizes, check_task_dir, knob_error, row_limit  # noqa: E402

@@ -22,7 +22,8 @@ ROOT = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(ROOT))
 if REPO not in sys.path:  # run as a script: configurator.py is at the repository root
     sys.path.append(REPO)
-from configurator import cli_main, configure  # noqa: E402
+from configurator import cli_main, configure, quiet_start  # noqa: E402
+quiet_start(__name__)  # run as a script: a Ctrl-C while starting is one line
 from data.countdown.names import SEARCHED_DEFAULTS as DEFAULTS, searched_dir_for  # noqa: E402
 from data.countdown.prepare import MAX_TARGET, TEMPLATE, draw_distinct  # noqa: E402
 from data.countdown.solutions import ATOM, max_solutions, max_tries, searched_solution  # noqa: E402

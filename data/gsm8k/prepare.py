@@ -38,7 +38,8 @@ ROOT = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(ROOT))
 if REPO not in sys.path:  # run as a script: configurator.py is at the repository root
     sys.path.append(REPO)
-from configurator import UserError, cli_main, configure  # noqa: E402
+from configurator import UserError, cli_main, configure, quiet_start  # noqa: E402
+quiet_start(__name__)  # run as a script: a Ctrl-C while starting is one line
 from data.datadir import MAX_ROWS, check_out, check_task_dir, knob_error  # noqa: E402
 from data.datadir import write_task_dir  # noqa: E402
 from data.gsm8k.names import DEFAULTS, data_dir_for  # noqa: E402
