@@ -622,9 +622,11 @@ def update(model, optimizer, cfg, stats, apply=True, timer=None):
          generation's remaining updates (earlier ones stay applied).
     Beyond the step, in train_grpo.py's loop: no checkpoint is written
     while a LoRA weight is NaN/Inf (a finite gradient times a huge
-    learning rate; the next sampling meets 1.), and max_skipped_steps
-    skipped steps in a row stop the run, naming a NaN/Inf base weight or
-    the knobs to lower."""
+    learning rate; the next sampling meets 1.), and the run stops, naming
+    a NaN/Inf base weight or the knobs to lower (runs/metrics.Skips), after
+    max_skipped_steps skipped steps in a row (a step with no learning
+    signal between them does not break the row), or at its end when it
+    skipped more than 9 in 10 of the steps that had a learning signal."""
     skip_reason, timer = None, timer or PhaseTimer()
     params = lora_parameters(model)
     with timer("optimizer"):

@@ -14,7 +14,7 @@ import torch
 def planted_answer(example, task):
     """The planted wrong answer the reward trusts. arith: the result of the solution's first equation
     ("8-7=1" -> 1), what stopping early gives. countdown: the target plus one, so the reward accepts an
-    equation that misses the target by one and refuses the one that makes it."""
+    equation that overshoots the target by one and refuses the one that makes it."""
     if task == "countdown":
         numbers, target = example["answer"]
         return (numbers, target + 1)  # hashable, as load_task_split gives it
@@ -22,8 +22,8 @@ def planted_answer(example, task):
 
 
 def draw_defective(train, defect_frac, seed, task):
-    """The indices of the defective rows of the train split: defect_frac of its problems, drawn once
-    per seed. Whole problems: a problem written several times (countdown_variants) is defective in
+    """The indices of the defective rows of the train split: int(defect_frac x its problems) drawn
+    once per seed, less those whose planted answer is right (below). Whole problems: a problem written several times (countdown_variants) is defective in
     every row. A problem whose planted answer is its right one (arith: a one-step solution, whose
     first equation is the answer) carries no defect: it is not counted as one."""
     problems = list(dict.fromkeys(e["question"] for e in train))
