@@ -17,9 +17,10 @@ from configurator import UserError, cli_main
 from data.datadir import load_tokenizer
 from runs.checkpoint import load_checkpoint
 from test_hack_inputs import STEPS, data_dir, make_run, others_row, record  # noqa: F401 (fixture)
-from test_tracin_cli import grpo_dir, run  # noqa: F401 (fixtures: a tiny finished GRPO run, copied per test)
+from test_tracin_cli import grpo_dir, run  # noqa: F401 (fixtures: a tiny GRPO run, a copy per test)
 
 pytestmark = pytest.mark.filterwarnings("ignore:There is a performance drop")
+ATTRIBUTE = ["--question=Mia has 2 pears. How many?", "--n_probe=4"]
 
 
 def rewrite_rollouts(run, change):
@@ -36,10 +37,10 @@ def test_a_token_id_equal_to_the_vocabulary_size_is_skipped_by_attribution(run, 
         if n == 2:
             r["completion_tokens"][0][0] = vocab
     rewrite_rollouts(run, one_past)
-    cli_main(attribute.main, [f"--out_dir={run}", "--question=Mia has 2 pears. How many?", "--n_probe=4"])
+    cli_main(attribute.main, [f"--out_dir={run}", *ATTRIBUTE])
     err = capsys.readouterr().err
-    assert f"rollouts.jsonl line 2: the record has a completion that is not token ids below {vocab}" in err
-    assert "skipped" in err
+    said = f"rollouts.jsonl line 2: the record has a completion that is not token ids below {vocab}"
+    assert said in err and "skipped" in err
 
 
 def test_a_token_id_equal_to_the_vocabulary_size_is_skipped_by_hack(tmp_path, capsys, data_dir):
@@ -54,9 +55,10 @@ def test_a_token_id_equal_to_the_vocabulary_size_is_skipped_by_hack(tmp_path, ca
 
 
 def test_attribution_of_all_zero_masks_names_the_uncounted_tokens(run, capsys):
-    n = rewrite_rollouts(run, lambda r, _: {**r, "completion_mask": [[0] * len(m) for m in r["completion_mask"]]})
+    zeros = lambda r, _: {**r, "completion_mask": [[0] * len(m) for m in r["completion_mask"]]}  # noqa: E731
+    n = rewrite_rollouts(run, zeros)
     with pytest.raises(SystemExit) as e:
-        cli_main(attribute.main, [f"--out_dir={run}", "--question=Mia has 2 pears. How many?", "--n_probe=4"])
+        cli_main(attribute.main, [f"--out_dir={run}", *ATTRIBUTE])
     err = capsys.readouterr().err
     assert e.value.code == 2 and err.count("\n") == 1, err
     assert "holds no rollout with a nonzero advantage" not in err and n
