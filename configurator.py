@@ -373,9 +373,12 @@ def cli_main(main, argv=None):
         if on_term:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
         # a script's end: Ctrl-C now would only cut short the interpreter's
-        # own clean-up (torch's atexit: a traceback)
+        # own clean-up (torch's atexit: a traceback); SIGTERM would end the
+        # finished work with 143 and no word: both ignored
         if argv is None:
             signal.signal(signal.SIGINT, signal.SIG_IGN)
+            if on_term:
+                signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 # configurator imports no torch (a script imports it before the slow

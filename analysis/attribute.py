@@ -251,12 +251,13 @@ def load_rollouts(path, enc, vocab_size=None, block_size=None):
     rollout longer than the model's context (block_size) is refused, naming its line."""
     if not os.path.exists(path):
         raise UserError(f"no recorded rollouts at {path}: was this run made by train_grpo.py?")
-    samples, stops = [], stop_tokens(enc)
+    samples, stops, uncounted = [], stop_tokens(enc), 0  # uncounted: nonzero advantage, mask of zeros
     for line, r in read_records(path, min(vocab_size or enc.n_vocab, enc.n_vocab), numbered=True):
         G = len(r["rewards"]) // len(r["prompts"])
         for j, (toks, m) in enumerate(zip(r["completion_tokens"], r["completion_mask"])):
             n = sum(m)
             if r["advantages"][j] == 0 or n == 0:
+                uncounted += n == 0 and r["advantages"][j] != 0
                 continue
             if block_size:  # the whole rollout is one forward pass: it must fit the context
                 prompt = encode_prompt(enc, r["prompts"][j // G])
@@ -268,6 +269,9 @@ def load_rollouts(path, enc, vocab_size=None, block_size=None):
                             **({"defective": r["defective"][j // G]} if "defective" in r else {}),  # planted
                             **({"selected": r["selected"][j]} if "selected" in r else {}),  # TracIn run: trained on
                             **({"skipped": True} if r.get("skipped") is True else {})})  # its step moved no weight
+    if not samples and uncounted:  # the advantages are there; no completion token carries them
+        raise UserError(f"{path}: none of its {uncounted} rollouts with a nonzero advantage counts a "
+                        f"completion token (every such completion mask is zero): nothing to attribute")
     if not samples:
         raise UserError(f"{path} holds no rollout with a nonzero advantage: nothing to attribute")
     return samples

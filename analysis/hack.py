@@ -70,10 +70,21 @@ def load_run(run_dir):
         funcs = tuple(cfg["reward_funcs"])
         why = (f"its reward_funcs {funcs} lack it: add it at weight 0, as "
                f"experiments/countdown_hack.sh does" if "countdown" not in funcs
+               else "no line of its log that could be read scored it (damaged lines were skipped or "
+               "their value left out: see the warnings above)" if damaged_log(run_dir, log)
                else "no training step in its log scored it (stopped before the first?)")
         raise UserError(f"{run_dir} never scored the exact reward 'countdown' (its true accuracy "
                         f"and hack rate are unknown): {why}")
     return log, cfg, load_tokenizer(resolve_data_dir(ckpt.get("data_dir", "")))
+
+
+def damaged_log(run_dir, log):
+    """Whether load_log skipped a line of run_dir/log.jsonl as damaged or left a
+    'rewards/countdown' value out (its warnings named them)."""
+    with open(os.path.join(run_dir, "log.jsonl"), errors="replace") as f:
+        raw = [line for line in f if line.strip()]
+    lost = sum('"rewards/countdown"' in line for line in raw) - sum("rewards/countdown" in s for s in log)
+    return len(raw) > len(log) or lost > 0
 
 
 def kept_counts(run_dir, enc):
@@ -81,7 +92,7 @@ def kept_counts(run_dir, enc):
     counts = {k: [0, 0, 0.0] for k in ("hack", "right", "other")}
     path = os.path.join(run_dir, "rollouts.jsonl")
     needs = ("selected", "influence")  # each checked: true / false, a number
-    for line in read_records(path, enc.n_vocab, needs, form="countdown"):
+    for line in read_records(path, enc.n_vocab, needs, form="countdown", unused=("defective",)):
         group = len(line["completion_tokens"]) // len(line["answers"])
         texts = decode_completions(enc, torch.tensor(line["completion_tokens"]),
                                    torch.tensor(line["completion_mask"]))

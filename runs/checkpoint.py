@@ -8,6 +8,7 @@ Nothing here runs inside a step: train_base.py and train_grpo.py (runs/state.sav
 import hashlib
 import io
 import os
+import re
 
 import torch
 
@@ -50,6 +51,10 @@ def load_checkpoint(path, map_location="cpu"):
     try:
         ckpt = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as e:
+        code = re.search(r"Unsupported global: GLOBAL (\S+)", str(e))  # weights_only refused it, unrun
+        if code:
+            raise UserError(f"checkpoint {path} holds {code[1]}, not only tensors and plain data: "
+                            f"refused, since loading it could run code") from None
         first_line = (str(e).splitlines() or [""])[0][:120]
         raise UserError(f"checkpoint {path} is corrupt or not a checkpoint "
                         f"({type(e).__name__}: {first_line})") from None

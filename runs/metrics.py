@@ -70,15 +70,16 @@ def rollout_record(questions, answers, rollouts, cfg):
 RECORD_KEYS = ("iter", "prompts", "answers", "completion_tokens", "completion_mask", "rewards", "advantages")
 
 
-def read_records(path, vocab_size, needs=(), form=None, numbered=False):
+def read_records(path, vocab_size, needs=(), form=None, numbered=False, unused=()):
     """The records of a rollouts.jsonl that can be read back (record_problem); any other is skipped
     with a warning naming its line. needs: keys a reader needs beyond RECORD_KEYS (a TracIn run's);
     form: the answers' form it reads (data.datadir.answer_form: 'countdown'), or None. A record of an
     iteration read already (a file copied onto itself) is read once, with one warning.
-    numbered: (line number, record) pairs, for a reader that names a record it refuses."""
+    numbered: (line number, record) pairs, for a reader that names a record it refuses.
+    unused: optional keys the reader never reads, left unchecked (a bad value drops no record)."""
     records, seen, repeats = [], {}, []
     for n, r in numbered_jsonl(path):
-        problem = record_problem(r, vocab_size, needs, form)
+        problem = record_problem({k: v for k, v in r.items() if k not in unused}, vocab_size, needs, form)
         if problem:
             print(f"warning: {path} line {n}: the record {problem}; skipped", file=sys.stderr)
         elif r["iter"] in seen:

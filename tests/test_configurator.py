@@ -7,6 +7,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import pytest
 
+from ctrl_c import default_ctrl_c
 from configurator import UserError, cli_main, configure
 
 DEFAULTS = {
@@ -258,6 +259,7 @@ def test_ctrl_c_once_a_script_has_ended_adds_no_traceback(tmp_path, how, fails, 
     script = tmp_path / "s.py"
     script.write_text(ENDING.format(root=os.path.dirname(os.path.dirname(
         os.path.abspath(__file__))), how=how, fails=fails))
-    p = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    p = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60,
+                       preexec_fn=default_ctrl_c)
     assert p.stdout == "done\n" and p.returncode == code
     assert p.stderr == ("error: refused\n" if fails else "")

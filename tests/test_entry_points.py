@@ -14,6 +14,8 @@ import time
 
 import pytest
 
+from ctrl_c import default_ctrl_c
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHIM = '''import os, sys, time
 class _Slow:  # sleeps in the import of $SLOW_IMPORT, after saying so on stderr
@@ -31,7 +33,8 @@ def interrupt_during_import(tmp_path, argv, slow):
     (tmp_path / "sitecustomize.py").write_text(SHIM)
     env = {**os.environ, "PYTHONPATH": str(tmp_path), "SLOW_IMPORT": slow, "OMP_NUM_THREADS": "1"}
     p = subprocess.Popen([sys.executable, *argv], cwd=ROOT, env=env, stdin=subprocess.DEVNULL,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         preexec_fn=default_ctrl_c)
     try:
         first = p.stderr.readline()
         assert first.startswith("SLOW IMPORT"), first + p.stderr.read()

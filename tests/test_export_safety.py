@@ -23,6 +23,8 @@ from configurator import UserError  # noqa: E402
 import export  # noqa: E402
 from pretrained import hf  # noqa: E402
 from test_output_safety import hf_run, no_load, tree  # noqa: E402,F401 (fixtures)
+from ctrl_c import default_ctrl_c  # noqa: E402
+from test_after_the_end import EXPORT, after_the_end  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -124,7 +126,7 @@ def test_a_stopped_export_leaves_nothing_partial(hf_run, tmp_path, sig, rc, said
     before = tree(str(out))
     p = subprocess.Popen([sys.executable, "-c", SLOW_WRITE, *argv], cwd=ROOT, text=True,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         env={**os.environ, "OMP_NUM_THREADS": "1", **slow})
+                         env={**os.environ, "OMP_NUM_THREADS": "1", **slow}, preexec_fn=default_ctrl_c)
     try:
         while "writing" not in (line := p.stdout.readline()):
             assert line, p.stderr.read()
@@ -235,3 +237,12 @@ def test_a_refused_export_leaves_no_folder_behind(hf_run, tmp_path):
                      "--merged=True", f"--merged_dir={tmp_path}/m"])
     assert "\n" not in str(e.value)
     assert tree(str(tmp_path)) == before  # no adapter, no merged model, no a/ nor a/b/, no lock
+
+
+def test_a_sigterm_after_an_export_has_finished_is_ignored(hf_run, tmp_path):
+    """Before: exit 143 and no word, the export written whole."""
+    _, run = hf_run
+    argv = [f"--ckpt={run}/ckpt_000001.pt", f"--adapter_dir={tmp_path}/a"]
+    p = after_the_end(tmp_path, "SIGTERM", EXPORT, *argv)
+    assert p.returncode == 0 and p.stdout.endswith("still here\n") and p.stderr == "", p
+    assert (tmp_path / "a" / "adapter_config.json").is_file()

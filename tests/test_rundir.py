@@ -9,6 +9,7 @@ import sys
 import pytest
 import torch
 
+from ctrl_c import default_ctrl_c
 from runs.checkpoint import save_checkpoint, tensors_fingerprint
 from runs import base, rundir
 from configurator import Interrupted, UserError, cli_main
@@ -147,6 +148,7 @@ def test_ctrl_c_at_start_up_is_one_line(tmp_path):
     code = (f"import sys; sys.path.insert(0, {root!r})\n"
             "from configurator import quiet_start; quiet_start(__name__)\n"
             "import os, signal\nos.kill(os.getpid(), signal.SIGINT)\nimport torch\nprint('not reached')")
-    p = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    p = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                       preexec_fn=default_ctrl_c)
     assert p.returncode == 130 and p.stdout == "" and "Traceback" not in p.stderr
     assert p.stderr == "interrupted (Ctrl-C) while starting up: nothing was done\n"
