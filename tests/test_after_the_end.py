@@ -24,7 +24,7 @@ sys.argv = [{script!r}, *sys.argv[1:]]
 {run}
 """
 TOY = "from configurator import cli_main\ncli_main(lambda argv: print('done'))"
-EXPORT = "from configurator import cli_main\nfrom pretrained import export\ncli_main(export.main)"
+EXPORT = "from configurator import cli_main\nimport export\ncli_main(export.main)"
 
 
 def after_the_end(tmp_path, sig, run, *argv):
