@@ -42,7 +42,7 @@ from torch.autograd.function import once_differentiable
 
 from data.prompts import decode_completions, stop_tokens
 from lora import disable_lora, folded_for_sampling, lora_parameters
-from model import Sampling, generate, pad_id
+from model import NonFiniteLogits, Sampling, generate, pad_id
 from rewards import compute_rewards, parse_counts
 from scale import distributed
 
@@ -75,6 +75,10 @@ class Prompts:
     reward_funcs: tuple   # names in rewards.REWARD_FUNCS
     reward_weights: tuple
     cache: dict = None    # the run's memo of scores (rewards.compute_rewards); None: none
+    # the stream its sampling uniforms come from; None: the step's generator. TracIn's 'pg'
+    # validation batch has its own, so the training rows' uniforms (and tokens) are those a
+    # standard GRPO run with the same seed draws
+    generator: torch.Generator = None
 
 
 @dataclass
@@ -207,20 +211,28 @@ def sample_rollouts(model, enc, batches, cfg, generator, decode=None,
     device = next(model.parameters()).device
     mine = distributed.split(len(prompts))  # this rank's prompts, whole groups
     u = None
-    # one uniform per row and token, for ALL rows as in one process,
-    # so no row's tokens depend on the process count:
-    # (S, n * G), then this rank's columns
+    # one uniform per row and token, for ALL rows as in one process, so no row's tokens depend
+    # on the process count: (S, n * G), each batch's columns from its own stream, then this
+    # rank's columns
     if cfg["temperature"] > 0:
-        u = torch.rand(S, len(prompts) * G, generator=generator, device=device)
-        u = u[:, mine.start * G:mine.stop * G]
+        def uniforms(b):  # (S, len(b.ids) * G)
+            return torch.rand(S, len(b.ids) * G, generator=b.generator or generator, device=device)
+        u = torch.cat([uniforms(b) for b in batches], 1)[:, mine.start * G:mine.stop * G]
     stops = stop_tokens(enc)
     sampling = Sampling(temperature=cfg["temperature"], top_k=cfg["top_k"] or None,
                         top_p=cfg["top_p"], vocab_size=enc.n_vocab)
     # LoRA folded in for sampling: each adapted layer holds W + s B A
     # (lora.folded_for_sampling)
+    failed = None
     with timer("generation"), amp, folded_for_sampling(model):
-        sampled = generate(model, prompts[mine], S, stops, num_samples=G,
-                           sampling=sampling, u=u, decode=decode)
+        try:
+            sampled = generate(model, prompts[mine], S, stops, num_samples=G,
+                               sampling=sampling, u=u, decode=decode)
+        except NonFiniteLogits as e:  # NaN/Inf logits in this rank's rows
+            failed = e
+    # under torchrun every rank learns that one failed (else they would wait for it in the gather)
+    if distributed.sum_floats([failed is not None])[0]:
+        raise failed or NonFiniteLogits("NaN/Inf logits in another process's share of the rows")
     # every rank's rows, padded as generate pads
     pad = pad_id(stops)
     return distributed.gather_sampled(*sampled, pad, len(prompts), G)
@@ -622,11 +634,16 @@ def update(model, optimizer, cfg, stats, apply=True, timer=None):
          generation's remaining updates (earlier ones stay applied).
     Beyond the step, in train_grpo.py's loop: no checkpoint is written
     while a LoRA weight is NaN/Inf (a finite gradient times a huge
-    learning rate; the next sampling meets 1.), and the run stops, naming
-    a NaN/Inf base weight or the knobs to lower (runs/metrics.Skips), after
+    learning rate; the next sampling meets 1.), an evaluation that meets
+    NaN/Inf logits logs no accuracy and the run goes on
+    (runs/evaluate.eval_line), and the run stops, naming a NaN/Inf base
+    weight or the knobs to lower (runs/metrics.Skips), after
     max_skipped_steps skipped steps in a row (a step with no learning
-    signal between them does not break the row), or at its end when it
-    skipped more than 9 in 10 of the steps that had a learning signal."""
+    signal between them does not break the row), or at its end when
+    skipped steps are more than 9 in 10 of the skipped and the trained
+    ones together (a trained step: one with a learning signal).
+    Under torchrun a NaN/Inf in one rank's rows ends the sampling on every
+    rank (sample_rollouts), so all skip the step together."""
     skip_reason, timer = None, timer or PhaseTimer()
     params = lora_parameters(model)
     with timer("optimizer"):

@@ -31,14 +31,19 @@ Loading a Hugging Face directory lives in pretrained/hf.py
 (from_pretrained), checkpoint files in runs/checkpoint.py:
 this file is the model alone.
 
-bf16 (dtype='bfloat16', scale/device.py: the base weights stored in bf16,
-every pass under bf16 autocast, the `amp` the run hands to each pass).
-The whole list; each float32 island is commented where it happens.
+bf16 (dtype='bfloat16', scale/device.py: train_grpo.py stores the frozen
+base weights in bf16 and runs every pass under bf16 autocast, the `amp`
+the run hands to each pass; train_base.py autocasts only: its weights and
+AdamW stay float32). The whole list; each float32 island is commented
+where it happens.
 bf16:
   - the frozen base weights, and the matmuls autocast runs (LoRA's too;
-    not the float32 ones below)
+    not the float32 ones below): embeddings, the residual stream, the
+    attention of a whole sequence (prefill, passes 2 and 3), RoPE's
+    rotation (its angles are float32, cast to q's dtype: apply_rope)
   - the KV cache, in autocast's dtype (model.GPT.new_cache), and the
-    logits, in the head's (SelectiveLogSoftmax upcasts one row at a time)
+    logits, in the head's (SelectiveLogSoftmax upcasts one row at a time
+    and hands their gradient back in the logits' dtype)
   - TracIn's hook buffers (ghost.GhostHooks): h = A x, gA = dL/dh and
     gB = dL/d(B h), as autocast's matmuls leave them, and x, the adapted
     layer's input (float32 where a LayerNorm feeds it on CUDA, whose

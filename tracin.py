@@ -16,11 +16,14 @@ summed from the same per-sample gradients (no extra forward or backward).
 
 Which rollouts TracIn can never keep (tracin_selection='positive' keeps influence > 0):
   - advantage 0 with beta = 0 (every rollout of a group of equal rewards, a row no reward function
-    could score, a reward equal to its group's mean): its GRPO loss is the constant 0, so g_i is
-    exactly 0 (the hooks see a zero output gradient) and influence_i = 0, which is not > 0. With
-    beta > 0 its KL term gives it a gradient once the policy has left the reference: it can be kept.
+    could score, the one scored row of a group, a reward equal to its group's mean): its GRPO loss is
+    the constant 0, so g_i is exactly 0 (the hooks see a zero output gradient) and influence_i = 0,
+    which is not > 0. With beta > 0 its KL term gives it a gradient once the policy has left the
+    reference: it can be kept.
   - a row whose mask counts no token (a completion that hit max_new_tokens under
     mask_truncated_completions): its loss, KL included, counts none of its tokens: g_i = 0.
+  - any rollout of a step whose validation batch has no signal ('pg', every validation advantage
+    0): G = 0, every influence is 0 and no update is made that step.
   - any rollout of a step with a NaN/Inf influence: the step is skipped, no weight moves (its
     rollouts are recorded with the selection made, the step marked skipped).
   'topk' keeps the k = max(1, round(tracin_topk_frac * N)) largest influences whatever their

@@ -268,13 +268,18 @@ def setup(cfg, amp, resume):
                                   weight_decay=cfg["weight_decay"])
     rng = random.Random(cfg["seed"])  # the prompts
     generator = torch.Generator(device=device).manual_seed(cfg["seed"])  # the completions
+    # TracIn's validation prompts and their completions ('pg') draw from streams of their own, so a
+    # TracIn run and a standard one with the same seed train on the same prompts (paired seeds)
+    val_seed = cfg["seed"] + 1_000_003  # (any offset: another stream than the training one)
+    val_rng, val_generator = random.Random(val_seed), torch.Generator(device=device)
+    val_generator.manual_seed(val_seed)
     reward_cache = RewardCache() if cfg["reward_cache"] else None
     fingerprint = bound_data(data_dir, resume)  # resumed: its data, unchanged
     encode = partial(encode_prompt, enc)
     curriculum, test = from_config(cfg, data_dir, encode, model.config.block_size, splits["train"])
     test = test or splits["test"][:cfg["eval_n"]]  # with a curriculum, its last level's
-    run = Run(model, optimizer, enc, amp, decode, rng, generator, reward_cache, curriculum,
-              splits["train"], splits["val"], test, defective, data_dir, fingerprint, base)
+    run = Run(model, optimizer, enc, amp, decode, rng, generator, val_rng, val_generator, reward_cache,
+              curriculum, splits["train"], splits["val"], test, defective, data_dir, fingerprint, base)
     if resume is not None:
         restore(run, resume, cfg)
     n_lora = sum(p.numel() for p in lora_parameters(model))
@@ -296,15 +301,17 @@ def get_batch(run, cfg):
 def validation_batch(run, cfg):
     """TracIn's validation batch, as tracin_val_loss says (the one place it is read): 'pg', prompts
     sampled with the step's and scored by the task's own rewards (reward_funcs may be hackable);
-    'nll', their clean reference solutions as rollouts (no sampling)."""
+    'nll', their clean reference solutions as rollouts (no sampling). Drawn, and sampled, from the
+    run's validation streams: the training batch's draws are a standard run's."""
     n = cfg["tracin_val_batch_size"]
-    rows = [run.val[run.rng.randrange(len(run.val))] for _ in range(n)]
+    rows = [run.val[run.val_rng.randrange(len(run.val))] for _ in range(n)]
     if cfg["tracin_val_loss"] == "nll":
         return reference_solutions(run.enc, rows, cfg["device"])
     task = TASKS[cfg["task"]]
     prompts = [encode_prompt(run.enc, e["question"]) for e in rows]
     answers = [e["answer"] for e in rows]
-    return Prompts(prompts, answers, task["rewards"], task["weights"], cache=run.reward_cache)
+    funcs = (task["rewards"], task["weights"])
+    return Prompts(prompts, answers, *funcs, cache=run.reward_cache, generator=run.val_generator)
 
 
 def train(cfg, run):

@@ -1,6 +1,6 @@
 """
 A GRPO run's state from step to step, what its checkpoints hold, and resuming it: train_grpo.py's
-Run record (the policy, its optimizer, its two random streams, its data and the step counter),
+Run record (the policy, its optimizer, its random streams, its data and the step counter),
 save_run (the checkpoint dict, written as history and as the latest), and load_resume / saved_config /
 resumed_base / restore (a run goes on where its ckpt.pt left it, bit-identically). Where it plugs in:
 train_grpo.py's set-up builds the Run and restores a resumed one; its loop saves every ckpt_interval.
@@ -29,8 +29,8 @@ KINDS = dict(lora=dict, base_ckpt=str, config=dict, optimizer=dict, rng=dict, it
 @dataclass
 class Run:
     """One GRPO run in out_dir: the policy (base + LoRA) and its optimizer, the data it draws from, its
-    two random streams (rng: which prompts; generator: which completions) and the step counter;
-    checkpoints hold all of them (save_run)."""
+    random streams (rng: which prompts; generator: which completions; the validation batch's two) and
+    the step counter; checkpoints hold all of them (save_run)."""
     model: torch.nn.Module
     optimizer: torch.optim.Optimizer
     enc: object                 # the tokenizer
@@ -38,6 +38,8 @@ class Run:
     decode: object              # compile=True: sampling's decode step compiled once; None: eager
     rng: random.Random
     generator: torch.Generator
+    val_rng: random.Random      # TracIn's validation batch: which prompts, which completions ('pg')
+    val_generator: torch.Generator
     reward_cache: dict          # (reward, text, answer) -> score; None: off
     curriculum: object          # data/curriculum.Curriculum, or None
     train: list                 # the splits' rows; test: eval_n of them, or the curriculum's last level
@@ -84,9 +86,12 @@ def restore(run, resume, cfg):
     """The saved adapter, optimizer, random streams, step counter and curriculum level into `run`;
     the log lines and checkpoints written after ckpt.pt dropped (that work is redone)."""
     load_adapter(run.model, resume["lora"])
+    val = resume["rng"].get("validation")  # None: saved before the validation batch had its own
     try:
         run.optimizer.load_state_dict(resume["optimizer"])
         run.rng.setstate(resume["rng"]["python"])
+        if val is not None:
+            run.val_rng.setstate(val["python"])
     except (ValueError, KeyError, TypeError) as e:  # another model's groups, a damaged state
         raise UserError(f"{cfg['out_dir']}/ckpt.pt: its optimizer or random state does not fit "
                         f"({type(e).__name__}: {e}); resume another run") from None
@@ -103,6 +108,12 @@ def restore(run, resume, cfg):
         print(f"warning: run saved on {saved_on}, resumed on {here}: completions are sampled from seed "
               f"{seed} from here on, so they differ from an uninterrupted run")
         run.generator.manual_seed(seed)
+    if val is not None and saved_on == here:
+        run.val_generator.set_state(val["generator"])
+    elif val is None and cfg["tracin"]:
+        print("warning: ckpt.pt holds no state of the validation batch's random streams (saved by an "
+              "older version): they start again from the seed, so validation batches differ from an "
+              "uninterrupted run's")
     if distributed.is_main():
         rewind(cfg["out_dir"], run.iter_num)
         print(f"resuming {cfg['out_dir']} at iter {run.iter_num}")
@@ -113,8 +124,9 @@ def save_run(run, cfg, lr):
     (the latest, for resume). lr: the rate of the step FROM these weights (TracIn's eta_t pairs
     theta_t with step t). The same on every rank (scale/distributed.py): rank 0 writes it."""
     curriculum = {"curriculum": run.curriculum.state_dict()} if run.curriculum else {}
+    validation = {"python": run.val_rng.getstate(), "generator": run.val_generator.get_state()}
     rng = {"python": run.rng.getstate(), "generator": run.generator.get_state(),
-           "device": run.generator.device.type}
+           "device": run.generator.device.type, "validation": validation}
     state = {
         "lora": lora_state_dict(run.model),
         "optimizer": run.optimizer.state_dict(),

@@ -7,6 +7,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -476,3 +477,42 @@ def test_each_rank_samples_its_share_and_all_get_the_single_process_batch(tmp_pa
             assert all(torch.equal(a, b) for a, b in zip(mine, theirs))
         assert torch.equal(got["state"], g.get_state())
     assert ref[0][2].size(1) > 1 and (ref[0][1] > 0).any()  # padding on both sides was exercised
+
+
+def nan_sampling_worker(rank, world, port, out):
+    """sample_rollouts on a model whose embedding of 'z' is NaN: only rank 1's prompts hold a 'z'."""
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    from scale import distributed
+    import grpo
+    from model import NonFiniteLogits
+    model, enc, batches = sampling_setup()
+    batches[0].ids[3:] = [encode_prompt(enc, q) for q in ("zz top", "fizz")]  # rank 1's share: 2 of 5
+    model.lm_head.weight = torch.nn.Parameter(model.lm_head.weight.detach().clone())  # untied: a NaN input
+    with torch.no_grad():  # embedding, not a NaN logit in every row
+        model.transformer.wte.weight[ord("z")] = float("nan")
+    with distributed.process_group("cpu"):
+        try:
+            grpo.sample_rollouts(model, enc, batches, SAMPLE_CFG, torch.Generator().manual_seed(11))
+            said = None
+        except NonFiniteLogits as e:
+            said = str(e)
+        torch.save(said, f"{out}.{rank}")
+    finish()
+
+
+def test_nan_logits_in_one_ranks_rows_end_the_sampling_on_every_rank(tmp_path):
+    """Before: rank 1 raised before the gather and rank 0 waited in it (for the collective's timeout).
+    Now every rank raises NonFiniteLogits: the step is skipped everywhere, as in one process."""
+    out = str(tmp_path / "nan")
+    ctx = mp.spawn(nan_sampling_worker, args=(2, free_port(), out), nprocs=2, join=False)
+    deadline = time.time() + 60  # the healthy run takes seconds
+    while not ctx.join(timeout=5):  # join returns as each process ends: True once all have
+        if time.time() > deadline:  # still running: a rank waits for the other
+            for p in ctx.processes:
+                p.kill()
+            pytest.fail("a rank was left waiting in the gather")
+    said = [torch.load(f"{out}.{rank}", weights_only=True) for rank in (0, 1)]
+    assert said[0] == "NaN/Inf logits in another process's share of the rows"
+    assert said[1] is not None and said[1].startswith("NaN/Inf logits in")
