@@ -93,6 +93,7 @@ def read_only(monkeypatch):
     import builtins
     import errno
     import os
+    import fileio
     from runs import rundir
     roots = []
 
@@ -102,6 +103,7 @@ def read_only(monkeypatch):
             raise OSError(errno.EROFS, "Read-only file system", name)
         return builtins.open(name, mode, *a, **k)
     monkeypatch.setattr(rundir, "open", guarded, raising=False)
+    monkeypatch.setattr(fileio, "open", guarded, raising=False)  # the atomic writes (write_json)
     return roots
 
 

@@ -66,6 +66,7 @@ def test_quiet_start_acts_only_for_the_script_run():
     """A script asks for its start-up Ctrl-C in one line, quiet_start(__name__): imported (a test, a
     tool, another script) nothing changes; run as a script, the one-line handler until cli_main."""
     import configurator
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal (not nohup's)
     try:
         for name in ("train_grpo", "analysis.plot", "my_demo"):
             configurator.quiet_start(name)
@@ -73,7 +74,7 @@ def test_quiet_start_acts_only_for_the_script_run():
         configurator.quiet_start("__main__")
         assert signal.getsignal(signal.SIGINT) is configurator._interrupted_while_starting
     finally:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGINT, before)
 
 
 IMPORTS = "import {}; import signal; print(signal.getsignal(signal.SIGINT))"

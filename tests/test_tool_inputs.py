@@ -12,6 +12,7 @@ import pytest
 
 from analysis import attribute, audit, plot, report, summarize
 from configurator import UserError
+import fileio
 from runs import rundir
 from runs.metrics import record_problem
 from test_analysis_parts import ENC, EOT, entry, result
@@ -198,7 +199,7 @@ def test_a_full_disk_keeps_the_earlier_json_whole_and_names_it(tmp_path, monkeyp
 
         def __exit__(self, *exc):
             self.f.close()
-    monkeypatch.setattr(rundir, "open", FullDisk, raising=False)
+    monkeypatch.setattr(fileio, "open", FullDisk, raising=False)  # where write_json's atomic write opens
     with pytest.raises(OSError, match="No space left on device") as e:
         rundir.write_json(str(path), {"scores": [3.0] * 1000}, "it")
     assert e.value.filename == str(path)
