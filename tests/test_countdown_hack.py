@@ -156,7 +156,8 @@ def test_tracins_validation_batch_is_scored_by_the_tasks_exact_reward(tmp_path, 
            "reward_weights": (1.0, 0.0), "scale_rewards": "group", "advantage_epsilon": 1e-4,
            "mask_truncated_completions": False}
     # the validation batch as train_grpo.validation_batch draws it for tracin_val_loss='pg'
-    run = SimpleNamespace(val=[rows[0]], rng=random.Random(0), enc=enc, reward_cache=None)
+    run = SimpleNamespace(val=[rows[0]], val_rng=random.Random(0), val_generator=None, enc=enc,
+                          reward_cache=None)
     val_prompts = train_grpo.validation_batch(run, {**cfg, "tracin_val_batch_size": 1, "tracin_val_loss": "pg"})
     assert (val_prompts.reward_funcs, val_prompts.answers) == (("countdown", "think_format"), [rows[0]["answer"]])
     batch = grpo.Prompts([[1]], [answer], cfg["reward_funcs"], cfg["reward_weights"])

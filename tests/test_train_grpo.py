@@ -468,32 +468,43 @@ def test_reference_solutions_gradient_is_mean_nll(tiny_setup):
     assert any(a.abs().max() > 1e-4 for a in g)
 
 
-def test_train_and_val_sampled_in_one_call(tiny_setup):
-    """make_rollouts with two batches = one generate call over the concatenated prompts (same
-    generator seed), scored per batch: with scale_rewards='batch' each part uses its own std."""
+def test_train_and_val_sampled_in_one_call(tiny_setup, monkeypatch):
+    """make_rollouts with two batches = one generate call over the concatenated prompts, each batch's
+    uniforms from its own stream (TracIn's 'pg' validation batch: Prompts.generator), scored per
+    batch: with scale_rewards='batch' each part uses its own std."""
     m, enc, val = tiny_model_and_data(tiny_setup)
     cfg = {**tg.defaults, "group_size": 4, "max_new_tokens": 8, "scale_rewards": "batch",
            "reward_funcs": ("correctness", "format", "chars"), "reward_weights": (1.0, 0.5, 1.0)}
     task, run_funcs = TASKS["arith"], (cfg["reward_funcs"], cfg["reward_weights"])
     prompts = lambda rows: [encode_prompt(enc, e["question"]) for e in rows]  # noqa: E731
+    gen = lambda seed: torch.Generator().manual_seed(seed)  # noqa: E731
     a = grpo.Prompts(prompts(val[:2]), [e["answer"] for e in val[:2]], *run_funcs)
-    b = grpo.Prompts(prompts(val[2:5]), [e["answer"] for e in val[2:5]], task["rewards"], task["weights"])
-    gen = lambda: torch.Generator().manual_seed(3)
-    R, V = grpo.make_rollouts(m, enc, [a, b], cfg, gen())
-    (W,) = grpo.make_rollouts(m, enc, [grpo.Prompts(a.ids + b.ids, a.answers + b.answers, *run_funcs)],
-                              cfg, gen())
-    assert torch.equal(torch.cat([R.idx, V.idx]), W.idx) and torch.equal(torch.cat([R.mask, V.mask]), W.mask)
-    assert torch.equal(R.rewards, W.rewards[:len(R)])
-    # the validation part scored by its own rewards (the task's, data/tasks.TASKS), not the run's
-    texts = decode_completions(enc, V.idx, V.mask)
-    own, _, _ = compute_rewards(texts, [x for x in b.answers for _ in range(4)], task["rewards"],
-                                task["weights"])
-    assert V.rewards.tolist() == pytest.approx(own) and set(V.per_fn) == set(task["rewards"])
-    assert not torch.equal(V.rewards, W.rewards[len(R):])  # 'chars' paid W's rows, not V's
+    b = grpo.Prompts(prompts(val[2:5]), [e["answer"] for e in val[2:5]], task["rewards"], task["weights"],
+                     generator=gen(4))
+    calls, real = [], grpo.generate
+
+    def spy(model, p, *x, **k):  # each generate call's prompts and uniforms
+        calls.append((p, k["u"]))
+        return real(model, p, *x, **k)
+    monkeypatch.setattr(grpo, "generate", spy)
+    R, V = grpo.make_rollouts(m, enc, [a, b], cfg, gen(3))
+    ((ids, u),) = calls  # one call, both batches' prompts
+    assert ids == a.ids + b.ids
+    S = cfg["max_new_tokens"]
+    own_streams = [torch.rand(S, 2 * 4, generator=gen(3)), torch.rand(S, 3 * 4, generator=gen(4))]
+    assert torch.equal(u, torch.cat(own_streams, 1))
+    grpo.make_rollouts(m, enc, [a], cfg, gen(3))  # alone, the training rows draw the same uniforms
+    assert torch.equal(calls[1][1], u[:, :2 * 4])
+    # the training part scored by the run's rewards, the validation part by its own (the task's,
+    # data/tasks.TASKS): 'chars' paid R's rows, not V's
+    for P, batch, funcs in ((R, a, run_funcs), (V, b, (task["rewards"], task["weights"]))):
+        texts = decode_completions(enc, P.idx, P.mask)
+        own, _, _ = compute_rewards(texts, [x for x in batch.answers for _ in range(4)], *funcs)
+        assert P.rewards.tolist() == pytest.approx(own)
+    assert set(V.per_fn) == set(task["rewards"]) and "chars" in R.per_fn
     for P in (R, V):
         adv, _ = grpo.compute_group_advantages(P.rewards, 4, "batch")
         assert torch.equal(P.advantages, adv)
-    assert not torch.equal(torch.cat([R.advantages, V.advantages]), W.advantages)
 
 
 @pytest.mark.parametrize("args, match", [
