@@ -66,7 +66,7 @@ def task_setup(cfg, n_train, n_val):
         ck = load_checkpoint(cfg["base_ckpt"])
         model, data_dir, what = model_from_checkpoint(ck), ck["data_dir"], cfg["base_ckpt"]
     else:  # random weights on the tiny task: same shapes, garbage completions
-        data_dir = prepare(2, 10, "+-", 0.55, verbose=False, root=cfg["data_root"] or ROOT)
+        data_dir = prepare(2, 10, "+-", 0.7, verbose=False, root=cfg["data_root"] or ROOT)
         model, what = bench_model(dev, 96, load_tokenizer(data_dir).n_vocab), "random weights"
     enc = load_tokenizer(data_dir)
     apply_lora(model, 8, 16, 0.0, ("c_attn", "c_proj", "c_fc"))

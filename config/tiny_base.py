@@ -1,5 +1,5 @@
-# Base model for the tiny GRPO / TracIn demos: about a minute on a laptop CPU (71 s at 2 threads,
-# 187 s at 1 on a shared 2-core Xeon: docs/experiments.md, "The same demo at 1 and 2 threads").
+# Base model for the tiny GRPO / TracIn demos: under a minute on a 2-core laptop CPU (docs/experiments.md,
+# "The first command in about a minute").
 # python train_base.py config/tiny_base.py
 # It has a habit for GRPO to unlearn: greedy decoding stops one step early on nearly every test
 # problem (0-3 % right), while samples at temperature 1 go on, and are right, about a third of the
@@ -15,13 +15,15 @@ task_ops = "+-"
 task_noise = 0.7
 n_layer = 4
 n_head = 4
-n_embd = 64
+# 48 wide, 1200 iterations: 38 ms an iteration at 2 threads (64 wide, 1600 iterations: 48 ms and a
+# third more iterations). What TracIn-GRPO reaches follows the base's pass@4 (four samples, one right),
+# which grows with the training rows seen: with 32 rows a batch, or 1000 iterations, or 32 wide,
+# TracIn-GRPO ended at 74-88 %; at this size pass@4 is 66-69 % and TracIn-GRPO passes 90 % in 100
+# steps at 1 and 2 threads (docs/experiments.md).
+n_embd = 48
 block_size = 96
 batch_size = 64
-# 1600, not 800: only 30 % of the solutions show the second step. At 800 iterations four samples
-# held a right answer for 15 % of the test problems (pass@4) and TracIn-GRPO reached 20 %; at 1600
-# for 75 %, and TracIn-GRPO ends at 97 % within a point at 1 and 2 threads (1200: 5 points apart).
-max_iters = 1600
+max_iters = 1200
 learning_rate = 3e-3
 min_lr = 3e-4
 warmup_iters = 100

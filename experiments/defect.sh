@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Experiment C, the README's headline: standard GRPO against TracIn-GRPO (validation loss nll and
-# pg) with a planted defect (20 % of training prompts carry a wrong reference answer the reward
-# trusts), seeds 1-5, then the table (analysis/summarize.py) and the figure (analysis/plot.py, if
-# matplotlib is installed) of the first three seeds, into OUT (copy it to assets/tracin_vs_grpo.png
-# for the README).
+# pg) with a planted defect (half the training problems carry a wrong reference answer that the
+# reward trusts: the result of the base's own habit, stopping a step early), seeds 1-5, then the
+# table (analysis/summarize.py) and the figure (analysis/plot.py, if matplotlib is installed) of the
+# first three seeds, into OUT (copy it to assets/tracin_vs_grpo.png for the README).
 #
 #   bash experiments/defect.sh                  # into out/cmpC; THREADS=2 by default
 #   THREADS=1 OUT=out/cmpC_t1 bash experiments/defect.sh
@@ -16,7 +16,7 @@ cd "$(dirname "$0")/.."
 source experiments/common.sh
 settings 2 "1 2 3 4 5" out/cmpC
 start
-common=(--defect_frac=0.2 --eval_interval=25 --eval_k=1)
+common=(--defect_frac=0.5 --eval_interval=25 --eval_k=1)
 nll=(--tracin_val_batch_size=16 --tracin_val_loss=nll)
 pg=(--tracin_val_batch_size=16 --tracin_val_loss=pg)
 for S in "${seeds[@]}"; do
