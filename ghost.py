@@ -33,6 +33,10 @@ Gradients are exact over ALL positions of a sample, prompt included:
 LoRA acts on prompt tokens too, and their hidden states reach the
 completion's log-probs through attention. Padding positions get exactly
 zero gradient (no real token attends to them), so they add 0.
+
+Precision: under bf16 the buffers x, h, gA, gB are bf16 (autocast's
+matmuls), every product here float32; which tensors are which, the whole
+list, opens model.py.
 """
 from contextlib import contextmanager
 
