@@ -215,9 +215,9 @@ def sample_rollouts(model, enc, batches, cfg, generator, decode=None,
     # on the process count: (S, n * G), each batch's columns from its own stream, then this
     # rank's columns
     if cfg["temperature"] > 0:
-        def uniforms(b):  # (S, len(b.ids) * G)
+        def columns(b):  # (S, len(b.ids) * G) from the batch's stream
             return torch.rand(S, len(b.ids) * G, generator=b.generator or generator, device=device)
-        u = torch.cat([uniforms(b) for b in batches], 1)[:, mine.start * G:mine.stop * G]
+        u = torch.cat([columns(b) for b in batches], 1)[:, mine.start * G:mine.stop * G]
     stops = stop_tokens(enc)
     sampling = Sampling(temperature=cfg["temperature"], top_k=cfg["top_k"] or None,
                         top_p=cfg["top_p"], vocab_size=enc.n_vocab)

@@ -340,8 +340,8 @@ def train(cfg, run):
             val = validation_batch(run, cfg) if cfg["tracin"] else None
             questions, answers = [e["question"] for e in batch], [e["answer"] for e in batch]
             encoded = [encode_prompt(enc, q) for q in questions]
-            knobs = (cfg["reward_funcs"], cfg["reward_weights"])
-            prompts = Prompts(encoded, answers, *knobs, cache=run.reward_cache)
+            funcs = (cfg["reward_funcs"], cfg["reward_weights"])
+            prompts = Prompts(encoded, answers, *funcs, cache=run.reward_cache)
             scored, result = grpo_step(model, optimizer, enc, prompts, cfg, run.generator, run.amp,
                                        val=val, decode=run.decode)
             log = step_log(scored, result, cfg, run.reward_cache)

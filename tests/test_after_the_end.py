@@ -4,7 +4,6 @@
 # The script sends the signal to itself from an atexit callback, i.e. after main returned.
 # Run: python -m pytest -q tests/test_after_the_end.py
 import os
-import signal
 import subprocess
 import sys
 

@@ -16,7 +16,6 @@ import shutil
 import pytest
 import torch
 
-import grpo
 from configurator import UserError
 from conftest import TINY
 from lora import apply_lora, folded_for_sampling, lora_parameters

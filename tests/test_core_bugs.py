@@ -28,7 +28,6 @@ Found by a second hunt over the same functions (each bug also missed by the rest
  11. scale_rewards='batch' drops advantage_epsilon  ->  (r - group mean) / (batch std + eps) by hand.
  12. completion_logprobs at temperature 0 (greedy runs) divides by zero  ->  plain float64 log_softmax.
 """
-import contextlib
 import math
 
 import pytest

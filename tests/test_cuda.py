@@ -15,7 +15,6 @@ import grpo
 from runs.checkpoint import load_checkpoint
 from model import GREEDY, generate
 from analysis import attribute
-import tracin
 from test_distributed import task_pays_chars  # the 'pg' validation reward varies for a random model
 from test_train_grpo import run  # the CPU tests' small train_grpo.py run (tiny_setup: conftest)
 
