@@ -222,9 +222,12 @@ def sample_rollouts(model, enc, batches, cfg, generator, decode=None,
     sampling = Sampling(temperature=cfg["temperature"], top_k=cfg["top_k"] or None,
                         top_p=cfg["top_p"], vocab_size=enc.n_vocab)
     # LoRA folded in for sampling: each adapted layer holds W + s B A
-    # (lora.folded_for_sampling)
+    # (lora.folded_for_sampling), except under CUDA graphs (decode.graphs):
+    # a folded copy, new every step, would be copied into the graph's own
+    # buffers at every token; the graph reads W, A and B where they lie
+    fold = nullcontext() if decode and decode.graphs else folded_for_sampling(model)
     failed = None
-    with timer("generation"), amp, folded_for_sampling(model):
+    with timer("generation"), amp, fold:
         try:
             sampled = generate(model, prompts[mine], S, stops, num_samples=G,
                                sampling=sampling, u=u, decode=decode)
@@ -357,6 +360,10 @@ def with_reference(model, batch, cfg, knobs, timer=None, amp=nullcontext()):
     return replace(batch, ref_logp=ref)
 
 
+# what policy_backward sums over its micro-batches (grpo_loss's statistics, the entropy)
+SUMMED = ("kl_sum", "clipped_tokens", "clipped_low", "clipped_high", "ent_sum")
+
+
 def policy_backward(model, batch, cfg, knobs, timer=None, amp=nullcontext()):
     """PASS 2 and the backward of the GRPO loss per micro-batch of a
     Rollouts (ref_logp: PASS 3's, taken by with_reference when beta != 0;
@@ -369,11 +376,12 @@ def policy_backward(model, batch, cfg, knobs, timer=None, amp=nullcontext()):
     N, mb, device = idx.size(0), cfg["micro_batch_size"], cfg["device"]
     divisors = batch.divisors(mb)
     adv, mask = batch.advantages.to(device), batch.mask.to(device)
-    # sums over this batch's tokens;
-    # update sums them over the ranks, runs/metrics.py divides
-    stats = {"losses": [], "kl_sum": 0.0, "clipped": 0.0,
-             "clipped_low": 0.0, "clipped_high": 0.0, "ent_sum": 0.0,
-             "num_tokens": mask.sum().item()}
+    num_tokens = mask.sum().item()
+    # sums over this batch's tokens, on the device: read once after the
+    # loop (a read waits for the device: between micro-batches it would
+    # stall the kernel queue); update sums them over the ranks,
+    # runs/metrics.py divides
+    losses, sums = [], torch.zeros(len(SUMMED), dtype=torch.float64, device=device)
     # dropout is 0: train() only enables gradient checkpointing
     # if configured
     model.train()
@@ -394,15 +402,17 @@ def policy_backward(model, batch, cfg, knobs, timer=None, amp=nullcontext()):
             loss, loss_stats = grpo_loss(logp, old_logp, ref_logp, adv[sl], mask[sl],
                                          knobs=knobs, divisors=divisors)
             loss.backward()
-            stats["losses"].append(loss.item())
-            for k in ("kl_sum", "clipped_low", "clipped_high"):
-                stats[k] += loss_stats[k]
-            stats["clipped"] += loss_stats["clipped_tokens"]
-            stats["ent_sum"] += (entropy * mask[sl]).sum().item()
+            losses.append(loss.detach())
+            loss_stats["ent_sum"] = (entropy * mask[sl]).sum()
+            sums += torch.stack([loss_stats[k] for k in SUMMED]).double()
             # the backward has already freed this micro-batch's graph (the
             # logits SelectiveLogSoftmax saved, the activations); these are
             # (n, T) tensors and their graph's last nodes
             del logp, ref_logp, entropy, loss
+    stats = {"losses": [float(x) for x in losses]}  # read here, after the loop
+    logged = ("kl_sum", "clipped", "clipped_low", "clipped_high", "ent_sum")  # SUMMED's names
+    stats.update(zip(logged, sums.tolist()))
+    stats["num_tokens"] = num_tokens
     return stats
 
 
@@ -605,11 +615,11 @@ def grpo_loss(logp, old_logp, ref_logp, advantages, mask, knobs, divisors):
         high = (ratio > 1 + epsilon_high) & (A > 0)
         low = low.expand_as(mask).float() * mask
         high = high.expand_as(mask).float() * mask
-        kl_sum = (kl * mask).sum().item() if kl is not None else 0.0
-        stats = {"clipped_low": low.sum().item(),
-                 "clipped_high": high.sum().item(),
-                 "clipped_tokens": (low + high).sum().item(),
-                 "kl_sum": kl_sum}
+        zero = torch.zeros((), device=mask.device)
+        # 0-d tensors: policy_backward reads them once, after its loop
+        stats = {"clipped_low": low.sum(), "clipped_high": high.sum(),
+                 "clipped_tokens": (low + high).sum(),
+                 "kl_sum": (kl * mask).sum() if kl is not None else zero}
     return loss, stats
 
 

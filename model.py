@@ -8,7 +8,8 @@ lm_head), with
     batch (up to rounding: matmuls of other shapes sum in another order,
     about 3e-8 on the logits),
   - a KV cache for decoding (KVCache): each new token attends to the
-    cached keys/values instead of recomputing the whole prefix,
+    cached keys/values instead of recomputing the whole prefix (static:
+    the fixed-shape form a compiled decode step reads, scale/compiled.py),
   - `keep_last=k`: the LM head runs on the last k positions only (GRPO
     needs completion logits only; the head is the largest matmul and
     logits the largest activation),
@@ -111,14 +112,27 @@ class KVCache:
     Column j of the cache holds the token at column j of the (left-padded)
     input. `pos` is the number of filled columns; `pad_left` (B,) says
     where each row's real tokens start.
+
+    static=True: the form a captured decode step needs (scale/compiled.py).
+    Every step has the same shapes and constants, so one graph serves them
+    all: `pos` is a (1,) tensor (a value of the graph, not a constant), all
+    `max_len` columns are read (the mask hides the ones not written yet),
+    and each layer has a tensor of its own (written in place inside a
+    graph; a write into a slice of one 5-D tensor copies the whole tensor).
     """
 
-    def __init__(self, shape, pad_left, device, dtype):
+    def __init__(self, shape, pad_left, device, dtype, static=False):
         # shape: (n_layer, B, n_head, max_len, head_dim)
-        self.k = torch.zeros(shape, device=device, dtype=dtype)
-        self.v = torch.zeros_like(self.k)
+        self.static, self.max_len = static, shape[3]
+        if static:
+            self.k = [torch.zeros(shape[1:], device=device, dtype=dtype) for _ in range(shape[0])]
+            self.v = [torch.zeros_like(k) for k in self.k]
+            self.pos = torch.zeros(1, dtype=torch.long, device=device)
+        else:
+            self.k = torch.zeros(shape, device=device, dtype=dtype)
+            self.v = torch.zeros_like(self.k)
+            self.pos = 0
         self.pad_left = pad_left
-        self.pos = 0
 
     def repeat_interleave(self, n):
         """Each row becomes n: the prompt's prefill is shared by its
@@ -127,13 +141,31 @@ class KVCache:
         self.v = self.v.repeat_interleave(n, dim=1)
         self.pad_left = self.pad_left.repeat_interleave(n)
 
+    def key_columns(self, T):
+        """The columns T new tokens attend over: those filled so far and
+        their own (static: every column)."""
+        return self.max_len if self.static else self.pos + T
+
+    def write(self, layer, k, v):
+        """Cache T new columns (B, Hkv, T, hd) at pos; -> the keys and
+        values of key_columns(T) columns."""
+        if self.static:  # at the tensor pos, in place (index_put_)
+            cols = self.pos + torch.arange(k.size(2), device=k.device)
+            self.k[layer][:, :, cols], self.v[layer][:, :, cols] = k, v
+            return self.k[layer], self.v[layer]
+        start, end = self.pos, self.pos + k.size(2)
+        self.k[layer, :, :, start:end] = k
+        self.v[layer, :, :, start:end] = v
+        return self.k[layer, :, :, :end], self.v[layer, :, :, :end]
+
 
 def attention_mask(pad_left, q_start, Tq, Tk, device):
     """(B, 1, Tq, Tk) bool: query column q_start+i may see key column j iff
     j <= q_start+i and j is not padding. A padding query also sees itself,
     so no softmax row is empty (an empty row gives NaN, and NaN * 0 would
     leak into the real rows through the values)."""
-    q = torch.arange(q_start, q_start + Tq, device=device)[:, None]  # (Tq, 1)
+    # (Tq, 1); q_start an int, or a static cache's (1,) tensor
+    q = (q_start + torch.arange(Tq, device=device))[:, None]
     k = torch.arange(Tk, device=device)[None, :]                     # (1, Tk)
     real = k[None] >= pad_left[:, None, None]                        # (B, 1, Tk)
     seen = ((k <= q)[None] & real) | (k == q)[None]                  # (B, Tq, Tk)
@@ -179,26 +211,22 @@ def apply_rope(x, cos, sin):
     return x * cos.to(x.dtype) + torch.cat((-x2, x1), dim=-1) * sin.to(x.dtype)
 
 
-def one_query_attention(q, keys, values, seen, k_new=None, v_new=None):
+def one_query_attention(q, keys, values, seen):
     """ONE query per row (a decode step): softmax(q K^T / sqrt(hd)) V over
     the columns `seen`, in float32 whatever autocast says (bf16 would round
-    the softmax). q (B, H, 1, hd); keys, values (B, H, L, hd);
-    seen (B, 1, 1, L) bool. k_new, v_new (B, H, 1, hd): one more column
-    beside the cache's, not written into it (the compiled decode step,
-    scale/compiled.py). Returns (B, H, 1, hd), q's dtype."""
-    dtype, scale = q.dtype, q.size(-1) ** -0.5
+    the softmax). q (B, H, 1, hd); keys, values (B, Hkv, L, hd), each
+    key/value head serving H / Hkv query heads (grouped-query attention:
+    those queries side by side, not the cache repeated);
+    seen (B, 1, 1, L) bool. Returns (B, H, 1, hd), q's dtype."""
+    (B, H, _, hd), Hkv = q.shape, keys.size(1)
+    dtype, scale = q.dtype, hd ** -0.5
     # else autocast makes both matmuls bf16
     with torch.autocast(q.device.type, enabled=False):
-        q = q.float()
-        scores = q @ keys.float().transpose(-2, -1) * scale  # (B, H, 1, L)
-        att = scores.masked_fill(~seen, float("-inf"))
-        if k_new is None:
-            return (att.softmax(-1) @ values.float()).to(dtype)
-        # the new column's score
-        own = (q * k_new.float()).sum(-1, keepdim=True) * scale
-        att = torch.cat((att, own), -1).softmax(-1)  # (B, H, 1, L + 1)
-        y = att[..., :-1] @ values.float() + att[..., -1:] * v_new.float()
-        return y.to(dtype)
+        # (B, Hkv, H / Hkv, hd): query head h reads key/value head h // (H / Hkv)
+        q = q.float().view(B, Hkv, H // Hkv, hd)
+        scores = q @ keys.float().transpose(-2, -1) * scale  # (B, Hkv, H / Hkv, L)
+        att = scores.masked_fill(~seen, float("-inf")).softmax(-1)
+        return (att @ values.float()).view(B, H, 1, hd).to(dtype)
 
 
 class CausalSelfAttention(nn.Module):
@@ -260,21 +288,18 @@ class CausalSelfAttention(nn.Module):
     def forward(self, x, mask=None, cache=None, layer=0, rope=None):
         q, k, v = self.project_qkv(x, rope)
         T = x.size(1)
-        # write this step's keys/values, then attend over all filled columns
+        # write this step's keys/values, then attend over the cache's columns
         if cache is not None:
-            start, end = cache.pos, cache.pos + T
-            cache.k[layer, :, :, start:end] = k
-            cache.v[layer, :, :, start:end] = v
-            k, v = cache.k[layer, :, :, :end], cache.v[layer, :, :, :end]
-        k, v = self.shared_kv(k, v)
+            k, v = cache.write(layer, k, v)
         dropout_p = self.dropout if self.training else 0.0
+        # decoding, one query: written out, float32, the key/value heads
+        # shared in place; no SDPA per-call overhead
+        if mask is not None and T == 1 and not self.training:
+            return self.project_out(one_query_attention(q, k, v, mask))
+        k, v = self.shared_kv(k, v)
         if mask is None:  # no padding, no cache: the fused causal kernel
             y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p,
                                                is_causal=True)
-        # decoding, one query: written out, float32;
-        # no SDPA per-call overhead
-        elif T == 1 and not self.training:
-            y = one_query_attention(q, k, v, mask)  # (B, H, 1, hd)
         else:
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask,
                                                dropout_p=dropout_p)
@@ -366,7 +391,7 @@ class GPT(nn.Module):
             wpe = self.transformer.wpe.weight.numel()
         return sum(p.numel() for p in self.parameters()) - wpe
 
-    def new_cache(self, B, max_len, pad_left=None):
+    def new_cache(self, B, max_len, pad_left=None, static=False):
         c, p = self.config, next(self.parameters())
         if pad_left is None:
             pad_left = torch.zeros(B, dtype=torch.long, device=p.device)
@@ -375,7 +400,7 @@ class GPT(nn.Module):
         if torch.is_autocast_enabled(kind):
             dtype = torch.get_autocast_dtype(kind)
         shape = (c.n_layer, B, c.n_kv_head or c.n_head, max_len, c.n_embd // c.n_head)
-        return KVCache(shape, pad_left, p.device, dtype)
+        return KVCache(shape, pad_left, p.device, dtype, static)
 
     def forward(self, idx, targets=None, pad_left=None, cache=None,
                 keep_last=None):
@@ -385,19 +410,19 @@ class GPT(nn.Module):
         cross-entropy); else (logits of the last keep_last positions
         (B, keep_last, V), None), keep_last 1 (all sampling needs)."""
         B, T = idx.size()
-        start = 0
+        start, Tk = 0, T  # the first new column; the columns attended over
         if cache is not None:
-            start, pad_left = cache.pos, cache.pad_left
+            start, Tk, pad_left = cache.pos, cache.key_columns(T), cache.pad_left
         block_size = self.config.block_size
-        assert start + T <= block_size, f"{start + T} tokens exceed block_size={block_size}"
-        cols = torch.arange(start, start + T, device=idx.device)
+        assert Tk <= block_size, f"{Tk} tokens exceed block_size={block_size}"
+        cols = start + torch.arange(T, device=idx.device)
         if pad_left is None and cache is None:
             # (1, T); no mask -> the fused causal kernel
             pos, mask = cols[None], None
         else:
             # (B, T): 0 at the first real token
             pos = (cols[None] - pad_left[:, None]).clamp(min=0)
-            mask = attention_mask(pad_left, start, T, start + T, idx.device)
+            mask = attention_mask(pad_left, start, T, Tk, idx.device)
         x, rope = self.transformer.wte(idx), None
         if "wpe" in self.transformer:
             x = x + self.transformer.wpe(pos)
@@ -416,7 +441,7 @@ class GPT(nn.Module):
             else:
                 x = block(x, mask, cache, i, rope)
         if cache is not None:
-            cache.pos += T
+            cache.pos += T  # static: in place, the (1,) tensor the graph reads
         x = self.transformer.ln_f(x)
         if targets is not None:
             logits = self.lm_head(x)  # (B, T, V)
@@ -533,8 +558,8 @@ def generate(model, prompts, max_new_tokens, eot_id, num_samples=1,
     u (max_new_tokens, N): a uniform per step and row (sample_next), the
     only randomness (uniforms(..., seed, device) draws it from a seed);
     None: drawn here from torch's default generator.
-    decode: compile's one-column step (scale/compiled.CompiledDecode),
-    None: the model's forward with the cache."""
+    decode: the decode step compiled (scale/compiled.CompiledDecode): the
+    model's forward over a static cache, captured; None: eager."""
     device = next(model.parameters()).device
     several = isinstance(eot_id, (tuple, list))
     eot_ids = tuple(eot_id) if several else (eot_id,)
@@ -554,10 +579,11 @@ def generate(model, prompts, max_new_tokens, eot_id, num_samples=1,
     assert u is None or u.shape == (max_new_tokens, N), "u must be (max_new_tokens, rows)"
     was_training = model.training
     model.eval()
-    cache_len = decode.cache_len(L) if decode else L  # compiled: bucketed
-    cache = model.new_cache(B, cache_len, pad_left)
+    cache = model.new_cache(B, L, pad_left)
     logits, _ = model(idx, cache=cache)  # prefill once per prompt: (B, 1, V)
     cache.repeat_interleave(num_samples)  # share the prefill among the samples
+    if decode:  # compiled: the filled columns copied into the step's own static cache
+        cache = decode.static_cache(cache)
     logits = logits[:, -1].repeat_interleave(num_samples, dim=0)  # (N, V)
     out = torch.full((N, max_new_tokens), eot_id, dtype=torch.long,
                      device=device)
@@ -579,8 +605,8 @@ def generate(model, prompts, max_new_tokens, eot_id, num_samples=1,
             break
         if t % check_every == check_every - 1 and bool(done.all()):
             break
-        # one new column for every row: the model's forward,
-        # or the compiled step (same arithmetic)
+        # one new column for every row: the model's forward, eager or
+        # compiled (the same forward over a static cache)
         if decode:
             logits = decode(nxt[:, None], cache)
         else:

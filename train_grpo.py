@@ -123,7 +123,9 @@ lora_alpha = 16
 lora_dropout = 0.0  # off in RL: it makes the policy's logp noisy (ref skips LoRA; trl#3500)
 lora_targets = ("c_attn", "c_proj", "c_fc")
 grad_checkpoint = False
-compile = False  # torch.compile decode steps (scale/compiled.py): long runs only
+# sampling's decode step compiled (scale/compiled.py): True, False, or None ('auto'): on a GPU
+# when the run's predicted saving exceeds the capture time (said at start-up); eager on a CPU
+compile = None
 # optimisation: AdamW over LoRA parameters, warmup then cosine
 max_iters = 100
 learning_rate = 3e-3
@@ -160,8 +162,9 @@ tracin_influence = "summed"
 # that the reward trusts (data/defect.py: what it is, how it is drawn and logged)
 defect_frac = 0.0
 # -----------------------------------------------------------------------------
+# (None: a knob of no fixed type, compile's True / False / 'auto')
 defaults = {k: v for k, v in dict(globals()).items()
-            if not k.startswith("_") and isinstance(v, (int, float, bool, str, tuple))}
+            if not k.startswith("_") and isinstance(v, (int, float, bool, str, tuple, type(None)))}
 
 
 def grpo_step(model, optimizer, enc, batch, cfg, generator, amp,
@@ -170,7 +173,7 @@ def grpo_step(model, optimizer, enc, batch, cfg, generator, amp,
     TracIn: `val`, the validation batch, grpo.Prompts to sample with the
     batch ('pg') or the Rollouts of reference solutions ('nll').
     amp: the precision every pass computes in; decode: sampling's compiled
-    decode step (compile=True; Run builds it once), None: eager.
+    decode step (compile; Run builds it once), None: eager.
     -> (rollouts, None if sampling failed;
         grpo.StepResult, with the phases' seconds)."""
     timer = PhaseTimer("generation", "reward", "policy", "reference")
@@ -262,8 +265,14 @@ def setup(cfg, amp, resume):
     torch.manual_seed(cfg["seed"])  # the LoRA initialisation
     apply_lora(model, cfg["lora_r"], cfg["lora_alpha"], cfg["lora_dropout"], cfg["lora_targets"])
     model.to(device)
-    # compile=True: sampling's decode step compiled once, handed to every grpo_step (decode=)
-    decode = compiled.CompiledDecode(model, device) if cfg["compile"] else None
+    # sampling's decode step compiled once (compile=True, or auto where it pays), handed to every
+    # grpo_step (decode=)
+    steps_left = cfg["max_iters"] - (resume["iter_num"] if resume else 0)
+    sampled = (steps_left, cfg["max_new_tokens"], model.config.n_layer)  # what a compile saves on
+    on, why = compiled.choose(cfg["compile"], device, *sampled)
+    if why:
+        distributed.print0(why)
+    decode = compiled.CompiledDecode(model, device) if on else None
     optimizer = torch.optim.AdamW(lora_parameters(model), lr=cfg["learning_rate"],
                                   weight_decay=cfg["weight_decay"])
     rng = random.Random(cfg["seed"])  # the prompts

@@ -28,6 +28,7 @@ Two rows of bench/run.py about generation, the largest phase of every GRPO step:
                 rows whose tokens differ from the eager ones.
 """
 import math
+from contextlib import nullcontext
 import statistics
 import tempfile
 import time
@@ -198,10 +199,11 @@ def bench_vs_generate(cfg):
                 with amp:
                     return generate(ours, prompts.tolist(), T, eot_id=(), sampling=GREEDY)[0][:, P:]
 
+            decode = CompiledDecode(ours, dev, cfg["compile"]) if cfg["compile"] else None
+
             def compiled():
                 with amp:
-                    return generate(ours, prompts.tolist(), T, eot_id=(), sampling=GREEDY,
-                                    decode=CompiledDecode(ours, dev, cfg["compile"]))[0][:, P:]
+                    return generate(ours, prompts.tolist(), T, eot_id=(), sampling=GREEDY, decode=decode)[0][:, P:]
             variants = dict(theirs=theirs, project=project, **({"compiled": compiled} if cfg["compile"] else {}))
             t, out = interleaved_calls(variants, dev, cfg["repeats"])
             same = int((out["theirs"].cpu() == out["project"].cpu()).all(1).sum())
@@ -234,7 +236,7 @@ def bench_compiled(cfg):
             model = lora_gpt(n_layer, n_head, width, vocab, P + T, cfg["seed"], dev).eval()
             amp = torch.autocast(torch.device(dev).type, dtype=torch.bfloat16, enabled=dtype != torch.float32)
             g = torch.Generator().manual_seed(cfg["seed"])
-            t = {"eager": [], "compiled": []}
+            t, compiled_decode = {"eager": [], "compiled": []}, CompiledDecode(model, dev, mode)
             graphs0, compiling, differ = torch._dynamo.utils.counters["stats"]["unique_graphs"], [], 0
             for s in range(steps):
                 lengths = torch.randint(max(1, P // 2), P + 1, (B,), generator=g).tolist()
@@ -243,8 +245,10 @@ def bench_compiled(cfg):
                 out = {}
                 for variant in t:
                     graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
-                    decode = CompiledDecode(model, dev, mode) if variant == "compiled" else None
-                    with amp, folded_for_sampling(model):
+                    decode = compiled_decode if variant == "compiled" else None
+                    # as grpo.sample_rollouts: LoRA folded in, except under CUDA graphs
+                    fold = nullcontext() if decode and decode.graphs else folded_for_sampling(model)
+                    with amp, fold:
                         sync(); t0 = time.perf_counter()
                         out[variant] = generate(model, prompts, T, eot_id=(), num_samples=G, u=u,
                                                 decode=decode)[0]

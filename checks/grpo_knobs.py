@@ -107,7 +107,11 @@ def validate(cfg):
           "must add up (in absolute value) to at most 1e18: a larger reward overflows float32")
     check(cfg, "lora_targets", len(cfg["lora_targets"]) > 0, "name at least one layer, e.g. ('c_attn',)")
     check_lora_targets(cfg["lora_targets"])
-    if cfg["compile"]:  # torch.compile and a C++ compiler where it runs on CPU (scale/compiled.py)
+    if cfg["compile"] == "auto":
+        cfg["compile"] = None
+    check(cfg, "compile", any(cfg["compile"] is c for c in (None, True, False)),  # not 1 == True
+          "must be True, False or 'auto' (None: on a GPU where it pays, scale/compiled.choose)")
+    if cfg["compile"] is True:  # torch.compile and a C++ compiler where it runs on CPU (scale/compiled.py)
         compiled.check_compile(cfg["device"])
     if cfg["tracin"] and (cfg["grad_checkpoint"] or cfg["lora_dropout"] > 0):
         raise UserError("tracin=True needs grad_checkpoint=False and lora_dropout=0: the hooks must see "

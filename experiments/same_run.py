@@ -2,7 +2,8 @@
 Whether two runs of train_grpo.py did the same thing, times and memory aside: every log.jsonl line
 (its time/*, step_seconds, elapsed and mem_* keys left out), every rollouts.jsonl line, and every line
 the console printed (each step's milliseconds and MB, the run's seconds and directory left out; a
-first run's data preparation too). Used to check that a change of the code changes no number.
+first run's data preparation and the times of a base trained first too). Used to check that a change
+of the code changes no number.
 
     OMP_NUM_THREADS=1 python train_grpo.py config/tiny_tracin.py --out_dir=A > A.txt  # one commit
     OMP_NUM_THREADS=1 python train_grpo.py config/tiny_tracin.py --out_dir=B > B.txt  # another
@@ -33,6 +34,8 @@ def console_lines(path, run):
                 continue
             line = re.sub(r"\| [\d.]+ ms \(.*?\) \| mem [\d.]+ MB", "| T | M", line)
             line = re.sub(r"in \d+s;", "in Ns;", line).replace(run, "RUN")
+            line = re.sub(r"\| [\d.]+ ms/iter \| \d+s$", "| T", line)  # a base trained first (train_base.py)
+            line = re.sub(r"iters in \d+s,", "iters in Ns,", line)
             out.append(line.rstrip())
     return out
 

@@ -1,27 +1,31 @@
 """
 nanoGPT's `compile` knob, for the decode step of sampling (pass 1): one new token for every row against
-the KV cache, the step model.generate repeats max_new_tokens times. Off by default (train_grpo.py's
-`compile`): on a CPU it pays back only in long runs (docs/performance.md, "The decode step compiled").
+the KV cache, the step model.generate repeats max_new_tokens times. What is compiled is the model's own
+forward (GPT.forward, CausalSelfAttention.forward, one_query_attention: no second copy of the block),
+over a static cache (model.KVCache(static=True)), as gpt-fast does:
+  - the new token's column is a (1,) tensor, not an int: an input value, not a constant of the graph;
+  - every column of the cache is read, the mask hiding the ones not written yet and each row's left
+    padding (the softmax gives them weight exactly 0), so each step has the same shapes;
+  - each layer's keys and values are a tensor of their own, written in place inside the graph (into a
+    slice of one 5-D tensor inductor copies the whole tensor: 97 ms against 0.04 ms, measured on CPU);
+  - the cache's length is rounded up to a bucket (`bucket`: 16, 24, 32, 48, 64, 96, ...), so prompts of
+    other lengths reuse one graph: a run compiles once per (rows, bucket, dtype), not once per step;
+  - each bucket's static cache is made once per model and kept (STATIC): on a GPU its tensors are
+    static addresses of the CUDA graph (mode 'reduce-overhead'), written in place at every replay instead
+    of copied into the graph's own buffers.
+Why the model's forward over the ordinary cache compiles badly (docs/performance.md, "The decode step
+compiled"): `cache.pos` is a Python int that grows by one every step and the columns read grow with it,
+so a static graph is recompiled every step until the recompile limit. The prefill (the prompt, once per
+call) stays eager. The result is the eager step's up to float rounding (tests/test_compiled.py).
 
-Why the model's own forward compiles badly (measured there): the cache is written at `cache.pos`, a Python
-int that grows by one every step, and read back up to `pos + 1` columns, a shape that grows by one every
-step. A static graph is recompiled at every step (guard `cache.pos == 12`, `== 13`, ...) until the recompile
-limit, after which the steps run eager; a dynamic one is 6-9x slower than eager. And a write into the cache
-inside the graph copies the whole cache (functionalization of the in-place update), at any shape.
-The step here has one shape per call and writes nothing:
-  - the new token's column is a 0-d tensor, not an int: an input value, not a constant of the graph;
-  - it attends over ALL the cache's columns, a mask hiding the ones not written yet and each row's left
-    padding (the softmax gives them weight exactly 0), plus the new column's own key and value beside
-    them; it returns the new keys and values and the caller writes that one column, eagerly;
-  - the cache's length is rounded up to a multiple of COLUMNS, so prompts of other lengths reuse one
-    graph: a run compiles once per (rows, columns bucket, dtype), not once per step.
-The result is the eager step's up to float rounding (tests/test_compiled.py). The prefill (the prompt,
-once per call) stays eager.
-
-Where it plugs in, in sight: with compile=True train_grpo.setup builds one CompiledDecode and
-hands it to every grpo_step as an argument (`decode=`), which passes it down through grpo.make_rollouts
-to model.generate; generate calls it for each new column instead of the model's forward. The model
-object is never changed; evaluation (runs/evaluate.evaluate) samples eagerly.
+Where it plugs in, in sight: train_grpo.setup asks `choose` whether to compile (compile=None: on a GPU
+when the run's predicted saving exceeds the capture time, said in one line; eager on a CPU), builds one
+CompiledDecode and hands it to every grpo_step as an argument (`decode=`), down through
+grpo.make_rollouts to model.generate, which copies the prefilled cache into `decode.static_cache` and
+calls `decode` for each new column instead of the model's forward. The model object is never changed;
+evaluation (runs/evaluate.evaluate) samples eagerly. Under CUDA graphs sampling reads LoRA's A and B as
+they are (grpo.sample_rollouts folds them in otherwise): a folded copy, new every step, would be copied
+into the graph's own buffers at every token.
 """
 import functools
 import shutil
@@ -30,10 +34,9 @@ import weakref
 import torch
 
 from configurator import UserError
-from model import one_query_attention, rope_cos_sin
 
 COMPILED = weakref.WeakKeyDictionary()  # model -> {mode: its compiled decode step}
-COLUMNS = 16  # the cache length is a multiple of this: one compiled graph serves the prompt lengths of one bucket
+STATIC = weakref.WeakKeyDictionary()  # model -> {(rows, columns, dtype): its static KVCache}: the graphs' addresses
 TRIED_COMPILERS = {}  # C++ compiler -> its problem, or None where it works: tried once per process
 
 
@@ -81,45 +84,48 @@ def check_compile(device):
     return None
 
 
-def decode_step(model, tok, k, v, col, pad_left):
-    """One new column for every row over the WHOLE cache: tok (N, 1) ids, k, v (n_layer, N, Hkv, L, hd) the
-    cache (read, never written here), col a 0-d long tensor: the column the new token takes, pad_left (N,).
-    Returns logits (N, 1, V) and the new column's keys and values, (n_layer, N, Hkv, hd) each, for the caller
-    to write (a write inside the graph copies the whole cache: functionalization of an in-place update).
-    The same arithmetic as GPT.forward with a KVCache and CausalSelfAttention's one-query branch."""
-    c, L = model.config, k.size(3)
-    cols = torch.arange(L, device=tok.device)                               # (L,)
-    pos = (col - pad_left).clamp(min=0)[:, None]                            # (N, 1): position of the new token
-    # the cached columns this row's query sees: filled (< col) and not padding (model.attention_mask)
-    seen = ((cols < col) & (cols >= pad_left[:, None]))[:, None, None]     # (N, 1, 1, L)
-    x, rope, new_k, new_v = model.transformer.wte(tok), None, [], []
-    if "wpe" in model.transformer:
-        x = x + model.transformer.wpe(pos)
-    else:
-        rope = rope_cos_sin(pos, c.n_embd // c.n_head, c.rope_theta)
-    for i, block in enumerate(model.transformer.h):
-        y, ki, vi = attend(block.attn, block.ln_1(x), k[i], v[i], seen, rope)
-        x = x + y
-        x = x + block.mlp(block.ln_2(x))
-        new_k.append(ki), new_v.append(vi)
-    return model.lm_head(model.transformer.ln_f(x)), torch.stack(new_k), torch.stack(new_v)
+# compile=None (auto) weighs these, measured on an H100 (docs/performance.md, "CUDA graphs and the GPU
+# configs"): a captured decode step saved 0.3 ms a layer and token (generation 0.166 -> 0.050 s a step at
+# 6 layers, 64 tokens), and capturing one graph took about 2.5 s a layer (6.5-16.5 s at 4-6 layers)
+SAVED_PER_LAYER_TOKEN = 0.3e-3  # seconds
+CAPTURE_PER_LAYER = 2.5         # seconds a graph
+GRAPHS = 2                      # a run's (rows, bucket) graphs: its prompt lengths span a bucket or two
 
 
-def attend(attn, h, k_cache, v_cache, seen, rope):
-    """CausalSelfAttention.forward for one query (eval mode), its own parts: the cached columns `seen`
-    plus the new one, through model.one_query_attention. Returns (output (N, 1, C), the new key and
-    value (N, Hkv, hd))."""
-    q, k, v = attn.project_qkv(h, rope)                                    # (N, H | Hkv, 1, hd)
-    k, v = k.to(k_cache.dtype), v.to(v_cache.dtype)                        # as the cache holds them
-    keys, values, kn, vn = attn.shared_kv(k_cache, v_cache, k, v)          # read, not copied
-    y = one_query_attention(q, keys, values, seen, kn, vn)                  # (N, H, 1, hd)
-    return attn.project_out(y), k[:, :, 0], v[:, :, 0]
+def choose(knob, device, steps, new_tokens, n_layer):
+    """Whether the run compiles its decode step, and the start-up line that says why (None: nothing to
+    say). knob: compile's value, True / False, or None / 'auto': on a GPU when the run's predicted saving
+    (steps x new_tokens decode steps at most) exceeds the predicted capture time; eager on a CPU."""
+    if isinstance(knob, bool):
+        return knob, None
+    if not str(device).startswith("cuda"):
+        return False, None  # CPU: eager (a compile pays back only in long runs, docs/performance.md)
+    saving = steps * new_tokens * n_layer * SAVED_PER_LAYER_TOKEN
+    capture = GRAPHS * n_layer * CAPTURE_PER_LAYER
+    on = saving > capture
+    return on, (f"compile=auto: decode step {'compiled (CUDA graphs)' if on else 'eager'}: {steps} steps x "
+                f"{new_tokens} tokens x {n_layer} layers would save ~{saving:.0f} s against ~{capture:.0f} s "
+                f"capturing {GRAPHS} graphs{'' if on else '; --compile=True forces it'}")
+
+
+def bucket(n, block_size):
+    """The static cache's columns for n tokens: the next of 16, 24, 32, 48, 64, 96, ... (2^k and 3 * 2^(k-1)),
+    at most block_size. One graph serves every length of a bucket; under a third of its columns go unused."""
+    size = 16
+    while size < n:
+        size = size * 3 // 2 if size & (size - 1) == 0 else size * 4 // 3  # 2^k -> 3 * 2^(k-1) -> 2^(k+1)
+    return min(size, block_size)
+
+
+def decode_step(model, tok, cache):
+    """The model's own forward for one new column: tok (N, 1) ids over a static cache -> logits (N, 1, V)."""
+    return model(tok, cache=cache)[0]
 
 
 def compiled_step(model, mode=None):
     """The model's compiled decode step, made once per model and mode (the graphs live as long as it does).
     fullgraph=True: a graph break is an error, not a silent fall-back to eager Python between graphs;
-    dynamic=False: a new (rows, columns) bucket compiles a new static graph instead of a symbolic one."""
+    dynamic=False: a new (rows, bucket) compiles a new static graph instead of a symbolic one."""
     mode = None if mode == "default" else mode  # torch.compile's default mode, by its name or by None
     steps = COMPILED.setdefault(model, {})  # dropped with the model (a deep copy compiles its own)
     if mode not in steps:
@@ -131,26 +137,39 @@ def compiled_step(model, mode=None):
 class CompiledDecode:
     """The decode step that model.generate calls once per new token, compiled:
         generate(model, prompts, ..., decode=CompiledDecode(model, device))  (built by train_grpo.setup)
-    The cache generate makes is COLUMNS-rounded (cache_len); each call runs one new column for every row
-    through the compiled graph and writes its keys and values into the cache, eagerly. The prefill (the
-    prompt, once per call) and every other forward are the model's own."""
+    generate prefills its ordinary cache eagerly, then `static_cache` copies the filled columns into this
+    object's static cache of that bucket; each call runs the model's forward for one new column over it,
+    through the compiled graph."""
 
     def __init__(self, model, device, mode=None):
         """mode: torch.compile's (None: CUDA graphs on a GPU, inductor's default on a CPU; bench/ passes its --compile)."""
         mode = mode or ("reduce-overhead" if str(device).startswith("cuda") else None)
         self.model, self.mode = model, None if mode == "default" else mode
+        self.graphs = self.mode == "reduce-overhead"  # CUDA graphs: grpo.sample_rollouts folds no LoRA
         self.step = compiled_step(model, self.mode)
+        self.caches = STATIC.setdefault(model, {})  # kept with the model, shared as its graphs are
 
-    def cache_len(self, n):
-        """The cache's columns for n tokens: rounded up to a bucket, so one graph serves many prompt lengths."""
-        return min(-(-n // COLUMNS) * COLUMNS, self.model.config.block_size)
+    def static_cache(self, cache):
+        """The static cache of cache's rows and bucket, holding cache's filled columns (the prefill), zeros
+        after them (a stale NaN there would reach the values through weight 0: 0 * NaN = NaN)."""
+        rows, columns = cache.k.size(1), bucket(cache.max_len, self.model.config.block_size)
+        key = (rows, columns, cache.k.dtype)
+        if key not in self.caches:
+            static = self.model.new_cache(rows, columns, cache.pad_left.clone(), static=True)
+            for t in (*static.k, *static.v, static.pos, static.pad_left):
+                torch._dynamo.mark_static_address(t)  # CUDA graphs: read and written where it lies
+            self.caches[key] = static
+        static, P = self.caches[key], cache.pos
+        for i in range(len(static.k)):
+            for mine, theirs in ((static.k[i], cache.k[i]), (static.v[i], cache.v[i])):
+                mine[:, :, :P].copy_(theirs[:, :, :P])
+                mine[:, :, P:].zero_()
+        static.pos.fill_(P)
+        static.pad_left.copy_(cache.pad_left)
+        return static
 
     def __call__(self, tok, cache):
         """tok (N, 1) ids -> logits (N, 1, V), as model(tok, cache=cache)[0]; the cache advances one column."""
-        col = torch.tensor(cache.pos, device=tok.device)  # a value, not a shape: the graph does not depend on it
-        if self.mode == "reduce-overhead":  # CUDA graphs: the last step's logits are used up, may be overwritten
+        if self.graphs:  # CUDA graphs: the last step's logits are used up, may be overwritten
             torch.compiler.cudagraph_mark_step_begin()
-        logits, k, v = self.step(tok, cache.k, cache.v, col, cache.pad_left)  # (N, 1, V), (n_layer, N, Hkv, hd)
-        cache.k[:, :, :, cache.pos], cache.v[:, :, :, cache.pos] = k, v        # eager: one column, no cache copy
-        cache.pos += 1
-        return logits
+        return self.step(tok, cache)

@@ -8,7 +8,10 @@
 #       eager ones (the compiled kernels sum in another order: the difference is float rounding); under bf16
 #       autocast within bf16 rounding, not bit for bit;
 #   one graph per (rows, cache-length bucket): other prompts, other uniforms and other LoRA weights reuse it
-#       (a recompile is an error in those tests);
+#       (a recompile is an error in those tests); the static cache it reads holds what the ordinary cache
+#       holds; the buckets; under CUDA graphs' mode (here on CPU, where inductor runs it without graphs)
+#       sampling reads LoRA unfolded and gives the same tokens;
+#   compile=None (auto): eager on a CPU, on a GPU only where the predicted saving exceeds the capture;
 #   the wiring: train_grpo.py with compile=True samples what compile=False samples; bad input is one line.
 import copy
 import shutil
@@ -29,7 +32,7 @@ pytestmark = pytest.mark.skipif(not any(shutil.which(c) for c in ("g++", "c++", 
 FAMILIES = {"gpt2": {}, "llama": dict(arch="llama", n_kv_head=1, n_inner=48, rope_theta=500.0, norm_eps=1e-6)}
 TARGETS = ("c_attn", "c_proj", "c_fc", "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 PROMPTS = [[3, 4, 5, 6, 7], [8, 9], [10, 11, 12]]  # lengths 5, 2, 3: rows 1 and 2 are left-padded
-ROWS, NEW = 2 * len(PROMPTS), 12                     # num_samples=2; 5 + 12 tokens: the 32-column bucket
+ROWS, NEW = 2 * len(PROMPTS), 12                     # num_samples=2; 5 + 12 tokens: the 24-column bucket
 
 
 def lora_gpt(family):
@@ -118,8 +121,9 @@ def decode_steps(model, with_compile):
     feed = torch.randint(1, 50, (ROWS, NEW), generator=torch.Generator().manual_seed(2))
     decode = compiled.CompiledDecode(model, "cpu") if with_compile else None
     with torch.no_grad(), folded_for_sampling(model):
-        cache = model.new_cache(ROWS, decode.cache_len(idx.size(1) + NEW) if decode else idx.size(1) + NEW, pad_left)
+        cache = model.new_cache(ROWS, idx.size(1) + NEW, pad_left)
         out = [model(idx, cache=cache)[0][:, -1]]
+        cache = decode.static_cache(cache) if decode else cache
         step = decode or (lambda tok, c: model(tok, cache=c)[0])
         out += [step(feed[:, t, None], cache)[:, -1] for t in range(NEW - 1)]
     return torch.stack(out, 1).float()
@@ -141,7 +145,8 @@ def test_one_graph_serves_other_prompt_lengths_in_the_bucket(fresh):
         with torch._dynamo.config.patch(error_on_recompile=True):
             for prompts, new in (([[1, 2, 3, 4], [5], [6, 7, 8]], NEW + 4), ([list(range(1, 10)), [5], [6, 7]], NEW)):
                 generate(fresh, prompts, new, eot_id=(), num_samples=2, sampling=GREEDY, decode=decode)
-            # (4 + 16 and 9 + 12 columns: the 32-column bucket of 5 + 12, as cache_len rounds them)
+            # (4 + 16 and 9 + 12 columns: the 24-column bucket of 5 + 12, as compiled.bucket rounds them)
+    assert list(decode.caches) == [(ROWS, 24, torch.float32)]  # one static cache, kept
     assert len(fresh.decode_steps) == 3 * (NEW - 1) + 4
 
 
@@ -199,3 +204,103 @@ def test_train_grpo_with_compile_samples_what_it_samples_without(tiny_setup, tmp
     assert len(calls) == sum(len(r[0]) - 1 for r in runs[True])
     with pytest.raises(UserError, match="compile=True runs on 'cpu' or 'cuda', not 'mps': set compile=False"):
         train_grpo.main([f"--base_ckpt={tiny_setup}", f"--out_dir={tmp_path / 'mps'}", "--compile=True", "--device=mps"])
+
+
+def test_the_static_cache_holds_what_the_ordinary_cache_holds(model):
+    """After the prefill and every decode step, eagerly: the static cache's first pos columns are the ordinary
+    cache's (within float rounding: its attention reads every column), the rest zeros, pos the same count;
+    and the logits agree. The bucket is wider than the run, so unwritten columns are really there."""
+    idx, pad_left = pad_prompts([p for p in PROMPTS for _ in range(2)], 0, "cpu")
+    feed = torch.randint(1, 50, (ROWS, NEW), generator=torch.Generator().manual_seed(3))
+    decode = compiled.CompiledDecode(model, "cpu")
+    with torch.no_grad():
+        cache = model.new_cache(ROWS, idx.size(1) + NEW, pad_left)
+        model(idx, cache=cache)
+        static = decode.static_cache(cache)
+        assert static.max_len == 24 and static.k[0].size(2) == 24 and int(static.pos) == cache.pos == 5
+        for t in range(NEW):
+            a = model(feed[:, t, None], cache=cache)[0]
+            b = model(feed[:, t, None], cache=static)[0]  # the forward the compiled step runs, eagerly
+            torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
+            assert int(static.pos) == cache.pos
+            for layer in range(model.config.n_layer):
+                for ours, theirs in ((static.k[layer], cache.k[layer]), (static.v[layer], cache.v[layer])):
+                    torch.testing.assert_close(ours[:, :, :cache.pos], theirs[:, :, :cache.pos], rtol=1e-5, atol=1e-5)
+                    assert not ours[:, :, cache.pos:].any()
+        assert cache.k.abs().max() > 0.1
+        # the next generate call reuses the same tensors (the graph's addresses), its columns cleared
+        again = decode.static_cache(cache)
+        assert again is static and again.k[0].data_ptr() == static.k[0].data_ptr() and int(again.pos) == cache.pos
+
+
+def test_buckets():
+    """compiled.bucket: covers n, within block_size, under a third of it unused, few buckets for a run's lengths."""
+    sizes = [compiled.bucket(n, 4096) for n in range(1, 4097)]
+    assert all(s >= n and s <= 4096 for n, s in enumerate(sizes, 1))
+    assert all(n > s * 2 / 3 for n, s in enumerate(sizes, 1) if s > 16)  # under a third unused
+    assert sizes == sorted(sizes) and set(sizes) <= {16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024,
+                                                     1536, 2048, 3072, 4096}
+    # GSM8K-like prompts of 100-250 tokens + 256 new ones: two graphs
+    assert {compiled.bucket(p + 256, 32768) for p in range(100, 251)} == {384, 512}
+    assert compiled.bucket(100, 90) == 90  # never past block_size
+
+
+def test_auto_compiles_on_a_gpu_only_where_it_pays():
+    """compile=None (auto): eager on a CPU, with nothing said; on a GPU compiled when steps x tokens x layers x
+    the saving per layer and token exceeds the capture, in one line either way; True / False as given."""
+    assert compiled.choose(True, "cpu", 3, 8, 4) == (True, None) and compiled.choose(False, "cuda", 10**6, 256, 28) == (False, None)
+    assert compiled.choose(None, "cpu", 10**6, 256, 28) == (False, None)
+    smoke, why = compiled.choose(None, "cuda", 3, 256, 28)  # a 3-step smoke run of the 1.5B config
+    assert not smoke and "\n" not in why and "eager" in why and "--compile=True" in why
+    full, why = compiled.choose(None, "cuda:1", 500, 256, 28)  # config/gsm8k_qwen15b.py
+    assert full and "\n" not in why and "compiled" in why and "500 steps x 256 tokens x 28 layers" in why
+    # the rule itself: saving against capture, the layers on both sides
+    for steps in (1, 50, 100, 1000):
+        on, _ = compiled.choose(None, "cuda", steps, 64, 6)
+        saving = steps * 64 * 6 * compiled.SAVED_PER_LAYER_TOKEN
+        assert on == (saving > compiled.GRAPHS * 6 * compiled.CAPTURE_PER_LAYER)
+
+
+def test_under_cuda_graphs_mode_sampling_reads_lora_unfolded(fresh, monkeypatch):
+    """grpo.sample_rollouts with a CUDA-graphs decode step (mode 'reduce-overhead'; on a CPU inductor runs it
+    without graphs) never folds LoRA (a folded copy would be a new graph input every step) and samples the
+    tokens eager, folded sampling gives."""
+    import grpo
+    from grpo import Prompts
+    folds = []
+    real = grpo.folded_for_sampling
+    monkeypatch.setattr(grpo, "folded_for_sampling", lambda m: folds.append(1) or real(m))
+    enc = type("Enc", (), {"n_vocab": 60})()
+    monkeypatch.setattr(grpo, "stop_tokens", lambda enc: (0,))
+    cfg = dict(max_new_tokens=NEW, group_size=2, temperature=1.0, top_k=20, top_p=1.0)
+    prompts = Prompts(PROMPTS, ["1"] * 3, (), (), generator=torch.Generator().manual_seed(4))
+    eager = grpo.sample_rollouts(fresh, enc, [prompts], cfg, None)
+    assert folds == [1]
+    prompts = Prompts(PROMPTS, ["1"] * 3, (), (), generator=torch.Generator().manual_seed(4))
+    graphs = compiled.CompiledDecode(fresh, "cpu", "reduce-overhead")
+    assert graphs.graphs
+    comp = grpo.sample_rollouts(fresh, enc, [prompts], cfg, None, graphs)
+    assert folds == [1] and len(fresh.decode_steps) == 0  # not folded; its own graph, not the default one
+    assert all(torch.equal(a, b) for a, b in zip(eager, comp)) and eager[2].size(1) > 1
+
+
+@pytest.mark.parametrize("value", ["1", "0", "fast", "'True'", "None"])
+def test_compile_takes_true_false_or_auto(tiny_setup, tmp_path, value):
+    """--compile: True, False or auto (the default); 1, 0 (equal to True and False, not them), another word,
+    or a quoted 'True' are one line naming the knob, before any work ('None' is auto, the default's value)."""
+    import train_grpo
+    argv = [f"--base_ckpt={tiny_setup}", f"--out_dir={tmp_path / 'run'}", f"--compile={value}", "--max_iters=0"]
+    if value == "None":
+        assert train_grpo.main(argv)["compile"] is None
+        return
+    with pytest.raises(UserError, match="config key 'compile'.*must be True, False or 'auto'") as e:
+        train_grpo.main(argv)
+    assert "\n" not in str(e.value) and not (tmp_path / "run").exists()
+
+
+def test_auto_on_a_cpu_samples_eagerly(tiny_setup, tmp_path, monkeypatch, capsys):
+    import train_grpo
+    monkeypatch.setattr(compiled.CompiledDecode, "__init__", lambda *a: pytest.fail("compiled on a CPU"))
+    cfg = train_grpo.main([f"--base_ckpt={tiny_setup}", f"--out_dir={tmp_path / 'run'}", "--compile=auto",
+                           "--max_iters=1", "--eval_n=2", "--eval_k=1", "--batch_size=2", "--group_size=2"])
+    assert cfg["compile"] is None and "compile=auto" not in capsys.readouterr().out  # nothing said on a CPU

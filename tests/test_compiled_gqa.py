@@ -27,8 +27,9 @@ def decode_logits(model, idx, pad_left, decode=None):
     """Prefill idx, then feed STEPS given tokens one column at a time, through the model's forward or
     `decode` (the compiled step): each step's (B, V) logits."""
     n = idx.size(1) + STEPS
-    cache = model.new_cache(idx.size(0), decode.cache_len(n) if decode else n, pad_left)
+    cache = model.new_cache(idx.size(0), n, pad_left)
     out = [model(idx, cache=cache)[0][:, -1]]
+    cache = decode.static_cache(cache) if decode else cache
     step = decode or (lambda tok, c: model(tok, cache=c)[0])
     for t in range(STEPS):
         out.append(step(idx[:, t % idx.size(1), None], cache)[:, -1])

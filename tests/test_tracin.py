@@ -5,9 +5,8 @@
 #   test_hooks_match_torch_func (beta 0 and > 0)  torch.func: functional_call on a LoRA-only parameter
 #       dict, each sample run ALONE as a batch of 1 with its own pad_left, loss = grpo_loss on that row
 #       with num_seqs=N; per-sample gradients by torch.func.jacrev (which vmaps the backward over the
-#       samples' losses). vmap(grad(...)) itself cannot be used: the model forward vmaps fine, but
-#       grpo_loss calls .item() for its log statistics, which vmap refuses (checked in
-#       test_vmap_grad_refuses_grpo_loss, so the choice stays documented by a test).
+#       samples' losses); vmap(grad(...)) runs through grpo_loss too (its statistics stay tensors:
+#       test_vmap_grad_runs_through_grpo_loss, against one grad per row).
 #   test_val_split_buffers_with_beta      the same torch.func reference for the val split; snapshots of
 #       the train buffers taken before the val capture.
 #   test_ghost_equals_materialised_and_bruteforce  brute force: flattened torch.func per-sample gradients,
@@ -171,18 +170,24 @@ def test_batch_layout(world):
     assert (idx[0, -T:][mask[0] == 0] == EOT).all()       # eot padding after the end
 
 
-def test_vmap_grad_refuses_grpo_loss(world):
-    """Why the reference uses jacrev: vmap(grad(.)) through grpo_loss hits its .item() statistics."""
+def test_vmap_grad_runs_through_grpo_loss(world):
+    """grpo_loss reads nothing back from the device (its statistics stay 0-d tensors: no .item(), which
+    vmap refuses), so torch.func's vmap(grad(.)) gives each row's gradient: equal to one
+    torch.autograd.grad per row."""
     m, (idx, pl, mask), _ = world
     params = {n: p.detach() for n, p in m.named_parameters() if ".lora_" in n}
+    divisors = Divisors(num_seqs=idx.size(0), num_tokens=1)
 
     def one(p, row, pl1, m1, a1):
         lp, _ = completion_logprobs(lambda *a, **k: functional_call(m, p, a, k), row[None], pl1[None],
                                     mask.size(1), 1.0)
-        divisors = Divisors(num_seqs=idx.size(0), num_tokens=1)
         return grpo_loss(lp, lp.detach(), None, a1[None], m1[None], LossKnobs(beta=0.0), divisors)[0]
-    with pytest.raises(RuntimeError, match="item"):
-        vmap(grad(one), in_dims=(None, 0, 0, 0, 0))(params, idx, pl, mask, TRAIN_ADV)
+    got = vmap(grad(one), in_dims=(None, 0, 0, 0, 0))(params, idx, pl, mask, TRAIN_ADV)
+    for i in (0, idx.size(0) - 1):
+        want = grad(one)(params, idx[i], pl[i], mask[i], TRAIN_ADV[i])
+        for n in params:
+            torch.testing.assert_close(got[n][i], want[n], rtol=1e-4, atol=1e-7)
+    assert max(got[n].abs().max() for n in params) > 1e-4  # real gradients
 
 
 @pytest.mark.parametrize("beta", [0.0, 0.1])
