@@ -277,10 +277,13 @@ def test_under_cuda_graphs_mode_sampling_reads_lora_unfolded(fresh, monkeypatch)
     eager = grpo.sample_rollouts(fresh, enc, [prompts], cfg, None)
     assert folds == [1]
     prompts = Prompts(PROMPTS, ["1"] * 3, (), (), generator=torch.Generator().manual_seed(4))
-    graphs = compiled.CompiledDecode(fresh, "cpu", "reduce-overhead")
+    graphs, calls = compiled.CompiledDecode(fresh, "cpu", "reduce-overhead"), []
+    step = graphs.step
+    graphs.step = lambda *a: calls.append(1) or step(*a)  # counted
     assert graphs.graphs
     comp = grpo.sample_rollouts(fresh, enc, [prompts], cfg, None, graphs)
     assert folds == [1] and len(fresh.decode_steps) == 0  # not folded; its own graph, not the default one
+    assert len(calls) == comp[2].size(1) - 1  # every decode step through it
     assert all(torch.equal(a, b) for a, b in zip(eager, comp)) and eager[2].size(1) > 1
 
 
