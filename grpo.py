@@ -615,11 +615,10 @@ def grpo_loss(logp, old_logp, ref_logp, advantages, mask, knobs, divisors):
         high = (ratio > 1 + epsilon_high) & (A > 0)
         low = low.expand_as(mask).float() * mask
         high = high.expand_as(mask).float() * mask
-        zero = torch.zeros((), device=mask.device)
         # 0-d tensors: policy_backward reads them once, after its loop
         stats = {"clipped_low": low.sum(), "clipped_high": high.sum(),
                  "clipped_tokens": (low + high).sum(),
-                 "kl_sum": (kl * mask).sum() if kl is not None else zero}
+                 "kl_sum": (kl * mask).sum() if kl is not None else mask.new_zeros(())}
     return loss, stats
 
 
