@@ -228,9 +228,16 @@ def test_the_static_cache_holds_what_the_ordinary_cache_holds(model):
                     torch.testing.assert_close(ours[:, :, :cache.pos], theirs[:, :, :cache.pos], rtol=1e-5, atol=1e-5)
                     assert not ours[:, :, cache.pos:].any()
         assert cache.k.abs().max() > 0.1
-        # the next generate call reuses the same tensors (the graph's addresses), its columns cleared
-        again = decode.static_cache(cache)
-        assert again is static and again.k[0].data_ptr() == static.k[0].data_ptr() and int(again.pos) == cache.pos
+        # the next generate call of this bucket (3 + 18 columns: 24) reuses the same tensors (the graph's
+        # addresses): its prefill in front, the columns the last call wrote after it cleared
+        ptr = static.k[0].data_ptr()
+        idx, pad_left = pad_prompts([[1, 2, 3], [4]] * 3, 0, "cpu")
+        short = model.new_cache(ROWS, idx.size(1) + 18, pad_left)
+        model(idx, cache=short)
+        again = decode.static_cache(short)
+        assert again is static and again.k[0].data_ptr() == ptr and int(again.pos) == short.pos == 3
+        assert torch.equal(again.k[1][:, :, :3], short.k[1][:, :, :3]) and torch.equal(again.pad_left, pad_left)
+        assert not again.k[1][:, :, 3:].any() and not again.v[0][:, :, 3:].any()
 
 
 def test_buckets():

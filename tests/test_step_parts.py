@@ -1,8 +1,10 @@
 # The parts of a GRPO step that split a batch: the rows every rank gathers (padding columns are no
 # completion tokens), a part's rows of every field (its reference log-probs too), bnpo's count of
-# micro-batches (never rounded down to 0), and a TracIn step that kept nothing (AdamW left alone).
+# micro-batches (never rounded down to 0), a TracIn step that kept nothing (AdamW left alone), and the
+# statistics policy_backward sums over micro-batches, each under its own name.
 # References: the one-process layout written out row by row; the whole batch's fields indexed; the
-# loss computed by grpo_loss on the same log-probs; the optimizer state before the step.
+# loss computed by grpo_loss on the same log-probs; the optimizer state before the step; the clip
+# counts, k3 KL and entropy written out over the whole batch.
 # Run: python -m pytest -q tests/test_step_parts.py
 import copy
 import threading
@@ -157,3 +159,33 @@ def test_a_step_that_kept_nothing_leaves_the_adapter_and_adamw_alone():
     after = optimizer.state_dict()["state"]
     for k, state in before[1]["state"].items():
         assert all(torch.equal(v, after[k][name]) for name, v in state.items())
+
+
+def test_policy_backward_sums_each_statistic_under_its_own_name():
+    """policy_backward's sums over micro-batches of 2 rows (kept on the device, read after the loop) against
+    the formulas written out over the whole batch: clipped below (ratio < 1 - eps_low where A < 0) and above
+    (ratio > 1 + eps_high where A > 0) on the mask's tokens, their total, the k3 KL sum, the entropy sum,
+    the token count, and one loss per micro-batch; old log-probs set so that both sides of the clip act."""
+    torch.manual_seed(0)
+    model = build_gpt(seed=0)
+    batch = rollouts(n=6, seed=3)
+    batch = replace(batch, idx=batch.idx.clamp(max=model.config.vocab_size - 1))
+    with torch.no_grad():
+        logp, _ = completion_logprobs(model, batch.idx, batch.pad_left, 5, 1.0)
+        logits, _ = model(batch.idx[:, :-1], pad_left=batch.pad_left, keep_last=5)
+    shift = torch.tensor([0.5, -0.5, 0.5, -0.5, 0.5, -0.5])[:, None]  # ratios e^-0.5 and e^0.5: both clip
+    batch = replace(batch, old_logp=logp + shift, advantages=torch.tensor([-1.0, 1.0, 1.0, -1.0, -1.0, 1.0]))
+    c = {**CFG, "micro_batch_size": 2, "beta": 0.1}
+    stats = policy_backward(model, batch, c, LossKnobs.from_cfg(c))
+    m, A = batch.mask.float(), batch.advantages[:, None]
+    ratio = torch.exp(logp - batch.old_logp)
+    low = (((ratio < 0.8) & (A < 0)).float() * m).sum().item()
+    high = (((ratio > 1.2) & (A > 0)).float() * m).sum().item()
+    d = batch.ref_logp - logp
+    kl = ((torch.exp(d) - d - 1) * m).sum().item()
+    ent = (-(logits.softmax(-1) * logits.log_softmax(-1)).sum(-1) * m).sum().item()
+    assert low > 0 and high > 0 and low != high
+    assert stats["clipped_low"] == low and stats["clipped_high"] == high and stats["clipped"] == low + high
+    assert stats["kl_sum"] == pytest.approx(kl, rel=1e-5) and stats["ent_sum"] == pytest.approx(ent, rel=1e-5)
+    assert stats["num_tokens"] == batch.mask.sum().item() and len(stats["losses"]) == 3
+    assert all(isinstance(x, float) for x in (*stats["losses"], stats["kl_sum"], stats["clipped"]))
