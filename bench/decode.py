@@ -19,8 +19,9 @@ Two rows of bench/run.py about generation, the largest phase of every GRPO step:
                 the decode step compiled too (scale/compiled.py): the three interleaved, once per round; the
                 first compiled call's seconds beyond a compiled call (the compile), the saving per call, and
                 the call (a GRPO step samples once) at which the compile has paid for itself.
-  compiled      pass 1 of compile_steps GRPO steps as grpo.sample_rollouts runs it (LoRA folded in, sampled at
-                temperature 1, the same uniforms for both), eager and with the decode step compiled
+  compiled      pass 1 of compile_steps GRPO steps as grpo.sample_rollouts runs it (LoRA folded in, except
+                under CUDA graphs; sampled at temperature 1, the same uniforms for both), eager and with the
+                decode step compiled
                 (scale/compiled.py, mode --compile or inductor's default), one after the other each step;
                 prompts of a random length up to thr_prompt_len every step, so the cache's length changes
                 as in a run. Graphs compiled, compile seconds, the median saving per step, the step at which
