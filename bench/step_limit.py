@@ -18,14 +18,13 @@ A GRPO run's decode step and policy pass against their limits, step by step, fro
 """
 import json
 import os
-import statistics
-import sys
-import time
 
 import torch
 
+from bench.step import timed
 from configurator import UserError, cli_main
 from data.prompts import encode_prompt
+from runs.checkpoint import load_checkpoint
 from runs.loading import load_policy
 
 
@@ -51,32 +50,18 @@ def pass_flops(config, rows, seq, completion, grad_checkpoint):
     return fwd + (fwd + attention) + (blocks if grad_checkpoint else 0)
 
 
-def measured(fn, device, repeats=5):
-    """Median seconds of fn() after one warm-up call."""
-    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
-    fn()
-    times = []
-    for _ in range(repeats):
-        sync()
-        t0 = time.perf_counter()
-        fn()
-        sync()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
 def matmul_rate(width, inner, tokens, dtype, device):
     """FLOP/s of a (tokens, width) @ (width, inner) matmul in dtype, the pass's largest shape."""
     a = torch.randn(tokens, width, device=device, dtype=dtype)
     b = torch.randn(width, inner, device=device, dtype=dtype)
-    return 2 * tokens * width * inner / measured(lambda: a @ b, device)
+    return 2 * tokens * width * inner / timed(lambda: a @ b, device, 5)[0]
 
 
 def bandwidth(device, mb=1024):
     """Bytes/s read plus written by a device-to-device copy of `mb` MB."""
     a = torch.empty(mb * 2 ** 20, dtype=torch.uint8, device=device)
     b = torch.empty_like(a)
-    return 2 * a.numel() / measured(lambda: b.copy_(a), device)
+    return 2 * a.numel() / timed(lambda: b.copy_(a), device, 5)[0]
 
 
 def step_rows(run):
@@ -96,7 +81,6 @@ def main(argv):
     run = args[0]
     if not os.path.isfile(os.path.join(run, "log.jsonl")) or not os.path.isfile(os.path.join(run, "ckpt.pt")):
         raise UserError(f"{run} is not a train_grpo.py run directory (no log.jsonl and ckpt.pt): give one")
-    from runs.checkpoint import load_checkpoint
     cfg = load_checkpoint(os.path.join(run, "ckpt.pt"))["config"]
     model, enc, _ = load_policy(os.path.join(run, "ckpt.pt"), device)
     c = model.config
