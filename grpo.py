@@ -198,6 +198,14 @@ def make_rollouts(model, enc, batches, cfg, generator, decode=None,
     return [replace(first, ref_logp=ref), *others]
 
 
+def lora_for_sampling(model, decode):
+    """LoRA folded in for sampling: each adapted layer holds W + s B A
+    (lora.folded_for_sampling), except under CUDA graphs (decode.graphs):
+    a folded copy, new every step, would be copied into the graph's own
+    buffers at every token; the graph reads W, A and B where they lie."""
+    return nullcontext() if decode and decode.graphs else folded_for_sampling(model)
+
+
 def sample_rollouts(model, enc, batches, cfg, generator, decode=None,
                     timer=None, amp=nullcontext()):
     """PASS 1: (idx, pad_left, mask) of group_size completions for every
@@ -221,13 +229,8 @@ def sample_rollouts(model, enc, batches, cfg, generator, decode=None,
     stops = stop_tokens(enc)
     sampling = Sampling(temperature=cfg["temperature"], top_k=cfg["top_k"] or None,
                         top_p=cfg["top_p"], vocab_size=enc.n_vocab)
-    # LoRA folded in for sampling: each adapted layer holds W + s B A
-    # (lora.folded_for_sampling), except under CUDA graphs (decode.graphs):
-    # a folded copy, new every step, would be copied into the graph's own
-    # buffers at every token; the graph reads W, A and B where they lie
-    fold = nullcontext() if decode and decode.graphs else folded_for_sampling(model)
     failed = None
-    with timer("generation"), amp, fold:
+    with timer("generation"), amp, lora_for_sampling(model, decode):
         try:
             sampled = generate(model, prompts[mine], S, stops, num_samples=G,
                                sampling=sampling, u=u, decode=decode)

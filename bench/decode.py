@@ -29,7 +29,6 @@ Two rows of bench/run.py about generation, the largest phase of every GRPO step:
                 rows whose tokens differ from the eager ones.
 """
 import math
-from contextlib import nullcontext
 import statistics
 import tempfile
 import time
@@ -39,6 +38,7 @@ import torch.nn.functional as F
 
 from bench.half import halved
 from bench.memory import lora_gpt, project_grpo_step, step_inputs
+from grpo import lora_for_sampling
 from lora import folded_for_sampling
 from lora import lora_parameters
 from pretrained.hf import from_pretrained
@@ -247,9 +247,7 @@ def bench_compiled(cfg):
                 for variant in t:
                     graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
                     decode = compiled_decode if variant == "compiled" else None
-                    # as grpo.sample_rollouts: LoRA folded in, except under CUDA graphs
-                    fold = nullcontext() if decode and decode.graphs else folded_for_sampling(model)
-                    with amp, fold:
+                    with amp, lora_for_sampling(model, decode):  # as grpo.sample_rollouts
                         sync(); t0 = time.perf_counter()
                         out[variant] = generate(model, prompts, T, eot_id=(), num_samples=G, u=u,
                                                 decode=decode)[0]

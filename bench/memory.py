@@ -11,7 +11,6 @@ baseline. Rewards do not matter for either, so random advantages stand in for th
   throughput  one project step at the throughput size (6 layers x 384, 8 prompts x 8 completions x
               64 tokens), per phase; steps/s, generated tokens/s, completions/s (the target is an H100's).
 """
-from contextlib import nullcontext
 import copy
 import gc
 import json
@@ -28,7 +27,7 @@ import grpo
 from bench.scripts import GRPO_DEFAULTS
 from data.tasks import PROJECT
 from scale.compiled import CompiledDecode
-from lora import apply_lora, disable_lora, folded_for_sampling, lora_parameters
+from lora import apply_lora, disable_lora, lora_parameters
 from model import GPT, GPTConfig
 from model import Sampling, generate, uniforms
 
@@ -61,7 +60,7 @@ def step_inputs(n_prompts, group, prompt_len, vocab, seed):
 def project_grpo_step(model, optimizer, prompts, group, new_tokens, advantages, amp, seed, beta=0.04,
                       temperature=1.0, micro_batch_size=0, compile_mode=None):
     """One standard GRPO step with the project's code, rewards replaced by `advantages`: pass 1 is
-    model.generate as grpo.sample_rollouts calls it (LoRA folded in, unless under CUDA graphs), passes 2 and 3 and the backward are
+    model.generate as grpo.sample_rollouts calls it (grpo.lora_for_sampling), passes 2 and 3 and the backward are
     grpo.policy_backward, then clip and AdamW as grpo_step does them.
     compile_mode: the decode step compiled in that torch.compile mode (scale/compiled.CompiledDecode).
     Returns (loss, idx, mask, seconds per phase: generation, reference, policy, optimizer)."""
@@ -73,9 +72,7 @@ def project_grpo_step(model, optimizer, prompts, group, new_tokens, advantages, 
     timer = grpo.PhaseTimer("reference", "policy")  # the passes' seconds
     times = {}
     t0 = time.perf_counter()
-    # as grpo.sample_rollouts: the adapter folded into W for pass 1, except under CUDA graphs
-    fold = nullcontext() if decode and decode.graphs else folded_for_sampling(model)
-    with amp, fold:
+    with amp, grpo.lora_for_sampling(model, decode):  # as grpo.sample_rollouts: W + s B A for pass 1
         u = uniforms(new_tokens, prompts.size(0) * group, seed, dev)
         idx, pad_left, mask = generate(model, prompts.tolist(), new_tokens, eot_id=-1, num_samples=group,
                                        sampling=Sampling(temperature=temperature), u=u, decode=decode)
