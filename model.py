@@ -8,8 +8,7 @@ lm_head), with
     batch (up to rounding: matmuls of other shapes sum in another order,
     about 3e-8 on the logits),
   - a KV cache for decoding (KVCache): each new token attends to the
-    cached keys/values instead of recomputing the whole prefix (static:
-    the fixed-shape form a compiled decode step reads, scale/compiled.py),
+    cached keys/values instead of recomputing the whole prefix,
   - `keep_last=k`: the LM head runs on the last k positions only (GRPO
     needs completion logits only; the head is the largest matmul and
     logits the largest activation),
@@ -111,28 +110,16 @@ class KVCache:
 
     Column j of the cache holds the token at column j of the (left-padded)
     input. `pos` is the number of filled columns; `pad_left` (B,) says
-    where each row's real tokens start.
-
-    static=True: the form a captured decode step needs (scale/compiled.py).
-    Every step has the same shapes and constants, so one graph serves them
-    all: `pos` is a (1,) tensor (a value of the graph, not a constant), all
-    `max_len` columns are read (the mask hides the ones not written yet),
-    and each layer has a tensor of its own (written in place inside a
-    graph; a write into a slice of one 5-D tensor copies the whole tensor).
+    where each row's real tokens start. (scale/compiled.StaticKVCache: the
+    fixed-shape form a compiled decode step reads, the same two methods.)
     """
 
-    def __init__(self, shape, pad_left, device, dtype, static=False):
+    def __init__(self, shape, pad_left, device, dtype):
         # shape: (n_layer, B, n_head, max_len, head_dim)
-        self.static, self.max_len = static, shape[3]
-        if static:
-            self.k = [torch.zeros(shape[1:], device=device, dtype=dtype) for _ in range(shape[0])]
-            self.v = [torch.zeros_like(k) for k in self.k]
-            self.pos = torch.zeros(1, dtype=torch.long, device=device)
-        else:
-            self.k = torch.zeros(shape, device=device, dtype=dtype)
-            self.v = torch.zeros_like(self.k)
-            self.pos = 0
+        self.k = torch.zeros(shape, device=device, dtype=dtype)
+        self.v = torch.zeros_like(self.k)
         self.pad_left = pad_left
+        self.pos = 0
 
     def repeat_interleave(self, n):
         """Each row becomes n: the prompt's prefill is shared by its
@@ -143,16 +130,12 @@ class KVCache:
 
     def key_columns(self, T):
         """The columns T new tokens attend over: those filled so far and
-        their own (static: every column)."""
-        return self.max_len if self.static else self.pos + T
+        their own."""
+        return self.pos + T
 
     def write(self, layer, k, v):
         """Cache T new columns (B, Hkv, T, hd) at pos; -> the keys and
         values of key_columns(T) columns."""
-        if self.static:  # at the tensor pos, in place (index_put_)
-            cols = self.pos + torch.arange(k.size(2), device=k.device)
-            self.k[layer][:, :, cols], self.v[layer][:, :, cols] = k, v
-            return self.k[layer], self.v[layer]
         start, end = self.pos, self.pos + k.size(2)
         self.k[layer, :, :, start:end] = k
         self.v[layer, :, :, start:end] = v
@@ -391,7 +374,7 @@ class GPT(nn.Module):
             wpe = self.transformer.wpe.weight.numel()
         return sum(p.numel() for p in self.parameters()) - wpe
 
-    def new_cache(self, B, max_len, pad_left=None, static=False):
+    def new_cache(self, B, max_len, pad_left=None):
         c, p = self.config, next(self.parameters())
         if pad_left is None:
             pad_left = torch.zeros(B, dtype=torch.long, device=p.device)
@@ -400,7 +383,7 @@ class GPT(nn.Module):
         if torch.is_autocast_enabled(kind):
             dtype = torch.get_autocast_dtype(kind)
         shape = (c.n_layer, B, c.n_kv_head or c.n_head, max_len, c.n_embd // c.n_head)
-        return KVCache(shape, pad_left, p.device, dtype, static)
+        return KVCache(shape, pad_left, p.device, dtype)
 
     def forward(self, idx, targets=None, pad_left=None, cache=None,
                 keep_last=None):
@@ -441,7 +424,7 @@ class GPT(nn.Module):
             else:
                 x = block(x, mask, cache, i, rope)
         if cache is not None:
-            cache.pos += T  # static: in place, the (1,) tensor the graph reads
+            cache.pos += T  # a static cache's (1,) tensor: in place
         x = self.transformer.ln_f(x)
         if targets is not None:
             logits = self.lm_head(x)  # (B, T, V)

@@ -2,7 +2,7 @@
 nanoGPT's `compile` knob, for the decode step of sampling (pass 1): one new token for every row against
 the KV cache, the step model.generate repeats max_new_tokens times. What is compiled is the model's own
 forward (GPT.forward, CausalSelfAttention.forward, one_query_attention: no second copy of the block),
-over a static cache (model.KVCache(static=True)), as gpt-fast does:
+over a static cache (StaticKVCache, the form of model.KVCache it reads), as gpt-fast does:
   - the new token's column is a (1,) tensor, not an int: an input value, not a constant of the graph;
   - every column of the cache is read, the mask hiding the ones not written yet and each row's left
     padding (the softmax gives them weight exactly 0), so each step has the same shapes;
@@ -34,6 +34,7 @@ import weakref
 import torch
 
 from configurator import UserError
+from model import KVCache
 
 COMPILED = weakref.WeakKeyDictionary()  # model -> {mode: its compiled decode step}
 STATIC = weakref.WeakKeyDictionary()  # model -> {(rows, columns, dtype): its static KVCache}: the graphs' addresses
@@ -134,6 +135,30 @@ def compiled_step(model, mode=None):
     return steps[mode]
 
 
+class StaticKVCache(KVCache):
+    """model.KVCache in the form a captured decode step reads: every step has the same shapes and
+    constants, so one graph serves them all. `pos` is a (1,) tensor (a value of the graph, not a
+    constant), all max_len columns are read (the mask hides the ones not written yet), each layer has a
+    tensor of its own (written in place inside a graph; into a slice of one 5-D tensor inductor copies the
+    whole tensor). GPT.forward and CausalSelfAttention.forward call its key_columns and write."""
+
+    def __init__(self, shape, pad_left, device, dtype):
+        # shape: (n_layer, B, n_kv_head, max_len, head_dim), as model.KVCache
+        self.k = [torch.zeros(shape[1:], device=device, dtype=dtype) for _ in range(shape[0])]
+        self.v = [torch.zeros_like(k) for k in self.k]
+        self.pos = torch.zeros(1, dtype=torch.long, device=device)
+        self.pad_left, self.max_len = pad_left, shape[3]
+
+    def key_columns(self, T):
+        return self.max_len  # every column
+
+    def write(self, layer, k, v):
+        """T new columns at the tensor pos, in place (index_put_); -> every column's keys and values."""
+        cols = self.pos + torch.arange(k.size(2), device=k.device)
+        self.k[layer][:, :, cols], self.v[layer][:, :, cols] = k, v
+        return self.k[layer], self.v[layer]
+
+
 class CompiledDecode:
     """The decode step that model.generate calls once per new token, compiled:
         generate(model, prompts, ..., decode=CompiledDecode(model, device))  (built by train_grpo.setup)
@@ -152,10 +177,12 @@ class CompiledDecode:
     def static_cache(self, cache):
         """The static cache of cache's rows and bucket, holding cache's filled columns (the prefill), zeros
         after them (a stale NaN there would reach the values through weight 0: 0 * NaN = NaN)."""
-        rows, columns = cache.k.size(1), bucket(cache.max_len, self.model.config.block_size)
-        key = (rows, columns, cache.k.dtype)
+        (n_layer, rows, heads, length, hd), dtype = cache.k.shape, cache.k.dtype
+        columns = bucket(length, self.model.config.block_size)
+        key = (rows, columns, dtype)
         if key not in self.caches:
-            static = self.model.new_cache(rows, columns, cache.pad_left.clone(), static=True)
+            shape = (n_layer, rows, heads, columns, hd)
+            static = StaticKVCache(shape, cache.pad_left.clone(), cache.k.device, dtype)
             for t in (*static.k, *static.v, static.pos, static.pad_left):
                 torch._dynamo.mark_static_address(t)  # CUDA graphs: read and written where it lies
             self.caches[key] = static

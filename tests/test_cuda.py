@@ -111,7 +111,6 @@ def test_captured_decode_step_on_cuda_gives_the_eager_tokens_from_one_graph():
     eager ones on a grouped-query model with LoRA read unfolded, padding in the batch; no cudagraph was
     skipped (a mutated input that is not a static address skips it); two more calls of other prompt lengths
     in the bucket (24 columns) capture nothing new (one static cache, its addresses kept); the NaN path still raises."""
-    from contextlib import nullcontext
     from conftest import TINY
     from lora import apply_lora, folded_for_sampling, lora_parameters
     from model import GPT, GPTConfig, NonFiniteLogits
@@ -134,7 +133,7 @@ def test_captured_decode_step_on_cuda_gives_the_eager_tokens_from_one_graph():
     for prompts in ([[3, 4, 5, 6, 7], [8, 9], [10, 11, 12]], [[1, 2, 3, 4, 5, 6], [4], [5, 6]], [[9] * 8, [2], [3, 4]]):
         with folded_for_sampling(model):
             eager = generate(model, prompts, 12, (), num_samples=2, sampling=GREEDY)
-        with nullcontext():  # as grpo.sample_rollouts under CUDA graphs: not folded
+        with grpo.lora_for_sampling(model, decode):  # as grpo.sample_rollouts: not folded here
             comp = generate(model, prompts, 12, (), num_samples=2, sampling=GREEDY, decode=decode)
         assert all(torch.equal(a, b) for a, b in zip(eager, comp))
     assert counters["inductor"]["cudagraph_skips"] == 0

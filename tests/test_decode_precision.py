@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from model import CausalSelfAttention, GPTConfig, KVCache, apply_rope, attention_mask, rope_cos_sin
+from scale.compiled import StaticKVCache
 
 ARCHS = {"gpt2": dict(arch="gpt2"), "llama-gqa": dict(arch="llama", n_kv_head=2, n_inner=64)}
 B, H, C, L = 3, 4, 64, 21  # rows, query heads, width, cache columns (the new one included)
@@ -80,7 +81,7 @@ def check(y, ref):
 @pytest.mark.parametrize("arch", ARCHS)
 def test_model_one_query_attention_is_float32_under_bf16_autocast(arch, static):
     attn, k, v, x, pad_left, rope = setup(arch)
-    cache = KVCache((1, *k.shape), pad_left, "cpu", torch.bfloat16, static=static)
+    cache = (StaticKVCache if static else KVCache)((1, *k.shape), pad_left, "cpu", torch.bfloat16)
     cache.k[0][:, :, :L - 1], cache.v[0][:, :, :L - 1] = k[:, :, :-1], v[:, :, :-1]
     cache.pos = torch.tensor([L - 1]) if static else L - 1  # the last column is the new token's
     mask = attention_mask(pad_left, cache.pos, 1, L, x.device)              # (B, 1, 1, L)
