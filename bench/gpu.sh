@@ -14,13 +14,15 @@
 #      bench/step_limit.py: per step its seconds, ms a decode step against reading the weights once,
 #      the policy pass against its matmul limit, peak memory (the 1.5B row of docs/performance.md)
 # usage: bash bench/gpu.sh [OUT]   (OUT: where the model directory and the run go; default /tmp/gpu_bench)
+#   PYTHON: the interpreter every part runs with (default: the `python` on PATH)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-/tmp/gpu_bench}
-python -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'bench/gpu.sh needs a CUDA GPU')" || exit 1
-python -c "import transformers, tokenizers" 2>/dev/null || python -m pip install -q transformers tokenizers
+PYTHON=${PYTHON:-python}
+"$PYTHON" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'bench/gpu.sh needs a CUDA GPU')" || exit 1
+"$PYTHON" -c "import transformers, tokenizers" 2>/dev/null || "$PYTHON" -m pip install -q transformers tokenizers
 mkdir -p "$OUT"
-echo "== $(python -c 'import torch; print(torch.cuda.get_device_name(), "torch", torch.__version__)'); commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
+echo "== $("$PYTHON" -c 'import torch; print(torch.cuda.get_device_name(), "torch", torch.__version__)'); commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
 part() {  # part SECONDS TITLE COMMAND...: the command's last lines and its seconds, killed past SECONDS
   local limit=$1 title=$2 t0=$SECONDS
   shift 2
@@ -28,14 +30,14 @@ part() {  # part SECONDS TITLE COMMAND...: the command's last lines and its seco
   timeout "$limit" "$@" 2>&1 | tail -30
   echo "   ($((SECONDS - t0)) s, exit ${PIPESTATUS[0]})"
 }
-part 120 "CUDA tests" python -m pytest -q tests/test_cuda.py
+part 120 "CUDA tests" "$PYTHON" -m pytest -q tests/test_cuda.py
 part 180 "sampling vs transformers' generate, eager and captured" \
-  python -m bench --device=cuda --rows=vs_generate --compile=reduce-overhead
-part 60 "a standard step against its matmul limit" python -m bench --device=cuda --rows=limits
-python -m bench.qwen_dir "$OUT/qwen15b"
+  "$PYTHON" -m bench --device=cuda --rows=vs_generate --compile=reduce-overhead
+part 60 "a standard step against its matmul limit" "$PYTHON" -m bench --device=cuda --rows=limits
+"$PYTHON" -m bench.qwen_dir "$OUT/qwen15b"
 rm -rf "$OUT/run"
-python -c "from scale.compiled import choose; print('config/gsm8k_qwen15b.py as it is:', choose(None, 'cuda', 500, 256, 28)[1])"
+"$PYTHON" -c "from scale.compiled import choose; print('config/gsm8k_qwen15b.py as it is:', choose(None, 'cuda', 500, 256, 28)[1])"
 part 240 "three 1.5B-shaped steps, decode step captured" \
-  python train_grpo.py config/gsm8k_qwen15b.py --base_ckpt="$OUT/qwen15b" --task=countdown --compile=True \
+  "$PYTHON" train_grpo.py config/gsm8k_qwen15b.py --base_ckpt="$OUT/qwen15b" --task=countdown --compile=True \
   --max_iters=3 --eval_n=8 --eval_interval=100 --ckpt_interval=3 --out_dir="$OUT/run"
-part 60 "the 1.5B-shaped steps against their limits" python -m bench.step_limit "$OUT/run" --device=cuda
+part 60 "the 1.5B-shaped steps against their limits" "$PYTHON" -m bench.step_limit "$OUT/run" --device=cuda

@@ -8,6 +8,7 @@
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -45,10 +46,26 @@ def test_a_lock_of_another_users_live_process_is_refused(tmp_path, monkeypatch):
         assert lock.read_text() == f"{os.getpid()}\n"
 
 
+def wait_for_command(pid, words, timeout=10.0):
+    """Whether /proc shows `words` as pid's command line, polled until it does (False: no /proc).
+    Popen can return before /proc shows the child's exec: until then it shows the parent's command
+    line, or nothing, and the hint would name no `sleep`."""
+    path = f"/proc/{pid}/cmdline"
+    deadline = time.monotonic() + timeout
+    while os.path.exists(path):
+        with open(path, "rb") as f:
+            if f.read().split(b"\0")[:-1] == [w.encode() for w in words]:
+                return True
+        assert time.monotonic() < deadline, f"PID {pid} never showed {words} in {path}"
+        time.sleep(0.01)
+    return False
+
+
 def test_a_live_process_that_is_not_a_run_gets_the_stale_hint(tmp_path):
     live = subprocess.Popen(["sleep", "60"])
     lock = tmp_path / rundir.LOCK_NAME
     try:
+        shown = wait_for_command(live.pid, ["sleep", "60"])
         lock.write_text(f"{live.pid}\n")
         with pytest.raises(UserError) as e:
             with rundir.run_lock(str(tmp_path)):
@@ -57,8 +74,7 @@ def test_a_live_process_that_is_not_a_run_gets_the_stale_hint(tmp_path):
         assert "\n" not in msg and msg.count(str(live.pid)) >= 2  # the PID, and again in the hint
         assert "stale" in msg and "not a run" in msg
         assert f"remove {os.path.abspath(lock)}" in msg   # the file to remove, by its full path
-        if os.path.exists(f"/proc/{live.pid}/cmdline"):
-            assert "sleep 60" in msg                      # what that process is
+        assert "sleep 60" in msg or not shown             # what that process is, where /proc says
         assert lock.read_text() == f"{live.pid}\n"        # refused: the lock is untouched
     finally:
         live.kill()

@@ -17,6 +17,8 @@ from runs import rundir
 from runs.metrics import record_problem
 from test_analysis_parts import ENC, EOT, entry, result
 
+MATPLOTLIB = "matplotlib draws the figures: not in requirements.txt (.ci/run installs it)"
+
 GOOD = {"iter": 3, "prompts": ["P0", "P1"], "answers": [1, 2],
         "completion_tokens": [list(b"ab") + [EOT], list(b"c") + [EOT, EOT], list(b"de") + [EOT],
                               list(b"fg") + [EOT]],
@@ -143,30 +145,54 @@ def write_log(run, lines):
     return str(run)
 
 
-def test_null_or_text_log_values_are_left_out_of_the_figure_and_the_table(tmp_path, capsys):
+def null_or_text_log(tmp_path):
     """A step whose sampling gave NaN/Inf logs reward null; a hand edit may leave text."""
     steps = [{"iter": i, "elapsed": float(i), "reward": r, "step_seconds": s, "selection_rate": 0.5}
              for i, (r, s) in enumerate([(0.2, 1.0), (None, 1.0), (0.4, "x"), (0.6, 3.0)], 1)]
-    run = write_log(tmp_path / "r", [{"iter": 0, "elapsed": 0.0, "test/accuracy": 0.1}, *steps])
-    fig = plot.make_figure([("r", plot.load_log(run))])
-    per_step = [list(l.get_ydata()) for ax in fig.axes for l in ax.get_lines()
-                if l.get_label() == "_per step"]
-    assert [0.2, 0.4, 0.6] in per_step  # the reward, the null step left out
+    return write_log(tmp_path / "r", [{"iter": 0, "elapsed": 0.0, "test/accuracy": 0.1}, *steps])
+
+
+def test_null_or_text_log_values_are_left_out_of_the_table(tmp_path, capsys):
+    run = null_or_text_log(tmp_path)
+    plot.load_log(run)
     assert "log.jsonl line 4: step_seconds is \"x\", not a number; left out" in capsys.readouterr().err
     summarize.main([run])
     row = [c.strip() for c in capsys.readouterr().out.strip().splitlines()[-1].split("|")[1:-1]]
     assert row[4] == "1.67"  # (1 + 1 + 3) / 3: the text value left out, not a crash
 
 
-@pytest.mark.parametrize("step, elapsed", [(10 ** 400, 4.0), (2 ** 53 + 1, 4.0), (-4, 4.0), (4.0, 4.0),
-                                           (4, float("inf")), (4, "4"), (4, None)],
-                         ids=["10**400", "2**53+1", "negative", "float", "inf", "text", "null"])
-def test_a_log_line_a_figure_cannot_place_is_skipped_by_name(tmp_path, capsys, step, elapsed):
-    """An iter of 10**400 overflowed the figure (a float holds none that large)."""
+def test_null_or_text_log_values_are_left_out_of_the_figure(tmp_path):
+    pytest.importorskip("matplotlib", reason=MATPLOTLIB)
+    fig = plot.make_figure([("r", plot.load_log(null_or_text_log(tmp_path)))])
+    per_step = [list(l.get_ydata()) for ax in fig.axes for l in ax.get_lines()
+                if l.get_label() == "_per step"]
+    assert [0.2, 0.4, 0.6] in per_step  # the reward, the null step left out
+
+
+UNPLACEABLE = pytest.mark.parametrize(
+    "step, elapsed", [(10 ** 400, 4.0), (2 ** 53 + 1, 4.0), (-4, 4.0), (4.0, 4.0), (4, float("inf")),
+                      (4, "4"), (4, None)],
+    ids=["10**400", "2**53+1", "negative", "float", "inf", "text", "null"])
+
+
+def unplaceable_log(tmp_path, step, elapsed):
+    """A run whose log's line 5 has an iter or elapsed that no axis can place."""
     lines = [{"iter": i, "elapsed": float(i), "reward": 0.1 * i, "step_seconds": 1.0} for i in range(4)]
-    run = write_log(tmp_path / "r", [*lines, {"iter": step, "elapsed": elapsed, "reward": 0.9}])
+    return write_log(tmp_path / "r", [*lines, {"iter": step, "elapsed": elapsed, "reward": 0.9}])
+
+
+@UNPLACEABLE
+def test_a_log_line_a_figure_cannot_place_is_skipped_by_name(tmp_path, capsys, step, elapsed):
+    run = unplaceable_log(tmp_path, step, elapsed)
     assert [l["iter"] for l in plot.load_log(run)] == [0, 1, 2, 3]
     assert "log.jsonl line 5: a line without iter" in capsys.readouterr().err
+
+
+@UNPLACEABLE
+def test_a_log_with_a_line_a_figure_cannot_place_is_drawn(tmp_path, step, elapsed):
+    """An iter of 10**400 overflowed the figure (a float holds none that large)."""
+    pytest.importorskip("matplotlib", reason=MATPLOTLIB)
+    run = unplaceable_log(tmp_path, step, elapsed)
     plot.main([run, f"--out={tmp_path / 'fig.png'}"])
     assert (tmp_path / "fig.png").stat().st_size > 0
 
