@@ -60,7 +60,7 @@ def find_critical_samples(model, checkpoints, train_samples, test_samples, enc, 
     temperature: the run's. n_probe: that many rollouts, evenly spaced.
     normalize: also cosine_score, w_t <g_i, G_t> / (||g_i|| ||G_t||), G_t = sum_j g_test_j;
     self_influence: also w_t ||g_i||^2. Train/eval flag, LoRA weights, .grad: restored on return."""
-    check_attribution_inputs(model, mode, checkpoints, train_samples, test_samples)
+    check_attribution_inputs(model, mode, checkpoints, train_samples, test_samples, enc)
     counts = {"n_probe": (n_probe, 0), "micro_batch": (micro_batch, 1), "top_k": (top_k, 0)}
     per_checkpoint = {"learning rates": learning_rates, "checkpoint_steps": checkpoint_steps}
     check_attribution_knobs(model, len(checkpoints), counts, temperature, per_checkpoint, layer_filter)
@@ -153,8 +153,9 @@ def is_row(s, vocab_size):
             and type(adv) in (int, float) and math.isfinite(adv))
 
 
-def check_attribution_inputs(model, mode, checkpoints, train_samples, test_samples):
-    """find_critical_samples' mode, checkpoints and rows, checked before any work."""
+def check_attribution_inputs(model, mode, checkpoints, train_samples, test_samples, enc):
+    """find_critical_samples' mode, checkpoints and rows (their prompts as enc encodes them: the model's
+    ids too), checked before any work."""
     if mode not in ("simple", "full", "memory_efficient"):
         raise UserError(f"mode must be 'simple', 'full' or 'memory_efficient', got {mode!r}")
     if isinstance(checkpoints, (str, dict)):  # one path's letters, one state dict's keys
@@ -170,6 +171,11 @@ def check_attribution_inputs(model, mode, checkpoints, train_samples, test_sampl
             raise UserError(f"{name}[{i}] is not a rollout: give a dict of 'prompt' (text), "
                             f"'completion_tokens' (1+ ids below {vocab}), 'completion_mask' (as long) "
                             "and a finite 'advantage'")
+        for i, s in enumerate(rows):  # laid out by rollout_batch: the prompt's ids, end-of-text as padding
+            outside = [t for t in encode_prompt(enc, s["prompt"]) + [enc.eot_token] if not 0 <= t < vocab]
+            if outside:
+                raise UserError(f"{name}[{i}]: its prompt encodes to token id {outside[0]}, not below the "
+                                f"model's vocabulary size {vocab}: give the tokenizer of the model's run")
 
 
 def check_attribution_knobs(model, n_checkpoints, counts, temperature, per_checkpoint, layer_filter):
