@@ -153,14 +153,23 @@ def check_rewards_read(cfg, answer):
 def check_sampling_cache(cfg, model, longest, eval_batch):
     """Sampling's KV cache, this process's rollouts (TracIn 'pg': the training and validation
     prompts, sampled in one call; or an evaluation chunk's eval_k samples each, if more) x the
-    longest prompt + max_new_tokens, allocated once before iteration 0."""
+    longest prompt + max_new_tokens, allocated once before iteration 0; with the decode step compiled,
+    the training rollouts' static cache of that length's bucket beside it (scale/compiled.py)."""
     pg = cfg["tracin"] and cfg["tracin_val_loss"] == "pg"
     prompts = cfg["batch_size"] + (cfg["tracin_val_batch_size"] if pg else 0)
     mine = -(-prompts // distributed.launched_world_size())  # rank 0's share, the largest
-    rows = max(mine * cfg["group_size"], min(eval_batch, cfg["eval_n"]) * cfg["eval_k"])
-    check_kv_cache(model, rows, longest + cfg["max_new_tokens"], cfg["device"], "sampling's",
-                   "lower batch_size (or tracin_val_batch_size) x group_size, or eval_k "
-                   "(or max_new_tokens)")
+    length = longest + cfg["max_new_tokens"]
+    sampled, evaluated = mine * cfg["group_size"], min(eval_batch, cfg["eval_n"]) * cfg["eval_k"]
+    # the decode step compiled (compile=True, or auto on a GPU: compiled.choose) samples over a static
+    # cache of the length's bucket, held beside the prefill cache; evaluation samples eagerly
+    on = cfg["compile"] is True or (cfg["compile"] is not False and cfg["device"].startswith("cuda"))
+    static = compiled.bucket(length, model.config.block_size) if on else 0
+    rows, columns = max((sampled, length + static), (evaluated, length), key=lambda rc: rc[0] * rc[1])
+    beside = static and columns == length + static  # the training sampling's caches are the larger
+    what = "sampling's + the compiled step's static" if beside else "sampling's"
+    fix = "lower batch_size (or tracin_val_batch_size) x group_size, or eval_k (or max_new_tokens)"
+    fix += ", or set compile=False" if beside else ""
+    check_kv_cache(model, rows, columns, cfg["device"], what, fix)
 
 
 def check_lora_scaling(cfg):

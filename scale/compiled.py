@@ -26,6 +26,13 @@ calls `decode` for each new column instead of the model's forward. The model obj
 evaluation (runs/evaluate.evaluate) samples eagerly. Under CUDA graphs sampling reads LoRA's A and B as
 they are (grpo.sample_rollouts folds them in otherwise): a folded copy, new every step, would be copied
 into the graph's own buffers at every token.
+
+A compiled path never fails a run that eager would finish: a compile or capture that fails (a driver, a
+torch build, an operator inductor cannot compile), at the first token or at a new bucket, is one warning
+line, and that step and every later one run the model's eager forward over the ordinary cache, as
+compile=False does (`CompiledDecode.__call__`). Dynamo compiles the step at most recompile_limit times (8
+by default), then fails: the static caches, a graph each, stop one short of that, and a length none of
+them holds samples eagerly, said once (`CompiledDecode.static_cache`; a run's lengths span a bucket or two).
 """
 import functools
 import shutil
@@ -159,12 +166,37 @@ class StaticKVCache(KVCache):
         return self.k[layer], self.v[layer]
 
 
+def recompile_limit():
+    """How many graphs dynamo compiles for one function; one more fails under fullgraph=True (8 by
+    default; named cache_size_limit before torch 2.6)."""
+    config = torch._dynamo.config
+    return getattr(config, "recompile_limit", None) or config.cache_size_limit
+
+
+def compile_failure(e):
+    """Whether e is the compile stack failing, not the step: dynamo's and inductor's errors
+    (BackendCompilerFailed, Unsupported, ...), a kernel's build or launch and a CUDA graph's capture are
+    RuntimeErrors or OSErrors, triton's own errors come from its modules, and past recompile_limit dynamo
+    raises FailOnRecompileLimitHit. Not a KeyboardInterrupt, NaN logits (NonFiniteLogits, raised after
+    the loop) or a wrong argument (ValueError, TypeError); a RuntimeError of the step itself is raised
+    again by the eager step that follows."""
+    past_limit = getattr(torch._dynamo.exc, "FailOnRecompileLimitHit", RuntimeError)  # torch >= 2.5
+    return isinstance(e, (RuntimeError, OSError, past_limit)) or type(e).__module__.split(".")[0] == "triton"
+
+
+def cause(e):
+    """'Type: first line' of what failed, under dynamo's wrapper (BackendCompilerFailed: inductor's error)."""
+    e = getattr(e, "inner_exception", None) or e
+    lines = [line for line in str(e).splitlines() if line.strip()]
+    return f"{type(e).__name__}: {lines[0][:150]}" if lines else type(e).__name__
+
+
 class CompiledDecode:
     """The decode step that model.generate calls once per new token, compiled:
         generate(model, prompts, ..., decode=CompiledDecode(model, device))  (built by train_grpo.setup)
     generate prefills its ordinary cache eagerly, then `static_cache` copies the filled columns into this
     object's static cache of that bucket; each call runs the model's forward for one new column over it,
-    through the compiled graph."""
+    through the compiled graph. A compile or capture that fails turns this object eager for good."""
 
     def __init__(self, model, device, mode=None):
         """mode: torch.compile's (None: CUDA graphs on a GPU, inductor's default on a CPU; bench/ passes its --compile)."""
@@ -173,15 +205,34 @@ class CompiledDecode:
         self.graphs = self.mode == "reduce-overhead"  # CUDA graphs: grpo.sample_rollouts folds no LoRA
         self.step = compiled_step(model, self.mode)
         self.caches = STATIC.setdefault(model, {})  # kept with the model, shared as its graphs are
+        self.failed = False  # a compile or capture failed: every step eager from then on
+        self.pos = 0  # the static cache's filled columns, counted here: reading its pos waits for the device
+        self.moved = {}  # the static cache of a failed step -> the ordinary cache its generation goes on with
+        self.bounded = False  # the graphs' bound has been said
 
     def static_cache(self, cache):
         """The static cache of cache's rows and bucket, holding cache's filled columns (the prefill), zeros
-        after them (a stale NaN there would reach the values through weight 0: 0 * NaN = NaN)."""
+        after them (a stale NaN there would reach the values through weight 0: 0 * NaN = NaN).
+        cache itself where this generation runs eagerly: after a failed compile, or past the graphs' bound."""
         (n_layer, rows, heads, length, hd), dtype = cache.k.shape, cache.k.dtype
-        columns = bucket(length, self.model.config.block_size)
-        key = (rows, columns, dtype)
+        self.moved.clear()  # the generation of a failed step is over
+        if self.failed:
+            return cache
+        key = (rows, bucket(length, self.model.config.block_size), dtype)
+        if key not in self.caches and len(self.caches) >= recompile_limit() - 1:
+            # a static cache is a graph, and dynamo fails the graph past recompile_limit (one is kept
+            # spare for another guard's recompile): the shortest kept one as long serves, else eager
+            kept = [k for k in self.caches if k[0] == rows and k[2] == dtype and k[1] >= length]
+            if not kept:
+                if not self.bounded:
+                    print(f"note: the compiled decode step keeps {len(self.caches)} graphs, one short of "
+                          f"dynamo's recompile limit: a length no graph holds ({length} tokens here) samples "
+                          "eagerly (torch._dynamo.config.recompile_limit raises the limit)")
+                self.bounded = True
+                return cache
+            key = min(kept, key=lambda k: k[1])
         if key not in self.caches:
-            shape = (n_layer, rows, heads, columns, hd)
+            shape = (n_layer, rows, heads, key[1], hd)
             static = StaticKVCache(shape, cache.pad_left.clone(), cache.k.device, dtype)
             for t in (*static.k, *static.v, static.pos, static.pad_left):
                 torch._dynamo.mark_static_address(t)  # CUDA graphs: read and written where it lies
@@ -193,10 +244,39 @@ class CompiledDecode:
                 mine[:, :, P:].zero_()
         static.pos.fill_(P)
         static.pad_left.copy_(cache.pad_left)
+        self.pos = P
         return static
 
     def __call__(self, tok, cache):
-        """tok (N, 1) ids -> logits (N, 1, V), as model(tok, cache=cache)[0]; the cache advances one column."""
-        if self.graphs:  # CUDA graphs: the last step's logits are used up, may be overwritten
-            torch.compiler.cudagraph_mark_step_begin()
-        return self.step(tok, cache)
+        """tok (N, 1) ids -> logits (N, 1, V), as model(tok, cache=cache)[0]; the cache advances one column.
+        The model's eager forward over an ordinary cache (static_cache gave it back, or a step failed)."""
+        cache = self.moved.get(cache, cache)
+        if not isinstance(cache, StaticKVCache):
+            return self.model(tok, cache=cache)[0]
+        try:
+            if self.graphs:  # CUDA graphs: the last step's logits are used up, may be overwritten
+                torch.compiler.cudagraph_mark_step_begin()
+            logits = self.step(tok, cache)
+        except Exception as e:
+            if not compile_failure(e):
+                raise
+            return self.eager_from_here(e, tok, cache)
+        self.pos += tok.size(1)
+        return logits
+
+    def eager_from_here(self, e, tok, static):
+        """The step whose compile or capture failed, eagerly, and every later one: the columns written
+        before it (self.pos; the failed step's own may be half written) go into an ordinary cache, which
+        its generation goes on with, as compile=False would. The warning comes after the eager step: an
+        error of the step itself is raised there again, not blamed on the compiler."""
+        shape, dtype, P = (len(static.k), *static.k[0].shape), static.k[0].dtype, self.pos
+        cache = KVCache(shape, static.pad_left.clone(), tok.device, dtype)
+        for i in range(len(static.k)):
+            cache.k[i, :, :, :P], cache.v[i, :, :, :P] = static.k[i][:, :, :P], static.v[i][:, :, :P]
+        cache.pos = P
+        logits = self.model(tok, cache=cache)[0]
+        print(f"warning: the compiled decode step failed ({cause(e)}); sampling eagerly from here on "
+              "(--compile=False skips compiling)")
+        self.failed, self.graphs, self.moved = True, False, {static: cache}  # graphs: LoRA folded again
+        self.caches.clear()  # the static caches freed: eager reads none
+        return logits
