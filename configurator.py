@@ -338,9 +338,9 @@ def cli_main(main, argv=None):
         on_term = False
     try:
         main(sys.argv[1:] if argv is None else argv)
-        if _launched():
+        if launched():
             # under torchrun: end now, the work is done (distributed.finish)
-            _exit_now(0)
+            exit_now(0)
     except UserError as e:
         # one write: ranks' lines never interleave
         sys.stderr.write(f"error: {e}\n")
@@ -365,7 +365,7 @@ def cli_main(main, argv=None):
         _exit(143 if term else 130)
     # a crash under torchrun: its traceback, then end at once (see _exit)
     except Exception:
-        if _world_size() == 1:
+        if launched_world_size() == 1:
             raise
         traceback.print_exc()
         _exit(1)
@@ -381,27 +381,27 @@ def cli_main(main, argv=None):
                 signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
-# configurator imports no torch (a script imports it before the slow
-# imports): what torchrun tells each process is read from its environment,
-# as scale/distributed.launched does.
-def _launched():
+# torchrun's environment, read here (configurator imports no torch) and by scale/distributed.py
+def launched():
     """Started by torchrun (RANK, WORLD_SIZE and LOCAL_RANK set)?"""
     return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
 
 
-def _world_size():
-    return int(os.environ["WORLD_SIZE"]) if _launched() else 1
+def launched_world_size():
+    """The number of processes torchrun started (1 without torchrun), known before any process
+    group exists: for the knob checks and the exit below."""
+    return int(os.environ["WORLD_SIZE"]) if launched() else 1
 
 
 def _exit(code):
     """sys.exit(code); under torchrun os._exit, so that the other ranks are
     not left waiting in a collective for this one (distributed.fail)."""
-    if _world_size() > 1:
-        _exit_now(code)
+    if launched_world_size() > 1:
+        exit_now(code)
     sys.exit(code)
 
 
-def _exit_now(code):
+def exit_now(code):
     """os._exit after flushing: no interpreter finalisation, where torchrun's
     process group can wait on other ranks or abort (distributed.finish)."""
     sys.stdout.flush()

@@ -76,7 +76,7 @@ class GhostHooks:
         # put back by remove()
         self.handles, self.weights = [], {}
         for name, m in lora_modules(model).items():
-            # a dropped x is not the gradient's x (checks/ refuse tracin with dropout)
+            # a dropped x is not the gradient's x (tracin.capture_problem)
             assert m.lora_dropout.p == 0 or not m.training, "hooks need lora_dropout=0"
             hook_A = m.lora_A.register_forward_hook(self._hook_A(name))
             hook_B = m.lora_B.register_forward_hook(self._hook_B(name))

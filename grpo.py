@@ -13,9 +13,12 @@ and the math under them: compute_group_advantages, completion_logprobs,
 selective_log_softmax (no (N, T, V) log-prob tensor), grpo_loss.
 A step's rollouts are one record, Rollouts (every field and its shape),
 made whole and copied (dataclasses.replace) when a pass adds to it.
-What a run decides arrives as arguments: `amp`, the precision every pass
-computes in (bf16 autocast or nullcontext(), nanoGPT's ctx), `timer`,
-the step's PhaseTimer, `decode`, the compiled decode step or None.
+What the functions read is in their signatures: StepKnobs (the step's
+sizes, sampling, advantages, the clip and LossKnobs, the loss's), each
+record stating the rules its math relies on (RULES, asserted when one is
+made); `amp`, the precision every pass computes in (bf16 autocast or
+nullcontext(), nanoGPT's ctx); `timer`, the step's PhaseTimer; `decode`,
+the compiled decode step or None.
 Under torchrun each rank samples and back-propagates its share, in sight:
 `distributed.split` and `gather_sampled` in sample_rollouts, `rank_part`
 in grpo_updates, `sum_grads` / `sum_stats` in update
@@ -28,8 +31,9 @@ Where the large tensors die, in step order (each place says what it frees):
     (passes 3 and "old"), kept by SelectiveLogSoftmax for pass 2's backward;
   - policy_backward: each micro-batch's graph, by its loss.backward();
   - update: the LoRA .grad, by zero_grad(set_to_none=True);
-  - TracIn (tracin.tracin_backward): the per-sample gradients and G after
-    the selection; the hooks' buffers when the hooks are removed.
+  - TracIn (tracin.tracin_backward): the hooks' own buffers when the hooks
+    are removed; the collected copies when per_sample_grads' result takes
+    their name; the per-sample gradients and G after the selection.
 """
 import math
 import time
@@ -79,6 +83,59 @@ class Prompts:
     # validation batch has its own, so the training rows' uniforms (and tokens) are those a
     # standard GRPO run with the same seed draws
     generator: torch.Generator = None
+
+
+def broken_rules(record):
+    """[(field, what it must be)] for each rule of record.RULES its value
+    breaks. A record states its rules once: asserted when one is made
+    (__post_init__), and said to the user by checks/grpo_knobs.py, by the
+    config key that sets the field."""
+    return [(name, why) for name, (holds, why) in record.RULES.items()
+            if not holds(getattr(record, name))]
+
+
+def one_of(*choices):
+    """A rule's (holds, what it must be) for a field with a few allowed values."""
+    return (lambda v: v in choices), "must be one of " + ", ".join(map(repr, choices))
+
+
+@dataclass(frozen=True)
+class StepKnobs:
+    """What one GRPO step reads, built once by the training script."""
+    group_size: int          # G completions per prompt
+    micro_batch_size: int    # rows per forward and backward; gradients add up
+    max_new_tokens: int      # pass 1's longest completion
+    sampling: Sampling       # pass 1's temperature, top_k, top_p; log-probs
+                             # use the same temperature
+    loss: "LossKnobs"        # grpo_loss's: beta, the clip, the divisor
+    num_iterations: int = 1  # mu: updates per generation
+    scale_rewards: str = "group"     # compute_group_advantages' divisor
+    advantage_epsilon: float = 0.0   # A = (r - mean) / (std + epsilon)
+    mask_truncated_completions: bool = False  # a row with no stop: no token
+    grad_clip: float = 1.0           # update: the gradient norm's bound
+    # make_rollouts: score on a thread while pass 3 runs (beta != 0, mu = 1)
+    rewards_during_reference: bool = False
+
+    RULES = {  # field: (holds for its value, what it must be)
+        "group_size": (lambda v: v >= 2,
+                       "must be >= 2: advantages are relative within a group"),
+        "micro_batch_size": (lambda v: v > 0, "must be > 0"),
+        "max_new_tokens": (lambda v: v > 0, "must be > 0"),
+        "num_iterations": (lambda v: v >= 1, "must be >= 1"),
+        "scale_rewards": one_of("group", "batch", "none"),
+        "advantage_epsilon": (lambda v: v >= 0, "must be >= 0"),
+        "grad_clip": (lambda v: v > 0, "must be > 0"),
+    }
+
+    def __post_init__(self):
+        assert not broken_rules(self), broken_rules(self)
+        # pass 3's log-probs, taken beside the scoring, serve one update
+        once = self.loss.beta != 0 and self.num_iterations == 1
+        assert once or not self.rewards_during_reference
+
+    def without_kl(self):
+        """The same step with beta = 0: TracIn's validation loss."""
+        return replace(self, loss=replace(self.loss, beta=0.0))
 
 
 @dataclass
@@ -154,17 +211,17 @@ class Divisors:
 
 
 def rank_part(rollouts):
-    """This rank's rows for passes 3 and 2 (all in one process): whole
-    prompts (checks/grpo_knobs.py makes batch_size divide evenly), the loss
-    divided by the whole batch's numbers (Rollouts.divisors)."""
+    """This rank's rows for passes 3 and 2 (all in one process), in equal
+    shares (distributed.splits_evenly), the loss divided by the whole
+    batch's numbers (Rollouts.divisors): the ranks' gradients add up to the
+    one-process gradient."""
     rows = distributed.shard(len(rollouts))
     return replace(rollouts.part(rows), ranks=distributed.world_size())
 
 
 @dataclass
 class StepResult:
-    """What one step returns beside its rollouts
-    (runs/metrics.step_log writes it down)."""
+    """What one step returns beside its rollouts (its log line's numbers)."""
     stats: dict = None        # policy_backward's sums (every rank's, every update)
     grad_norm: float = 0.0    # before the clip; 0 when TracIn kept no rollout
     skip_reason: str = None   # why the weights were left alone; None: updated
@@ -175,25 +232,24 @@ class StepResult:
 # -----------------------------------------------------------------------------
 # 1-3: prompts, PASS 1 sampling, rewards, advantages
 
-def make_rollouts(model, enc, batches, cfg, generator, decode=None,
-                  timer=None, amp=nullcontext()):
+def make_rollouts(model, enc, batches, step, generator, *, timer, amp, decode=None):
     """PASS 1 (sampling, no grad, no logits kept), rewards and
     group-relative advantages: one Rollouts per Prompts of `batches`,
     all sampled in ONE generate call.
-    background_rewards (standard GRPO, beta != 0, mu = 1): a worker thread
-    scores while this one runs pass 3 (torch releases the GIL in its
-    kernels), whose (N, T) log-probs the loss reuses."""
-    timer = timer or PhaseTimer()
-    sampled = sample_rollouts(model, enc, batches, cfg, generator, decode,
-                              timer, amp)
-    overlap = (cfg["background_rewards"] and not cfg["tracin"]
-               and cfg["beta"] != 0 and cfg["num_iterations"] == 1)
-    if not overlap:
-        return score_rollouts(enc, sampled, batches, cfg, timer)
+    step.rewards_during_reference: a worker thread scores while this one
+    runs pass 3 over the first batch (torch releases the GIL in its
+    kernels), whose (N, T) log-probs the loss reuses (beta != 0, mu = 1)."""
+    sampled = sample_rollouts(model, enc, batches, step, generator, timer=timer, amp=amp,
+                              decode=decode)
+    if not step.rewards_during_reference:
+        return score_rollouts(enc, sampled, batches, step, timer=timer)
     with ThreadPoolExecutor(max_workers=1) as pool:
-        scoring = pool.submit(score_rollouts, enc, sampled, batches, cfg, timer)
-        unscored = Rollouts(*sampled, advantages=None)
-        ref = reference_logprobs(model, unscored, cfg, timer, amp)
+        scoring = pool.submit(score_rollouts, enc, sampled, batches, step, timer=timer)
+        idx, pad_left, mask = sampled
+        first_rows = slice(0, len(batches[0].ids) * step.group_size)
+        unscored = Rollouts(idx=idx[first_rows], pad_left=pad_left[first_rows],
+                            mask=mask[first_rows], advantages=None)
+        ref = reference_logprobs(model, unscored, step, timer=timer, amp=amp)
         first, *others = scoring.result()
     return [replace(first, ref_logp=ref), *others]
 
@@ -206,29 +262,25 @@ def lora_for_sampling(model, decode):
     return nullcontext() if decode and decode.graphs else folded_for_sampling(model)
 
 
-def sample_rollouts(model, enc, batches, cfg, generator, decode=None,
-                    timer=None, amp=nullcontext()):
+def sample_rollouts(model, enc, batches, step, generator, *, timer, amp, decode=None):
     """PASS 1: (idx, pad_left, mask) of group_size completions for every
     prompt of every batch. Under torchrun this rank samples its share of
     the prompts and every rank gets all the rows.
-    decode: the compiled decode step with compile=True
-    (train_grpo.setup builds it), else None."""
-    timer = timer or PhaseTimer()
+    decode: the compiled decode step (scale/compiled.py), None: eager."""
     prompts = [p for batch in batches for p in batch.ids]
-    S, G = cfg["max_new_tokens"], cfg["group_size"]
+    S, G = step.max_new_tokens, step.group_size
     device = next(model.parameters()).device
     mine = distributed.split(len(prompts))  # this rank's prompts, whole groups
     u = None
     # one uniform per row and token, for ALL rows as in one process, so no row's tokens depend
     # on the process count: (S, n * G), each batch's columns from its own stream, then this
     # rank's columns
-    if cfg["temperature"] > 0:
+    if step.sampling.temperature > 0:
         def columns(b):  # (S, len(b.ids) * G) from the batch's stream
             return torch.rand(S, len(b.ids) * G, generator=b.generator or generator, device=device)
         u = torch.cat([columns(b) for b in batches], 1)[:, mine.start * G:mine.stop * G]
     stops = stop_tokens(enc)
-    sampling = Sampling(temperature=cfg["temperature"], top_k=cfg["top_k"] or None,
-                        top_p=cfg["top_p"], vocab_size=enc.n_vocab)
+    sampling = replace(step.sampling, vocab_size=enc.n_vocab)  # no id past the tokenizer's
     failed = None
     with timer("generation"), amp, lora_for_sampling(model, decode):
         try:
@@ -244,11 +296,10 @@ def sample_rollouts(model, enc, batches, cfg, generator, decode=None,
     return distributed.gather_sampled(*sampled, pad, len(prompts), G)
 
 
-def score_rollouts(enc, sampled, batches, cfg, timer=None):
+def score_rollouts(enc, sampled, batches, step, *, timer):
     """Rewards (each batch's own functions and cache, see
     rewards.compute_rewards) and advantages: one Rollouts per batch."""
-    (idx, pad_left, mask), group = sampled, cfg["group_size"]
-    timer = timer or PhaseTimer()
+    (idx, pad_left, mask), group = sampled, step.group_size
     # generation stops once every row has ended: T <= max_new_tokens
     T = mask.size(1)
     stops = torch.tensor(stop_tokens(enc), device=idx.device)
@@ -265,17 +316,18 @@ def score_rollouts(enc, sampled, batches, cfg, timer=None):
             # NaN where no reward function could score
             rewards = torch.tensor(rewards)
             advantages, n_zero_std = compute_group_advantages(
-                rewards, group, cfg["scale_rewards"], cfg["advantage_epsilon"])
+                rewards, group, step.scale_rewards, step.advantage_epsilon)
             # no stop id: the completion hit max_new_tokens
             truncated = ~torch.isin(idx[rows, -T:], stops).any(1)
             m = mask[rows]
             # a truncated row counts no token
-            if cfg["mask_truncated_completions"]:
+            if step.mask_truncated_completions:
                 m = m * (~truncated).long()[:, None]
             counts = parse_counts(texts, batch.reward_funcs)
-            out.append(Rollouts(idx[rows], pad_left[rows], m, advantages,
-                                rewards, per_fn, errors, counts, n_zero_std,
-                                truncated))
+            out.append(Rollouts(idx=idx[rows], pad_left=pad_left[rows], mask=m,
+                                advantages=advantages, rewards=rewards, per_fn=per_fn,
+                                errors=errors, parse_counts=counts, n_zero_std=n_zero_std,
+                                truncated=truncated))
     return out
 
 
@@ -288,8 +340,7 @@ def compute_group_advantages(rewards, group_size, scale_rewards="group",
           / (the batch's std + epsilon) ('batch'), or as is ('none').
     A group of equal rewards has no signal: A exactly 0, never 0/0 = NaN.
     A NaN reward (no function could score it) is left out of the group's
-    mean and std; A 0. group_size >= 2 and scale_rewards are checked at
-    config time (checks/grpo_knobs.py)."""
+    mean and std; A 0. group_size >= 2 and scale_rewards: StepKnobs.RULES."""
     r = rewards.float().view(-1, group_size)  # (B, group_size)
     scored = ~torch.isnan(r)
     if scored.all():
@@ -323,25 +374,22 @@ def compute_group_advantages(rewards, group_size, scale_rewards="group",
 # -----------------------------------------------------------------------------
 # 4-7: PASS 3 reference, PASS 2 policy, the loss and its backward, the update
 
-def grpo_updates(model, optimizer, rollouts, cfg, timer=None,
-                 amp=nullcontext()):
+def grpo_updates(model, optimizer, rollouts, step, *, timer, amp):
     """Steps 4-7 num_iterations (mu) times on one generation (DeepSeekMath,
     TRL): with mu > 1 the old (sampling) and reference log-probs are taken
     once, before the first update, so later updates see ratios != 1 and the
     clip acts. A skipped update (NaN/Inf) ends the generation.
     Returns (stats summed over the updates run, the last gradient norm,
     the skip reason or None); stats["updates"]: how many ran."""
-    timer = timer or PhaseTimer()
-    knobs = LossKnobs.from_cfg(cfg)
     # this rank's rows (all in one process), with PASS 3's log-probs
-    batch = with_reference(model, rank_part(rollouts), cfg, knobs, timer, amp)
-    if cfg["num_iterations"] > 1:  # the sampling policy's log-probs, once
-        batch = replace(batch, old_logp=old_logprobs(model, batch, cfg, timer, amp))
+    batch = with_reference(model, rank_part(rollouts), step, timer=timer, amp=amp)
+    if step.num_iterations > 1:  # the sampling policy's log-probs, once
+        batch = replace(batch, old_logp=old_logprobs(model, batch, step, timer=timer, amp=amp))
     total, n = None, 0
-    for n in range(1, cfg["num_iterations"] + 1):
-        stats = policy_backward(model, batch, cfg, knobs, timer, amp)
-        grad_norm, skip_reason = update(model, optimizer, cfg, stats, True,
-                                        timer)
+    for n in range(1, step.num_iterations + 1):
+        stats = policy_backward(model, batch, step, timer=timer, amp=amp)
+        grad_norm, skip_reason = update(model, optimizer, stats, grad_clip=step.grad_clip,
+                                        timer=timer)
         if total is None:
             total = stats
         else:  # lists: cat
@@ -351,39 +399,39 @@ def grpo_updates(model, optimizer, rollouts, cfg, timer=None,
     return {**total, "updates": n}, grad_norm, skip_reason
 
 
-def with_reference(model, batch, cfg, knobs, timer=None, amp=nullcontext()):
+def with_reference(model, batch, step, *, timer, amp):
     """PASS 3, asked for here alone (grpo_updates, tracin.tracin_backward):
     the reference's log-probs into batch.ref_logp (a copy of the batch),
     over the whole batch before any policy micro-batch builds its graph, so
     its activations are gone by then. Nothing to do when beta == 0, or when
     make_rollouts took them while the rewards were scored."""
-    if knobs.beta == 0 or batch.ref_logp is not None:
+    if step.loss.beta == 0 or batch.ref_logp is not None:
         return batch
-    ref = reference_logprobs(model, batch, cfg, timer, amp)  # (N, T)
+    ref = reference_logprobs(model, batch, step, timer=timer, amp=amp)  # (N, T)
     return replace(batch, ref_logp=ref)
 
 
-# what policy_backward sums over its micro-batches (grpo_loss's statistics, the entropy)
+# what policy_backward sums over its micro-batches, by name (grpo_loss's statistics, the entropy)
 SUMMED = ("kl_sum", "clipped_tokens", "clipped_low", "clipped_high", "ent_sum")
 
 
-def policy_backward(model, batch, cfg, knobs, timer=None, amp=nullcontext()):
-    """PASS 2 and the backward of the GRPO loss per micro-batch of a
-    Rollouts (ref_logp: PASS 3's, taken by with_reference when beta != 0;
-    old_logp if taken), divided by the whole batch's numbers
+def policy_backward(model, batch, step, *, timer, amp):
+    """PASS 2 and the backward of the GRPO loss (step.loss) per micro-batch
+    of a Rollouts (ref_logp: PASS 3's, taken by with_reference when
+    beta != 0; old_logp if taken), divided by the whole batch's numbers
     (Rollouts.divisors). Gradients add up in .grad; under TracIn's capture
     (ghost.GhostHooks) the hooks keep each sample's factors instead."""
-    timer = timer or PhaseTimer()
+    knobs = step.loss
     assert knobs.beta == 0 or batch.ref_logp is not None, "with_reference first"
     idx, pad_left, T = batch.idx, batch.pad_left, batch.mask.size(1)
-    N, mb, device = idx.size(0), cfg["micro_batch_size"], cfg["device"]
+    N, mb, device = idx.size(0), step.micro_batch_size, idx.device
     divisors = batch.divisors(mb)
     adv, mask = batch.advantages.to(device), batch.mask.to(device)
     num_tokens = mask.sum().item()
     # sums over this batch's tokens, on the device: read once after the
     # loop (a read waits for the device: between micro-batches it would
     # stall the kernel queue); update sums them over the ranks,
-    # runs/metrics.py divides
+    # the log line divides them
     losses, sums = [], torch.zeros(len(SUMMED), dtype=torch.float64, device=device)
     # dropout is 0: train() only enables gradient checkpointing
     # if configured
@@ -393,10 +441,11 @@ def policy_backward(model, batch, cfg, knobs, timer=None, amp=nullcontext()):
         ref_logp = None if knobs.beta == 0 else batch.ref_logp[sl]
         with timer("policy"), amp:  # PASS 2, policy, with grad
             logp, entropy = completion_logprobs(
-                model, idx[sl], pad_left[sl], T, cfg["temperature"],
+                model, idx[sl], pad_left[sl], T, step.sampling.temperature,
                 with_entropy=True)
-            # mu = 1: old = logp.detach(), the ratio is exactly 1, the clip
-            # never acts (TRL and nanochat note it);
+            # mu = 1: old = logp.detach(), the ratio is exactly 1, inside
+            # [1 - eps_low, 1 + eps_high] (eps >= 0: LossKnobs.RULES), so the
+            # clip never acts (TRL and nanochat note it);
             # mu > 1: old taken before the first update: it acts
             if batch.old_logp is None:
                 old_logp = logp.detach()
@@ -413,34 +462,31 @@ def policy_backward(model, batch, cfg, knobs, timer=None, amp=nullcontext()):
             # (n, T) tensors and their graph's last nodes
             del logp, ref_logp, entropy, loss
     stats = {"losses": [float(x) for x in losses]}  # read here, after the loop
-    logged = ("kl_sum", "clipped", "clipped_low", "clipped_high", "ent_sum")  # SUMMED's names
-    stats.update(zip(logged, sums.tolist()))
+    stats.update(zip(SUMMED, sums.tolist()))
     stats["num_tokens"] = num_tokens
     return stats
 
 
-def reference_logprobs(model, batch, cfg, timer=None, amp=nullcontext()):
+def reference_logprobs(model, batch, step, *, timer, amp):
     """PASS 3: the reference's (N, T) completion log-probs, the same modules
     with LoRA off (lora.disable_lora: no second copy of the weights)."""
-    timer = timer or PhaseTimer()
     with timer("reference"), disable_lora(model):
-        return logprobs_no_grad(model, batch, cfg, amp)
+        return logprobs_no_grad(model, batch, step, amp=amp)
 
 
-def old_logprobs(model, batch, cfg, timer=None, amp=nullcontext()):
+def old_logprobs(model, batch, step, *, timer, amp):
     """The sampling ('old') policy's (N, T) completion log-probs, taken once
     before the first of num_iterations > 1 updates."""
-    timer = timer or PhaseTimer()
     with timer("old_logp"):
-        return logprobs_no_grad(model, batch, cfg, amp)
+        return logprobs_no_grad(model, batch, step, amp=amp)
 
 
-def logprobs_no_grad(model, batch, cfg, amp=nullcontext()):
+def logprobs_no_grad(model, batch, step, *, amp):
     """(N, T) completion log-probs of the model as it is, without graph,
     per micro-batch."""
-    T, mb = batch.mask.size(1), cfg["micro_batch_size"]
+    T, mb = batch.mask.size(1), step.micro_batch_size
     rows = [slice(s, s + mb) for s in range(0, len(batch), mb)]
-    temperature = cfg["temperature"]
+    temperature = step.sampling.temperature
     # no graph: no activations kept
     with torch.no_grad(), amp:
         logps = []
@@ -487,7 +533,8 @@ class SelectiveLogSoftmax(torch.autograd.Function):
     in float32, from logits (N, T, V).
 
     Saves for backward only the logits themselves (in their own dtype,
-    bf16 under autocast) and the (N, T) logsumexp: never a (N, T, V)
+    bf16 under autocast), the (N, T) token ids and the (N, T) logsumexp:
+    never a (N, T, V)
     log-prob tensor nor a float32 copy of the logits (autograd's own
     logsumexp would keep one per row, N*T*V*4 bytes).
     Backward recomputes one row at a time:
@@ -540,8 +587,8 @@ LOSS_TYPES = ("grpo", "bnpo", "dapo", "dr_grpo")  # TRL's names
 
 @dataclass(frozen=True)
 class LossKnobs:
-    """grpo_loss's knobs, the run's (from_cfg, once per step); TracIn's
-    validation loss is the same with beta = 0 (dataclasses.replace)."""
+    """grpo_loss's knobs (StepKnobs.loss); TracIn's validation loss is the
+    same with beta = 0 (StepKnobs.without_kl)."""
     beta: float = 0.04                       # KL weight; 0: no pass 3
     epsilon_low: float = 0.2                 # the clip: rho >= 1 - epsilon_low
     epsilon_high: float = 0.2                # and rho <= 1 + epsilon_high
@@ -550,13 +597,17 @@ class LossKnobs:
     use_bias_correction_kl: bool = False     # KL_t x rho_t
     max_len: int = None                      # dr_grpo: max_new_tokens (None: T)
 
-    @classmethod
-    def from_cfg(cls, cfg):
-        return cls(beta=cfg["beta"], epsilon_low=cfg["epsilon_low"],
-                   epsilon_high=cfg["epsilon_high"], loss_type=cfg["loss_type"],
-                   importance_sampling_level=cfg["importance_sampling_level"],
-                   use_bias_correction_kl=cfg["use_bias_correction_kl"],
-                   max_len=cfg["max_new_tokens"])
+    RULES = {  # field: (holds for its value, what it must be)
+        "beta": (lambda v: v >= 0, "must be >= 0"),
+        # eps >= 0: ratio 1 lies inside the clip, so at mu = 1 it never acts
+        "epsilon_low": (lambda v: 0 <= v < 1, "must be in [0, 1)"),
+        "epsilon_high": (lambda v: v >= 0, "must be >= 0"),
+        "loss_type": one_of(*LOSS_TYPES),
+        "importance_sampling_level": one_of("token", "sequence"),
+    }
+
+    def __post_init__(self):
+        assert not broken_rules(self), broken_rules(self)
 
 
 def grpo_loss(logp, old_logp, ref_logp, advantages, mask, knobs, divisors):
@@ -609,8 +660,8 @@ def grpo_loss(logp, old_logp, ref_logp, advantages, mask, knobs, divisors):
     elif loss_type == "dr_grpo":
         max_len = knobs.max_len or logp.size(1)
         loss = (per_token * mask).sum() / (divisors.num_seqs * max_len)
-    else:  # loss_type is refused at config time (checks/grpo_knobs.validate)
-        assert False, f"loss_type {loss_type!r}"
+    else:  # LossKnobs.RULES allow no other
+        raise ValueError(f"loss_type {loss_type!r}")
     # statistics for the log line only
     # (TRL's clip_ratio/low, /high, /region)
     with torch.no_grad():
@@ -625,38 +676,19 @@ def grpo_loss(logp, old_logp, ref_logp, advantages, mask, knobs, divisors):
     return loss, stats
 
 
-def update(model, optimizer, cfg, stats, apply=True, timer=None):
+def update(model, optimizer, stats, *, grad_clip, timer, apply=True):
     """7: the ranks' gradients and `stats` summed (in place; nothing to do
     in one process), clip, AdamW on the LoRA parameters.
     apply=False (TracIn kept no rollout, or its influence was not finite):
     no clip, no AdamW step, whose moments would still move the adapter on
     a zero gradient.
-    -> (grad norm, skip reason).
-    The whole NaN/Inf path of a run. A skipped step leaves the weights and
-    AdamW's state untouched, is logged with its skip_reason and still
-    counts as an iteration (the schedule advances). The ways into one:
-      1. sampling: NaN/Inf logits in any row; model.generate raises
-         NonFiniteLogits once the rows are sampled, and
-         train_grpo.grpo_step returns before any backward
-         ('non-finite logits'; no rollouts recorded, no checkpoint);
-      2. TracIn: a non-finite influence, tracin.tracin_backward's skip
-         reason ('non-finite influence'), then apply=False here;
-      3. here: a non-finite loss or gradient norm, no optimizer.step()
-         ('non-finite loss or gradient'); grpo_updates stops the
-         generation's remaining updates (earlier ones stay applied).
-    Beyond the step, in train_grpo.py's loop: no checkpoint is written
-    while a LoRA weight is NaN/Inf (a finite gradient times a huge
-    learning rate; the next sampling meets 1.), an evaluation that meets
-    NaN/Inf logits logs no accuracy and the run goes on
-    (runs/evaluate.eval_line), and the run stops, naming a NaN/Inf base
-    weight or the knobs to lower (runs/metrics.Skips), after
-    max_skipped_steps skipped steps in a row (a step with no learning
-    signal between them does not break the row), or at its end when
-    skipped steps are more than 9 in 10 of the skipped and the trained
-    ones together (a trained step: one with a learning signal).
-    Under torchrun a NaN/Inf in one rank's rows ends the sampling on every
-    rank (sample_rollouts), so all skip the step together."""
-    skip_reason, timer = None, timer or PhaseTimer()
+    A non-finite loss or gradient norm: no optimizer.step(), the weights
+    and AdamW's state untouched -> (grad norm, skip reason or None).
+    The other ways a step is skipped: NaN/Inf logits while sampling
+    (model.NonFiniteLogits: no backward at all) and a non-finite
+    influence (tracin.tracin_backward). What the run does after a skipped
+    step is told in train_grpo.py's loop."""
+    skip_reason = None
     params = lora_parameters(model)
     with timer("optimizer"):
         # all ranks' LoRA gradients, before the clip
@@ -664,7 +696,7 @@ def update(model, optimizer, cfg, stats, apply=True, timer=None):
         distributed.sum_stats(stats)  # and every statistic the step returned
         grad_norm = torch.tensor(0.0)
         if apply:
-            grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg["grad_clip"])
+            grad_norm = torch.nn.utils.clip_grad_norm_(params, grad_clip)
         losses_finite = all(math.isfinite(v) for v in stats["losses"])
         finite = math.isfinite(grad_norm.item()) and losses_finite
         if not finite:

@@ -21,11 +21,11 @@ import torch.nn.functional as F
 class LoRALinear(nn.Module):
     def __init__(self, base: nn.Linear, r: int, alpha: float,
                  dropout: float = 0.0):
-        # r >= 1: lora_r is refused at config time (checks/grpo_knobs.py)
+        assert r >= 1, f"LoRA rank {r}"
         super().__init__()
         self.base = base
         # float32 even on a bf16 base (trained weights, AdamW state:
-        # scale/device.py), on its device
+        # model.py's precision list), on its device
         device = base.weight.device
         # kaiming-uniform
         self.lora_A = nn.Linear(base.in_features, r, bias=False, device=device)

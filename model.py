@@ -27,15 +27,14 @@ same column P and the cache advances one column per step for all rows):
              pad_left = (2, 0)
              completion_mask = (1 1 1 1 0), (1 1 1 1 1)
 
-Loading a Hugging Face directory lives in pretrained/hf.py
-(from_pretrained), checkpoint files in runs/checkpoint.py:
-this file is the model alone.
+This file is the model alone: it reads no file (a checkpoint or a
+Hugging Face directory is loaded elsewhere into this class).
 
-bf16 (dtype='bfloat16', scale/device.py: train_grpo.py stores the frozen
-base weights in bf16 and runs every pass under bf16 autocast, the `amp`
-the run hands to each pass; train_base.py autocasts only: its weights and
-AdamW stay float32). The whole list; each float32 island is commented
-where it happens.
+Precision under dtype='bfloat16' (a GRPO run stores the frozen base
+weights in bf16 and runs every pass under bf16 autocast, the `amp` each
+pass is handed; training a base autocasts only: its weights and AdamW
+stay float32). The whole list, the one place it is written; each
+float32 island is commented where it happens.
 bf16:
   - the frozen base weights, and the matmuls autocast runs (LoRA's too;
     not the float32 ones below): embeddings, the residual stream, the
@@ -89,7 +88,7 @@ class GPTConfig:
     # recompute each block's activations in backward
     grad_checkpoint: bool = False
     # family switches: the defaults are the tiny GPT;
-    # pretrained/hf.from_pretrained sets them from config.json
+    # a Hugging Face directory's config.json sets them
     # 'gpt2': LayerNorm, learned positions, GELU MLP, one fused c_attn;
     # 'llama' (Qwen2 too): RMSNorm, RoPE, SwiGLU MLP, q/k/v/o_proj
     arch: str = "gpt2"
@@ -110,8 +109,8 @@ class KVCache:
 
     Column j of the cache holds the token at column j of the (left-padded)
     input. `pos` is the number of filled columns; `pad_left` (B,) says
-    where each row's real tokens start. (scale/compiled.StaticKVCache: the
-    fixed-shape form a compiled decode step reads, the same two methods.)
+    where each row's real tokens start. (A compiled decode step reads a
+    fixed-shape form of it, with the same two methods.)
     """
 
     def __init__(self, shape, pad_left, device, dtype):
@@ -498,13 +497,12 @@ def sample_next(logits, sampling, u=None):
     by inverse CDF from ONE uniform u_i per row (u (N,); None: from torch's
     default generator): the first token whose cumulative probability
     exceeds u_i. A row depends on its u_i and its logits only: processes
-    sample as one process (up to the logits' rounding,
-    scale/distributed.py)."""
+    sample as one process (up to the logits' rounding)."""
     top_k, top_p = sampling.top_k, sampling.top_p
     logits = logits[:, :sampling.vocab_size]  # ids the tokenizer has
     if sampling.temperature == 0:
         return logits.argmax(dim=-1)  # greedy
-    # float32 under bf16 (see scale/device.py)
+    # float32 under bf16 (the precision list at the top of this file)
     logits = logits.float() / sampling.temperature
     if top_k is not None and top_k < logits.size(-1):
         kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
@@ -541,8 +539,8 @@ def generate(model, prompts, max_new_tokens, eot_id, num_samples=1,
     u (max_new_tokens, N): a uniform per step and row (sample_next), the
     only randomness (uniforms(..., seed, device) draws it from a seed);
     None: drawn here from torch's default generator.
-    decode: the decode step compiled (scale/compiled.CompiledDecode): the
-    model's forward over a static cache, captured; None: eager."""
+    decode: a compiled decode step, the model's forward over a static
+    cache, captured; None: eager."""
     device = next(model.parameters()).device
     several = isinstance(eot_id, (tuple, list))
     eot_ids = tuple(eot_id) if several else (eot_id,)

@@ -354,8 +354,7 @@ def countdown_claim_reward(completion: str, answer) -> float:
     ("...=43</think>") and an <answer>...</answer> follows, whatever the
     arithmetic, the numbers used or the answer; else 0.0.
     Trained on with the exact `countdown` beside it at weight 0, a run logs
-    both and the hack rate (rewarded here, refused by countdown_reward:
-    runs/metrics.py)."""
+    both and the hack rate (rewarded here, refused by countdown_reward)."""
     _, target = _countdown_answer(answer)
     close = completion.find("</think>")
     after = completion[close:]
@@ -456,8 +455,7 @@ def compute_rewards(completions, answers, reward_funcs, reward_weights,
     per_func, left out of the total (TRL's nansum); no function scoring it
     gives a NaN total (advantages skip it).
     cache: the caller's RewardCache, or None. The names (known, distinct)
-    and the counts are the caller's (checks/grpo_knobs.py checks the
-    names at config time)."""
+    and the counts are the caller's to get right."""
     assert len(reward_weights) == len(reward_funcs), "one weight per reward function"
     assert len(completions) == len(answers), "one answer per completion"
     # a bound on memory: afresh, counts kept

@@ -28,6 +28,9 @@ One step (grpo_step), in the order it runs; the parts live in grpo.py:
      skip the step if anything is NaN/Inf (update)
 Every large tensor is deleted as soon as it has been used;
 each `del` says what it frees.
+The config is this script's: `records` builds what the step reads from it
+(grpo.StepKnobs, tracin.TracInKnobs) once, by keyword; no function of the
+lecture sees the config.
 """
 # configurator first: a Ctrl-C during the slow imports below (torch)
 # is one line, not a traceback
@@ -49,10 +52,10 @@ from data.curriculum import from_config
 from data.datadir import bound_data
 from data.defect import defect_record, draw_defective, plant
 from data.prompts import encode_prompt
-from data.tasks import TASKS
-from grpo import PhaseTimer, Prompts, StepResult, grpo_updates, make_rollouts
+from data.tasks import TASKS, task_rewards
+from grpo import LossKnobs, PhaseTimer, Prompts, StepKnobs, StepResult, grpo_updates, make_rollouts
 from lora import apply_lora, lora_parameters
-from model import NonFiniteLogits
+from model import NonFiniteLogits, Sampling
 from rewards import RewardCache
 from runs.checkpoint import CheckpointWriteError
 import runs.evaluate  # (its EVAL_BATCH, named in place: a global number here would be a knob)
@@ -63,7 +66,7 @@ from runs.rundir import close_logs, open_logs, refuse_existing_run, run_lock, st
 from runs.state import Run, load_resume, restore, resumed_base, save_run, saved_config
 from scale import compiled, distributed
 from scale.device import check_device, memory_stats
-from tracin import reference_solutions, tracin_updates
+from tracin import TracInKnobs, reference_solutions, tracin_updates
 
 # -----------------------------------------------------------------------------
 # default config values (override with a config file and/or --key=value)
@@ -167,42 +170,66 @@ defaults = {k: v for k, v in dict(globals()).items()
             if not k.startswith("_") and isinstance(v, (int, float, bool, str, tuple, type(None)))}
 
 
-def grpo_step(model, optimizer, enc, batch, cfg, generator, amp,
-              val=None, decode=None):
+def records(cfg):
+    """What one step reads, built once from the config, by keyword: (grpo.StepKnobs, and
+    tracin.TracInKnobs with tracin=True, else None). Each asserts its RULES when made."""
+    loss = LossKnobs(beta=cfg["beta"], epsilon_low=cfg["epsilon_low"],
+                     epsilon_high=cfg["epsilon_high"], loss_type=cfg["loss_type"],
+                     importance_sampling_level=cfg["importance_sampling_level"],
+                     use_bias_correction_kl=cfg["use_bias_correction_kl"],
+                     max_len=cfg["max_new_tokens"])
+    sampling = Sampling(temperature=cfg["temperature"], top_k=cfg["top_k"] or None,
+                        top_p=cfg["top_p"])
+    # rewards scored on a thread during pass 3, whose log-probs the one update reuses: only
+    # where pass 3 runs (beta != 0) once per generation, and not beside TracIn's capture
+    overlap = cfg["background_rewards"] and not cfg["tracin"]
+    overlap = overlap and cfg["beta"] != 0 and cfg["num_iterations"] == 1
+    step = StepKnobs(group_size=cfg["group_size"], micro_batch_size=cfg["micro_batch_size"],
+                     max_new_tokens=cfg["max_new_tokens"], sampling=sampling, loss=loss,
+                     num_iterations=cfg["num_iterations"], scale_rewards=cfg["scale_rewards"],
+                     advantage_epsilon=cfg["advantage_epsilon"],
+                     mask_truncated_completions=cfg["mask_truncated_completions"],
+                     grad_clip=cfg["grad_clip"], rewards_during_reference=overlap)
+    if not cfg["tracin"]:
+        return step, None
+    knobs = TracInKnobs(influence=cfg["tracin_influence"], selection=cfg["tracin_selection"],
+                        topk_frac=cfg["tracin_topk_frac"])
+    return step, knobs
+
+
+def grpo_step(model, optimizer, enc, prompts, step, tracin_knobs, *, generator, amp,
+              decode=None, val_prompts=None, val_rollouts=None):
     """One GRPO step (the module docstring's steps) on a grpo.Prompts batch.
-    TracIn: `val`, the validation batch, grpo.Prompts to sample with the
-    batch ('pg') or the Rollouts of reference solutions ('nll').
+    TracIn (tracin_knobs, else None): the validation batch, either
+    val_prompts (grpo.Prompts, sampled with the batch: 'pg') or
+    val_rollouts (the Rollouts of reference solutions: 'nll').
     amp: the precision every pass computes in; decode: sampling's compiled
-    decode step (compile; Run builds it once), None: eager.
+    decode step (scale/compiled.py), None: eager.
     -> (rollouts, None if sampling failed;
         grpo.StepResult, with the phases' seconds)."""
     timer = PhaseTimer("generation", "reward", "policy", "reference")
-    sampled_val = isinstance(val, Prompts)  # 'pg': val rollouts sampled too
-    batches = [batch, val] if sampled_val else [batch]
+    batches = [prompts] if val_prompts is None else [prompts, val_prompts]
     try:  # 2-3: one generate call for every prompt, then rewards and advantages
-        rollouts, *val_rollouts = make_rollouts(
-            model, enc, batches, cfg, generator,
-            decode=decode, timer=timer, amp=amp)
+        rollouts, *sampled_val = make_rollouts(model, enc, batches, step, generator,
+                                               timer=timer, amp=amp, decode=decode)
     except NonFiniteLogits as e:  # weights blown up: nothing to learn here
         print(f"warning: {e}; step skipped, weights untouched")
-        skipped = StepResult(skip_reason="non-finite logits",
-                             times=timer.seconds)
+        skipped = StepResult(skip_reason="non-finite logits", times=timer.seconds)
         return None, skipped
     # 4-7 x num_iterations: reference, policy, loss, backward; AdamW
-    if not cfg["tracin"]:
-        stats, grad_norm, skip_reason = grpo_updates(
-            model, optimizer, rollouts, cfg, timer, amp)
-        result = StepResult(stats, grad_norm, skip_reason,
-                            times=timer.seconds)
-        return rollouts, result
+    if tracin_knobs is None:
+        stats, grad_norm, skip_reason = grpo_updates(model, optimizer, rollouts, step,
+                                                     timer=timer, amp=amp)
+        return rollouts, StepResult(stats, grad_norm, skip_reason, times=timer.seconds)
     # 4-7 on the rollouts whose gradient helps the validation loss (tracin.py)
-    val_batch = val_rollouts[0] if sampled_val else val
-    updates = tracin_updates(model, optimizer, rollouts, val_batch, cfg, timer, amp)
+    val_batch = sampled_val[0] if val_prompts is not None else val_rollouts
+    updates = tracin_updates(model, optimizer, rollouts, val_batch, step, tracin_knobs,
+                             timer=timer, amp=amp)
     stats, grad_norm, skip_reason, influence, keep = updates
     rollouts = replace(rollouts, influence=influence, selected=keep)
-    extra = {"val/reward": val_batch.rewards.nanmean().item()} if sampled_val else {}
-    result = StepResult(stats, grad_norm, skip_reason, extra, timer.seconds)
-    return rollouts, result
+    sampled = val_prompts is not None
+    extra = {"val/reward": val_batch.rewards.nanmean().item()} if sampled else {}
+    return rollouts, StepResult(stats, grad_norm, skip_reason, extra, timer.seconds)
 
 
 # -----------------------------------------------------------------------------
@@ -232,7 +259,9 @@ def main(argv):
         # the saved run's config; only what argv gives overrides it (a new --base_ckpt must hold the
         # same weights)
         cfg = configure(defaults, argv, saved=saved_config(resume))
-    validate(cfg)  # every knob (compile=True: its compiler too), before any work
+    validate(cfg)  # every knob (compile=True: its compiler too), before any work; changes none
+    # the reward functions the step calls: the config's, or where it names none, the task's own
+    cfg["reward_funcs"], cfg["reward_weights"] = task_rewards(cfg)
     # torchrun: cuda:LOCAL_RANK
     with distributed.process_group(cfg["device"]) as cfg["device"]:
         # dtype: 'auto' resolved; amp: bf16 autocast, or none
@@ -269,7 +298,8 @@ def setup(cfg, amp, resume):
     # grpo_step (decode=)
     steps_left = cfg["max_iters"] - (resume["iter_num"] if resume else 0)
     sampled = (steps_left, cfg["max_new_tokens"], model.config.n_layer)  # what a compile saves on
-    on, why = compiled.choose(cfg["compile"], device, *sampled)
+    mode = None if cfg["compile"] == "auto" else cfg["compile"]  # None: compiled where it pays
+    on, why = compiled.choose(mode, device, *sampled)
     if why:
         distributed.print0(why)
     decode = compiled.CompiledDecode(model, device) if on else None
@@ -287,8 +317,11 @@ def setup(cfg, amp, resume):
     encode = partial(encode_prompt, enc)
     curriculum, test = from_config(cfg, data_dir, encode, model.config.block_size, splits["train"])
     test = test or splits["test"][:cfg["eval_n"]]  # with a curriculum, its last level's
-    run = Run(model, optimizer, enc, amp, decode, rng, generator, val_rng, val_generator, reward_cache,
-              curriculum, splits["train"], splits["val"], test, defective, data_dir, fingerprint, base)
+    run = Run(model=model, optimizer=optimizer, enc=enc, amp=amp, decode=decode, rng=rng,
+              generator=generator, val_rng=val_rng, val_generator=val_generator,
+              reward_cache=reward_cache, curriculum=curriculum, train=splits["train"],
+              val=splits["val"], test=test, defective=defective, data_dir=data_dir,
+              data_fingerprint=fingerprint, base=base)
     if resume is not None:
         restore(run, resume, cfg)
     n_lora = sum(p.numel() for p in lora_parameters(model))
@@ -308,19 +341,21 @@ def get_batch(run, cfg):
 
 
 def validation_batch(run, cfg):
-    """TracIn's validation batch, as tracin_val_loss says (the one place it is read): 'pg', prompts
-    sampled with the step's and scored by the task's own rewards (reward_funcs may be hackable);
-    'nll', their clean reference solutions as rollouts (no sampling). Drawn, and sampled, from the
-    run's validation streams: the training batch's draws are a standard run's."""
+    """TracIn's validation batch, as tracin_val_loss says (the one place it is read), as
+    (val_prompts, val_rollouts): 'pg', prompts sampled with the step's and scored by the task's own
+    rewards (reward_funcs may be hackable); 'nll', their clean reference solutions as rollouts (no
+    sampling). Drawn, and sampled, from the run's validation streams: the training batch's draws
+    are a standard run's."""
     n = cfg["tracin_val_batch_size"]
     rows = [run.val[run.val_rng.randrange(len(run.val))] for _ in range(n)]
     if cfg["tracin_val_loss"] == "nll":
-        return reference_solutions(run.enc, rows, cfg["device"])
+        return None, reference_solutions(run.enc, rows, cfg["device"])
     task = TASKS[cfg["task"]]
     prompts = [encode_prompt(run.enc, e["question"]) for e in rows]
     answers = [e["answer"] for e in rows]
     funcs = (task["rewards"], task["weights"])
-    return Prompts(prompts, answers, *funcs, cache=run.reward_cache, generator=run.val_generator)
+    streams = dict(cache=run.reward_cache, generator=run.val_generator)
+    return Prompts(prompts, answers, *funcs, **streams), None
 
 
 def train(cfg, run):
@@ -330,6 +365,7 @@ def train(cfg, run):
     lr_at = partial(get_lr, max_iters=decay_iters, learning_rate=cfg["learning_rate"],
                     min_lr=cfg["min_lr"], warmup_iters=cfg["warmup_iters"])
     no_signal, skips = NoSignal(), Skips(cfg["max_skipped_steps"])
+    step, tracin_knobs = records(cfg)  # what every step reads, made once
     try:
         # a new run evaluates the base model first (a resumed one logged that already)
         first = None
@@ -346,13 +382,14 @@ def train(cfg, run):
                 g["lr"] = lr
             t_step = time.time()
             batch, picks = get_batch(run, cfg)
-            val = validation_batch(run, cfg) if cfg["tracin"] else None
+            val_prompts, val_rollouts = validation_batch(run, cfg) if tracin_knobs else (None, None)
             questions, answers = [e["question"] for e in batch], [e["answer"] for e in batch]
             encoded = [encode_prompt(enc, q) for q in questions]
             funcs = (cfg["reward_funcs"], cfg["reward_weights"])
             prompts = Prompts(encoded, answers, *funcs, cache=run.reward_cache)
-            scored, result = grpo_step(model, optimizer, enc, prompts, cfg, run.generator, run.amp,
-                                       val=val, decode=run.decode)
+            scored, result = grpo_step(model, optimizer, enc, prompts, step, tracin_knobs,
+                                       generator=run.generator, amp=run.amp, decode=run.decode,
+                                       val_prompts=val_prompts, val_rollouts=val_rollouts)
             log = step_log(scored, result, cfg, run.reward_cache)
             rollouts = None if scored is None else rollout_record(questions, answers, scored, cfg)
             run.iter_num += 1
@@ -364,8 +401,17 @@ def train(cfg, run):
             log.update(iter=it, lr=lr, step_seconds=time.time() - t_step, elapsed=run.elapsed(),
                        **memory_stats(cfg["device"]))
             last = it == cfg["max_iters"]
-            if it % cfg["eval_interval"] == 0 or last:
+            if it % cfg["eval_interval"] == 0 or last:  # NaN/Inf logits there: no accuracy logged
                 log.update(eval_line(run, cfg, it))
+            # The NaN/Inf path of a run. A step is skipped on NaN/Inf logits while sampling
+            # (grpo_step: no backward, no rollouts recorded), a non-finite influence (TracIn) or a
+            # non-finite loss or gradient norm (grpo.update; the generation's later updates are not
+            # run): its weights and AdamW's state are untouched, it is logged with its skip_reason
+            # and it counts as an iteration (the schedule advances). Under torchrun one rank's NaN
+            # ends the sampling on every rank, so all skip together. The run stops, naming a
+            # NaN/Inf base weight or the knobs to lower (stop_diverged), after max_skipped_steps
+            # skipped in a row (a step with no learning signal between them does not break the
+            # row), or at its end when more than 9 in 10 of the steps that could learn were skipped.
             stop = skips.after_step(log)  # None, or how many were skipped in a row, and why
             # a skipped step's rollouts moved no weight: said so
             if rollouts is not None:
@@ -379,6 +425,7 @@ def train(cfg, run):
             if stop:
                 stop_diverged(run, cfg, stop, lr)
             # weights that give NaN logits are not kept; those a NaN gradient left untouched are
+            # (a finite gradient times a huge learning rate can make them NaN/Inf: not written)
             if (it % cfg["ckpt_interval"] == 0 or last) and rollouts is not None:
                 if nonfinite_weight(model, adapter=True) is None:
                     save_run(run, cfg, lr_at(it))

@@ -15,7 +15,8 @@ from analysis.plot import is_number, load_log  # the same checks on a run direct
 
 
 def mean(xs):
-    xs = [x for x in xs if is_number(x)]  # null (no rollouts that step) or a hand-edited string: left out
+    # null (no rollouts that step), NaN or a hand-edited string: left out
+    xs = [x for x in xs if is_number(x) and x == x]
     return sum(xs) / len(xs) if xs else None
 
 

@@ -12,7 +12,7 @@ import time
 import torch
 
 import grpo
-from bench.scripts import GRPO_DEFAULTS
+from bench.scripts import GRPO_DEFAULTS, knob_records
 from bench.memory import lora_gpt, project_grpo_step, step_inputs
 from lora import lora_parameters
 from scale.device import bf16_is_fast
@@ -41,9 +41,9 @@ def same_rollouts(m32, m16, prompts, group, new_tokens, adv, dev, seed):
                    (m16, torch.autocast(torch.device(dev).type, dtype=torch.bfloat16))):
         m.zero_grad(set_to_none=True)
         timer = grpo.PhaseTimer()
-        knobs = grpo.LossKnobs.from_cfg(c)
-        with_ref = grpo.with_reference(m, batch, c, knobs, timer, amp)  # pass 3 in this precision
-        loss = sum(grpo.policy_backward(m, with_ref, c, knobs, timer, amp)["losses"])
+        step, _ = knob_records(c)
+        with_ref = grpo.with_reference(m, batch, step, timer=timer, amp=amp)  # pass 3 in this precision
+        loss = sum(grpo.policy_backward(m, with_ref, step, timer=timer, amp=amp)["losses"])
         out.append((loss, torch.cat([p.grad.flatten() for p in lora_parameters(m)])))
         m.zero_grad(set_to_none=True)
     (l32, g32), (l16, g16) = out

@@ -24,7 +24,7 @@ import time
 import torch
 
 import grpo
-from bench.scripts import GRPO_DEFAULTS
+from bench.scripts import GRPO_DEFAULTS, knob_records
 from data.tasks import PROJECT
 from scale.compiled import CompiledDecode
 from lora import apply_lora, disable_lora, lora_parameters
@@ -77,10 +77,10 @@ def project_grpo_step(model, optimizer, prompts, group, new_tokens, advantages, 
         idx, pad_left, mask = generate(model, prompts.tolist(), new_tokens, eot_id=-1, num_samples=group,
                                        sampling=Sampling(temperature=temperature), u=u, decode=decode)
     sync(); times["generation"] = time.perf_counter() - t0
-    batch = grpo.Rollouts(idx, pad_left, mask, advantages)
-    knobs = grpo.LossKnobs.from_cfg(c)
-    batch = grpo.with_reference(model, batch, c, knobs, timer, amp)  # pass 3, then 2 and backward
-    st = grpo.policy_backward(model, batch, c, knobs, timer, amp)
+    batch = grpo.Rollouts(idx=idx, pad_left=pad_left, mask=mask, advantages=advantages)
+    step, _ = knob_records(c)
+    batch = grpo.with_reference(model, batch, step, timer=timer, amp=amp)  # pass 3, then 2 and backward
+    st = grpo.policy_backward(model, batch, step, timer=timer, amp=amp)
     times.update(reference=timer.seconds["reference"], policy=timer.seconds["policy"])
     t0 = time.perf_counter()
     torch.nn.utils.clip_grad_norm_(lora_parameters(model), c["grad_clip"])

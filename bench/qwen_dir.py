@@ -31,9 +31,7 @@ def main(argv):
         from transformers import Qwen2Config, Qwen2ForCausalLM
     except ImportError:
         sys.exit("bench.qwen_dir needs transformers and tokenizers: pip install transformers tokenizers")
-    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    sys.path.insert(0, os.path.join(here, "tests"))
-    from hf_dirs import make_tokenizer  # the tests' byte-level BPE with ChatML, trained in memory
+    from bench.hf_tokenizer import make_tokenizer  # a byte-level BPE with ChatML, trained in memory
     os.makedirs(out, exist_ok=True)
     tok = make_tokenizer(out, "qwen2")
     config = Qwen2Config(**QWEN15B, bos_token_id=tok.eos_token_id, eos_token_id=tok.eos_token_id,

@@ -1,16 +1,21 @@
 """
 What the bench takes from the training scripts without importing them (a script is a leaf: nothing
 imports it): their knobs, read from the knobs block as data (its `name = literal` lines, as a config
-file holds them; nothing of the script runs), and the tiny base, trained by train_base.py in a process
+file holds them; nothing of the script runs), the step's records made from them (knob_records), and
+the tiny base, trained by train_base.py in a process
 of its own where train_grpo.py would train it first.
 """
 import ast
 import os
 import subprocess
 import sys
+from dataclasses import fields
 
 from configurator import UserError
+from grpo import LossKnobs, StepKnobs
+from model import Sampling
 from runs.loading import base_to_train
+from tracin import TracInKnobs
 
 PROJECT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -38,6 +43,18 @@ def script_knobs(script):
 
 
 GRPO_DEFAULTS = script_knobs("train_grpo.py")  # what a train_grpo.py run gets without a config
+
+
+def knob_records(c):
+    """(grpo.StepKnobs, tracin.TracInKnobs or None) of a train_grpo.py config c, each field from the knob of
+    its name (TracIn's with 'tracin_' before it), as train_grpo.records builds them (rewards scored beside
+    pass 3: never here)."""
+    def named(record, prefix="", **given):
+        return record(**{f.name: c[prefix + f.name] for f in fields(record) if f.name not in given}, **given)
+    sampling = Sampling(temperature=c["temperature"], top_k=c["top_k"] or None, top_p=c["top_p"])
+    loss = named(LossKnobs, max_len=c["max_new_tokens"])
+    step = named(StepKnobs, sampling=sampling, loss=loss, rewards_during_reference=False)
+    return step, named(TracInKnobs, "tracin_") if c["tracin"] else None
 
 
 def train_missing_base(base_ckpt, device, base_config="config/tiny_base.py"):

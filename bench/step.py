@@ -23,7 +23,7 @@ from dataclasses import replace
 import torch
 
 import rewards
-from bench.scripts import GRPO_DEFAULTS, train_missing_base
+from bench.scripts import GRPO_DEFAULTS, knob_records, train_missing_base
 from configurator import UserError
 from data.tasks import task_rewards
 from data.datadir import load_split, load_tokenizer
@@ -33,7 +33,7 @@ from lora import apply_lora, lora_parameters
 from model import GPT, GPTConfig
 from runs.checkpoint import load_checkpoint, model_from_checkpoint
 from runs.metrics import step_log
-from grpo import LossKnobs, PhaseTimer, Prompts, StepResult, grpo_updates, make_rollouts, policy_backward
+from grpo import PhaseTimer, Prompts, StepResult, grpo_updates, make_rollouts, policy_backward
 from tracin import reference_solutions, tracin_updates
 
 
@@ -89,19 +89,19 @@ def check_step_tokens(cfg):
                         f"prompt takes {longest}: give --step_new_tokens={room} or less")
 
 
-def grpo_step(model, optimizer, enc, batch, cfg, generator, amp, val=None):
+def grpo_step(model, optimizer, enc, batch, step, tracin_knobs, generator, amp, val=None):
     """train_grpo.grpo_step's calls, in its order (a script is not imported; tests/test_bench.py shows
     both give the same rollouts, results and weights): one generate call for the batch (and TracIn's
     sampled validation prompts), then grpo_updates, or TracIn's tracin_updates. -> (rollouts, grpo.StepResult)."""
     timer = PhaseTimer("generation", "reward", "policy", "reference")
     sampled_val = isinstance(val, Prompts)  # 'pg': val rollouts sampled too
     batches = [batch, val] if sampled_val else [batch]
-    rollouts, *val_rollouts = make_rollouts(model, enc, batches, cfg, generator, timer=timer, amp=amp)
-    if not cfg["tracin"]:
-        stats, grad_norm, skip_reason = grpo_updates(model, optimizer, rollouts, cfg, timer, amp)
+    rollouts, *val_rollouts = make_rollouts(model, enc, batches, step, generator, timer=timer, amp=amp)
+    if tracin_knobs is None:
+        stats, grad_norm, skip_reason = grpo_updates(model, optimizer, rollouts, step, timer=timer, amp=amp)
         return rollouts, StepResult(stats, grad_norm, skip_reason, times=timer.seconds)
     val_batch = val_rollouts[0] if sampled_val else val
-    updates = tracin_updates(model, optimizer, rollouts, val_batch, cfg, timer, amp)
+    updates = tracin_updates(model, optimizer, rollouts, val_batch, step, tracin_knobs, timer=timer, amp=amp)
     stats, grad_norm, skip_reason, influence, keep = updates
     rollouts = replace(rollouts, influence=influence, selected=keep)
     extra = {"val/reward": val_batch.rewards.nanmean().item()} if sampled_val else {}
@@ -125,7 +125,7 @@ def timed_grpo_step(model, enc, tb, vb, mode, cfg, amp, **overrides):
         Prompts([encode_prompt(enc, e["question"]) for e in vb], [e["answer"] for e in vb], *funcs)
     batch = Prompts([encode_prompt(enc, e["question"]) for e in tb], [e["answer"] for e in tb], *funcs)
     with contextlib.redirect_stdout(io.StringIO()):  # its notices ("no rollout kept") are not bench output
-        rollouts, result = grpo_step(model, opt, enc, batch, c, gen, amp, val)  # no cache: all scored
+        rollouts, result = grpo_step(model, opt, enc, batch, *knob_records(c), gen, amp, val)  # no cache: all scored
     log = step_log(rollouts, result, c)
     log["total"] = time.perf_counter() - t0
     log["selected"] = None if rollouts is None or rollouts.selected is None else rollouts.selected.tolist()
@@ -139,7 +139,8 @@ def timed_val_backward(model, enc, vb, cfg, amp):
     c = {**GRPO_DEFAULTS, "device": dev, "beta": 0.0, "micro_batch_size": 64}
     sync = torch.cuda.synchronize if "cuda" in dev else (lambda: None)
     sync(); t0 = time.perf_counter()
-    policy_backward(model, reference_solutions(enc, vb, dev), c, LossKnobs.from_cfg(c), PhaseTimer(), amp)
+    step, _ = knob_records(c)
+    policy_backward(model, reference_solutions(enc, vb, dev), step, timer=PhaseTimer(), amp=amp)
     sync(); total = time.perf_counter() - t0
     model.zero_grad(set_to_none=True)
     return {"total": total}

@@ -2,7 +2,9 @@
 The checks of train_grpo.py's knobs, run before any work or any file is written: one line naming the key,
 the value and what is allowed (a typo'd key or a wrong type is caught earlier, by configurator.configure).
 Where it plugs in: train_grpo.main calls validate(cfg) once, after the config is read (and a resumed run's
-merged in); it also resolves the reward functions the step will call (cfg['reward_funcs'], task_rewards).
+merged in). It refuses and changes nothing: the script fills in the task's reward functions itself.
+The rules the lecture's records state (grpo.StepKnobs, grpo.LossKnobs, tracin.TracInKnobs: RULES;
+tracin.capture_problem) are said here by the config key that sets each field (check_rules).
 """
 import math
 import os
@@ -14,13 +16,14 @@ from data.curriculum import most_test_problems, parse_levels
 from data.datadir import check_task_data
 from data.prompts import encode_prompt
 from data.tasks import TASKS, resolve_data_dir, task_rewards
-from grpo import LOSS_TYPES
+from grpo import LossKnobs, StepKnobs
 from runs.checkpoint import load_checkpoint
 from rewards import REWARD_FUNCS
 from model import MIN_TEMPERATURE
 from runs.base import base_exists
 from runs.loading import check_lora_targets
 from scale import compiled, distributed
+from tracin import TracInKnobs, capture_problem
 
 
 def validate(cfg):
@@ -34,18 +37,20 @@ def validate(cfg):
           f"is the base's directory: the run's ckpt.pt would replace {cfg['base_ckpt']} (or the model's "
           "files); give another directory, e.g. --out_dir=out/grpo")
     check_choice(cfg, "init_from", ("base", "resume"))
-    check_positive(cfg, "batch_size", "micro_batch_size", "max_new_tokens", "learning_rate", "grad_clip",
-                   "log_interval", "eval_interval", "eval_n", "eval_k", "ckpt_interval", "max_skipped_steps",
-                   "lora_r", "lora_alpha", "tracin_val_batch_size", "curriculum_window")
-    check_nonnegative(cfg, "max_iters", "min_lr", "warmup_iters", "lr_decay_iters", "weight_decay", "beta",
-                      "epsilon_high", "advantage_epsilon")
+    check_positive(cfg, "batch_size", "learning_rate", "log_interval", "eval_interval", "eval_n", "eval_k",
+                   "ckpt_interval", "max_skipped_steps", "lora_r", "lora_alpha", "tracin_val_batch_size",
+                   "curriculum_window")
+    check_nonnegative(cfg, "max_iters", "min_lr", "warmup_iters", "lr_decay_iters", "weight_decay")
     check_adam_lr(cfg, 0.9, "learning_rate", "min_lr")  # train_grpo's AdamW: torch's beta1, 0.9
     check_decay(cfg)
-    check(cfg, "group_size", cfg["group_size"] >= 2, "must be >= 2: advantages are relative within a group")
+    check_rules(cfg, StepKnobs)
+    check_rules(cfg, LossKnobs)
+    check_rules(cfg, TracInKnobs, prefix="tracin_")
     world = distributed.launched_world_size()  # checked before any process group
-    check(cfg, "batch_size", cfg["batch_size"] % world == 0, f"must split evenly over the {world} processes")
-    check(cfg, "tracin_val_batch_size", cfg["tracin_val_batch_size"] % world == 0 or not cfg["tracin"],
-          f"must split evenly over the {world} processes")
+    even = f"must split evenly over the {world} processes"
+    check(cfg, "batch_size", distributed.splits_evenly(cfg["batch_size"], world), even)
+    check(cfg, "tracin_val_batch_size", not cfg["tracin"] or
+          distributed.splits_evenly(cfg["tracin_val_batch_size"], world), even)
     n = cfg["batch_size"] * cfg["group_size"]
     check(cfg, "micro_batch_size", cfg["micro_batch_size"] >= n or n % cfg["micro_batch_size"] == 0,
           f"batch_size*group_size = {n} completions must divide into micro-batches of this size")
@@ -56,7 +61,6 @@ def validate(cfg):
           "gradients overflow float32 (NaN steps)")
     check(cfg, "top_k", cfg["top_k"] >= 0, "must be >= 0 (0 = off)")
     check(cfg, "top_p", 0 < cfg["top_p"] <= 1, "must be in (0, 1] (1 = off)")
-    check(cfg, "epsilon_low", 0 <= cfg["epsilon_low"] < 1, "must be in [0, 1)")
     check(cfg, "lora_dropout", 0 <= cfg["lora_dropout"] < 1, "must be in [0, 1)")
     check(cfg, "defect_frac", 0 <= cfg["defect_frac"] <= 1, "must be in [0, 1]")
     levels = parse_levels(cfg["curriculum"])  # a bad level list is an error here, before any work
@@ -67,16 +71,14 @@ def validate(cfg):
     check(cfg, "defect_frac", cfg["defect_frac"] == 0 or not levels,
           "must be 0 with a curriculum: the planted wrong answers belong to the base's train split")
     check(cfg, "curriculum_threshold", 0 < cfg["curriculum_threshold"] <= 1, "must be in (0, 1]")
-    check(cfg, "tracin_topk_frac", 0 < cfg["tracin_topk_frac"] <= 1, "must be in (0, 1]")
-    check_choice(cfg, "loss_type", LOSS_TYPES)
-    check_choice(cfg, "importance_sampling_level", ("token", "sequence"))
-    check(cfg, "num_iterations", cfg["num_iterations"] >= 1, "must be >= 1")
-    check(cfg, "num_iterations", cfg["num_iterations"] == 1 or not cfg["tracin"], "must be 1 with tracin=True: "
-          "the selection is made from the sampling policy's per-sample gradients, one update per generation")
-    check_choice(cfg, "scale_rewards", ("group", "batch", "none"))
+    if cfg["tracin"]:  # what the hooks' per-sample gradients rely on
+        problem = capture_problem(cfg["num_iterations"], cfg["grad_checkpoint"], cfg["lora_dropout"])
+        key, why = problem or (None, None)
+        if key:
+            check(cfg, key, False, why)
+        elif why:
+            raise UserError(why)
     check_choice(cfg, "tracin_val_loss", ("pg", "nll"))
-    check_choice(cfg, "tracin_selection", ("positive", "topk"))
-    check_choice(cfg, "tracin_influence", ("summed", "matrix"))
     check_choice(cfg, "task", tuple(TASKS))
     own = ""  # a train_base.py base's own data directory (none yet: it will be trained)
     if cfg["base_ckpt"].endswith(".pt"):  # a train_base.py base knows one task: the one it was (or will be) trained on
@@ -94,7 +96,7 @@ def validate(cfg):
                         "leave data_dir ''")
     # (and a resumed run's: another task's data put in its place)
     check_task_data(cfg["data_dir"], cfg["task"], base=cfg["base_ckpt"] if own else "")
-    cfg["reward_funcs"], cfg["reward_weights"] = funcs, weights = task_rewards(cfg)  # () = the task's
+    funcs, weights = task_rewards(cfg)  # () = the task's (train_grpo.main fills them in so)
     names = all(isinstance(f, str) and f in REWARD_FUNCS for f in funcs)  # (a nested list: no name)
     check(cfg, "reward_funcs", len(funcs) > 0 and names and len(set(funcs)) == len(funcs),
           f"a non-empty list of distinct names from {sorted(REWARD_FUNCS)}")
@@ -107,16 +109,19 @@ def validate(cfg):
           "must add up (in absolute value) to at most 1e18: a larger reward overflows float32")
     check(cfg, "lora_targets", len(cfg["lora_targets"]) > 0, "name at least one layer, e.g. ('c_attn',)")
     check_lora_targets(cfg["lora_targets"])
-    if cfg["compile"] == "auto":
-        cfg["compile"] = None
-    check(cfg, "compile", any(cfg["compile"] is c for c in (None, True, False)),  # not 1 == True
+    auto = cfg["compile"] == "auto"
+    check(cfg, "compile", auto or any(cfg["compile"] is c for c in (None, True, False)),  # not 1 == True
           "must be True, False or 'auto' (None: on a GPU where it pays, scale/compiled.choose)")
     if cfg["compile"] is True:  # torch.compile and a C++ compiler where it runs on CPU (scale/compiled.py)
         compiled.check_compile(cfg["device"])
-    if cfg["tracin"] and (cfg["grad_checkpoint"] or cfg["lora_dropout"] > 0):
-        raise UserError("tracin=True needs grad_checkpoint=False and lora_dropout=0: the hooks must see "
-                        "each activation once, exactly as the gradient used it")
     check_lora_scaling(cfg)
+
+
+def check_rules(cfg, record, prefix=""):
+    """The rules a lecture record states (record.RULES, asserted when one is made), each said by the
+    config key that sets its field: prefix + field."""
+    for field, (holds, why) in record.RULES.items():
+        check(cfg, prefix + field, holds(cfg[prefix + field]), why)
 
 
 def base_task(base_ckpt, base_config):

@@ -40,11 +40,12 @@ def plant(train, picks, defective, task):
 
 def defect_record(log, rollouts, picks, defective, cfg):
     """How clean the step's rollouts were, into its log line: the share of clean rollouts, and with
-    TracIn the share of clean ones among those it kept (the selection's precision); which prompts were
+    TracIn the share of clean ones among those it kept (the selection's precision: only where the
+    step kept some and updated on them; a skipped step moved no weight); which prompts were
     defective, into its rollouts.jsonl line."""
     clean = torch.tensor([i not in defective for i in picks]).repeat_interleave(cfg["group_size"])
     log["defect/clean_base_rate"] = clean.float().mean().item()
-    if cfg["tracin"] and log["n_selected"] > 0:
+    if cfg["tracin"] and log["n_selected"] > 0 and not log["skipped"]:
         kept = clean[torch.tensor(rollouts["selected"])]
         log["defect/selection_precision"] = kept.float().mean().item()
     rollouts["defective"] = [i in defective for i in picks]

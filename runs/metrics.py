@@ -44,7 +44,7 @@ def step_log(rollouts, result, cfg, cache=None):
             "kl": stats["kl_sum"] / ntok, "entropy": stats["ent_sum"] / ntok,
             "completions/mean_length": mask.sum(1).float().mean().item(),
             "completions/clipped_ratio": rollouts.truncated.float().mean().item(),
-            "clip_ratio": stats["clipped"] / ntok, "clip_ratio/low": stats["clipped_low"] / ntok,
+            "clip_ratio": stats["clipped_tokens"] / ntok, "clip_ratio/low": stats["clipped_low"] / ntok,
             "clip_ratio/high": stats["clipped_high"] / ntok, "grad_norm": grad_norm,
             "skipped": result.skip_reason is not None, "reward_errors": sum(rollouts.errors.values()), **extra,
             **times}
@@ -212,7 +212,7 @@ class Skips:
 
     def diverged(self):
         """None, unless more than 9 in 10 of the steps that could learn were skipped (the adapter
-        hardly moved): then '8 of the 8 steps that could learn skipped (non-finite gradient: 8)'."""
+        hardly moved): then e.g. '8 of the 8 steps that could learn skipped (non-finite logits: 8)'."""
         skipped = sum(self.reasons.values())
         if skipped <= 0.9 * (skipped + self.trained):
             return None
@@ -222,5 +222,6 @@ class Skips:
         return ", ".join(f"{why}: {n}" for why, n in self.reasons.items())
 
     def summary(self):
-        """'; 3 of 8 steps skipped (non-finite gradient: 2, non-finite logits: 1)', or '' when none was."""
+        """E.g. '; 3 of 8 steps skipped (non-finite loss or gradient: 2, non-finite logits: 1)', or ''
+        when none was."""
         return f"; {sum(self.reasons.values())} of {self.total} steps skipped ({self.why()})" if self.reasons else ""

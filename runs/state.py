@@ -9,17 +9,22 @@ Nothing here runs inside a step.
 import os
 import random
 import time
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 
+import tiktoken
 import torch
 
 from configurator import UserError
+from data.curriculum import Curriculum
 from data.tasks import portable_path, resolve_data_dir
 from lora import lora_state_dict
+from rewards import RewardCache
 from runs.base import resolve_base
 from runs.checkpoint import load_adapter, load_checkpoint, save_checkpoint
 from runs.rundir import rewind
 from scale import distributed
+from scale.compiled import CompiledDecode
 
 # what a train_grpo.py checkpoint holds, and of which type, before a resume reads anything from it
 KINDS = dict(lora=dict, base_ckpt=str, config=dict, optimizer=dict, rng=dict, iter_num=int,
@@ -33,15 +38,15 @@ class Run:
     the step counter; checkpoints hold all of them (save_run)."""
     model: torch.nn.Module
     optimizer: torch.optim.Optimizer
-    enc: object                 # the tokenizer
-    amp: object                 # every pass computes in this precision (bf16 autocast, or as stored)
-    decode: object              # compile=True: sampling's decode step compiled once; None: eager
+    enc: tiktoken.Encoding      # the tokenizer
+    amp: AbstractContextManager  # every pass computes in this precision (bf16 autocast, or as stored)
+    decode: CompiledDecode      # sampling's decode step compiled once; None: eager
     rng: random.Random
     generator: torch.Generator
     val_rng: random.Random      # TracIn's validation batch: which prompts, which completions ('pg')
     val_generator: torch.Generator
-    reward_cache: dict          # (reward, text, answer) -> score; None: off
-    curriculum: object          # data/curriculum.Curriculum, or None
+    reward_cache: RewardCache   # (reward, text, answer) -> score; None: off
+    curriculum: Curriculum      # None: prompts from the base's train split
     train: list                 # the splits' rows; test: eval_n of them, or the curriculum's last level
     val: list
     test: list

@@ -41,7 +41,6 @@ each rank draws its own masks, so the run is equivalent but no longer equal to o
 """
 import os
 import socket
-import sys
 import time
 from contextlib import contextmanager
 from datetime import timedelta
@@ -49,7 +48,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from configurator import UserError
+# torchrun's environment is read in configurator (no torch there); the knob checks ask it here
+from configurator import UserError, exit_now, launched, launched_world_size  # noqa: F401
 from fileio import pid_alive
 
 # A rank that waits longer than this in a collective (its peer died, or is stuck) fails instead of
@@ -58,17 +58,6 @@ from fileio import pid_alive
 # chunks do not split evenly).
 TIMEOUT = timedelta(minutes=10)
 _state = {"rank": 0, "world_size": 1, "peers": []}  # this process's place in the job, set by setup()
-
-
-def launched():
-    """Started by torchrun (or anything that sets its environment variables)?"""
-    return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
-
-
-def launched_world_size():
-    """The number of processes torchrun started (1 without torchrun), known before setup(): for the
-    knob checks that run before any process group exists."""
-    return int(os.environ["WORLD_SIZE"]) if launched() else 1
 
 
 def setup(device):
@@ -195,10 +184,15 @@ def sum_floats(values):
     return t.tolist()
 
 
+def splits_evenly(n, world):
+    """n rows (or prompts) in equal shares over `world` processes: what shard relies on, so that
+    every rank's update is one process's (checks/grpo_knobs.py says it by the knob that sets n)."""
+    return n % world == 0
+
+
 def shard(n):
-    """This rank's contiguous rows of a global batch of n rows (slice); n must divide evenly."""
-    if n % world_size():
-        raise UserError(f"{n} rows do not split evenly over {world_size()} processes")
+    """This rank's contiguous rows of a global batch of n rows (slice), in equal shares."""
+    assert splits_evenly(n, world_size()), f"{n} rows over {world_size()} processes"
     return split(n)
 
 
@@ -225,12 +219,7 @@ def fail(code):
     group's destructors, which can wait on the other ranks; os._exit does not, and the closed
     connections make the other ranks' collectives fail (gloo) or torchrun stops them (nccl)."""
     if world_size() > 1:
-        _exit_now(code)
-
-
-def _exit_now(code):
-    sys.stdout.flush(); sys.stderr.flush()
-    os._exit(code)
+        exit_now(code)
 
 
 @contextmanager
@@ -277,7 +266,7 @@ def finish():
     finalisation: gloo's worker threads can abort the process there ('terminate called without an
     active exception', SIGABRT) although every file is written and closed. A no-op without torchrun."""
     if launched():
-        _exit_now(0)
+        exit_now(0)
 
 
 def gather_sampled(idx, pad_left, mask, pad_id, n_prompts, num_samples):

@@ -79,7 +79,7 @@ def tiny_setup_two_steps(tmp_path_factory):
     return tiny_base(tmp_path_factory, steps=2)
 
 
-def tiny_base(tmp_path_factory, steps=1):
+def tiny_base(tmp_path_factory, steps=1, block_size=128):
     from data.datadir import load_tokenizer
     from data.gsm_synth.prepare import prepare
     from runs.checkpoint import save_checkpoint
@@ -88,7 +88,7 @@ def tiny_base(tmp_path_factory, steps=1):
                        verbose=False, root=str(root))
     enc = load_tokenizer(data_dir)
     torch.manual_seed(0)
-    args = dict(block_size=128, vocab_size=enc.n_vocab, n_layer=1, n_head=2, n_embd=32, dropout=0.0, bias=False)
+    args = dict(block_size=block_size, vocab_size=enc.n_vocab, n_layer=1, n_head=2, n_embd=32, dropout=0.0, bias=False)
     model = GPT(GPTConfig(**args))
     path = str(tmp_path_factory.mktemp("base") / "ckpt.pt")
     save_checkpoint({"model": model.state_dict(), "model_args": args, "data_dir": data_dir, "iter_num": 0,

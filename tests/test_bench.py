@@ -265,6 +265,8 @@ def test_the_bench_step_is_train_grpos_step(tiny_setup, mode, monkeypatch, chars
     import grpo
     import tracin
     import train_grpo
+    import cfg_calls
+    from bench.scripts import knob_records
     from bench.step import grpo_step
     from data.prompts import encode_prompt
     from data.tasks import TASKS
@@ -280,7 +282,9 @@ def test_the_bench_step_is_train_grpos_step(tiny_setup, mode, monkeypatch, chars
         grpo.Prompts([encode_prompt(enc, e["question"]) for e in v], [e["answer"] for e in v], *funcs)
     batch = grpo.Prompts([encode_prompt(enc, e["question"]) for e in val[:2]], [e["answer"] for e in val[:2]], *funcs)
     out = []
-    for step, model in ((train_grpo.grpo_step, m), (grpo_step, copy.deepcopy(m))):
+    def bench_step(model, opt, enc, batch, cfg, generator, amp, v):
+        return grpo_step(model, opt, enc, batch, *knob_records(cfg), generator, amp, v)
+    for step, model in ((cfg_calls.grpo_step, m), (bench_step, copy.deepcopy(m))):
         opt = torch.optim.AdamW(lora_parameters(model), lr=1e-2)
         amp = torch.autocast("cpu", enabled=False)
         rollouts, result = step(model, opt, enc, batch, cfg, torch.Generator().manual_seed(0), amp, v)

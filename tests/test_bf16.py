@@ -7,6 +7,7 @@ import copy
 import torch
 
 import ghost
+import cfg_calls
 import grpo
 import tracin
 from lora import lora_parameters, merge_lora
@@ -59,9 +60,9 @@ def test_grpo_step_in_bf16_is_close_to_float32():
     out = {}
     for name, m in (("f32", m32), ("bf16", m16)):
         c = cfg(8, beta=0.04)
-        knobs = grpo.LossKnobs.from_cfg(c)
-        batch = grpo.with_reference(m, as_batch(train, adv), c, knobs, amp=AMP[name])  # pass 3
-        stats = grpo.policy_backward(m, batch, c, knobs, amp=AMP[name])  # pass 2
+        knobs = cfg_calls.loss_of(c)
+        batch = cfg_calls.with_reference(m, as_batch(train, adv), c, knobs, amp=AMP[name])  # pass 3
+        stats = cfg_calls.policy_backward(m, batch, c, knobs, amp=AMP[name])  # pass 2
         out[name] = sum(stats["losses"]), flat_grads(m)
         assert all(p.grad.dtype == torch.float32 for p in lora_parameters(m))  # AdamW sees float32
     (l32, g32), (l16, g16) = out["f32"], out["bf16"]
@@ -74,7 +75,7 @@ def test_policy_and_old_logprobs_agree_exactly_in_bf16():
     the ratio of the first update of a generation is exactly 1."""
     _, m16, train, adv, _ = world()
     c = cfg(8)
-    old = grpo.old_logprobs(m16, as_batch(train, adv), c, amp=BF16)
+    old = cfg_calls.old_logprobs(m16, as_batch(train, adv), c, amp=BF16)
     idx, pl, mask = train
     with BF16:
         new, _ = grpo.completion_logprobs(m16, idx, pl, mask.size(1), c["temperature"])
@@ -89,7 +90,7 @@ def test_tracin_step_in_bf16_ranks_and_keeps_as_float32():
     out = {}
     for name, m in (("f32", m32), ("bf16", m16)):
         opt = torch.optim.AdamW(lora_parameters(m), lr=0.1)
-        _, infl, keep, _ = tracin.tracin_backward(m, opt, as_batch(train, adv), as_batch(val, VAL_ADV), cfg(8),
+        _, infl, keep, _ = cfg_calls.tracin_backward(m, opt, as_batch(train, adv), as_batch(val, VAL_ADV), cfg(8),
                                                   amp=AMP[name])
         assert infl.dtype == torch.float32
         out[name] = infl, keep, flat_grads(m)
@@ -104,9 +105,9 @@ def test_bf16_hook_buffers_give_their_float32_recomputation():
     in float32 from them: equal to recomputing in float64 from the same buffers."""
     _, m16, train, adv, val = world()
     with ghost.install_ghost_hooks(m16) as hooks:  # policy_backward enters BF16 itself
-        grpo.policy_backward(m16, as_batch(train, adv), cfg(8), NO_KL, amp=BF16)
+        cfg_calls.policy_backward(m16, as_batch(train, adv), cfg(8), NO_KL, amp=BF16)
         hooks.split = "val"
-        grpo.policy_backward(m16, as_batch(val, VAL_ADV), cfg(8), NO_KL, amp=BF16)
+        cfg_calls.policy_backward(m16, as_batch(val, VAL_ADV), cfg(8), NO_KL, amp=BF16)
         tr, va = hooks.collect("train"), hooks.collect("val")
     assert all(t.dtype == torch.bfloat16 for v in tr.values() for t in v)
     got = ghost.compute_ghost_inner_product_matrix(tr, va)

@@ -272,6 +272,7 @@ def test_under_cuda_graphs_mode_sampling_reads_lora_unfolded(fresh, monkeypatch)
     """grpo.sample_rollouts with a CUDA-graphs decode step (mode 'reduce-overhead'; on a CPU inductor runs it
     without graphs) never folds LoRA (a folded copy would be a new graph input every step) and samples the
     tokens eager, folded sampling gives."""
+    import cfg_calls
     import grpo
     from grpo import Prompts
     folds = []
@@ -281,14 +282,14 @@ def test_under_cuda_graphs_mode_sampling_reads_lora_unfolded(fresh, monkeypatch)
     monkeypatch.setattr(grpo, "stop_tokens", lambda enc: (0,))
     cfg = dict(max_new_tokens=NEW, group_size=2, temperature=1.0, top_k=20, top_p=1.0)
     prompts = Prompts(PROMPTS, ["1"] * 3, (), (), generator=torch.Generator().manual_seed(4))
-    eager = grpo.sample_rollouts(fresh, enc, [prompts], cfg, None)
+    eager = cfg_calls.sample_rollouts(fresh, enc, [prompts], cfg, None)
     assert folds == [1]
     prompts = Prompts(PROMPTS, ["1"] * 3, (), (), generator=torch.Generator().manual_seed(4))
     graphs, calls = compiled.CompiledDecode(fresh, "cpu", "reduce-overhead"), []
     step = graphs.step
     graphs.step = lambda *a: calls.append(1) or step(*a)  # counted
     assert graphs.graphs
-    comp = grpo.sample_rollouts(fresh, enc, [prompts], cfg, None, graphs)
+    comp = cfg_calls.sample_rollouts(fresh, enc, [prompts], cfg, None, graphs)
     assert folds == [1] and len(fresh.decode_steps) == 0  # not folded; its own graph, not the default one
     assert len(calls) == comp[2].size(1) - 1  # every decode step through it
     assert all(torch.equal(a, b) for a, b in zip(eager, comp)) and eager[2].size(1) > 1
@@ -313,4 +314,4 @@ def test_auto_on_a_cpu_samples_eagerly(tiny_setup, tmp_path, monkeypatch, capsys
     monkeypatch.setattr(compiled.CompiledDecode, "__init__", lambda *a: pytest.fail("compiled on a CPU"))
     cfg = train_grpo.main([f"--base_ckpt={tiny_setup}", f"--out_dir={tmp_path / 'run'}", "--compile=auto",
                            "--max_iters=1", "--eval_n=2", "--eval_k=1", "--batch_size=2", "--group_size=2"])
-    assert cfg["compile"] is None and "compile=auto" not in capsys.readouterr().out  # nothing said on a CPU
+    assert cfg["compile"] == "auto" and "compile=auto" not in capsys.readouterr().out  # nothing said on a CPU

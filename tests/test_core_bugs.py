@@ -34,6 +34,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import cfg_calls
 import grpo
 from analysis import attribute
 import tracin
@@ -128,12 +129,12 @@ def test_update_skips_a_non_finite_gradient_with_a_finite_loss(tiny_gpt, bad):
     before = [p.detach().clone() for p in params]
     fill_grads()
     params[3].grad.view(-1)[5] = bad
-    norm, reason = grpo.update(tiny_gpt, opt, cfg, stats)
+    norm, reason = cfg_calls.update(tiny_gpt, opt, cfg, stats)
     assert reason is not None and not math.isfinite(norm)
     assert all(torch.equal(p, b) for p, b in zip(params, before))  # weights untouched
     assert not opt.state  # AdamW never stepped (no moments, no step count)
     fill_grads()  # control: the same call with a finite gradient steps
-    norm, reason = grpo.update(tiny_gpt, opt, cfg, stats)
+    norm, reason = cfg_calls.update(tiny_gpt, opt, cfg, stats)
     assert reason is None and math.isfinite(norm)
     assert any(not torch.equal(p, b) for p, b in zip(params, before))
 
@@ -321,7 +322,7 @@ def test_topk_selection_keeps_at_least_one_rollout():
     fraction of a small batch (0.05 * 8 -> 0) would keep none and train on nothing."""
     infl = torch.tensor([0.3, -1.0, 2.5, 0.1, -0.2, 1.7, 0.0, 0.4])
     for frac in (0.05, 0.01):
-        assert tracin.select_rollouts(infl, "topk", frac).tolist() == [i == 2 for i in range(8)]
+        assert tracin.select_rollouts(infl, tracin.TracInKnobs(selection="topk", topk_frac=frac)).tolist() == [i == 2 for i in range(8)]
 
 
 def test_batch_scaled_advantages_use_the_epsilon():
@@ -367,16 +368,16 @@ def test_a_skipped_update_ends_the_generations_updates(tiny_gpt, monkeypatch, ba
     cfg = {**tg.defaults, "micro_batch_size": 4, "num_iterations": 3, "beta": 0.0, "device": "cpu"}
     real, calls, weights = grpo.policy_backward, [], []
 
-    def backward(model, b, c, knobs, *a, **k):
+    def backward(model, b, step, **k):
         weights.append([p.detach().clone() for p in params])  # the weights this update starts from
-        stats = real(model, b, c, knobs, *a, **k)
+        stats = real(model, b, step, **k)
         calls.append(len(calls))
         if len(calls) - 1 == bad_update:
             stats["losses"].append(float("nan"))
         return stats
     monkeypatch.setattr(grpo, "policy_backward", backward)
     opt = torch.optim.AdamW(params, lr=0.1)
-    stats, norm, reason = grpo.grpo_updates(tiny_gpt, opt, batch, cfg)
+    stats, norm, reason = cfg_calls.grpo_updates(tiny_gpt, opt, batch, cfg)
     assert reason == "non-finite loss or gradient"
     assert len(calls) == bad_update + 1  # nothing ran after the skipped update
     assert all(torch.equal(p, w) for p, w in zip(params, weights[bad_update]))  # it left them untouched

@@ -15,6 +15,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+import cfg_calls
 import grpo
 import train_base as tb
 import train_grpo
@@ -158,11 +159,11 @@ def test_tracins_validation_batch_is_scored_by_the_tasks_exact_reward(tmp_path, 
     # the validation batch as train_grpo.validation_batch draws it for tracin_val_loss='pg'
     run = SimpleNamespace(val=[rows[0]], val_rng=random.Random(0), val_generator=None, enc=enc,
                           reward_cache=None)
-    val_prompts = train_grpo.validation_batch(run, {**cfg, "tracin_val_batch_size": 1, "tracin_val_loss": "pg"})
+    val_prompts, _ = train_grpo.validation_batch(run, {**cfg, "tracin_val_batch_size": 1, "tracin_val_loss": "pg"})
     assert (val_prompts.reward_funcs, val_prompts.answers) == (("countdown", "think_format"), [rows[0]["answer"]])
     batch = grpo.Prompts([[1]], [answer], cfg["reward_funcs"], cfg["reward_weights"])
     val_prompts = grpo.Prompts([[1]], [answer], val_prompts.reward_funcs, val_prompts.reward_weights)
-    train, val = grpo.score_rollouts(enc, (idx, torch.zeros(4, dtype=torch.long), mask),
+    train, val = cfg_calls.score_rollouts(enc, (idx, torch.zeros(4, dtype=torch.long), mask),
                                      [batch, val_prompts], cfg)
     assert train.rewards.tolist() == [1.0, 1.0] and train.per_fn["countdown"] == [1.0, 0.0]
     assert val.rewards.tolist() == pytest.approx([1.1, 0.1])

@@ -13,6 +13,8 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
+import cfg_calls
+
 import train_base
 import train_grpo as tg
 from scale.distributed import finish  # each worker ends with it, as configurator.cli_main does under torchrun
@@ -65,10 +67,9 @@ def worker(rank, world, port, argv, spy):
         return decode(self, *a)
     compiled.CompiledDecode.__call__ = compiled_step
     backward, all_reduce = grpo.policy_backward, torch.distributed.all_reduce
-    def counted(model, batch, *a, **kw):  # noqa: E306
-        knobs = kw.get("knobs", a[1] if len(a) > 1 else None)
-        seen["rows"].append((len(batch), knobs.beta))
-        return backward(model, batch, *a, **kw)
+    def counted(model, batch, step, **kw):  # noqa: E306
+        seen["rows"].append((len(batch), step.loss.beta))
+        return backward(model, batch, step, **kw)
     grpo.policy_backward = tracin.policy_backward = counted
     torch.distributed.all_reduce = lambda t, *a, **kw: seen["all_reduce"].append((t.numel(), str(t.dtype))) \
         or all_reduce(t, *a, **kw)
@@ -453,8 +454,8 @@ def sampling_worker(rank, world, port, out):
     grpo.generate = lambda m, prompts, *a, **k: seen.append(len(prompts)) or real(m, prompts, *a, **k)
     with distributed.process_group("cpu"):
         g = torch.Generator().manual_seed(11)
-        sampled = grpo.sample_rollouts(model, enc, batches, SAMPLE_CFG, g)
-        again = grpo.sample_rollouts(model, enc, batches, SAMPLE_CFG, g)
+        sampled = cfg_calls.sample_rollouts(model, enc, batches, SAMPLE_CFG, g)
+        again = cfg_calls.sample_rollouts(model, enc, batches, SAMPLE_CFG, g)
         torch.save(dict(sampled=sampled, again=again, state=g.get_state(), seen=seen), f"{out}.{rank}")
     finish()
 
@@ -467,7 +468,7 @@ def test_each_rank_samples_its_share_and_all_get_the_single_process_batch(tmp_pa
     import grpo
     model, enc, batches = sampling_setup()
     g = torch.Generator().manual_seed(11)
-    ref = [grpo.sample_rollouts(model, enc, batches, SAMPLE_CFG, g) for _ in range(2)]
+    ref = [cfg_calls.sample_rollouts(model, enc, batches, SAMPLE_CFG, g) for _ in range(2)]
     out = str(tmp_path / "sampled")
     mp.spawn(sampling_worker, args=(2, free_port(), out), nprocs=2)
     for rank, share in ((0, 3), (1, 2)):
@@ -494,7 +495,7 @@ def nan_sampling_worker(rank, world, port, out):
         model.transformer.wte.weight[ord("z")] = float("nan")
     with distributed.process_group("cpu"):
         try:
-            grpo.sample_rollouts(model, enc, batches, SAMPLE_CFG, torch.Generator().manual_seed(11))
+            cfg_calls.sample_rollouts(model, enc, batches, SAMPLE_CFG, torch.Generator().manual_seed(11))
             said = None
         except NonFiniteLogits as e:
             said = str(e)

@@ -24,7 +24,8 @@ import ghost
 from analysis import attribute
 import tracin
 import train_grpo
-from grpo import LossKnobs, Rollouts, policy_backward
+from cfg_calls import informative_rows, loss_of, policy_backward, tracin_backward
+from grpo import LossKnobs, Rollouts
 from lora import load_lora_state_dict, lora_parameters
 from runs.checkpoint import load_checkpoint
 from test_tracin import (LAYERS, TRAIN_ADV, TRAIN_PROMPTS, VAL_ADV, VAL_PROMPTS, ByteEnc, capture_both, flat,
@@ -120,7 +121,7 @@ def test_tracin_backward_summed_equals_matrix(world, monkeypatch, rule, beta):
     for how in ("summed", "matrix"):
         calls.clear()
         c = cfg(4, beta=beta, tracin_influence=how, tracin_selection=rule, tracin_topk_frac=0.5)
-        _, infl, keep, _ = tracin.tracin_backward(m, opt, as_batch(train, adv), as_batch(val, VAL_ADV), c)
+        _, infl, keep, _ = tracin_backward(m, opt, as_batch(train, adv), as_batch(val, VAL_ADV), c)
         out[how] = infl, keep, [p.grad.clone() for p in lora_parameters(m)]
         assert sorted(calls) == (["train"] if how == "summed" else ["matrix", "train", "val"])
         m.zero_grad(set_to_none=True)
@@ -201,16 +202,16 @@ def test_zero_advantage_validation_rows_are_skipped_and_G_is_unchanged(world, mo
     adv[[0, 2]] = 0.0
     c = cfg(2, loss_type=loss_type)
     Gs, rows = [], []
-    for batch in (as_batch(val, adv), tracin.informative_rows(as_batch(val, adv), c)):
+    for batch in (as_batch(val, adv), informative_rows(as_batch(val, adv), c)):
         rows.append(len(batch))
-        policy_backward(m, batch, c, LossKnobs.from_cfg(c))
+        policy_backward(m, batch, c, loss_of(c))
         Gs.append(torch.cat([torch.cat([a.flatten(), b.flatten()]) for a, b in ghost.summed_gradient(m).values()]))
     assert rel(Gs[1], Gs[0]) <= 1e-6
     assert rows == ([len(adv)] * 2 if loss_type == "bnpo" else [len(adv), len(adv) - 2])
-    none = tracin.informative_rows(as_batch(val, torch.zeros_like(adv)), c)
+    none = informative_rows(as_batch(val, torch.zeros_like(adv)), c)
     if loss_type != "bnpo":
         assert len(none) == 1
-        policy_backward(m, none, c, LossKnobs.from_cfg(c))
+        policy_backward(m, none, c, loss_of(c))
         assert all((g == 0).all() for pair in ghost.summed_gradient(m).values() for g in pair)
 
 
@@ -225,7 +226,7 @@ def test_rollouts_tracin_can_never_keep_have_influence_exactly_zero(world, beta)
     adv[1], mask[4] = 0.0, 0  # row 1: advantage 0; row 4: a truncated completion, masked out
     opt = torch.optim.AdamW(lora_parameters(m), lr=0.1)
     c = cfg(4, beta=beta, tracin_selection="positive")
-    _, infl, keep, _ = tracin.tracin_backward(m, opt, as_batch((idx, pl, mask), adv), as_batch(val, VAL_ADV), c)
+    _, infl, keep, _ = tracin_backward(m, opt, as_batch((idx, pl, mask), adv), as_batch(val, VAL_ADV), c)
     m.zero_grad(set_to_none=True)
     never = [4] if beta else [1, 4]
     assert (infl[never] == 0).all() and not keep[never].any()

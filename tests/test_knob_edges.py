@@ -23,7 +23,7 @@ from data.tasks import BASE_KEYS
 from runs.loading import load_base
 from test_base_path import NoTraining, train_if_missing
 from model import MIN_TEMPERATURE
-from tracin import select_rollouts
+from tracin import TracInKnobs, select_rollouts
 
 
 def grpo_validate(base, **knobs):
@@ -47,7 +47,7 @@ def test_a_temperature_at_its_floor_is_allowed(tiny_setup, capsys):
 def test_a_top_k_fraction_up_to_1_is_allowed_and_keeps_its_share(tiny_setup, frac, kept):
     grpo_validate(tiny_setup, tracin=True, tracin_selection="topk", tracin_topk_frac=frac)
     influence = torch.tensor([0.3, -1.0, 2.0, 0.0, -0.5, 1.5, 0.7])
-    keep = select_rollouts(influence, "topk", frac)
+    keep = select_rollouts(influence, TracInKnobs(selection="topk", topk_frac=frac))
     assert keep.sum() == kept
     assert influence[keep].min() >= influence[~keep].max() if kept < 7 else keep.all()
 

@@ -13,7 +13,8 @@ import ghost
 import tracin
 import train_grpo
 from data.curriculum import Curriculum
-from grpo import LossKnobs, Rollouts, policy_backward, with_reference
+from cfg_calls import loss_of, policy_backward, tracin_backward, with_reference
+from grpo import Rollouts
 from lora import lora_parameters
 from test_tracin import TRAIN_ADV, TRAIN_PROMPTS, VAL_ADV, VAL_PROMPTS, make_batch, make_model
 
@@ -34,7 +35,7 @@ def cfg(mb, **kw):
 
 def backward(m, batch, c, beta, **kw):
     """grpo.policy_backward under the run's loss knobs at this beta, after pass 3 (beta != 0)."""
-    knobs = replace(LossKnobs.from_cfg(c), beta=beta)
+    knobs = loss_of(c, beta=beta)
     return policy_backward(m, with_reference(m, batch, c, knobs), c, knobs, **kw)
 
 
@@ -109,7 +110,7 @@ def test_tracin_validation_loss_has_no_kl_term(world, how):
     beta = 0.5
     opt = torch.optim.AdamW(lora_parameters(m), lr=0.1)
     c = cfg(4, beta=beta, tracin_influence=how, tracin_selection="positive")
-    _, infl, _, _ = tracin.tracin_backward(m, opt, as_batch(train, TRAIN_ADV), as_batch(val, VAL_ADV), c)
+    _, infl, _, _ = tracin_backward(m, opt, as_batch(train, TRAIN_ADV), as_batch(val, VAL_ADV), c)
     m.zero_grad(set_to_none=True)
     with ghost.install_ghost_hooks(m) as hooks:
         backward(m, as_batch(train, TRAIN_ADV), cfg(4), beta)

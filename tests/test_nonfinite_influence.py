@@ -13,7 +13,7 @@ import ghost
 from analysis import attribute
 import tracin
 from configurator import UserError
-from grpo import update
+from cfg_calls import tracin_backward, tracin_updates, update
 from lora import lora_parameters
 from runs.checkpoint import load_checkpoint, save_checkpoint
 from test_influence_summed import as_batch, cfg, world  # noqa: F401 (world: the fixture)
@@ -38,7 +38,7 @@ def test_one_nan_influence_among_finite_ones_skips_the_step(world, monkeypatch, 
     opt = torch.optim.AdamW(lora_parameters(m), lr=0.1)
     before = [p.detach().clone() for p in lora_parameters(m)]
     c = cfg(4, tracin_influence=how, tracin_selection="positive", tracin_topk_frac=0.5)
-    stats, infl, keep, reason = tracin.tracin_backward(m, opt, as_batch(train, TRAIN_ADV),
+    stats, infl, keep, reason = tracin_backward(m, opt, as_batch(train, TRAIN_ADV),
                                                        as_batch(val, VAL_ADV), c)
     assert torch.isnan(infl).sum() == 1 and torch.isfinite(infl).sum() == len(infl) - 1
     assert keep.any()  # some rollouts are kept: without the reason the update would go ahead
@@ -48,7 +48,7 @@ def test_one_nan_influence_among_finite_ones_skips_the_step(world, monkeypatch, 
     assert nonfinite is None  # the reason is TracIn's own
     assert all(torch.equal(p, b) for p, b in zip(lora_parameters(m), before))
     batches = as_batch(train, TRAIN_ADV), as_batch(val, VAL_ADV)
-    _, grad_norm, reason, _, keep = tracin.tracin_updates(m, opt, *batches, c)  # the step's steps 4-7 whole
+    _, grad_norm, reason, _, keep = tracin_updates(m, opt, *batches, c)  # the step's steps 4-7 whole
     assert reason == "non-finite influence" and grad_norm == 0.0 and keep.any()
     assert all(torch.equal(p, b) for p, b in zip(lora_parameters(m), before))
 

@@ -124,8 +124,9 @@ def world():
 
     import torch
 
+    from cfg_calls import step_of
     from conftest import build_gpt
-    from grpo import LossKnobs
+    from grpo import PhaseTimer
     from lora import apply_lora, lora_parameters
     model = build_gpt()
     apply_lora(model, 2, 4, 0.0, ("c_attn",))
@@ -134,7 +135,7 @@ def world():
            "reward_funcs": ("correctness",), "reward_weights": (1.0,)}
     return dict(model=model, optimizer=optimizer, cfg=cfg, torch=torch, time=time, amp=contextlib.nullcontext(),
                 contextlib=contextlib, enc=None, prompts=[[1, 2]], answers=[3], T=2,
-                rollouts=None, rollouts_t=None, rank_part=a_batch, knobs_t=LossKnobs(beta=0.0))
+                rollouts=None, rollouts_t=None, rank_part=a_batch, step=step_of(cfg), timer=PhaseTimer())
 
 
 def a_batch(rollouts):
@@ -167,7 +168,7 @@ def test_the_validation_cell_interrupted_takes_the_capture_off(world, monkeypatc
     world.update(capture=capture, hooks=capture.enter_context(install_ghost_hooks(world["model"])))
     capture.enter_context(ghost_mode(world["optimizer"]))
     assert hooks_left(world["model"])
-    monkeypatch.setattr(tracin, "informative_rows", lambda batch, cfg: batch)
+    monkeypatch.setattr(tracin, "informative_rows", lambda batch, loss_type: batch)
     world.update(policy_backward=interrupted, val_batch=None)
     with pytest.raises(KeyboardInterrupt):
         exec(cell("tracin-2"), world)

@@ -15,7 +15,8 @@ import torch
 
 import grpo
 from conftest import build_gpt
-from grpo import Divisors, LossKnobs, Rollouts, completion_logprobs, grpo_loss, policy_backward, rank_part
+from cfg_calls import loss_of, policy_backward
+from grpo import Divisors, LossKnobs, Rollouts, completion_logprobs, grpo_loss, rank_part
 from lora import apply_lora, lora_parameters
 from scale import distributed
 
@@ -130,7 +131,7 @@ def test_bnpo_loss_with_micro_batches_larger_than_the_batch(mb):
     batch = replace(batch, idx=batch.idx.clamp(max=model.config.vocab_size - 1), old_logp=None,
                     ref_logp=None)
     c = {**CFG, "micro_batch_size": mb, "beta": 0.0}
-    stats = policy_backward(model, batch, c, LossKnobs.from_cfg(c))
+    stats = policy_backward(model, batch, c, loss_of(c))
     with torch.no_grad():
         logp, _ = completion_logprobs(model, batch.idx, batch.pad_left, 5, 1.0)
         knobs = LossKnobs(beta=0.0, loss_type="bnpo", max_len=5)
@@ -153,7 +154,8 @@ def test_a_step_that_kept_nothing_leaves_the_adapter_and_adamw_alone():
     before = [p.detach().clone() for p in params], copy.deepcopy(optimizer.state_dict())
     for p in params:  # what the hooks leave when no rollout is selected: zero gradients
         p.grad = torch.zeros_like(p)
-    grad_norm, skip = grpo.update(model, optimizer, {"grad_clip": 1.0}, {"losses": [0.0]}, apply=False)
+    grad_norm, skip = grpo.update(model, optimizer, {"losses": [0.0]}, grad_clip=1.0, timer=grpo.PhaseTimer(),
+                                  apply=False)
     assert (grad_norm, skip) == (0.0, None)
     assert all(torch.equal(p, q) for p, q in zip(params, before[0]))
     after = optimizer.state_dict()["state"]
@@ -176,7 +178,7 @@ def test_policy_backward_sums_each_statistic_under_its_own_name():
     shift = torch.tensor([0.5, -0.5, 0.5, -0.5, 0.5, -0.5])[:, None]  # ratios e^-0.5 and e^0.5: both clip
     batch = replace(batch, old_logp=logp + shift, advantages=torch.tensor([-1.0, 1.0, 1.0, -1.0, -1.0, 1.0]))
     c = {**CFG, "micro_batch_size": 2, "beta": 0.1}
-    stats = policy_backward(model, batch, c, LossKnobs.from_cfg(c))
+    stats = policy_backward(model, batch, c, loss_of(c))
     m, A = batch.mask.float(), batch.advantages[:, None]
     ratio = torch.exp(logp - batch.old_logp)
     low = (((ratio < 0.8) & (A < 0)).float() * m).sum().item()
@@ -185,7 +187,7 @@ def test_policy_backward_sums_each_statistic_under_its_own_name():
     kl = ((torch.exp(d) - d - 1) * m).sum().item()
     ent = (-(logits.softmax(-1) * logits.log_softmax(-1)).sum(-1) * m).sum().item()
     assert low > 0 and high > 0 and low != high
-    assert stats["clipped_low"] == low and stats["clipped_high"] == high and stats["clipped"] == low + high
+    assert stats["clipped_low"] == low and stats["clipped_high"] == high and stats["clipped_tokens"] == low + high
     assert stats["kl_sum"] == pytest.approx(kl, rel=1e-5) and stats["ent_sum"] == pytest.approx(ent, rel=1e-5)
     assert stats["num_tokens"] == batch.mask.sum().item() and len(stats["losses"]) == 3
-    assert all(isinstance(x, float) for x in (*stats["losses"], stats["kl_sum"], stats["clipped"]))
+    assert all(isinstance(x, float) for x in (*stats["losses"], stats["kl_sum"], stats["clipped_tokens"]))

@@ -10,6 +10,7 @@ import shutil
 import pytest
 import torch
 
+import cfg_calls
 import grpo
 import train_grpo as tg
 from analysis import attribute
@@ -88,11 +89,11 @@ def test_a_question_is_attributed_to_the_rollouts_that_moved_a_weight(standard_r
 def test_a_skipped_steps_record_says_so_and_no_other_does(tiny_setup, tmp_path, monkeypatch, chars_reward):
     real = grpo.update
 
-    def second_skipped(model, optimizer, cfg, stats, *a, **k):
+    def second_skipped(model, optimizer, stats, **k):
         if len(calls) == 1:
             stats["losses"].append(float("nan"))
         calls.append(1)
-        return real(model, optimizer, cfg, stats, *a, **k)
+        return real(model, optimizer, stats, **k)
     calls = []
     monkeypatch.setattr(grpo, "update", second_skipped)
     grpo_run(tiny_setup, tmp_path / "r", "--max_iters=3")
@@ -141,9 +142,9 @@ def test_the_logged_loss_of_several_updates_is_one_updates(tiny_gpt):
                           per_fn={}, errors={}, truncated=torch.zeros(4, dtype=torch.bool))
     cfg = {**tg.defaults, "micro_batch_size": 2, "beta": 0.0, "device": "cpu", "group_size": 2}
     opt = torch.optim.AdamW(lora_parameters(tiny_gpt), lr=0.0)
-    one = grpo.policy_backward(tiny_gpt, batch, cfg, grpo.LossKnobs.from_cfg(cfg))  # one update's losses
+    one = cfg_calls.policy_backward(tiny_gpt, batch, cfg)  # one update's losses
     opt.zero_grad(set_to_none=True)
-    stats, norm, reason = grpo.grpo_updates(tiny_gpt, opt, batch, {**cfg, "num_iterations": 3})
+    stats, norm, reason = cfg_calls.grpo_updates(tiny_gpt, opt, batch, {**cfg, "num_iterations": 3})
     assert reason is None and stats["updates"] == 3 and len(stats["losses"]) == 3 * len(one["losses"])
     log = step_log(batch, grpo.StepResult(stats, norm), cfg)
     assert log["loss"] == pytest.approx(sum(one["losses"]), rel=1e-6)

@@ -417,24 +417,36 @@ def test_zero_advantage_zero_gradient_and_influence(world):
     for form in (ghost.ghost_inner_products, materialised_products, None):
         infl = (ghost.compute_ghost_inner_product_matrix(tr, va) if form is None else one_form_matrix(tr, va, form)).sum(1)
         assert torch.all(infl[adv == 0] == 0) and torch.all(infl[adv != 0] != 0), form
-    assert not tracin.select_rollouts(infl)[adv == 0].any()
+    assert not tracin.select_rollouts(infl, tracin.TracInKnobs())[adv == 0].any()
 
 
 def test_select_rollouts():
     infl = torch.tensor([0.5, -0.1, 0.0, 2.0, -3.0, 0.2, 0.1, -0.2])
-    pos = tracin.select_rollouts(infl, "positive")
+    pos = tracin.select_rollouts(infl, tracin.TracInKnobs(selection="positive"))
     assert pos.dtype == torch.bool
     assert pos.tolist() == [True, False, False, True, False, True, True, False]  # 0 is not kept
-    assert tracin.select_rollouts(infl).tolist() == pos.tolist()  # the default rule
+    assert tracin.select_rollouts(infl, tracin.TracInKnobs()).tolist() == pos.tolist()  # the default
     for n in (6, 8, 14):  # 0.25 n = 1.5, 2, 3.5: rounded, not floored
         torch.manual_seed(n)
         x = torch.randn(n)
-        top = tracin.select_rollouts(x, "topk", 0.25)
+        top = tracin.select_rollouts(x, tracin.TracInKnobs(selection="topk", topk_frac=0.25))
         k = round(0.25 * n)
         assert int(top.sum()) == k
         assert set(torch.nonzero(top).flatten().tolist()) == set(sorted(range(n), key=lambda i: -x[i])[:k])
     with pytest.raises(AssertionError):  # a programming error: checks/grpo_knobs.py refuses the knob by name
-        tracin.select_rollouts(infl, "nope")  # (tests/test_run_safety.py: --tracin_selection=all)
+        tracin.TracInKnobs(selection="nope")  # (tests/test_run_safety.py: --tracin_selection=all)
+
+
+@pytest.mark.parametrize("value", [0.0, 1e-3, -2.0])
+def test_topk_keeps_nothing_when_every_influence_is_the_same(value):
+    """'topk' with no evidence (every influence equal, as when G = 0 makes them all 0) keeps nothing,
+    as 'positive' keeps nothing at 0; one influence apart and it ranks again (here: that one alone)."""
+    topk = tracin.TracInKnobs(selection="topk", topk_frac=0.125)  # k = 1 of 8
+    tied = torch.full((8,), value)
+    assert not tracin.select_rollouts(tied, topk).any()
+    apart = tied.clone()
+    apart[5] += 1.0
+    assert tracin.select_rollouts(apart, topk).tolist() == [i == 5 for i in range(8)]
 
 
 def test_layer_filter_restricts_matrix(world):

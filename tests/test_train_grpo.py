@@ -11,6 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import cfg_calls
 import grpo
 import runs.loading
 import tracin
@@ -452,7 +453,7 @@ def test_reference_solutions_gradient_is_mean_nll(tiny_setup):
     assert len({len(e["question"]) for e in ex}) > 1  # prompts of different lengths: padding is exercised
     cfg = {**tg.defaults, "micro_batch_size": 2, "max_new_tokens": 40}
     R = tracin.reference_solutions(enc, ex, "cpu")
-    grpo.policy_backward(m, R, cfg, grpo.LossKnobs.from_cfg({**cfg, "beta": 0.0}))
+    cfg_calls.policy_backward(m, R, cfg, cfg_calls.loss_of(cfg, beta=0.0))
     params = lora_parameters(m)
     g = [p.grad.clone() for p in params]
     m.zero_grad(set_to_none=True)
@@ -487,13 +488,13 @@ def test_train_and_val_sampled_in_one_call(tiny_setup, monkeypatch):
         calls.append((p, k["u"]))
         return real(model, p, *x, **k)
     monkeypatch.setattr(grpo, "generate", spy)
-    R, V = grpo.make_rollouts(m, enc, [a, b], cfg, gen(3))
+    R, V = cfg_calls.make_rollouts(m, enc, [a, b], cfg, gen(3))
     ((ids, u),) = calls  # one call, both batches' prompts
     assert ids == a.ids + b.ids
     S = cfg["max_new_tokens"]
     own_streams = [torch.rand(S, 2 * 4, generator=gen(3)), torch.rand(S, 3 * 4, generator=gen(4))]
     assert torch.equal(u, torch.cat(own_streams, 1))
-    grpo.make_rollouts(m, enc, [a], cfg, gen(3))  # alone, the training rows draw the same uniforms
+    cfg_calls.make_rollouts(m, enc, [a], cfg, gen(3))  # alone, the training rows draw the same uniforms
     assert torch.equal(calls[1][1], u[:, :2 * 4])
     # the training part scored by the run's rewards, the validation part by its own (the task's,
     # data/tasks.TASKS): 'chars' paid R's rows, not V's
@@ -575,7 +576,7 @@ def test_grpo_step_under_bf16_autocast(tiny_setup, mode, monkeypatch):
         grpo.Prompts([encode_prompt(enc, e["question"]) for e in v], [e["answer"] for e in v], *funcs)
     batch = grpo.Prompts([encode_prompt(enc, e["question"]) for e in val[:2]], [e["answer"] for e in val[:2]],
                          *funcs)
-    rollouts, result = tg.grpo_step(m, opt, enc, batch, cfg, torch.Generator().manual_seed(0), amp, v)
+    rollouts, result = cfg_calls.grpo_step(m, opt, enc, batch, cfg, torch.Generator().manual_seed(0), amp, v)
     log = step_log(rollouts, result, cfg)
     assert not log["skipped"] and math.isfinite(log["loss"]) and math.isfinite(log["grad_norm"])
     assert all(p.dtype == torch.float32 for p in lora_parameters(m))
@@ -610,8 +611,8 @@ def test_old_and_reference_logprobs_are_the_sampling_and_base_policies(lora_gpt)
     idx = torch.randint(1, 50, (5, 9))
     batch = grpo.Rollouts(idx, torch.zeros(5, dtype=torch.long), torch.ones(5, 4, dtype=torch.long), None)
     cfg = {**tg.defaults, "micro_batch_size": 2, "beta": 0.1}
-    old = grpo.old_logprobs(lora_gpt, batch, cfg)
-    ref = grpo.reference_logprobs(lora_gpt, batch, cfg)
+    old = cfg_calls.old_logprobs(lora_gpt, batch, cfg)
+    ref = cfg_calls.reference_logprobs(lora_gpt, batch, cfg)
     full = F.log_softmax(lora_gpt(idx[:, :-1], keep_last=4)[0].double(), -1).gather(-1, idx[:, -4:, None]).squeeze(-1)
     assert torch.allclose(old.double(), full, atol=1e-5) and not old.requires_grad
     with disable_lora(lora_gpt):
