@@ -289,6 +289,12 @@ def summed_inner_products(grads, summed):
     return total
 
 
+def squared_norms(grads):
+    """(n,) ||grad L(sample_i)||^2 over the layers of per_sample_grads:
+    the norms a cosine divides by."""
+    return sum(dA.pow(2).sum((1, 2)) + dBt.pow(2).sum((1, 2)) for dA, dBt in grads.values())
+
+
 def subset_gradients(model, grads, weights):
     """Write sum_i weights_i * grad L(sample_i) into each LoRA parameter's
     .grad from the per-sample gradients (per_sample_grads): the update for

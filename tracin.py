@@ -85,7 +85,8 @@ import torch
 from torch.nn.utils.rnn import pad_sequence
 
 from ghost import (compute_ghost_inner_product_matrix, ghost_mode, install_ghost_hooks,
-                   per_sample_grads, subset_gradients, summed_gradient, summed_inner_products)
+                   per_sample_grads, squared_norms, subset_gradients, summed_gradient,
+                   summed_inner_products)
 from data.prompts import encode_prompt, encode_text
 from model import pad_prompts
 from grpo import (Rollouts, broken_rules, completion_logprobs, one_of, policy_backward,
@@ -100,11 +101,13 @@ class TracInKnobs:
     influence: str = "summed"  # 'summed': <g_i, G>, G from one backward; 'matrix': [N, N_val]
     selection: str = "positive"  # select_rollouts: 'positive' or 'topk'
     topk_frac: float = 0.5     # 'topk': the share of the batch kept
+    ranking: str = "dot"       # 'topk' ranks by <g_i, G>, or 'cosine': by it / ||g_i||
 
     RULES = {  # field: (holds for its value, what it must be)
         "influence": one_of("summed", "matrix"),
         "selection": one_of("positive", "topk"),
         "topk_frac": (lambda v: 0 < v <= 1, "must be in (0, 1]"),
+        "ranking": one_of("dot", "cosine"),
     }
 
     def __post_init__(self):
@@ -229,7 +232,8 @@ def tracin_backward(model, optimizer, rollouts, val_batch, step, knobs, *, timer
         if not matrix:  # <g_i, G>: O(T d r) per rollout
             influence = summed_inner_products(train_grads, val_grads)
         influence = distributed.all_gather_cat(influence)  # every rank's, in batch order: (N,)
-        keep = select_rollouts(influence, knobs)
+        norms = distributed.all_gather_cat(squared_norms(train_grads).sqrt())  # ||g_i||: (N,)
+        keep = select_rollouts(influence, knobs, norms)
         mine = distributed.shard(len(keep))  # this rank's rows of the whole batch's selection
         subset_gradients(model, train_grads, keep[mine])  # the kept rollouts' summed gradient
         del train_grads, val_grads  # every layer's per-sample gradients; G or val's buffers
@@ -258,18 +262,24 @@ def informative_rows(batch, loss_type):
     return batch.part(keep)
 
 
-def select_rollouts(influence, knobs):
+def select_rollouts(influence, knobs, grad_norms=None):
     """Rollouts to train on (bool): 'positive', influence > 0 (to first
     order, training on it lowers the validation loss); 'topk', the top
-    topk_frac by influence, at least one, and none when every influence is
-    the same (G = 0: nothing says one rollout helps more than another)."""
+    topk_frac, at least one, and none when every influence is the same
+    (G = 0: nothing says one rollout helps more than another).
+    'topk' ranks by the influence <g_i, G> ('dot') or by the cosine
+    <g_i, G> / (||g_i|| ||G||) ('cosine', GradAlign's; ||G|| is the same for
+    every row): a dot product grows with ||g_i||, so long or high-advantage
+    rollouts lead it whatever their direction. Its sign, all that
+    'positive' reads, is the cosine's. grad_norms: (N,) ||g_i||."""
     if knobs.selection == "positive":
         return influence > 0
     keep = torch.zeros_like(influence, dtype=torch.bool)
     if bool((influence == influence[0]).all()):  # no evidence: nothing kept
         return keep
+    score = influence if knobs.ranking == "dot" else influence / grad_norms.clamp(min=1e-30)
     k = max(1, int(round(knobs.topk_frac * influence.numel())))
-    keep[torch.topk(influence, k).indices] = True
+    keep[torch.topk(score, k).indices] = True
     return keep
 
 
@@ -340,9 +350,7 @@ def hook_products(model, train_chunks, test_chunks, temperature, layer_filter):
             train_grads = per_sample_grads(hooks.collect("train"), G.keys())  # G's layers only
             hooks.clear("train")  # the buffers: the per-sample gradients hold what is needed
             inner.append(summed_inner_products(train_grads, G))  # <g_i, G>: (chunk,)
-            per_layer = train_grads.values()
-            squares = (dA.pow(2).sum((1, 2)) + dBt.pow(2).sum((1, 2)) for dA, dBt in per_layer)
-            tr_sq.append(sum(squares))  # ||g_i||^2: (chunk,)
+            tr_sq.append(squared_norms(train_grads))  # ||g_i||^2: (chunk,)
             del train_grads  # this chunk's per-sample gradients
     inner = torch.cat(inner).double().cpu()  # float64 sums
     tr_sq = torch.cat(tr_sq).double().cpu()

@@ -158,6 +158,8 @@ tracin_val_loss = "pg"
 # 'positive': influence > 0; 'topk': the top tracin_topk_frac
 tracin_selection = "positive"
 tracin_topk_frac = 0.5
+# what 'topk' ranks by: 'dot', the influence <g_i, G>; 'cosine', <g_i, G> / ||g_i|| (GradAlign's)
+tracin_ranking = "dot"
 # 'summed': <g_i, sum of val gradients> from one backward;
 # 'matrix': the row sums of the full [n, n_val] ghost matrix
 tracin_influence = "summed"
@@ -193,7 +195,7 @@ def records(cfg):
     if not cfg["tracin"]:
         return step, None
     knobs = TracInKnobs(influence=cfg["tracin_influence"], selection=cfg["tracin_selection"],
-                        topk_frac=cfg["tracin_topk_frac"])
+                        topk_frac=cfg["tracin_topk_frac"], ranking=cfg["tracin_ranking"])
     return step, knobs
 
 

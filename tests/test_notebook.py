@@ -202,3 +202,20 @@ def test_the_first_cell_outside_the_project_says_where_to_start(tmp_path, monkey
                                            "in the project's folder"):
         exec(code_cells()[0][0], {})
     assert os.getcwd() == str(tmp_path)
+
+
+# ---- the set-up cell asks the training script's start-up checks: a base whose context is too short
+# for the longest question + max_new_tokens ends in the script's one line, before any sampling.
+
+def test_the_set_up_cell_refuses_what_the_script_refuses(tiny_setup, monkeypatch):
+    """Before: model.generate's assertion '30 + max_new_tokens=40 > 64' from a later cell."""
+    from configurator import UserError
+    monkeypatch.chdir(ROOT)
+    source = code_cells()[1][0]
+    assert 'max_new_tokens=40, device="cpu"' in source  # the line the case below changes
+    given = f'max_new_tokens=127, device="cpu", base_ckpt="{tiny_setup}"'  # the tiny base's context: 128
+    with pytest.raises(UserError) as e:
+        exec(source.replace('max_new_tokens=40, device="cpu"', given), {"time": __import__("time"), "os": os})
+    said = str(e.value)
+    assert "\n" not in said and said.startswith("config key 'max_new_tokens' = 127 is not allowed: the longest")
+    assert "must fit the base's context of 128: give at most" in said

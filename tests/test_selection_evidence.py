@@ -45,3 +45,13 @@ def test_precision_only_over_steps_that_updated():
     defect_record(nothing, {"selected": [False] * 4}, picks, defective, cfg)
     assert "defect/selection_precision" not in skipped and "defect/selection_precision" not in nothing
     assert mean([0.5, None, float("nan"), 1.0]) == 0.75  # a NaN in a hand-made log is left out too
+
+
+def test_a_ranking_other_than_dot_or_cosine_is_refused_in_one_line(tiny_setup):
+    import train_grpo
+    from checks.grpo_knobs import validate
+    from configurator import UserError, configure
+    cfg = configure(train_grpo.defaults, [f"--base_ckpt={tiny_setup}", "--tracin_ranking=norm"])
+    with pytest.raises(UserError) as e:
+        validate(cfg)
+    assert str(e.value) == "config key 'tracin_ranking' = 'norm' is not allowed: must be one of 'dot', 'cosine'"

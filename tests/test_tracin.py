@@ -894,3 +894,29 @@ def test_posthoc_checkpoint_steps_scale_each_checkpoint(world, tmp_path):
         attribute.find_critical_samples(m, paths, train, test, ByteEnc(), mode="simple"), "tracin_score").tolist()
     with pytest.raises(UserError, match="3 checkpoints but 2 checkpoint_steps"):
         attribute.find_critical_samples(m, paths, train, test, ByteEnc(), checkpoint_steps=[1, 2])
+
+
+def test_topk_ranks_by_dot_or_by_cosine():
+    """'topk' with ranking 'cosine' ranks by <g_i, G> / ||g_i|| (GradAlign's cosine; ||G|| is the same for
+    every row): a long gradient no longer leads because of its length. 'positive' reads the sign alone,
+    which the two share."""
+    infl = torch.tensor([2.0, 1.0, 0.5, -1.0])
+    norms = torch.tensor([10.0, 1.0, 1.0, 0.5])  # cosines (up to ||G||): 0.2, 1.0, 0.5, -2.0
+    for ranking, want in (("dot", [0, 1]), ("cosine", [1, 2])):
+        knobs = tracin.TracInKnobs(selection="topk", topk_frac=0.5, ranking=ranking)
+        assert torch.nonzero(tracin.select_rollouts(infl, knobs, norms)).flatten().tolist() == want
+    for ranking in ("dot", "cosine"):
+        positive = tracin.TracInKnobs(selection="positive", ranking=ranking)
+        assert tracin.select_rollouts(infl, positive, norms).tolist() == [True, True, True, False]
+
+
+def test_squared_norms_are_the_per_sample_gradients_norms(world):
+    """ghost.squared_norms (what 'cosine' divides by, and post-hoc's ||g_i||^2) against the flattened
+    per-sample gradients summed by hand."""
+    m, train, val = world[:3]
+    idx, pl, mask = train
+    with ghost.install_ghost_hooks(m) as hooks:
+        tracin.sample_losses(m, idx, pl, mask, TRAIN_ADV).backward()
+        grads = ghost.per_sample_grads(hooks.collect("train"))
+    flat = torch.cat([torch.cat([dA.flatten(1), dBt.flatten(1)], 1) for dA, dBt in grads.values()], 1)
+    assert torch.allclose(ghost.squared_norms(grads), (flat ** 2).sum(1), rtol=1e-5)
