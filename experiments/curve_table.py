@@ -23,8 +23,9 @@ quiet_start(__name__)
 from analysis.audit import defect_targets, detection_table  # noqa: E402
 from analysis.summarize import load_log, mean  # noqa: E402
 
-RUN = re.compile(r"^(grpo|nll|pg)_f([0-9.]+)_s([0-9]+)$")
-METHODS = {"grpo": "standard GRPO", "nll": "TracIn-GRPO nll", "pg": "TracIn-GRPO pg"}
+RUN = re.compile(r"^(grpo|nll|pg|topk_dot|topk_cos)_f([0-9.]+)_s([0-9]+)$")
+METHODS = {"grpo": "standard GRPO", "nll": "TracIn-GRPO nll", "pg": "TracIn-GRPO pg",
+           "topk_dot": "nll, top quarter by dot", "topk_cos": "nll, top quarter by cosine"}
 
 
 def runs_of(out):
@@ -63,20 +64,22 @@ def main(argv):
         raise UserError(f"{out} holds no run of experiments/defect_curve.sh (e.g. grpo_f0.5_s1 with a log.jsonl)")
     shares = sorted({f for _, f, _ in runs})
     seeds = sorted({s for _, _, s in runs})
+    methods = {m: label for m, label in METHODS.items() if any(k[0] == m for k in runs)}
+    tracins = [m for m in methods if m != "grpo"]
     acc = {k: final_accuracy(v) for k, v in runs.items()}
     print(f"Test accuracy at the end (greedy, the runs' eval_n problems): mean [min-max] over seeds {seeds}\n")
-    print("| planted share | " + " | ".join(METHODS.values()) + " |")
-    print("| --- " * (len(METHODS) + 1) + "|")
+    print("| planted share | " + " | ".join(methods.values()) + " |")
+    print("| --- " * (len(methods) + 1) + "|")
     for f in shares:
-        row = [spread([acc.get((m, f, s)) for s in seeds]) for m in METHODS]
+        row = [spread([acc.get((m, f, s)) for s in seeds]) for m in methods]
         print(f"| {f:g} | " + " | ".join(row) + " |")
     print("\nTracIn's selection, mean over steps and seeds: precision (clean share of the kept rollouts, "
           "steps that updated) / clean base rate | share of rollouts kept\n")
-    print("| planted share | " + " | ".join(f"{METHODS[m]}: precision / base | kept" for m in ("nll", "pg")) + " |")
-    print("| --- " * 5 + "|")
+    print("| planted share | " + " | ".join(f"{methods[m]}: precision / base | kept" for m in tracins) + " |")
+    print("| --- " * (2 * len(tracins) + 1) + "|")
     for f in shares:
         row = []
-        for m in ("nll", "pg"):
+        for m in tracins:
             steps = [l for s in seeds for l in runs.get((m, f, s), []) if "step_seconds" in l]
             prec = mean([l.get("defect/selection_precision") for l in steps])
             base = mean([l.get("defect/clean_base_rate") for l in steps])
@@ -108,10 +111,10 @@ def main(argv):
                 row.append(f"{spread(overall)} / {spread(rewarded)}")
             base = spread([t["advantage"]["base_rate"] for t in tables])
             print(f"| {f:g} | " + " | ".join(row) + f" | {base} |")
-    figure(out, shares, seeds, acc)
+    figure(out, shares, seeds, acc, methods)
 
 
-def figure(out, shares, seeds, acc):
+def figure(out, shares, seeds, acc, methods):
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -120,7 +123,7 @@ def figure(out, shares, seeds, acc):
         print("\nmatplotlib not installed: no figure (pip install matplotlib)")
         return
     fig, ax = plt.subplots(figsize=(6, 4))
-    for m, label in METHODS.items():
+    for m, label in methods.items():
         pts = [(f, [acc.get((m, f, s)) for s in seeds]) for f in shares]
         pts = [(f, [x for x in xs if x is not None]) for f, xs in pts]
         pts = [(f, xs) for f, xs in pts if xs]

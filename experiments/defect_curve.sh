@@ -8,7 +8,10 @@
 #
 #   bash experiments/defect_curve.sh          # into out/curve: shares 0 0.2 0.4 0.6 0.8, seeds 1-3
 #   SHARES="0 0.5" SEEDS=1 EXTRA="--max_iters=10" OUT=out/c bash experiments/defect_curve.sh
+#   KINDS="topk_dot topk_cos" bash experiments/defect_curve.sh   # 'topk' ranked by dot or cosine
 #
+# KINDS: the methods, of grpo, nll, pg (default: the three) and topk_dot, topk_cos (nll with
+# tracin_selection='topk', the top quarter, ranked by <g_i, G> or by the cosine).
 # EXTRA: more train_grpo.py arguments for every run (the base, fewer steps). The thread count
 # changes float summation order and so every sampled token after the first difference: it is fixed
 # here and written into the summary. Re-runnable: the same command again goes on where it stopped
@@ -18,7 +21,13 @@ source experiments/common.sh
 settings 1 "1 2 3" out/curve
 SHARES=${SHARES:-"0 0.2 0.4 0.6 0.8"}
 JOBS=${JOBS:-2}
+KINDS=${KINDS:-"grpo nll pg"}
 check_int JOBS "$JOBS" 1
+read -ra kinds <<< "$KINDS"
+for k in "${kinds[@]}"; do
+  [[ "$k" =~ ^(grpo|nll|pg|topk_dot|topk_cos)$ ]] || fail "KINDS=\"$KINDS\" is not allowed: \"$k\"" \
+    "is none of grpo, nll, pg, topk_dot, topk_cos"
+done
 read -ra shares <<< "$SHARES"
 [ "${#shares[@]}" -gt 0 ] || fail "SHARES is empty: give shares from 0 to 1, e.g. SHARES=\"0 0.5\""
 for f in "${shares[@]}"; do
@@ -35,6 +44,10 @@ one() {  # one KIND SEED SHARE: a run, its console into its .txt
       "${extra[@]}" ;;
     nll|pg) train_run "$dir" config/tiny_tracin.py --seed="$S" --defect_frac="$f" "${common[@]}" \
       --tracin_val_batch_size=16 --tracin_val_loss="$kind" "${extra[@]}" ;;
+    topk_*) local ranking=${kind#topk_}
+      train_run "$dir" config/tiny_tracin.py --seed="$S" --defect_frac="$f" "${common[@]}" \
+      --tracin_val_batch_size=16 --tracin_val_loss=nll --tracin_selection=topk \
+      --tracin_topk_frac=0.25 --tracin_ranking="${ranking/cos/cosine}" "${extra[@]}" ;;
   esac > "$dir.txt" 2>&1
 }
 audit() {  # audit RUN: its audit JSON; one written before is kept
@@ -51,7 +64,7 @@ drain() {
   while [ -n "$(jobs -rp)" ]; do wait -n || fail "a run failed: its .txt in $OUT says why"; done
 }
 first=1
-for S in "${seeds[@]}"; do for f in "${shares[@]}"; do for kind in grpo nll pg; do
+for S in "${seeds[@]}"; do for f in "${shares[@]}"; do for kind in "${kinds[@]}"; do
   echo "== ${kind}_f${f}_s$S"
   if [ -n "$first" ]; then  # alone: it trains the base if it is missing, before any other run reads it
     one "$kind" "$S" "$f" || fail "a run failed: $OUT/${kind}_f${f}_s$S.txt says why"
@@ -61,7 +74,7 @@ for S in "${seeds[@]}"; do for f in "${shares[@]}"; do for kind in grpo nll pg; 
   fi
 done; done; done
 drain
-for S in "${seeds[@]}"; do for f in "${shares[@]}"; do
+[[ " ${kinds[*]} " == *" grpo "* ]] && for S in "${seeds[@]}"; do for f in "${shares[@]}"; do
   [ "$f" = 0 ] || { echo "== audit grpo_f${f}_s$S"; pool audit "grpo_f${f}_s$S"; }
 done; done
 drain

@@ -26,8 +26,9 @@ def long_base(tmp_path_factory):
     return tiny_base(tmp_path_factory, steps=2, block_size=256)
 
 
-def curve(out, base, shares="0 0.5"):
+def curve(out, base, shares="0 0.5", kinds="grpo nll pg"):
     env = {**os.environ, "OUT": str(out), "SHARES": shares, "SEEDS": "1", "JOBS": "2", "THREADS": "1",
+           "KINDS": kinds,
            "EXTRA": f"--base_ckpt={base} {TINY}",
            "PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"}  # this interpreter's python
     return subprocess.run(["bash", os.path.join(ROOT, "experiments", "defect_curve.sh")], env=env, cwd=ROOT,
@@ -64,4 +65,11 @@ def test_a_bad_share_is_refused_before_any_work(tmp_path):
     out = tmp_path / "curve"
     done = curve(out, "unused", shares="0 1.5")
     assert done.returncode == 2 and "\"1.5\" is not a share from 0 to 1" in done.stderr
+    assert not out.exists()
+
+
+def test_a_bad_kind_is_refused_before_any_work(tmp_path):
+    out = tmp_path / "curve"
+    done = curve(out, "unused", kinds="grpo topk_norm")
+    assert done.returncode == 2 and "\"topk_norm\" is none of grpo, nll, pg, topk_dot, topk_cos" in done.stderr
     assert not out.exists()
