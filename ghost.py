@@ -34,9 +34,9 @@ LoRA acts on prompt tokens too, and their hidden states reach the
 completion's log-probs through attention. Padding positions get exactly
 zero gradient (no real token attends to them), so they add 0.
 
-Precision: under bf16 the buffers x, h, gA, gB are bf16 (autocast's
-matmuls), every product here float32; which tensors are which, the whole
-list, opens model.py.
+Precision: under bf16 the buffers h, gA, gB are bf16 (autocast's
+matmuls) and x is the layer's input as it comes, every product here
+float32; which tensors are which, the whole list, opens model.py.
 """
 from contextlib import contextmanager
 
@@ -76,7 +76,7 @@ class GhostHooks:
         # put back by remove()
         self.handles, self.weights = [], {}
         for name, m in lora_modules(model).items():
-            # a dropped x is not the gradient's x (tracin.capture_problem)
+            # dropout: g_i of one random mask, not the sampler's (tracin.capture_problem)
             assert m.lora_dropout.p == 0 or not m.training, "hooks need lora_dropout=0"
             hook_A = m.lora_A.register_forward_hook(self._hook_A(name))
             hook_B = m.lora_B.register_forward_hook(self._hook_B(name))

@@ -16,8 +16,8 @@ made whole and copied (dataclasses.replace) when a pass adds to it.
 What the functions read is in their signatures: StepKnobs (the step's
 sizes, sampling, advantages, the clip and LossKnobs, the loss's), each
 record stating the rules its math relies on (RULES, asserted when one is
-made); `amp`, the precision every pass computes in (bf16 autocast or
-nullcontext(), nanoGPT's ctx); `timer`, the step's PhaseTimer; `decode`,
+made); `amp`, the precision every pass computes in (an autocast context,
+bf16 or disabled, or nullcontext(): nanoGPT's ctx); `timer`, the step's PhaseTimer; `decode`,
 the compiled decode step or None.
 Under torchrun each rank samples and back-propagates its share, in sight:
 `distributed.split` and `gather_sampled` in sample_rollouts, `rank_part`
@@ -192,9 +192,9 @@ class Rollouts:
     def divisors(self, micro_batch_size):
         """What grpo_loss divides by, decided here alone: the numbers of the
         WHOLE batch (this one, or the one it is a part of: rank_part's rows,
-        TracIn's kept rows), so that its parts' gradients add up to the
-        batch's: its sequences, its completion tokens, and (bnpo) every
-        rank's micro-batches of micro_batch_size rows."""
+        TracIn's informative validation rows), so that its parts' gradients
+        add up to the batch's: its sequences, its completion tokens, and
+        (bnpo) every rank's micro-batches of micro_batch_size rows."""
         mask = self.mask if self.whole_mask is None else self.whole_mask
         n = mask.size(0)
         rank_micro_batches = -(-(n // self.ranks) // micro_batch_size)  # rounded up
@@ -224,7 +224,7 @@ class StepResult:
     """What one step returns beside its rollouts (its log line's numbers)."""
     stats: dict = None        # policy_backward's sums (every rank's, every update)
     grad_norm: float = 0.0    # before the clip; 0 when TracIn kept no rollout
-    skip_reason: str = None   # why the weights were left alone; None: updated
+    skip_reason: str = None   # why the (last) update was not applied; None: it was
     extra: dict = field(default_factory=dict)  # more log keys (TracIn's val reward)
     times: dict = field(default_factory=dict)  # PhaseTimer.seconds
 
@@ -433,8 +433,8 @@ def policy_backward(model, batch, step, *, timer, amp):
     # stall the kernel queue); update sums them over the ranks,
     # the log line divides them
     losses, sums = [], torch.zeros(len(SUMMED), dtype=torch.float64, device=device)
-    # dropout is 0: train() only enables gradient checkpointing
-    # if configured
+    # train(): gradient checkpointing and LoRA dropout where configured
+    # (the base's own dropout is 0)
     model.train()
     for s in range(0, N, mb):
         sl = slice(s, s + mb)

@@ -33,8 +33,7 @@ Hugging Face directory is loaded elsewhere into this class).
 Precision under dtype='bfloat16' (a GRPO run stores the frozen base
 weights in bf16 and runs every pass under bf16 autocast, the `amp` each
 pass is handed; training a base autocasts only: its weights and AdamW
-stay float32). The whole list, the one place it is written; each
-float32 island is commented where it happens.
+stay float32). The whole list, the one place it is written.
 bf16:
   - the frozen base weights, and the matmuls autocast runs (LoRA's too;
     not the float32 ones below): embeddings, the residual stream, the
@@ -64,8 +63,9 @@ float32:
     the gradient norm that clips (grpo.update, over LoRA's gradients)
   - per-sample gradients, G and the influence inner products
     (ghost.outer_product_sum, ghost.ghost_inner_products,
-    ghost.summed_gradient); post-hoc attribution sums them in float64
-    (tracin.hook_products)
+    ghost.summed_gradient, ghost.summed_inner_products,
+    ghost.squared_norms); post-hoc attribution sums them over
+    checkpoints in float64 (tracin.tracin_cp)
 """
 import math
 from dataclasses import dataclass
@@ -155,8 +155,8 @@ def attention_mask(pad_left, q_start, Tq, Tk, device):
 
 
 class RMSNorm(nn.Module):
-    """x / sqrt(mean(x^2) + eps) * weight (Qwen2, Llama), in float32
-    whatever the weights' dtype."""
+    """x / sqrt(mean(x^2) + eps) * weight (Qwen2, Llama): the statistics in
+    float32 whatever the weights' dtype, the result back in x's."""
 
     def __init__(self, n, eps):
         super().__init__()

@@ -33,15 +33,16 @@ Which rollouts TracIn can never keep (select_rollouts):
     keeps any (no update that step).
   - any rollout of a step with a NaN/Inf influence: the step is skipped and
     no weight moves (tracin_backward's skip reason).
-  'topk' keeps the k = max(1, round(topk_frac * N)) largest influences
-  whatever their sign, so a zero-gradient row can be kept only when fewer
-  than k rows score above 0 and the influences are not all equal.
+  'topk' keeps the k = max(1, round(topk_frac * N)) highest by its ranking
+  (the influence, or its cosine) whatever their sign, so a zero-gradient
+  row can be kept only when fewer than k rows score above 0 and the
+  influences are not all equal.
   A kept rollout counts with the whole batch's divisors: training on a
   subset scales nothing up.
-These hold only if the hooks' g_i is the gradient the update would use:
-one update per generation (the sampling policy's gradients), each
-activation seen once (no gradient checkpointing recomputing it) and x
-itself entering A (no LoRA dropout): capture_problem.
+These hold only if the hooks' g_i is the gradient of the policy that
+sampled: one update per generation, each activation seen once (no
+gradient checkpointing recomputing it), and no LoRA dropout (sampling
+runs without it; with it g_i is of one random mask): capture_problem.
 
 What it costs next to standard GRPO:
   - compute: a forward and backward over the validation rows ('pg' also
@@ -61,8 +62,10 @@ on a test answer,
 summed over the training steps s. Only the saved checkpoints t are at
 hand, so each stands in for the steps around it:
     TracInCP(z_test, z_i) = sum_t w_t < g_test(theta_t), g_i(theta_t) >,   w_t = eta_t k_t
-  - eta_t: the learning rate of the step taken FROM theta_t (the
-    checkpoint's 'lr').
+  - eta_t: the learning rate of the step taken FROM theta_t, which the
+    training loop stores as the checkpoint's 'lr' when it saves theta_t
+    (runs/state.save_run; the last checkpoint's is that of a step never
+    taken, and its k_t is half a gap).
   - k_t: how many training steps checkpoint t stands for (step_weights).
     Saved at iterations s_0 < s_1 < ... < s_{n-1}, by the trapezoid rule
     (trapezoid_steps)
@@ -232,7 +235,9 @@ def tracin_backward(model, optimizer, rollouts, val_batch, step, knobs, *, timer
         if not matrix:  # <g_i, G>: O(T d r) per rollout
             influence = summed_inner_products(train_grads, val_grads)
         influence = distributed.all_gather_cat(influence)  # every rank's, in batch order: (N,)
-        norms = distributed.all_gather_cat(squared_norms(train_grads).sqrt())  # ||g_i||: (N,)
+        norms = None
+        if knobs.ranking == "cosine":  # ||g_i||: (N,), every rank's
+            norms = distributed.all_gather_cat(squared_norms(train_grads).sqrt())
         keep = select_rollouts(influence, knobs, norms)
         mine = distributed.shard(len(keep))  # this rank's rows of the whole batch's selection
         subset_gradients(model, train_grads, keep[mine])  # the kept rollouts' summed gradient

@@ -343,7 +343,7 @@ def get_batch(run, cfg):
 
 
 def validation_batch(run, cfg):
-    """TracIn's validation batch, as tracin_val_loss says (the one place it is read), as
+    """TracIn's validation batch, as tracin_val_loss says (the one place a step reads it), as
     (val_prompts, val_rollouts): 'pg', prompts sampled with the step's and scored by the task's own
     rewards (reward_funcs may be hackable); 'nll', their clean reference solutions as rollouts (no
     sampling). Drawn, and sampled, from the run's validation streams: the training batch's draws
@@ -408,14 +408,16 @@ def train(cfg, run):
             # The NaN/Inf path of a run. A step is skipped on NaN/Inf logits while sampling
             # (grpo_step: no backward, no rollouts recorded), a non-finite influence (TracIn) or a
             # non-finite loss or gradient norm (grpo.update; the generation's later updates are not
-            # run): its weights and AdamW's state are untouched, it is logged with its skip_reason
-            # and it counts as an iteration (the schedule advances). Under torchrun one rank's NaN
+            # run, its earlier ones, num_iterations > 1, stay): that update leaves the weights and
+            # AdamW's state as they were, the step is logged with its skip_reason and it counts as
+            # an iteration (the schedule advances). Under torchrun one rank's NaN
             # ends the sampling on every rank, so all skip together. The run stops, naming a
             # NaN/Inf base weight or the knobs to lower (stop_diverged), after max_skipped_steps
-            # skipped in a row (a step with no learning signal between them does not break the
-            # row), or at its end when more than 9 in 10 of the steps that could learn were skipped.
+            # skipped in a row (a step whose groups all had equal rewards, nothing to learn, between
+            # them does not break the row), or at its end when more than 9 in 10 of the others were
+            # skipped.
             stop = skips.after_step(log)  # None, or how many were skipped in a row, and why
-            # a skipped step's rollouts moved no weight: said so
+            # a skipped step's rollouts: said so (its last update was not applied)
             if rollouts is not None:
                 skipped = {"skipped": True} if log["skipped"] else {}
                 roll_f.write(json.dumps({"iter": it, "lr": lr, **rollouts, **skipped}) + "\n")

@@ -135,8 +135,8 @@ def detection(scores, labels):
 
 def trained_rollouts(train):
     """The rollouts the run trained on: in a TracIn run, those it selected; in a standard run, every one
-    (with nonzero advantage, as load_rollouts reads them); never those of a skipped step (NaN/Inf),
-    which moved no weight, nor a TracIn run's unselected ones. Left out too: a zero-advantage
+    (with nonzero advantage, as load_rollouts reads them); never those of a skipped step (NaN/Inf:
+    its last update was not applied), nor a TracIn run's unselected ones. Left out too: a zero-advantage
     rollout, whose KL term moves the weights when beta > 0 (attribution scores the policy term)."""
     kept = [s for s in train if s.get("selected", True) is True and not s.get("skipped")]
     if not kept:

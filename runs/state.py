@@ -126,8 +126,10 @@ def restore(run, resume, cfg):
 
 def save_run(run, cfg, lr):
     """A checkpoint of the run at run.iter_num: ckpt_NNNNNN.pt (the history, for TracIn) and ckpt.pt
-    (the latest, for resume). lr: the rate of the step FROM these weights (TracIn's eta_t pairs
-    theta_t with step t). The same on every rank (scale/distributed.py): rank 0 writes it."""
+    (the latest, for resume). lr, stored as 'lr': the rate of the step FROM these weights, the
+    schedule's lr_at(iter_num) (post-hoc TracIn's eta_t pairs theta_t with step t; the last
+    checkpoint's is that of a step the run never takes). The same on every rank
+    (scale/distributed.py): rank 0 writes it."""
     curriculum = {"curriculum": run.curriculum.state_dict()} if run.curriculum else {}
     validation = {"python": run.val_rng.getstate(), "generator": run.val_generator.get_state()}
     rng = {"python": run.rng.getstate(), "generator": run.generator.get_state(),
