@@ -209,6 +209,7 @@ def test_the_first_cell_outside_the_project_says_where_to_start(tmp_path, monkey
 
 def test_the_set_up_cell_refuses_what_the_script_refuses(tiny_setup, monkeypatch):
     """Before: model.generate's assertion '30 + max_new_tokens=40 > 64' from a later cell."""
+    pytest.importorskip("matplotlib", reason="the set-up cell imports matplotlib: pip install matplotlib")
     from configurator import UserError
     monkeypatch.chdir(ROOT)
     source = code_cells()[1][0]
