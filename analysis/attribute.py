@@ -75,9 +75,16 @@ def find_critical_samples(model, checkpoints, train_samples, test_samples, enc, 
     # (rollouts are recorded step by step: neighbours share their step's completion length)
     device = next(model.parameters()).device
 
+    def fitted(rows):
+        """rows laid out by rollout_batch; split in two where the padding (one row's long prompt
+        beside another's long completion) makes them wider than the context: each row fits alone"""
+        batch = rollout_batch(enc, rows, device)
+        if batch[0].size(1) - 1 <= model.config.block_size or len(rows) == 1:
+            return [batch]
+        return fitted(rows[:len(rows) // 2]) + fitted(rows[len(rows) // 2:])
+
     def chunked(rows):
-        starts = range(0, len(rows), micro_batch)
-        return [rollout_batch(enc, rows[s:s + micro_batch], device) for s in starts]
+        return [b for s in range(0, len(rows), micro_batch) for b in fitted(rows[s:s + micro_batch])]
     train, test = chunked(train_samples), chunked(test_samples)
     # 'full': every checkpoint in memory first; 'memory_efficient' reads each in turn, once
     if mode == "full":
@@ -172,10 +179,16 @@ def check_attribution_inputs(model, mode, checkpoints, train_samples, test_sampl
                             f"'completion_tokens' (1+ ids below {vocab}), 'completion_mask' (as long) "
                             "and a finite 'advantage'")
         for i, s in enumerate(rows):  # laid out by rollout_batch: the prompt's ids, end-of-text as padding
-            outside = [t for t in encode_prompt(enc, s["prompt"]) + [enc.eot_token] if not 0 <= t < vocab]
+            prompt = encode_prompt(enc, s["prompt"])
+            outside = [t for t in prompt + [enc.eot_token] if not 0 <= t < vocab]
             if outside:
                 raise UserError(f"{name}[{i}]: its prompt encodes to token id {outside[0]}, not below the "
                                 f"model's vocabulary size {vocab}: give the tokenizer of the model's run")
+            read = len(prompt) + len(s["completion_tokens"]) - 1  # the model reads all but the last id
+            if read > model.config.block_size:
+                raise UserError(f"{name}[{i}]: its prompt and completion are {read + 1} tokens, of which the "
+                                f"model reads {read}, more than its context of {model.config.block_size}: "
+                                "shorten it")
 
 
 def check_attribution_knobs(model, n_checkpoints, counts, temperature, per_checkpoint, layer_filter):

@@ -259,3 +259,26 @@ def test_a_token_id_equal_to_the_vocabulary_size_is_refused_in_one_line(tmp_path
         call(V)
     msg = str(e.value)
     assert "\n" not in msg and msg.startswith(f"{which}_samples[0]") and str(V) in msg, msg
+
+
+@pytest.mark.parametrize("which", ["train", "test"])
+def test_a_row_longer_than_the_context_is_refused_in_one_line(tmp_path, which):
+    """find_critical_samples called directly with a rollout the model cannot read whole: its one line
+    (before: model.forward's assertion); one token shorter is scored, in a micro-batch split where the
+    padding beside a longer prompt would make it wider than the context."""
+    m = make_model().eval()
+    paths, _, train, test = posthoc_setup(tmp_path, m)
+    block, enc = m.config.block_size, ByteEnc()
+    one = {"train": train, "test": test}[which]
+    room = block + 1 - len(encode_prompt(enc, one[0]["prompt"]))  # the model reads all ids but the last
+
+    def call(n):
+        changed = {**one[0], "completion_tokens": [3] * n, "completion_mask": [1] * n}
+        rows = ([changed, *train[1:]], test) if which == "train" else (train, [changed, *test[1:]])
+        return attribute.find_critical_samples(m, paths, *rows, enc)
+    assert call(room)["num_train_samples"] == len(train)
+    with pytest.raises(UserError) as e:
+        call(room + 1)
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith(f"{which}_samples[0]: its prompt and completion are")
+    assert f"more than its context of {block}: shorten it" in msg
