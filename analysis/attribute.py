@@ -29,7 +29,7 @@ import torch
 
 from analysis.outputs import check_new_file, has_mark
 from analysis.audit import (LOSSES, TARGETS, audit_tests, defect_targets, detection_table, find_wrong,
-                            greedy_answers, summary_lines, trained_rollouts)
+                            greedy_answers, leading, summary_lines, trained_rollouts)
 from analysis.plot import has_matplotlib, plot_influence
 from analysis.report import write_report
 from data.tasks import load_task_split
@@ -451,11 +451,12 @@ def output_paths(cfg, run):
         html_path, fig_path
 
 
-def print_top(res, score="TracIn score; positive = lowered this answer's loss"):
-    for title, key in (("most helpful", "most_influential_positive"), ("most harmful", "most_influential_negative")):
+def print_top(res, score="TracIn score; positive = lowered this answer's loss", key="tracin_score",
+              titles=("most helpful", "most harmful")):
+    for title, side in zip(titles, (res["most_influential_positive"], res["most_influential_negative"])):
         print(f"--- {title} training rollouts ({score})")
-        for e in res[key]:
-            print(f"{e['tracin_score']:+.3e} | iter {e['iter']} | reward {e['reward']:.2f} | "
+        for e in side:
+            print(f"{e[key]:+.3e} | iter {e['iter']} | reward {e['reward']:.2f} | "
                   f"{e['prompt'][:60]}... -> {e['completion']!r}")
 
 
@@ -471,9 +472,11 @@ def audit(model, enc, checkpoints, iters, train, examples, n, task, max_new_toke
     res = find_critical_samples(model, checkpoints, train, audit_tests(enc, wrong, loss), enc,
                                 load=load_checkpoint, **kw)
     labels = defect_targets(res["scores"])  # each entry carries its rollout's flag and advantage
+    lead, likelier, opposed = leading(res["scores"], kw.get("top_k", 5))
     return {"audit": n, "loss": loss, "iters": list(iters), "n_answered": answered, "n_scored": res["num_train_samples"],
             "wrong": [{k: w[k] for k in ("question", "answer", "completion")} for w in wrong],
             "targets": TARGETS if labels is not None else None, "detection": detection_table(res, labels),
+            "lead": {"key": lead, "most_influential_positive": likelier, "most_influential_negative": opposed},
             "result": res}
 
 
@@ -486,7 +489,9 @@ def run_audit(cfg, model, enc, data_dir, run_cfg, ckpts, iters, train, temperatu
               run_cfg.get("max_new_tokens", 64), cfg["audit_loss"], mode=cfg["mode"],
               layer_filter=cfg["layer_filter"] or None, n_probe=cfg["n_probe"] or None, top_k=cfg["top_k"],
               temperature=temperature, normalize=cfg["normalize"], self_influence=True)
-    print_top(a["result"], "summed TracIn score; positive = made the wrong answers likelier")
+    lead = a["lead"]
+    print_top(lead, f"summed {'cosine' if lead['key'] == 'cosine_score' else 'TracIn score'}; positive = made the "
+              "wrong answers likelier", lead["key"], ("made the wrong answers likelier", "opposed them"))
     print("\n".join(summary_lines(a)))
     write_json(json_path, a, "it" if cfg["out_json"] else "an earlier audit")
     return a

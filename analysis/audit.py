@@ -145,7 +145,17 @@ def trained_rollouts(train):
     return kept
 
 
-RANKINGS = ("tracin_score", "cosine_score", "self_influence", "advantage")
+# the cosine first: where a run learned a planted defect it finds the defect's rewarded rollouts better
+# than the dot product and the advantage alone, at the top of the ranking and among the rewarded ones
+RANKINGS = ("cosine_score", "tracin_score", "self_influence", "advantage")
+
+
+def leading(scores, top_k):
+    """(score key, the top_k rollouts scoring highest above 0, the top_k lowest below 0) of the ranking an
+    audit leads with: the cosine where it was computed, else the summed TracIn score."""
+    key = "cosine_score" if scores and "cosine_score" in scores[0] else "tracin_score"
+    order = sorted(scores, key=lambda e: -e[key])
+    return key, [e for e in order[:top_k] if e[key] > 0], [e for e in order[::-1][:top_k] if e[key] < 0]
 
 
 def detection_table(result, labels):

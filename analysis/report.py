@@ -169,15 +169,20 @@ def audit_section(a, meta):
              f'probability that a random target ranks above a random other rollout (0.5: chance); among A &gt; 0: the '
              f'same among the rewarded rollouts only (defective against clean); top x %: the targets&#39; share '
              f'among the x % highest-ranked rollouts.</p>\n{detection_rows(a["detection"])}')
+    lead = a.get("lead") or {"key": "tracin_score", **res}  # (an audit written before it led with the cosine)
+    label = {"cosine_score": "summed cosine", "tracin_score": "summed TracIn score"}[lead["key"]]
+    ranked_by = ("the cosine of their gradient with the wrong answers&#39; (TracIn over the gradients&#39; norms: "
+                 "a long or high-advantage rollout does not lead by its length)" if lead["key"] == "cosine_score"
+                 else "their TracIn score")
     return (f'<h2 id="audit">Audit: what went wrong</h2>\n<p>The final model answered the test split greedily; '
             f'the first {len(a["wrong"])} wrong answers among {a["n_answered"]} problems are the test targets, '
-            f'test loss: {loss}. {a["n_scored"]} rollouts the run trained on are ranked by their TracIn score '
+            f'test loss: {loss}. {a["n_scored"]} rollouts the run trained on are ranked by {ranked_by} '
             f'summed over the targets: positive = its step made the wrong answers likelier.</p>\n'
             f'<h3>Wrong answers</h3>\n' + "\n".join(wrong) + "</table>\n"
             f'<h3>Rollouts that made the wrong answers likelier most</h3>\n'
-            f'{rollout_table(res["most_influential_positive"], meta["defect"], score_label="summed TracIn score")}\n'
+            f'{rollout_table(lead["most_influential_positive"], meta["defect"], lead["key"], label)}\n'
             f'<h3>Rollouts that opposed them most</h3>\n'
-            f'{rollout_table(res["most_influential_negative"], meta["defect"], score_label="summed TracIn score")}\n'
+            f'{rollout_table(lead["most_influential_negative"], meta["defect"], lead["key"], label)}\n'
             f'{found}\n<h3>Checkpoints</h3>\n{checkpoint_bars(res, meta.get("checkpoints"))}')
 
 

@@ -120,7 +120,7 @@ def test_audit_ranks_by_the_sum_of_per_answer_attributions(run):
     labels = [bool(e.get("defective")) and e["advantage"] > 0 for e in a["result"]["scores"]]
     assert 0 < sum(labels) < len(labels)
     rewarded = [e["advantage"] > 0 for e in a["result"]["scores"]]
-    assert list(a["detection"]) == ["tracin_score", "cosine_score", "self_influence", "advantage"]
+    assert list(a["detection"]) == ["cosine_score", "tracin_score", "self_influence", "advantage"]
     for key in a["detection"]:                                         # advantage: the floor, every target has A > 0
         s = [e[key] for e in a["result"]["scores"]]
         assert a["detection"][key]["auc"] == pytest.approx(pair_auc(s, labels))
@@ -135,6 +135,13 @@ def test_audit_ranks_by_the_sum_of_per_answer_attributions(run):
     assert [row[4][1] for row in wrong_table[1:]] == ["no"] * 3
     assert [float(row[1][1]) for row in found[1:]] == pytest.approx(
         [a["detection"][k]["auc"] for k in a["detection"]], abs=1e-3)
+    # the audit leads with the cosine: its most-likelier rollouts are the highest cosines, by hand
+    cos = sorted(a["result"]["scores"], key=lambda e: -e["cosine_score"])
+    want = [e["cosine_score"] for e in cos[:2] if e["cosine_score"] > 0]  # --top_k=2
+    assert a["lead"]["key"] == "cosine_score" and want
+    assert [e["cosine_score"] for e in a["lead"]["most_influential_positive"]] == want
+    assert [float(row[1][1]) for row in helpful[1:]] == pytest.approx(want, rel=1e-3)
+    assert "<th>summed cosine</th>" in (run / "tracin_report.html").read_text()
     if plot.has_matplotlib():
         from matplotlib.image import imread
         assert imread(str(run / "tracin_influence.png")).shape[0] > 100
