@@ -76,10 +76,10 @@ hand, so each stands in for the steps around it:
     repeated), k_t = 1 each: Captum's TracInCP, weighted by the learning
     rate alone (the trapezoid would weigh a repeated one 0).
 Sign: positive = a gradient step on z_i lowers the test loss (it helps).
-Cosine (tracin_cp's second score): each term over ||g_i|| ||G_t||. A dot product grows with ||g_i||,
-and a long or high-advantage rollout has a long gradient, so it leads a dot-product ranking
-whatever its direction; the cosine ranks by direction alone, which is what tells the rollouts
-that taught a wrong answer from the others that were rewarded beside them.
+Cosine (tracin_cp's second score): each term over ||g_i|| ||G_t||. A dot product grows
+with ||g_i||, and a long or high-advantage rollout has a long gradient, so it leads a
+dot-product ranking whatever its direction; the cosine ranks by direction alone, which is
+what tells the rollouts that taught a wrong answer from the others rewarded beside them.
 Train loss of a rollout: its GRPO loss at ratio 1 without KL,
 -A_i mean_t log pi(y_t); test loss: the answer's negative log-likelihood,
 -mean_t log pi(y_t) (a row with A = +1, nll_row). log pi uses
