@@ -108,7 +108,7 @@ class TracInKnobs:
     influence: str = "summed"  # 'summed': <g_i, G>, G from one backward; 'matrix': [N, N_val]
     selection: str = "positive"  # select_rollouts: 'positive' or 'topk'
     topk_frac: float = 0.5     # 'topk': the share of the batch kept
-    ranking: str = "dot"       # 'topk' ranks by <g_i, G>, or 'cosine': by it / ||g_i||
+    ranking: str = "cosine"    # 'topk' ranks by <g_i, G> / ||g_i||, or 'dot': by <g_i, G>
 
     RULES = {  # field: (holds for its value, what it must be)
         "influence": one_of("summed", "matrix"),

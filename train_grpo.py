@@ -158,8 +158,9 @@ tracin_val_loss = "pg"
 # 'positive': influence > 0; 'topk': the top tracin_topk_frac
 tracin_selection = "positive"
 tracin_topk_frac = 0.5
-# what 'topk' ranks by: 'dot', the influence <g_i, G>; 'cosine', <g_i, G> / ||g_i|| (GradAlign's)
-tracin_ranking = "dot"
+# what 'topk' ranks by: 'cosine', <g_i, G> / ||g_i|| (GradAlign's: the cleaner selection at every
+# planted share, docs/experiments.md); 'dot', the influence <g_i, G>
+tracin_ranking = "cosine"
 # 'summed': <g_i, sum of val gradients> from one backward;
 # 'matrix': the row sums of the full [n, n_val] ghost matrix
 tracin_influence = "summed"

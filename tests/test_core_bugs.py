@@ -322,7 +322,7 @@ def test_topk_selection_keeps_at_least_one_rollout():
     fraction of a small batch (0.05 * 8 -> 0) would keep none and train on nothing."""
     infl = torch.tensor([0.3, -1.0, 2.5, 0.1, -0.2, 1.7, 0.0, 0.4])
     for frac in (0.05, 0.01):
-        assert tracin.select_rollouts(infl, tracin.TracInKnobs(selection="topk", topk_frac=frac)).tolist() == [i == 2 for i in range(8)]
+        assert tracin.select_rollouts(infl, tracin.TracInKnobs(selection="topk", topk_frac=frac, ranking="dot")).tolist() == [i == 2 for i in range(8)]
 
 
 def test_batch_scaled_advantages_use_the_epsilon():

@@ -47,7 +47,7 @@ def test_a_temperature_at_its_floor_is_allowed(tiny_setup, capsys):
 def test_a_top_k_fraction_up_to_1_is_allowed_and_keeps_its_share(tiny_setup, frac, kept):
     grpo_validate(tiny_setup, tracin=True, tracin_selection="topk", tracin_topk_frac=frac)
     influence = torch.tensor([0.3, -1.0, 2.0, 0.0, -0.5, 1.5, 0.7])
-    keep = select_rollouts(influence, TracInKnobs(selection="topk", topk_frac=frac))
+    keep = select_rollouts(influence, TracInKnobs(selection="topk", topk_frac=frac, ranking="dot"))
     assert keep.sum() == kept
     assert influence[keep].min() >= influence[~keep].max() if kept < 7 else keep.all()
 

@@ -429,7 +429,7 @@ def test_select_rollouts():
     for n in (6, 8, 14):  # 0.25 n = 1.5, 2, 3.5: rounded, not floored
         torch.manual_seed(n)
         x = torch.randn(n)
-        top = tracin.select_rollouts(x, tracin.TracInKnobs(selection="topk", topk_frac=0.25))
+        top = tracin.select_rollouts(x, tracin.TracInKnobs(selection="topk", topk_frac=0.25, ranking="dot"))
         k = round(0.25 * n)
         assert int(top.sum()) == k
         assert set(torch.nonzero(top).flatten().tolist()) == set(sorted(range(n), key=lambda i: -x[i])[:k])
@@ -441,7 +441,7 @@ def test_select_rollouts():
 def test_topk_keeps_nothing_when_every_influence_is_the_same(value):
     """'topk' with no evidence (every influence equal, as when G = 0 makes them all 0) keeps nothing,
     as 'positive' keeps nothing at 0; one influence apart and it ranks again (here: that one alone)."""
-    topk = tracin.TracInKnobs(selection="topk", topk_frac=0.125)  # k = 1 of 8
+    topk = tracin.TracInKnobs(selection="topk", topk_frac=0.125, ranking="dot")  # k = 1 of 8
     tied = torch.full((8,), value)
     assert not tracin.select_rollouts(tied, topk).any()
     apart = tied.clone()

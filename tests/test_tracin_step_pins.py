@@ -76,7 +76,7 @@ def test_topk_selected_and_logged_selection_describe_the_rows_trained_on(tiny_se
     """Two-step problems: a planted answer is never the right one, so defective prompts exist."""
     out, frac = tmp_path / "run", 0.25
     run(tiny_setup_two_steps, out, "--max_iters=3", "--tracin=True", "--tracin_val_batch_size=2",
-        "--tracin_selection=topk", f"--tracin_topk_frac={frac}", "--defect_frac=0.5")
+        "--tracin_selection=topk", f"--tracin_topk_frac={frac}", "--tracin_ranking=dot", "--defect_frac=0.5")
     records, steps = lines(out / "rollouts.jsonl"), lines(out / "log.jsonl")[1:]
     assert len(records) == len(steps) == 3
     positives_differ = precision_differs = False
