@@ -130,7 +130,8 @@ def figure(out, shares, seeds, acc, methods):
         if not pts:
             continue
         xs = [f for f, _ in pts]
-        line, = ax.plot(xs, [sum(v) / len(v) for _, v in pts], marker="o", label=label)
+        style = "--" if m.startswith("topk") else "-"  # the 'topk' variants of TracIn-GRPO nll
+        line, = ax.plot(xs, [sum(v) / len(v) for _, v in pts], style, marker="o", label=label)
         ax.fill_between(xs, [min(v) for _, v in pts], [max(v) for _, v in pts], color=line.get_color(), alpha=0.2)
     ax.set_xlabel("share of training problems planted (defect_frac)")
     ax.set_ylabel("test accuracy at the end")
