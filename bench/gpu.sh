@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU measurements in one command, short enough to run twice on a machine held for 15 minutes
-# (each part has a time limit of its own: one that hangs costs its limit, not the session):
+# (each part has a time limit of its own: one that hangs costs its limit, not the rest):
 #   1. tests/test_cuda.py                    the CUDA tests (the captured decode step: the eager tokens, no
 #                                            cudagraph skipped, one graph for the prompt lengths of a bucket)
 #   2. python -m bench --rows=vs_generate --compile=reduce-overhead
