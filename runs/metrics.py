@@ -184,10 +184,12 @@ class NoSignal:
 
 
 class Skips:
-    """Steps skipped for NaN/Inf (the weights left untouched), counted against the steps that could
-    learn: a skipped step adds to the run of skips, a step that trained with a learning signal ends it,
-    and a step without one (every advantage 0: nothing to learn) does neither, so steps with nothing to
-    learn between skipped ones cannot make a diverged adapter look like a learning run. after_step says
+    """Steps skipped for NaN/Inf (the update left the weights untouched), counted against the steps
+    that could learn: a skipped step adds to the run of skips, a step that was not skipped and had a
+    learning signal (some group of unequal rewards; a TracIn step that kept none of its rollouts
+    counts too) ends it, and a step without one (every advantage 0: nothing to learn) does neither, so
+    steps with nothing to learn between skipped ones cannot make a diverged adapter look like a
+    learning run. after_step says
     when `limit` skips in a row must stop the run; diverged(), at its end, whether (nearly) every step
     that could learn was skipped; summary() for the run's last line and log.jsonl."""
 
