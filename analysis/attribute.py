@@ -452,9 +452,9 @@ def output_paths(cfg, run):
 
 
 def print_top(res, score="TracIn score; positive = lowered this answer's loss", key="tracin_score",
-              titles=("most helpful", "most harmful")):
+              titles=("most helpful training rollouts", "most harmful training rollouts")):
     for title, side in zip(titles, (res["most_influential_positive"], res["most_influential_negative"])):
-        print(f"--- {title} training rollouts ({score})")
+        print(f"--- {title} ({score})")
         for e in side:
             print(f"{e[key]:+.3e} | iter {e['iter']} | reward {e['reward']:.2f} | "
                   f"{e['prompt'][:60]}... -> {e['completion']!r}")
@@ -489,9 +489,10 @@ def run_audit(cfg, model, enc, data_dir, run_cfg, ckpts, iters, train, temperatu
               run_cfg.get("max_new_tokens", 64), cfg["audit_loss"], mode=cfg["mode"],
               layer_filter=cfg["layer_filter"] or None, n_probe=cfg["n_probe"] or None, top_k=cfg["top_k"],
               temperature=temperature, normalize=cfg["normalize"], self_influence=True)
-    lead = a["lead"]
-    print_top(lead, f"summed {'cosine' if lead['key'] == 'cosine_score' else 'TracIn score'}; positive = made the "
-              "wrong answers likelier", lead["key"], ("made the wrong answers likelier", "opposed them"))
+    lead = a["lead"]  # the cosine where it was computed (analysis/audit.RANKINGS)
+    score = "summed cosine" if lead["key"] == "cosine_score" else "summed TracIn score"
+    titles = ("training rollouts that made the wrong answers likelier most", "training rollouts that opposed them most")
+    print_top(lead, f"{score}; positive = made the wrong answers likelier", lead["key"], titles)
     print("\n".join(summary_lines(a)))
     write_json(json_path, a, "it" if cfg["out_json"] else "an earlier audit")
     return a
