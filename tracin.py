@@ -239,8 +239,8 @@ def tracin_backward(model, optimizer, rollouts, val_batch, step, knobs, *, timer
         if not matrix:  # <g_i, G>: O(T d r) per rollout
             influence = summed_inner_products(train_grads, val_grads)
         influence = distributed.all_gather_cat(influence)  # every rank's, in batch order: (N,)
-        norms = None
-        if knobs.ranking == "cosine":  # ||g_i||: (N,), every rank's
+        norms = None  # ||g_i||: (N,), every rank's; read only by 'topk' ranked by cosine
+        if knobs.selection == "topk" and knobs.ranking == "cosine":
             norms = distributed.all_gather_cat(squared_norms(train_grads).sqrt())
         keep = select_rollouts(influence, knobs, norms)
         mine = distributed.shard(len(keep))  # this rank's rows of the whole batch's selection
