@@ -29,7 +29,7 @@ import torch
 
 from analysis.outputs import check_new_file, has_mark
 from analysis.audit import (LOSSES, TARGETS, audit_tests, defect_targets, detection_table, find_wrong,
-                            greedy_answers, leading, summary_lines, trained_rollouts)
+                            extremes, greedy_answers, leading, summary_lines, trained_rollouts)
 from analysis.plot import has_matplotlib, plot_influence
 from analysis.report import write_report
 from data.tasks import load_task_split
@@ -219,15 +219,12 @@ def attribution_result(train_samples, contrib, cosine, selfinf, mode, weights, t
         asked = {k: v[i].item() for k, v in extra.items() if torch.is_tensor(v)}
         per_sample.append({**shown, "index": i, "tracin_score": scores[i].item(),
                            "checkpoint_contributions": [c[i].item() for c in contrib], **asked})
-    n = len(per_sample)
-    order = sorted(range(n), key=lambda i: scores[i].item(), reverse=True)
     by_size = sorted(per_sample, key=lambda e: -abs(e["tracin_score"]))
-    positive = [per_sample[i] for i in order[:top_k] if scores[i] > 0]
-    negative = [per_sample[i] for i in reversed(order[-top_k:]) if scores[i] < 0]
+    positive, negative = extremes(per_sample, "tracin_score", top_k)
     return {"mode": mode,
             "num_checkpoints": len(weights),
             "checkpoint_weights": weights,
-            "num_train_samples": len(order),
+            "num_train_samples": len(per_sample),
             "critical_samples": by_size[:top_k],
             "scores": per_sample,
             "most_influential_positive": positive,

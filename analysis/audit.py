@@ -150,12 +150,17 @@ def trained_rollouts(train):
 RANKINGS = ("cosine_score", "tracin_score", "self_influence", "advantage")
 
 
+def extremes(scores, key, top_k):
+    """(the top_k entries scoring highest above 0 by `key`, the top_k lowest below 0, lowest first)."""
+    order = sorted(scores, key=lambda e: -e[key])  # ties keep the scored order
+    return [e for e in order[:top_k] if e[key] > 0], [e for e in order[::-1][:top_k] if e[key] < 0]
+
+
 def leading(scores, top_k):
-    """(score key, the top_k rollouts scoring highest above 0, the top_k lowest below 0) of the ranking an
-    audit leads with: the cosine where it was computed, else the summed TracIn score."""
+    """(score key, then its extremes) of the ranking an audit leads with: the cosine where it was
+    computed, else the summed TracIn score."""
     key = "cosine_score" if scores and "cosine_score" in scores[0] else "tracin_score"
-    order = sorted(scores, key=lambda e: -e[key])
-    return key, [e for e in order[:top_k] if e[key] > 0], [e for e in order[::-1][:top_k] if e[key] < 0]
+    return (key, *extremes(scores, key, top_k))
 
 
 def detection_table(result, labels):
