@@ -225,12 +225,12 @@ def grpo_step(model, optimizer, enc, prompts, step, tracin_knobs, *, generator, 
                                                      timer=timer, amp=amp)
         return rollouts, StepResult(stats, grad_norm, skip_reason, times=timer.seconds)
     # 4-7 on the rollouts whose gradient helps the validation loss (tracin.py)
-    val_batch = sampled_val[0] if val_prompts is not None else val_rollouts
+    sampled = val_prompts is not None  # 'pg': the validation rows were sampled with the batch
+    val_batch = sampled_val[0] if sampled else val_rollouts
     updates = tracin_updates(model, optimizer, rollouts, val_batch, step, tracin_knobs,
                              timer=timer, amp=amp)
     stats, grad_norm, skip_reason, influence, keep = updates
     rollouts = replace(rollouts, influence=influence, selected=keep)
-    sampled = val_prompts is not None
     extra = {"val/reward": val_batch.rewards.nanmean().item()} if sampled else {}
     return rollouts, StepResult(stats, grad_norm, skip_reason, extra, timer.seconds)
 
@@ -411,12 +411,11 @@ def train(cfg, run):
             # non-finite loss or gradient norm (grpo.update; the generation's later updates are not
             # run, its earlier ones, num_iterations > 1, stay): that update leaves the weights and
             # AdamW's state as they were, the step is logged with its skip_reason and it counts as
-            # an iteration (the schedule advances). Under torchrun one rank's NaN
-            # ends the sampling on every rank, so all skip together. The run stops, naming a
-            # NaN/Inf base weight or the knobs to lower (stop_diverged), after max_skipped_steps
-            # skipped in a row (a step whose groups all had equal rewards, nothing to learn, between
-            # them does not break the row), or at its end when more than 9 in 10 of the others were
-            # skipped.
+            # an iteration (the schedule advances). Under torchrun one rank's NaN ends the sampling
+            # on every rank, so all skip together. The run stops, naming a NaN/Inf base weight or
+            # the knobs to lower (stop_diverged), after max_skipped_steps skipped in a row (a step
+            # whose groups all had equal rewards, nothing to learn, between them does not break the
+            # row), or at its end when more than 9 in 10 of the others were skipped.
             stop = skips.after_step(log)  # None, or how many were skipped in a row, and why
             # a skipped step's rollouts: said so (its last update was not applied)
             if rollouts is not None:

@@ -71,13 +71,13 @@ def validate(cfg):
     check(cfg, "defect_frac", cfg["defect_frac"] == 0 or not levels,
           "must be 0 with a curriculum: the planted wrong answers belong to the base's train split")
     check(cfg, "curriculum_threshold", 0 < cfg["curriculum_threshold"] <= 1, "must be in (0, 1]")
-    if cfg["tracin"]:  # what the hooks' per-sample gradients rely on
-        problem = capture_problem(cfg["num_iterations"], cfg["grad_checkpoint"], cfg["lora_dropout"])
-        key, why = problem or (None, None)
-        if key:
-            check(cfg, key, False, why)
-        elif why:
+    capture = (cfg["num_iterations"], cfg["grad_checkpoint"], cfg["lora_dropout"])
+    problem = capture_problem(*capture) if cfg["tracin"] else None  # what the hooks rely on
+    if problem:
+        key, why = problem
+        if key is None:  # two knobs together: named in the message itself
             raise UserError(why)
+        check(cfg, key, False, why)
     check_choice(cfg, "tracin_val_loss", ("pg", "nll"))
     check_choice(cfg, "task", tuple(TASKS))
     own = ""  # a train_base.py base's own data directory (none yet: it will be trained)
