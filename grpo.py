@@ -17,7 +17,8 @@ What the functions read is in their signatures: StepKnobs (the step's
 sizes, sampling, advantages, the clip and LossKnobs, the loss's), each
 record stating the rules its math relies on (RULES, asserted when one is
 made); `amp`, the precision every pass computes in (an autocast context,
-bf16 or disabled, or nullcontext(): nanoGPT's ctx); `timer`, the step's PhaseTimer; `decode`,
+bf16 or disabled, or nullcontext(): nanoGPT's ctx); `timer`, the step's
+phase clock (`with timer("policy"):` adds the block's seconds); `decode`,
 the compiled decode step or None.
 Under torchrun each rank samples and back-propagates its share, in sight:
 `distributed.split` and `gather_sampled` in sample_rollouts, `rank_part`
@@ -36,9 +37,8 @@ Where the large tensors die, in step order (each place says what it frees):
     their name; the per-sample gradients and G after the selection.
 """
 import math
-import time
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -49,24 +49,6 @@ from lora import disable_lora, folded_for_sampling, lora_parameters
 from model import NonFiniteLogits, Sampling, generate, pad_id
 from rewards import compute_rewards, parse_counts
 from scale import distributed
-
-
-class PhaseTimer:
-    """Seconds per phase of one step: `with timer("policy"):` adds the
-    block's wall time to timer.seconds["policy"], once the GPU has finished
-    the work it queued (CUDA runs ahead of Python: without the wait a phase
-    would be charged for its launch only)."""
-
-    def __init__(self, *names):
-        self.seconds = dict.fromkeys(names, 0.0)
-
-    @contextmanager
-    def __call__(self, name):
-        t0 = time.time()
-        yield
-        if torch.cuda.is_available() and torch.cuda.is_initialized():
-            torch.cuda.synchronize()
-        self.seconds[name] = self.seconds.get(name, 0.0) + time.time() - t0
 
 
 @dataclass
@@ -226,7 +208,7 @@ class StepResult:
     grad_norm: float = 0.0    # before the clip; 0 when TracIn kept no rollout
     skip_reason: str = None   # why the (last) update was not applied; None: it was
     extra: dict = field(default_factory=dict)  # more log keys (TracIn's val reward)
-    times: dict = field(default_factory=dict)  # PhaseTimer.seconds
+    times: dict = field(default_factory=dict)  # the timer's seconds per phase
 
 
 # -----------------------------------------------------------------------------

@@ -53,7 +53,7 @@ from data.datadir import bound_data
 from data.defect import defect_record, draw_defective, plant
 from data.prompts import encode_prompt
 from data.tasks import TASKS, task_rewards
-from grpo import LossKnobs, PhaseTimer, Prompts, StepKnobs, StepResult, grpo_updates, make_rollouts
+from grpo import LossKnobs, Prompts, StepKnobs, StepResult, grpo_updates, make_rollouts
 from lora import apply_lora, lora_parameters
 from model import NonFiniteLogits, Sampling
 from rewards import RewardCache
@@ -61,7 +61,7 @@ from runs.checkpoint import CheckpointWriteError
 import runs.evaluate  # (its EVAL_BATCH, named in place: a global number here would be a knob)
 from runs.evaluate import eval_line, get_lr
 from runs.loading import base_to_train, check_lora, frozen_base, nonfinite_weight
-from runs.metrics import NoSignal, Skips, print_step, rollout_record, step_log
+from runs.metrics import NoSignal, PhaseTimer, Skips, print_step, rollout_record, step_log
 from runs.rundir import close_logs, open_logs, refuse_existing_run, run_lock, stop_note
 from runs.state import Run, load_resume, restore, resumed_base, save_run, saved_config
 from scale import compiled, distributed

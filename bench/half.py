@@ -12,6 +12,7 @@ import time
 import torch
 
 import grpo
+from runs.metrics import PhaseTimer
 from bench.scripts import GRPO_DEFAULTS, knob_records
 from bench.memory import lora_gpt, project_grpo_step, step_inputs
 from lora import lora_parameters
@@ -40,7 +41,7 @@ def same_rollouts(m32, m16, prompts, group, new_tokens, adv, dev, seed):
     for m, amp in ((m32, torch.autocast(torch.device(dev).type, enabled=False)),
                    (m16, torch.autocast(torch.device(dev).type, dtype=torch.bfloat16))):
         m.zero_grad(set_to_none=True)
-        timer = grpo.PhaseTimer()
+        timer = PhaseTimer()
         step, _ = knob_records(c)
         with_ref = grpo.with_reference(m, batch, step, timer=timer, amp=amp)  # pass 3 in this precision
         loss = sum(grpo.policy_backward(m, with_ref, step, timer=timer, amp=amp)["losses"])

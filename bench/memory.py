@@ -24,6 +24,7 @@ import time
 import torch
 
 import grpo
+from runs.metrics import PhaseTimer
 from bench.scripts import GRPO_DEFAULTS, knob_records
 from data.tasks import PROJECT
 from scale.compiled import CompiledDecode
@@ -69,7 +70,7 @@ def project_grpo_step(model, optimizer, prompts, group, new_tokens, advantages, 
     c = {**GRPO_DEFAULTS, "device": dev, "beta": beta, "temperature": temperature,
          "max_new_tokens": new_tokens, "micro_batch_size": micro_batch_size or prompts.size(0) * group}
     sync = torch.cuda.synchronize if "cuda" in dev else (lambda: None)
-    timer = grpo.PhaseTimer("reference", "policy")  # the passes' seconds
+    timer = PhaseTimer("reference", "policy")  # the passes' seconds
     times = {}
     t0 = time.perf_counter()
     with amp, grpo.lora_for_sampling(model, decode):  # as grpo.sample_rollouts: W + s B A for pass 1

@@ -32,8 +32,8 @@ from data.prompts import encode_prompt
 from lora import apply_lora, lora_parameters
 from model import GPT, GPTConfig
 from runs.checkpoint import load_checkpoint, model_from_checkpoint
-from runs.metrics import step_log
-from grpo import PhaseTimer, Prompts, StepResult, grpo_updates, make_rollouts, policy_backward
+from runs.metrics import PhaseTimer, step_log
+from grpo import Prompts, StepResult, grpo_updates, make_rollouts, policy_backward
 from tracin import reference_solutions, tracin_updates
 
 

@@ -1,9 +1,12 @@
 """
-What a GRPO step writes down: one log.jsonl line (TRL's metric names), one rollouts.jsonl line (what
-post-hoc TracIn, tracin.py, attributes to) and one console line.
+What a GRPO step writes down: the seconds of its phases (PhaseTimer, the `timer` each pass is handed),
+one log.jsonl line (TRL's metric names), one rollouts.jsonl line (what post-hoc TracIn, tracin.py,
+attributes to) and one console line.
 """
 import math
 import sys
+import time
+from contextlib import contextmanager
 
 import torch
 
@@ -11,6 +14,25 @@ from rewards import HACKABLE
 from data.tasks import TASKS
 from data.datadir import answer_form
 from runs.rundir import MAX_ITER, numbered_jsonl
+
+
+class PhaseTimer:
+    """Seconds per phase of one step: `with timer("policy"):` adds the
+    block's wall time to timer.seconds["policy"], once the GPU has finished
+    the work it queued (CUDA runs ahead of Python: without the wait a phase
+    would be charged for its launch only)."""
+
+    def __init__(self, *names):
+        self.seconds = dict.fromkeys(names, 0.0)
+
+    @contextmanager
+    def __call__(self, name):
+        t0 = time.time()
+        yield
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.synchronize()
+        self.seconds[name] = self.seconds.get(name, 0.0) + time.time() - t0
+
 
 
 def step_log(rollouts, result, cfg, cache=None):

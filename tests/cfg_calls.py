@@ -8,6 +8,7 @@ from dataclasses import replace
 import grpo
 import tracin
 import train_grpo
+from runs.metrics import PhaseTimer
 
 
 def step_of(c, loss=None):
@@ -30,7 +31,7 @@ def tracin_of(c):
 
 
 def _run(timer, amp):
-    return {"timer": timer or grpo.PhaseTimer(), "amp": amp}
+    return {"timer": timer or PhaseTimer(), "amp": amp}
 
 
 def policy_backward(model, batch, c, knobs=None, timer=None, amp=nullcontext()):
@@ -55,7 +56,7 @@ def grpo_updates(model, optimizer, rollouts, c, timer=None, amp=nullcontext()):
 
 def update(model, optimizer, c, stats, apply=True, timer=None):
     return grpo.update(model, optimizer, stats, grad_clip=c["grad_clip"],
-                       timer=timer or grpo.PhaseTimer(), apply=apply)
+                       timer=timer or PhaseTimer(), apply=apply)
 
 
 def make_rollouts(model, enc, batches, c, generator, decode=None, timer=None,
@@ -71,7 +72,7 @@ def sample_rollouts(model, enc, batches, c, generator, decode=None, timer=None,
 
 
 def score_rollouts(enc, sampled, batches, c, timer=None):
-    return grpo.score_rollouts(enc, sampled, batches, step_of(c), timer=timer or grpo.PhaseTimer())
+    return grpo.score_rollouts(enc, sampled, batches, step_of(c), timer=timer or PhaseTimer())
 
 
 def tracin_backward(model, optimizer, rollouts, val_batch, c, timer=None, amp=nullcontext()):

@@ -14,6 +14,7 @@ import train_grpo
 from checks.grpo_knobs import validate
 from configurator import UserError, configure
 from model import Sampling
+from runs.metrics import PhaseTimer
 
 REFUSED = [
     (['--tracin=True', '--num_iterations=2'],
@@ -103,7 +104,7 @@ def test_the_lecture_asserts_the_same_rules_when_a_record_is_made(make):
 def test_tracin_asserts_what_its_capture_relies_on(world_for_capture):
     model, step, knobs, batches = world_for_capture
     with pytest.raises(AssertionError):  # two updates a generation: not the sampling policy's gradients
-        tracin.tracin_backward(model, None, *batches, step, knobs, timer=grpo.PhaseTimer(), amp=None)
+        tracin.tracin_backward(model, None, *batches, step, knobs, timer=PhaseTimer(), amp=None)
     assert tracin.capture_problem(1, False, 0.0) is None
     assert tracin.capture_problem(2, False, 0.0)[0] == "num_iterations"
     assert tracin.capture_problem(1, True, 0.0)[0] is None and tracin.capture_problem(1, False, 0.1)

@@ -126,7 +126,7 @@ def world():
 
     from cfg_calls import step_of
     from conftest import build_gpt
-    from grpo import PhaseTimer
+    from runs.metrics import PhaseTimer
     from lora import apply_lora, lora_parameters
     model = build_gpt()
     apply_lora(model, 2, 4, 0.0, ("c_attn",))

@@ -17,6 +17,7 @@ import grpo
 from conftest import build_gpt
 from cfg_calls import loss_of, policy_backward
 from grpo import Divisors, LossKnobs, Rollouts, completion_logprobs, grpo_loss, rank_part
+from runs.metrics import PhaseTimer
 from lora import apply_lora, lora_parameters
 from scale import distributed
 
@@ -154,7 +155,7 @@ def test_a_step_that_kept_nothing_leaves_the_adapter_and_adamw_alone():
     before = [p.detach().clone() for p in params], copy.deepcopy(optimizer.state_dict())
     for p in params:  # what the hooks leave when no rollout is selected: zero gradients
         p.grad = torch.zeros_like(p)
-    grad_norm, skip = grpo.update(model, optimizer, {"losses": [0.0]}, grad_clip=1.0, timer=grpo.PhaseTimer(),
+    grad_norm, skip = grpo.update(model, optimizer, {"losses": [0.0]}, grad_clip=1.0, timer=PhaseTimer(),
                                   apply=False)
     assert (grad_norm, skip) == (0.0, None)
     assert all(torch.equal(p, q) for p, q in zip(params, before[0]))
